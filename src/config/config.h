@@ -1,0 +1,97 @@
+// config.h: the resolved run configuration (model, data, training, checkpoint, logging sections of the YAML file).
+// Model keys follow the Hugging Face / fla HGRN2Config names. Defaults here are the ones a config may leave out.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hgrn {
+
+struct ModelConfig {
+  int64_t hidden_size = 64;
+  int64_t num_hidden_layers = 2;
+  std::optional<int64_t> expand_ratio;  // K, the key/forget width per head; fla: if set, H = hidden_size / expand_ratio
+  std::optional<int64_t> num_heads;     // if only this is set, expand_ratio = hidden_size / num_heads
+  int64_t vocab_size = 256;
+  int64_t hidden_ratio = 4;
+  std::optional<int64_t> intermediate_size;  // default: 256·ceil(floor(D·hidden_ratio·2/3) / 256), as fla
+  bool use_lower_bound = true;
+  double norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  double initializer_range = 0.02;
+  std::string attn_mode = "chunk";  // chunk (chunkwise, the training path) | fused_recurrent (step by step)
+
+  // Derived (filled by resolve(), which validates the combination).
+  int64_t heads() const;          // H
+  int64_t key_dim() const;        // K = expand_ratio
+  int64_t value_dim() const;      // V = hidden_size / H
+  int64_t mlp_size() const;       // I
+};
+
+// The synthetic Multi-Query Associative Recall task (HGRN2 paper, section 4.1; Zoology's MQAR): a sequence of
+// key-value pairs, then queries of those keys; the model must emit each queried key's value.
+struct MqarConfig {
+  int64_t num_kv_pairs = 8;
+  int64_t num_keys = 0;    // 0: (vocab_size - 1) / 2 token ids for keys, the rest for values (token 0 = noise)
+};
+
+struct DataConfig {
+  std::string task = "mqar";  // mqar (built in, needs no download)
+  int64_t seq_len = 64;
+  MqarConfig mqar;
+};
+
+struct TrainingConfig {
+  std::string device = "auto";     // auto | cpu | cuda
+  std::string precision = "fp32";  // fp32 | bf16 (bf16 needs cuda)
+  uint64_t seed = 1234;
+  int64_t micro_batch_size = 32;
+  int64_t grad_accum_steps = 1;
+  int64_t max_steps = 1000;
+  double lr = 3e-3;
+  double min_lr_ratio = 0.1;       // the schedule's floor, as a fraction of lr
+  std::string schedule = "cosine"; // cosine | linear | inverse_sqrt | constant | wsd
+  int64_t warmup_steps = 100;
+  double decay_fraction = 0.2;     // wsd: the last fraction of steps that decays
+  double weight_decay = 0.1;
+  bool decay_embeddings = false;   // embeddings (and a tied lm_head) in the decayed group?
+  double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
+  double grad_clip = 1.0;          // global gradient-norm clip; 0 disables
+  int64_t threads = 0;             // CPU threads (0: all cores)
+  int64_t eval_interval = 100;     // steps between evaluations; 0 disables
+  int64_t eval_batches = 4;
+};
+
+struct CheckpointConfig {
+  int64_t interval = 0;   // steps between checkpoints; 0: only at the end
+  int64_t keep_last = 3;
+  int64_t keep_every = 0; // additionally keep every N-th step's checkpoint; 0: none
+  std::string resume = "auto";  // auto | never | PATH
+};
+
+struct LoggingConfig {
+  std::string run_dir = "runs/default";   // metrics, checkpoints and the resolved config go here
+  int64_t log_interval = 10;              // steps between progress lines
+  std::string metrics_file = "metrics.jsonl";  // inside run_dir, one JSON object per logged step
+};
+
+struct Config {
+  std::string source;  // the file it came from (for messages)
+  ModelConfig model;
+  DataConfig data;
+  TrainingConfig training;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+};
+
+// Loads a YAML file, applies `section.key=value` overrides (as from --set), validates everything and returns the
+// resolved config. Throws hgrn::Error naming the file, the key and what was expected.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from YAML text (`source_name` stands in for the file name in messages).
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+// The resolved config as YAML (every key, defaults included), for the run directory and the printout.
+std::string config_to_yaml(const Config& config);
+
+}  // namespace hgrn

@@ -1,0 +1,44 @@
+// allocator.cpp: CPU allocation, and the CPU-only stand-ins for the CUDA allocator (real one: kernels/allocator.cu).
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace hgrn {
+
+#ifndef HGRN_WITH_CUDA
+static void* cuda_alloc(size_t) { throw Error("this hgrn was built without CUDA: use device: cpu"); }
+static void cuda_free(void*) {}
+static void cuda_copy(void*, Device, const void*, Device, size_t) {
+  throw Error("this hgrn was built without CUDA: use device: cpu");
+}
+bool cuda_available() { return false; }
+#else
+void* cuda_alloc(size_t bytes);
+void cuda_free(void* ptr);
+void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+#endif
+
+void* device_alloc(size_t bytes, Device device) {
+  if (device == Device::CUDA) return cuda_alloc(bytes);
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (!p) throw Error("out of host memory: could not allocate " + std::to_string(bytes) + " bytes");
+  return p;
+}
+
+void device_free(void* ptr, Device device) {
+  if (device == Device::CUDA) return cuda_free(ptr);
+  std::free(ptr);
+}
+
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (dst_device == Device::CPU && src_device == Device::CPU) {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return;
+  }
+  cuda_copy(dst, dst_device, src, src_device, bytes);
+}
+
+}  // namespace hgrn

@@ -1,0 +1,42 @@
+// autograd.cpp: the tape and gradient buffers.
+#include "core/autograd.h"
+
+namespace hgrn {
+
+Var make_var(Tensor value, bool requires_grad, std::string name) {
+  auto v = std::make_shared<Variable>();
+  v->value = std::move(value);
+  v->requires_grad = requires_grad;
+  v->name = std::move(name);
+  return v;
+}
+
+Tensor& grad_buffer(const Var& v) {
+  if (!v->grad.defined()) v->grad = Tensor::zeros(v->value.shape(), v->value.dtype(), v->value.device());
+  return v->grad;
+}
+
+void Tape::record(std::function<void()> backward_fn) {
+  if (enabled_) backward_fns_.push_back(std::move(backward_fn));
+}
+
+void Tape::backward(const Var& out, const Tensor& seed) {
+  HGRN_CHECK(out->requires_grad, "backward from '", out->name, "', which does not require a gradient");
+  Tensor& g = grad_buffer(out);
+  if (seed.defined()) {
+    g.copy_from(seed);
+  } else {
+    g.fill(1.0);
+  }
+  for (auto it = backward_fns_.rbegin(); it != backward_fns_.rend(); ++it) (*it)();
+  backward_fns_.clear();
+}
+
+Var op_output(Tape& tape, Tensor value, std::initializer_list<Var> inputs) {
+  bool needs = false;
+  if (tape.enabled())
+    for (const Var& v : inputs) needs = needs || wants_grad(v);
+  return make_var(std::move(value), needs);
+}
+
+}  // namespace hgrn

@@ -1,0 +1,49 @@
+// autograd.h: the tape. A Var is a tensor plus the gradient that flows into it; each op's forward computes its
+// output and records a closure that runs the op's hand-written backward. Tape::backward seeds the output's gradient
+// and runs the closures in reverse order. Backward kernels *accumulate* into gradient buffers (+=), which is what
+// makes residual branches, tied weights and gradient accumulation over micro-batches work without special cases.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace hgrn {
+
+struct Variable {
+  Tensor value;
+  Tensor grad;  // undefined until a gradient flows in; parameters keep theirs across micro-batches until zero_grad
+  bool requires_grad = false;
+  std::string name;
+};
+using Var = std::shared_ptr<Variable>;
+
+Var make_var(Tensor value, bool requires_grad = false, std::string name = {});
+// The gradient buffer of v, allocated as zeros (same shape, dtype, device as the value) on first use.
+Tensor& grad_buffer(const Var& v);
+// True when v exists and wants a gradient.
+inline bool wants_grad(const Var& v) { return v && v->requires_grad; }
+
+class Tape {
+ public:
+  // Records the backward of an op. Nothing is recorded when the tape is disabled (evaluation).
+  void record(std::function<void()> backward_fn);
+  // Seeds out's gradient with `seed` (default: ones, which for a scalar loss is dL/dL = 1), runs every recorded
+  // backward in reverse order, then clears the tape (releasing the activations the closures held).
+  void backward(const Var& out, const Tensor& seed = {});
+  void clear() { backward_fns_.clear(); }
+  size_t size() const { return backward_fns_.size(); }
+  bool enabled() const { return enabled_; }
+  void set_enabled(bool enabled) { enabled_ = enabled; }
+
+ private:
+  std::vector<std::function<void()>> backward_fns_;
+  bool enabled_ = true;
+};
+
+// The output Var of an op: requires a gradient when the tape records and any input requires one.
+Var op_output(Tape& tape, Tensor value, std::initializer_list<Var> inputs);
+
+}  // namespace hgrn

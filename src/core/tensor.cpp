@@ -1,0 +1,206 @@
+// tensor.cpp: Tensor construction, views, copies and element access.
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/allocator.h"
+
+namespace hgrn {
+
+const char* device_name(Device device) { return device == Device::CPU ? "cpu" : "cuda"; }
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+static Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+Storage::Storage(size_t n, Device dev) : bytes(n), device(dev) { data = device_alloc(n, dev); }
+Storage::~Storage() { device_free(data, device); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t s : shape) HGRN_CHECK(s >= 0, "negative size in shape ", shape_str(shape));
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.zero();
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill(value);
+  return t;
+}
+
+int64_t Tensor::size(int64_t axis) const {
+  int64_t d = dim();
+  if (axis < 0) axis += d;
+  HGRN_CHECK(axis >= 0 && axis < d, "axis ", axis, " out of range for shape ", shape_str(shape_));
+  return shape_[axis];
+}
+
+bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+void* Tensor::raw_data() const {
+  HGRN_CHECK(defined(), "access to an undefined tensor");
+  return static_cast<char*>(storage_->data) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  HGRN_CHECK(is_contiguous(), "reshape of a non-contiguous tensor");
+  Shape s = shape;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      HGRN_CHECK(infer < 0, "reshape: more than one -1 in ", shape_str(shape));
+      infer = static_cast<int64_t>(i);
+    } else {
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) {
+    HGRN_CHECK(known > 0 && numel() % known == 0, "reshape ", shape_str(shape_), " -> ", shape_str(shape));
+    s[infer] = numel() / known;
+  }
+  HGRN_CHECK(shape_numel(s) == numel(), "reshape ", shape_str(shape_), " -> ", shape_str(shape), ": sizes differ");
+  Tensor t = *this;
+  t.shape_ = s;
+  t.strides_ = contiguous_strides(s);
+  return t;
+}
+
+Tensor Tensor::select_row(int64_t index) const {
+  HGRN_CHECK(is_contiguous() && dim() >= 1, "select_row needs a contiguous tensor of at least one axis");
+  HGRN_CHECK(index >= 0 && index < shape_[0], "row ", index, " out of range for shape ", shape_str(shape_));
+  Tensor t = *this;
+  t.shape_ = Shape(shape_.begin() + 1, shape_.end());
+  t.strides_ = contiguous_strides(t.shape_);
+  t.offset_ = offset_ + index * shape_numel(t.shape_);
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device());
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  HGRN_CHECK(device() == Device::CPU, "Tensor::to(dtype) runs on the CPU; use the cast op on the GPU");
+  Tensor t = empty(shape_, dtype, Device::CPU);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
+}
+
+// Reads element i of a contiguous CPU buffer of any dtype as double.
+static double load_as_double(const void* p, DType d, int64_t i) {
+  switch (d) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::BF16: return static_cast<float>(static_cast<const bf16*>(p)[i]);
+    case DType::F64: return static_cast<const double*>(p)[i];
+    case DType::I32: return static_cast<const int32_t*>(p)[i];
+    case DType::I64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+  }
+  return 0;
+}
+
+static void store_from_double(void* p, DType d, int64_t i, double v) {
+  switch (d) {
+    case DType::F32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DType::BF16: static_cast<bf16*>(p)[i] = bf16(static_cast<float>(v)); break;
+    case DType::F64: static_cast<double*>(p)[i] = v; break;
+    case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DType::I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+  }
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  HGRN_CHECK(src.shape_ == shape_, "copy_from: shape ", shape_str(src.shape_), " into ", shape_str(shape_));
+  HGRN_CHECK(src.is_contiguous() && is_contiguous(), "copy_from needs contiguous tensors");
+  if (src.dtype_ == dtype_) {
+    device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+    return;
+  }
+  HGRN_CHECK(device() == Device::CPU && src.device() == Device::CPU,
+             "dtype-converting copies run on the CPU; use the cast op on the GPU");
+  int64_t n = numel();
+  const void* s = src.raw_data();
+  void* d = raw_data();
+  if (src.dtype_ == DType::BF16 && dtype_ == DType::F32) {
+    for (int64_t i = 0; i < n; ++i) static_cast<float*>(d)[i] = static_cast<const bf16*>(s)[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) store_from_double(d, dtype_, i, load_as_double(s, src.dtype_, i));
+}
+
+void Tensor::fill(double value) {
+  if (device() == Device::CPU) {
+    void* d = raw_data();
+    for (int64_t i = 0, n = numel(); i < n; ++i) store_from_double(d, dtype_, i, value);
+    return;
+  }
+  Tensor host = full(shape_, value, dtype_, Device::CPU);
+  copy_from(host);
+}
+
+void Tensor::zero() {
+  if (device() == Device::CPU) {
+    std::memset(raw_data(), 0, nbytes());
+    return;
+  }
+  fill(0.0);
+}
+
+double Tensor::item(int64_t i) const {
+  HGRN_CHECK(device() == Device::CPU, "item() reads CPU tensors; copy to the CPU first");
+  HGRN_CHECK(i >= 0 && i < numel(), "item(", i, ") out of range for shape ", shape_str(shape_));
+  return load_as_double(raw_data(), dtype_, i);
+}
+
+void Tensor::set_item(int64_t i, double value) {
+  HGRN_CHECK(device() == Device::CPU, "set_item() writes CPU tensors");
+  HGRN_CHECK(i >= 0 && i < numel(), "set_item(", i, ") out of range for shape ", shape_str(shape_));
+  store_from_double(raw_data(), dtype_, i, value);
+}
+
+std::vector<double> Tensor::to_double_vector() const {
+  Tensor host = device() == Device::CPU ? *this : to(Device::CPU);
+  std::vector<double> v(static_cast<size_t>(numel()));
+  for (int64_t i = 0; i < numel(); ++i) v[i] = load_as_double(host.raw_data(), dtype_, i);
+  return v;
+}
+
+}  // namespace hgrn
