@@ -6,7 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
+
 namespace hgrn {
+
+// A config that cannot be used (bad file, unknown key, wrong type, impossible value). The CLI exits with status 2
+// for these and 1 for other errors, so scripts can tell a mistyped config from a failed run.
+struct ConfigError : Error {
+  using Error::Error;
+};
 
 struct ModelConfig {
   int64_t hidden_size = 64;
@@ -22,11 +30,14 @@ struct ModelConfig {
   double initializer_range = 0.02;
   std::string attn_mode = "chunk";  // chunk (chunkwise, the training path) | fused_recurrent (step by step)
 
-  // Derived (filled by resolve(), which validates the combination).
+  // Derived from the fields above by fla's HGRN2Config rules (expand_ratio wins when both are set); throw ConfigError
+  // when neither expand_ratio nor num_heads is set. parse_config has already checked that the sizes divide.
   int64_t heads() const;          // H
   int64_t key_dim() const;        // K = expand_ratio
   int64_t value_dim() const;      // V = hidden_size / H
   int64_t mlp_size() const;       // I
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // The synthetic Multi-Query Associative Recall task (HGRN2 paper, section 4.1; Zoology's MQAR): a sequence of
@@ -34,12 +45,16 @@ struct ModelConfig {
 struct MqarConfig {
   int64_t num_kv_pairs = 8;
   int64_t num_keys = 0;    // 0: (vocab_size - 1) / 2 token ids for keys, the rest for values (token 0 = noise)
+
+  bool operator==(const MqarConfig&) const = default;
 };
 
 struct DataConfig {
   std::string task = "mqar";  // mqar (built in, needs no download)
   int64_t seq_len = 64;
   MqarConfig mqar;
+
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct TrainingConfig {
@@ -61,6 +76,8 @@ struct TrainingConfig {
   int64_t threads = 0;             // CPU threads (0: all cores)
   int64_t eval_interval = 100;     // steps between evaluations; 0 disables
   int64_t eval_batches = 4;
+
+  bool operator==(const TrainingConfig&) const = default;
 };
 
 struct CheckpointConfig {
@@ -68,12 +85,16 @@ struct CheckpointConfig {
   int64_t keep_last = 3;
   int64_t keep_every = 0; // additionally keep every N-th step's checkpoint; 0: none
   std::string resume = "auto";  // auto | never | PATH
+
+  bool operator==(const CheckpointConfig&) const = default;
 };
 
 struct LoggingConfig {
   std::string run_dir = "runs/default";   // metrics, checkpoints and the resolved config go here
   int64_t log_interval = 10;              // steps between progress lines
   std::string metrics_file = "metrics.jsonl";  // inside run_dir, one JSON object per logged step
+
+  bool operator==(const LoggingConfig&) const = default;
 };
 
 struct Config {
@@ -83,6 +104,8 @@ struct Config {
   TrainingConfig training;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+
+  bool operator==(const Config&) const = default;
 };
 
 // Loads a YAML file, applies `section.key=value` overrides (as from --set), validates everything and returns the
@@ -91,6 +114,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Same, from YAML text (`source_name` stands in for the file name in messages).
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
+// Checks a config built in code (tests, tools) by the same rules as parse_config; throws ConfigError naming the key.
+void validate_config(const Config& config);
+// MQAR token ids: 0 is noise, 1..keys are keys, the remaining ids up to vocab_size - 1 are values.
+int64_t mqar_key_count(const Config& config);
+int64_t mqar_value_count(const Config& config);
 // The resolved config as YAML (every key, defaults included), for the run directory and the printout.
 std::string config_to_yaml(const Config& config);
 

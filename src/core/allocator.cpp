@@ -15,7 +15,7 @@ static void cuda_copy(void*, Device, const void*, Device, size_t) {
 }
 bool cuda_available() { return false; }
 #else
-void* cuda_alloc(size_t bytes);
+void* cuda_alloc(size_t bytes);  // kernels/allocator.cu
 void cuda_free(void* ptr);
 void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 #endif

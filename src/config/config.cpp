@@ -1,0 +1,639 @@
+// config.cpp: reading, validating and writing the run configuration (config.h): the YAML file, `--set` overrides,
+// fla's HGRN2Config head/width rules, and error messages that name the file, line, key and what was expected.
+#include "config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <variant>
+
+#include "config/suggest.h"
+
+namespace hgrn {
+
+// ------------------------------------------------------------------------------------------------------------------
+// Derived model sizes.
+
+int64_t ModelConfig::heads() const {
+  if (expand_ratio) {
+    if (*expand_ratio <= 0) throw ConfigError("model.expand_ratio must be positive, got " + std::to_string(*expand_ratio));
+    return hidden_size / *expand_ratio;
+  }
+  if (num_heads) {
+    if (*num_heads <= 0) throw ConfigError("model.num_heads must be positive, got " + std::to_string(*num_heads));
+    return *num_heads;
+  }
+  throw ConfigError("model: set model.expand_ratio or model.num_heads (fla's HGRN2Config needs one of them)");
+}
+
+int64_t ModelConfig::key_dim() const {
+  if (expand_ratio) return *expand_ratio;
+  return hidden_size / heads();
+}
+
+int64_t ModelConfig::value_dim() const { return hidden_size / heads(); }
+
+int64_t ModelConfig::mlp_size() const {
+  if (intermediate_size) return *intermediate_size;
+  // fla: int(D * hidden_ratio * 2 / 3), rounded up to a multiple of 256 (all quantities positive: / is floor).
+  const int64_t two_thirds = hidden_size * hidden_ratio * 2 / 3;
+  return 256 * ((two_thirds + 255) / 256);
+}
+
+int64_t mqar_key_count(const Config& config) {
+  if (config.data.mqar.num_keys > 0) return config.data.mqar.num_keys;
+  return (config.model.vocab_size - 1) / 2;
+}
+
+int64_t mqar_value_count(const Config& config) { return config.model.vocab_size - 1 - mqar_key_count(config); }
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------------------------
+// The schema: every key, in file order, bound to the field it sets. Reading, --set and writing all walk this one
+// table, which is what makes parse_config(config_to_yaml(c)) == c hold by construction.
+
+using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::optional<int64_t>*>;
+
+struct Field {
+  std::string path;  // e.g. "data.mqar.num_kv_pairs"
+  FieldRef ref;
+};
+
+std::vector<Field> config_fields(Config& c) {
+  ModelConfig& m = c.model;
+  DataConfig& d = c.data;
+  TrainingConfig& t = c.training;
+  CheckpointConfig& k = c.checkpoint;
+  LoggingConfig& l = c.logging;
+  return {
+      {"model.hidden_size", &m.hidden_size},
+      {"model.num_hidden_layers", &m.num_hidden_layers},
+      {"model.expand_ratio", &m.expand_ratio},
+      {"model.num_heads", &m.num_heads},
+      {"model.vocab_size", &m.vocab_size},
+      {"model.hidden_ratio", &m.hidden_ratio},
+      {"model.intermediate_size", &m.intermediate_size},
+      {"model.use_lower_bound", &m.use_lower_bound},
+      {"model.norm_eps", &m.norm_eps},
+      {"model.tie_word_embeddings", &m.tie_word_embeddings},
+      {"model.initializer_range", &m.initializer_range},
+      {"model.attn_mode", &m.attn_mode},
+      {"data.task", &d.task},
+      {"data.seq_len", &d.seq_len},
+      {"data.mqar.num_kv_pairs", &d.mqar.num_kv_pairs},
+      {"data.mqar.num_keys", &d.mqar.num_keys},
+      {"training.device", &t.device},
+      {"training.precision", &t.precision},
+      {"training.seed", &t.seed},
+      {"training.micro_batch_size", &t.micro_batch_size},
+      {"training.grad_accum_steps", &t.grad_accum_steps},
+      {"training.max_steps", &t.max_steps},
+      {"training.lr", &t.lr},
+      {"training.min_lr_ratio", &t.min_lr_ratio},
+      {"training.schedule", &t.schedule},
+      {"training.warmup_steps", &t.warmup_steps},
+      {"training.decay_fraction", &t.decay_fraction},
+      {"training.weight_decay", &t.weight_decay},
+      {"training.decay_embeddings", &t.decay_embeddings},
+      {"training.beta1", &t.beta1},
+      {"training.beta2", &t.beta2},
+      {"training.adam_eps", &t.adam_eps},
+      {"training.grad_clip", &t.grad_clip},
+      {"training.threads", &t.threads},
+      {"training.eval_interval", &t.eval_interval},
+      {"training.eval_batches", &t.eval_batches},
+      {"checkpoint.interval", &k.interval},
+      {"checkpoint.keep_last", &k.keep_last},
+      {"checkpoint.keep_every", &k.keep_every},
+      {"checkpoint.resume", &k.resume},
+      {"logging.run_dir", &l.run_dir},
+      {"logging.log_interval", &l.log_interval},
+      {"logging.metrics_file", &l.metrics_file},
+  };
+}
+
+const std::vector<std::string>& section_paths() {
+  static const std::vector<std::string> sections = {"model", "data", "data.mqar", "training", "checkpoint", "logging"};
+  return sections;
+}
+
+bool is_section(const std::string& path) {
+  for (const std::string& s : section_paths())
+    if (s == path) return true;
+  return false;
+}
+
+std::string join_path(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+std::string parent_path(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
+std::string leaf_name(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+std::string join_list(const std::vector<std::string>& items, const std::string& separator = ", ") {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
+  return out;
+}
+
+// The names (leaf only) of the keys and sections directly inside `prefix` ("" = the top level).
+std::vector<std::string> child_names(const std::string& prefix) {
+  Config scratch;
+  std::vector<std::string> names;
+  auto add = [&](const std::string& path) {
+    if (parent_path(path) != prefix) return;
+    const std::string name = leaf_name(path);
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  };
+  for (const Field& f : config_fields(scratch)) add(f.path);
+  for (const std::string& s : section_paths()) add(s);
+  return names;
+}
+
+// Why `path` is unknown, with the most useful hint: a close sibling, the same key in another section, or the list.
+std::string unknown_key_problem(const std::string& path) {
+  const std::string prefix = parent_path(path);
+  const std::string leaf = leaf_name(path);
+  Config scratch;
+  std::vector<std::string> all_paths = section_paths();
+  for (const Field& f : config_fields(scratch)) all_paths.push_back(f.path);
+
+  if (prefix.empty() || is_section(prefix)) {
+    const std::string sibling = closest_name(leaf, child_names(prefix));
+    if (!sibling.empty()) return "unknown key (did you mean " + join_path(prefix, sibling) + "?)";
+    for (const std::string& candidate : all_paths)
+      if (leaf_name(candidate) == leaf)
+        return "unknown key (did you mean " + candidate + "? it belongs in the " + parent_path(candidate) +
+               (parent_path(candidate).empty() ? "top level" : " section") + ")";
+    if (prefix.empty())
+      return "unknown section; expected one of: " + join_list(child_names(""));
+    return "unknown key; the keys of " + prefix + " are: " + join_list(child_names(prefix));
+  }
+  // The section part itself is wrong (e.g. a --set of "modle.hidden_size"): compare whole paths.
+  const std::string whole = closest_name(path, all_paths);
+  if (!whole.empty()) return "unknown key (did you mean " + whole + "?)";
+  for (const std::string& candidate : all_paths)
+    if (leaf_name(candidate) == leaf) return "unknown key (did you mean " + candidate + "?)";
+  return "unknown key; the sections are: " + join_list(child_names(""));
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Scalars. yaml-cpp tags plain scalars "?" and quoted ones "!": a quoted "64" is a string, not an integer, exactly as
+// any other YAML reader would see it, so it is rejected for numeric keys rather than silently converted.
+
+bool is_quoted(const YAML::Node& node) { return node.Tag() == "!"; }
+
+bool is_integer_literal(const std::string& s) {
+  static const std::regex pattern("[-+]?[0-9]+");
+  return std::regex_match(s, pattern);
+}
+
+bool is_float_literal(const std::string& s) {
+  static const std::regex pattern("[-+]?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][-+]?[0-9]+)?");
+  return std::regex_match(s, pattern);
+}
+
+bool is_bool_literal(const std::string& s, bool* value = nullptr) {
+  if (s == "true" || s == "True" || s == "TRUE") {
+    if (value) *value = true;
+    return true;
+  }
+  if (s == "false" || s == "False" || s == "FALSE") {
+    if (value) *value = false;
+    return true;
+  }
+  return false;
+}
+
+// What a node holds, in words, for "expected X, got Y".
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null: return "null (no value)";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Scalar: break;
+    case YAML::NodeType::Undefined: return "nothing";
+  }
+  const std::string& s = node.Scalar();
+  if (is_quoted(node)) return "the quoted string \"" + s + "\"";
+  if (is_integer_literal(s)) return "the integer " + s;
+  if (is_float_literal(s)) return "the number " + s + " (not an integer)";
+  if (is_bool_literal(s)) return "the boolean " + s;
+  return "the string '" + s + "'";
+}
+
+std::string expected_text(const FieldRef& ref) {
+  struct Visitor {
+    std::string operator()(int64_t*) const { return "an integer"; }
+    std::string operator()(uint64_t*) const { return "a non-negative integer"; }
+    std::string operator()(double*) const { return "a number"; }
+    std::string operator()(bool*) const { return "true or false"; }
+    std::string operator()(std::string*) const { return "a string"; }
+    std::string operator()(std::optional<int64_t>*) const { return "an integer or null"; }
+  };
+  return std::visit(Visitor{}, ref);
+}
+
+// Shortest text that reads back as the same double, always recognisable as a float (3 -> 3.0).
+std::string format_double(double value) {
+  char buffer[64];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  std::string text(buffer, end);
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";  // 'n': inf / nan never pass validation
+  return text;
+}
+
+// A string as a YAML scalar: plain when every YAML reader keeps it a string, else double-quoted.
+std::string format_string(const std::string& s) {
+  static const std::regex plain("[A-Za-z_./][A-Za-z0-9_./+-]*");
+  bool bool_like = false;
+  for (const char* word : {"yes", "no", "on", "off", "y", "n", "null", "true", "false", ".inf", ".nan"}) {
+    std::string lowered = s;
+    for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lowered == word) bool_like = true;
+  }
+  if (!bool_like && std::regex_match(s, plain) && !is_float_literal(s)) return s;
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char hex[8];
+          std::snprintf(hex, sizeof hex, "\\x%02x", c);
+          out += hex;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string format_value(const FieldRef& ref) {
+  struct Visitor {
+    std::string operator()(int64_t* v) const { return std::to_string(*v); }
+    std::string operator()(uint64_t* v) const { return std::to_string(*v); }
+    std::string operator()(double* v) const { return format_double(*v); }
+    std::string operator()(bool* v) const { return *v ? "true" : "false"; }
+    std::string operator()(std::string* v) const { return format_string(*v); }
+    std::string operator()(std::optional<int64_t>* v) const { return *v ? std::to_string(**v) : "null"; }
+  };
+  return std::visit(Visitor{}, ref);
+}
+
+std::string mark_text(const std::string& source, const YAML::Mark& mark) {
+  if (mark.line < 0) return source;
+  return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// The reader: fills a Config from the YAML tree and the overrides, remembering where each key was set, so that a
+// check involving several keys (hidden_size vs expand_ratio) can still point at a line.
+
+class ConfigReader {
+ public:
+  explicit ConfigReader(std::string source) : source_(std::move(source)) { config_.source = source_; }
+  ConfigReader(Config config, std::string source) : config_(std::move(config)), source_(std::move(source)) {}
+
+  void read_document(const YAML::Node& root) {
+    if (root.IsNull()) return;  // an empty file: every key keeps its default
+    if (!root.IsMap())
+      fail(mark_text(source_, root.Mark()), "(top level)",
+           "expected a mapping with the sections " + join_list(child_names("")) + ", got " + describe(root));
+    read_mapping(root, "");
+  }
+
+  void apply_override(const std::string& text) {
+    const std::string where = source_ + ": --set '" + text + "'";
+    const size_t equals = text.find('=');
+    if (equals == std::string::npos || equals == 0)
+      fail(where, text, "expected section.key=value (e.g. model.hidden_size=128 or data.mqar.num_kv_pairs=16)");
+    std::string key = text.substr(0, equals);
+    while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
+    while (!key.empty() && std::isspace(static_cast<unsigned char>(key.front()))) key.erase(key.begin());
+    const std::string value_text = text.substr(equals + 1);
+    if (is_section(key))
+      fail(where, key, "is a section; --set takes one key inside it, e.g. " + key + "." + child_names(key).front() +
+                           "=...");
+    Field* field = find_field(key);
+    if (!field) fail(where, key, unknown_key_problem(key));
+    YAML::Node value;
+    try {
+      value = YAML::Load(value_text);
+    } catch (const YAML::Exception& e) {
+      fail(where, key, "the value is not a valid YAML scalar (" + e.msg + ")");
+    }
+    assign(*field, value, where);
+    origin_[key] = where;
+  }
+
+  void validate();
+
+  Config take() { return std::move(config_); }
+
+ private:
+  [[noreturn]] void fail(const std::string& where, const std::string& key, const std::string& problem) const {
+    throw ConfigError(where + ": " + key + ": " + problem);
+  }
+
+  // A check on a key's final value: the message points where it was set, or says it is the default.
+  [[noreturn]] void fail_key(const std::string& key, const std::string& problem) const {
+    auto it = origin_.find(key);
+    if (it != origin_.end()) fail(it->second, key, problem);
+    fail(source_, key, problem + " (this is the default value; set " + key + " to change it)");
+  }
+
+  Field* find_field(const std::string& path) {
+    if (fields_.empty()) fields_ = config_fields(config_);
+    for (Field& f : fields_)
+      if (f.path == path) return &f;
+    return nullptr;
+  }
+
+  void read_mapping(const YAML::Node& mapping, const std::string& prefix) {
+    std::set<std::string> seen;
+    for (auto it = mapping.begin(); it != mapping.end(); ++it) {
+      // Copies, not references: the iterator's operator-> returns a temporary pair (cheap: Nodes are handles).
+      const YAML::Node key = it->first;
+      const YAML::Node value = it->second;
+      const std::string key_where = mark_text(source_, key.Mark());
+      if (!key.IsScalar())
+        fail(key_where, prefix.empty() ? "(top level)" : prefix, "expected a key name, got " + describe(key));
+      const std::string path = join_path(prefix, key.Scalar());
+      if (!seen.insert(path).second) fail(key_where, path, "duplicate key (it is already set earlier in this mapping)");
+      // An empty value ("key:") carries the mark of whatever follows it, so such messages point at the key instead.
+      const std::string value_where = value.IsNull() ? key_where : mark_text(source_, value.Mark());
+      if (is_section(path)) {
+        if (value.IsNull()) continue;  // "training:" with nothing under it: all defaults
+        if (!value.IsMap())
+          fail(value_where, path, "expected a section (a mapping of keys: " + join_list(child_names(path)) +
+                                      "), got " + describe(value));
+        read_mapping(value, path);
+        continue;
+      }
+      Field* field = find_field(path);
+      if (!field) fail(key_where, path, unknown_key_problem(path));
+      assign(*field, value, value_where);
+      origin_[path] = value_where;
+    }
+  }
+
+  void assign(Field& field, const YAML::Node& node, const std::string& where) {
+    const std::string& path = field.path;
+    auto wrong_type = [&]() { fail(where, path, "expected " + expected_text(field.ref) + ", got " + describe(node)); };
+    if (auto* target = std::get_if<std::optional<int64_t>*>(&field.ref)) {
+      if (node.IsNull()) {
+        **target = std::nullopt;
+        return;
+      }
+      if (!node.IsScalar() || is_quoted(node) || !is_integer_literal(node.Scalar())) wrong_type();
+      **target = parse_integer<int64_t>(node.Scalar(), where, path);
+      return;
+    }
+    if (!node.IsScalar()) wrong_type();
+    const std::string& text = node.Scalar();
+    if (auto* target = std::get_if<std::string*>(&field.ref)) {
+      **target = text;
+      return;
+    }
+    if (is_quoted(node)) wrong_type();
+    if (auto* target = std::get_if<int64_t*>(&field.ref)) {
+      if (!is_integer_literal(text)) wrong_type();
+      **target = parse_integer<int64_t>(text, where, path);
+    } else if (auto* target = std::get_if<uint64_t*>(&field.ref)) {
+      if (!is_integer_literal(text) || text[0] == '-') wrong_type();
+      **target = parse_integer<uint64_t>(text[0] == '+' ? text.substr(1) : text, where, path);
+    } else if (auto* target = std::get_if<double*>(&field.ref)) {
+      if (!is_float_literal(text)) wrong_type();
+      const double value = std::strtod(text.c_str(), nullptr);
+      if (!std::isfinite(value)) fail(where, path, "expected a finite number, got " + text);
+      **target = value;
+    } else if (auto* target = std::get_if<bool*>(&field.ref)) {
+      if (!is_bool_literal(text, *target)) wrong_type();
+    }
+  }
+
+  template <typename T>
+  T parse_integer(const std::string& text, const std::string& where, const std::string& path) const {
+    const std::string digits = (!text.empty() && text[0] == '+') ? text.substr(1) : text;
+    T value{};
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+    if (ec != std::errc() || end != digits.data() + digits.size())
+      fail(where, path, "the integer " + text + " is out of range");
+    return value;
+  }
+
+  // Value checks shared by validate().
+  void require_positive(const std::string& key, int64_t value) const {
+    if (value <= 0) fail_key(key, "expected a positive integer, got " + std::to_string(value));
+  }
+  void require_non_negative(const std::string& key, int64_t value) const {
+    if (value < 0) fail_key(key, "expected 0 or a positive integer, got " + std::to_string(value));
+  }
+  void require_positive(const std::string& key, double value) const {
+    if (!(value > 0)) fail_key(key, "expected a positive number, got " + format_double(value));
+  }
+  void require_in(const std::string& key, double value, double low, bool low_open, double high, bool high_open) const {
+    const bool ok = (low_open ? value > low : value >= low) && (high_open ? value < high : value <= high);
+    if (!ok)
+      fail_key(key, std::string("expected a number in ") + (low_open ? "(" : "[") + format_double(low) + ", " +
+                        format_double(high) + (high_open ? ")" : "]") + ", got " + format_double(value));
+  }
+  void require_one_of(const std::string& key, const std::string& value, const std::vector<std::string>& allowed) const {
+    for (const std::string& a : allowed)
+      if (a == value) return;
+    const std::string near = closest_name(value, allowed);
+    fail_key(key, "expected one of " + join_list(allowed, " | ") + ", got '" + value + "'" +
+                      (near.empty() ? "" : " (did you mean " + near + "?)"));
+  }
+
+  Config config_;
+  std::string source_;
+  std::vector<Field> fields_;
+  std::map<std::string, std::string> origin_;  // key path -> "file:line:col" or the --set it came from
+};
+
+void ConfigReader::validate() {
+  const ModelConfig& m = config_.model;
+  require_positive("model.hidden_size", m.hidden_size);
+  require_positive("model.num_hidden_layers", m.num_hidden_layers);
+  require_positive("model.vocab_size", m.vocab_size);
+  require_positive("model.hidden_ratio", m.hidden_ratio);
+  if (m.intermediate_size) require_positive("model.intermediate_size", *m.intermediate_size);
+  if (!m.expand_ratio && !m.num_heads)
+    fail(source_, "model.expand_ratio",
+         "missing: expected model.expand_ratio (the key width per head, fla's default 128) or model.num_heads; "
+         "fla's HGRN2Config needs one of them");
+  if (m.expand_ratio) {
+    require_positive("model.expand_ratio", *m.expand_ratio);
+    if (m.hidden_size % *m.expand_ratio != 0)
+      fail_key("model.expand_ratio", "expected a divisor of model.hidden_size = " + std::to_string(m.hidden_size) +
+                                         " (heads = hidden_size / expand_ratio), got " +
+                                         std::to_string(*m.expand_ratio));
+  }
+  if (m.num_heads) {
+    require_positive("model.num_heads", *m.num_heads);
+    if (m.hidden_size % *m.num_heads != 0)
+      fail_key("model.num_heads", "expected a divisor of model.hidden_size = " + std::to_string(m.hidden_size) +
+                                      " (value width = hidden_size / num_heads), got " + std::to_string(*m.num_heads));
+  }
+  require_positive("model.norm_eps", m.norm_eps);
+  require_positive("model.initializer_range", m.initializer_range);
+  require_one_of("model.attn_mode", m.attn_mode, {"chunk", "fused_recurrent"});
+
+  const DataConfig& d = config_.data;
+  require_one_of("data.task", d.task, {"mqar"});
+  require_positive("data.seq_len", d.seq_len);
+  if (d.task == "mqar") {
+    const int64_t pairs = d.mqar.num_kv_pairs;
+    require_positive("data.mqar.num_kv_pairs", pairs);
+    require_non_negative("data.mqar.num_keys", d.mqar.num_keys);
+    if (d.seq_len < 3 * pairs)
+      fail_key("data.seq_len", "too short for MQAR with data.mqar.num_kv_pairs = " + std::to_string(pairs) +
+                                   ": expected at least 2*" + std::to_string(pairs) + " positions for the pairs plus " +
+                                   std::to_string(pairs) + " for the queries = " + std::to_string(3 * pairs) +
+                                   ", got " + std::to_string(d.seq_len));
+    // Each sequence draws num_kv_pairs distinct keys and distinct values (as Zoology), and token 0 is noise.
+    if (m.vocab_size < 2 * pairs + 1)
+      fail_key("model.vocab_size", "too small for MQAR with data.mqar.num_kv_pairs = " + std::to_string(pairs) +
+                                       ": expected at least 1 noise token + " + std::to_string(pairs) + " keys + " +
+                                       std::to_string(pairs) + " values = " + std::to_string(2 * pairs + 1) +
+                                       ", got " + std::to_string(m.vocab_size));
+    if (d.mqar.num_keys != 0 && (d.mqar.num_keys < pairs || d.mqar.num_keys > m.vocab_size - 1 - pairs))
+      fail_key("data.mqar.num_keys",
+               "expected 0 (half the vocabulary) or a count in [num_kv_pairs, vocab_size - 1 - num_kv_pairs] = [" +
+                   std::to_string(pairs) + ", " + std::to_string(m.vocab_size - 1 - pairs) +
+                   "] so that each sequence finds enough distinct keys and values, got " +
+                   std::to_string(d.mqar.num_keys));
+  }
+
+  const TrainingConfig& t = config_.training;
+  require_one_of("training.device", t.device, {"auto", "cpu", "cuda"});
+  require_one_of("training.precision", t.precision, {"fp32", "bf16"});
+  if (t.precision == "bf16" && t.device == "cpu")
+    fail_key("training.precision", "expected fp32 with training.device = cpu: bf16 training needs a GPU "
+                                   "(set training.device to cuda or auto, or precision to fp32)");
+  require_positive("training.micro_batch_size", t.micro_batch_size);
+  require_positive("training.grad_accum_steps", t.grad_accum_steps);
+  require_positive("training.max_steps", t.max_steps);
+  require_positive("training.lr", t.lr);
+  require_in("training.min_lr_ratio", t.min_lr_ratio, 0.0, false, 1.0, false);
+  require_one_of("training.schedule", t.schedule, {"cosine", "linear", "inverse_sqrt", "constant", "wsd"});
+  require_non_negative("training.warmup_steps", t.warmup_steps);
+  if (t.warmup_steps > t.max_steps)
+    fail_key("training.warmup_steps", "expected at most training.max_steps = " + std::to_string(t.max_steps) +
+                                          ", got " + std::to_string(t.warmup_steps));
+  require_in("training.decay_fraction", t.decay_fraction, 0.0, true, 1.0, false);
+  if (t.weight_decay < 0)
+    fail_key("training.weight_decay", "expected 0 or a positive number, got " + format_double(t.weight_decay));
+  require_in("training.beta1", t.beta1, 0.0, false, 1.0, true);
+  require_in("training.beta2", t.beta2, 0.0, false, 1.0, true);
+  require_positive("training.adam_eps", t.adam_eps);
+  if (t.grad_clip < 0)
+    fail_key("training.grad_clip", "expected 0 (off) or a positive norm, got " + format_double(t.grad_clip));
+  require_non_negative("training.threads", t.threads);
+  require_non_negative("training.eval_interval", t.eval_interval);
+  if (t.eval_interval > 0) require_positive("training.eval_batches", t.eval_batches);
+  require_non_negative("training.eval_batches", t.eval_batches);
+
+  const CheckpointConfig& k = config_.checkpoint;
+  require_non_negative("checkpoint.interval", k.interval);
+  require_positive("checkpoint.keep_last", k.keep_last);
+  require_non_negative("checkpoint.keep_every", k.keep_every);
+  if (k.resume != "auto" && k.resume != "never") {
+    std::error_code ec;
+    if (k.resume.empty() || !std::filesystem::exists(k.resume, ec))
+      fail_key("checkpoint.resume", "expected auto, never or the path of an existing checkpoint, got '" + k.resume +
+                                        "' (no such file or directory)");
+  }
+
+  const LoggingConfig& l = config_.logging;
+  if (l.run_dir.empty()) fail_key("logging.run_dir", "expected a directory path, got an empty string");
+  require_positive("logging.log_interval", l.log_interval);
+  if (l.metrics_file.empty()) fail_key("logging.metrics_file", "expected a file name, got an empty string");
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------------------------
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(mark_text(source_name, e.mark) + ": invalid YAML: " + e.msg);
+  }
+  ConfigReader reader(source_name);
+  reader.read_document(root);
+  for (const std::string& text : overrides) reader.apply_override(text);
+  reader.validate();
+  return reader.take();
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw ConfigError(path + ": cannot read the config file: no such file (expected a YAML file such as "
+                             "configs/mqar-tiny.yaml)");
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(path + ": cannot read the config file: it is a directory (expected a YAML file)");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot read the config file: permission denied or unreadable");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path, overrides);
+}
+
+void validate_config(const Config& config) {
+  ConfigReader reader(config, config.source.empty() ? std::string("(config built in code)") : config.source);
+  reader.validate();
+}
+
+std::string config_to_yaml(const Config& config) {
+  Config copy = config;  // config_fields binds mutable pointers; writing only reads through them
+  std::ostringstream out;
+  out << "# hgrn config, every key with its resolved value";
+  if (!config.source.empty()) out << " (from " << config.source << ")";
+  out << "\n";
+  std::vector<std::string> open_sections;  // the sections of the previous key, outermost first
+  for (const Field& field : config_fields(copy)) {
+    std::vector<std::string> sections;
+    for (std::string p = parent_path(field.path); !p.empty(); p = parent_path(p)) sections.insert(sections.begin(), p);
+    size_t common = 0;
+    while (common < sections.size() && common < open_sections.size() && sections[common] == open_sections[common])
+      ++common;
+    for (size_t i = common; i < sections.size(); ++i) {
+      if (i == 0) out << "\n";
+      out << std::string(2 * i, ' ') << leaf_name(sections[i]) << ":\n";
+    }
+    open_sections = sections;
+    out << std::string(2 * sections.size(), ' ') << leaf_name(field.path) << ": " << format_value(field.ref) << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace hgrn

@@ -1,0 +1,87 @@
+// hgrn2.cpp: HGRN2 forward as a composition of ops on the tape (the backward comes from each op's own backward).
+//
+//   h = Embedding[ids];  gamma = lower_bound_transform(Γ)
+//   per layer: h += TokenMixer(RMSNorm(h), gamma_l);  h += GatedMLP(RMSNorm(h))
+//   logits = RMSNorm(h) · W_lmᵀ   (W_lm = embedding matrix when tie_word_embeddings)
+#include "model/hgrn2.h"
+
+#include <cmath>
+
+#include "ops/activations.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/hgrn2_gates.h"
+#include "ops/hgru2_recurrence.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+
+namespace hgrn {
+
+// fla's g_norm (the RMSNorm fused with o_proj) uses the function default eps, not config.norm_eps (spec 1.2 step 7).
+constexpr double kOutputNormEps = 1e-5;
+
+Hgrn2Model::Hgrn2Model(const ModelConfig& config, Rng& init_rng, DType dtype) : config_(config) {
+  for (const ParamSpec& spec : hgrn2_param_specs(config)) {
+    Tensor value = Tensor::empty(spec.shape, dtype);
+    switch (spec.init) {
+      case ParamInit::Normal:
+        for (int64_t i = 0; i < value.numel(); ++i) value.set_item(i, config.initializer_range * init_rng.normal());
+        break;
+      case ParamInit::Ones: value.fill(1.0); break;
+      case ParamInit::Zeros: value.zero(); break;
+    }
+    params_.emplace_back(spec, make_var(std::move(value), true, spec.name));
+  }
+  embeddings_ = parameter("model.embeddings.weight");
+  if (config.use_lower_bound) lower_bounds_ = parameter("model.lower_bounds");
+  final_norm_ = parameter("model.norm.weight");
+  lm_head_ = config.tie_word_embeddings ? embeddings_ : parameter("lm_head.weight");
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    layers_.push_back({parameter(p + "attn_norm.weight"), parameter(p + "attn.q_proj.weight"),
+                       parameter(p + "attn.f_proj.weight"), parameter(p + "attn.i_proj.weight"),
+                       parameter(p + "attn.g_norm.weight"), parameter(p + "attn.o_proj.weight"),
+                       parameter(p + "mlp_norm.weight"), parameter(p + "mlp.gate_proj.weight"),
+                       parameter(p + "mlp.up_proj.weight"), parameter(p + "mlp.down_proj.weight")});
+  }
+}
+
+const Var& Hgrn2Model::parameter(const std::string& name) const {
+  for (const auto& [spec, var] : params_)
+    if (spec.name == name) return var;
+  throw Error("the HGRN2 model has no parameter '" + name + "'");
+}
+
+// HGRN2Attention (spec 1.2): q = silu(x Wqᵀ), g = lower-bounded log forget gate of x Wfᵀ, k = 1 - exp(g),
+// i = x Wiᵀ; the HGRU2 recurrence per head; then RMSNorm over all of D and o_proj.
+Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamma) const {
+  const Layer& p = layers_[l];
+  Var q = silu(tape, linear(tape, x, p.q_proj));
+  Var g = hgrn2_forget_gate(tape, linear(tape, x, p.f_proj), gamma, l);
+  Var k = input_gate_from_forget(tape, g);
+  Var i = linear(tape, x, p.i_proj);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim()));  // fla's default GLA scale K^-1/2
+  const RecurrenceMode mode = config_.attn_mode == "chunk" ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
+  Hgru2Outputs r = hgru2_recurrence(tape, q, k, i, g, nullptr, config_.heads(), scale, mode);
+  return linear(tape, rmsnorm(tape, r.output, p.g_norm, kOutputNormEps), p.o_proj);
+}
+
+// GatedMLP: down(silu(gate(x)) * up(x)).
+Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
+  const Layer& p = layers_[l];
+  return linear(tape, swiglu(tape, linear(tape, x, p.gate_proj), linear(tape, x, p.up_proj)), p.down_proj);
+}
+
+Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids) const {
+  HGRN_CHECK(input_ids.dim() == 2, "model input must be token ids [batch, seq], got ", shape_str(input_ids.shape()));
+  Var h = embedding(tape, embeddings_, input_ids);
+  Var gamma = config_.use_lower_bound ? lower_bound_transform(tape, lower_bounds_) : nullptr;
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const Layer& p = layers_[l];
+    h = add(tape, h, token_mixer(tape, l, rmsnorm(tape, h, p.attn_norm, config_.norm_eps), gamma));
+    h = add(tape, h, mlp(tape, l, rmsnorm(tape, h, p.mlp_norm, config_.norm_eps)));
+  }
+  return linear(tape, rmsnorm(tape, h, final_norm_, config_.norm_eps), lm_head_);
+}
+
+}  // namespace hgrn

@@ -1,0 +1,40 @@
+// hgrn2.h: the HGRN2 causal language model (fla's HGRN2ForCausalLM, hgrn-spec.md sections 1, 2, 4 and 6).
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "core/autograd.h"
+#include "core/rng.h"
+#include "model/hgrn2_params.h"
+
+namespace hgrn {
+
+class Hgrn2Model {
+ public:
+  // Creates every parameter of hgrn2_param_specs(config) in `dtype` and initialises it as fla does: N(0, range)
+  // for projections and embeddings (drawn in spec order from `init_rng`), ones for norms, zeros for lower bounds.
+  Hgrn2Model(const ModelConfig& config, Rng& init_rng, DType dtype = DType::F32);
+
+  // input_ids: int32 or int64 [B, T]. Returns logits [B, T, vocab_size].
+  Var forward(Tape& tape, const Tensor& input_ids) const;
+
+  const ModelConfig& config() const { return config_; }
+  const std::vector<std::pair<ParamSpec, Var>>& parameters() const { return params_; }
+  const Var& parameter(const std::string& name) const;  // throws if the model has no such tensor
+
+ private:
+  struct Layer {
+    Var attn_norm, q_proj, f_proj, i_proj, g_norm, o_proj, mlp_norm, gate_proj, up_proj, down_proj;
+  };
+  Var token_mixer(Tape& tape, int64_t layer, const Var& x, const Var& gamma) const;
+  Var mlp(Tape& tape, int64_t layer, const Var& x) const;
+
+  ModelConfig config_;
+  std::vector<std::pair<ParamSpec, Var>> params_;
+  Var embeddings_, lower_bounds_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace hgrn

@@ -1,0 +1,284 @@
+// hgrn2_gates.cpp: lower_bound_transform, hgrn2_forget_gate and input_gate_from_forget, forward and backward.
+//
+// Forget gate with a bound (ℓ > 0): with ls(x) = logsigmoid(x) = log σ(x), the gate is g = log λ where
+//   λ = γ + (1 − γ)·σ(f̂) = 1 − u,   u = (1 − γ)·σ(−f̂).
+// Two forms, each accurate where the other is not, neither taking the log of a rounded sum that contains σ(f̂):
+//   λ ≤ 1/2:  g = logaddexp(log γ, log1p(−γ) + ls(f̂))   (the spec's log-space form; full relative precision
+//             for small λ, however far σ(f̂) underflows)
+//   λ > 1/2:  g = log1p(−u), u = (1 − γ)·σ(−f̂)            (keeps g's relative precision as g → 0, where the
+//             first form cancels, so that k = 1 − exp(g) = u stays accurate even for γ close to 1)
+// γ = 0 (a bound that rounded to 0) gives exactly ls(f̂). Rounding cannot take g outside [log γ, 0].
+// The derivatives, as exponentials of sums of logs so that no factor underflows on the way (σ(f̂) can) and
+// ∂g/∂f̂, which is at most σ(−f̂), cannot overflow:
+//   ∂g/∂f̂ = (1 − γ)·σ(f̂)·σ(−f̂) / λ = exp(log1p(−γ) + ls(f̂) − g + ls(−f̂)),
+//   ∂g/∂γ = (1 − σ(f̂)) / λ          = exp(ls(−f̂) − g)   (at most 1/γ).
+// Without a bound, ∂g/∂f̂ = σ(−f̂).
+#include "ops/hgrn2_gates.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace hgrn {
+
+// Below this many elements an op runs on one thread: forking a team costs more than the work.
+static constexpr int64_t kMinParallelElements = 1 << 15;
+
+// Rows of f̂ are processed in fixed blocks of this many. γ's gradient is summed per block, then the block partials are
+// added in block order, so its bits do not depend on the thread count or timing.
+static constexpr int64_t kRowsPerBlock = 64;
+
+// log σ(x) and log σ(−x) = log(1 − σ(x)), as min(±x, 0) − log1p(exp(−|x|)): exp is only taken of a non-positive
+// number, and the two share the one transcendental term.
+template <typename T>
+struct LogSigmoidPair {
+  T of_x, of_minus_x;
+};
+template <typename T>
+static inline LogSigmoidPair<T> log_sigmoid_pair(T x) {
+  const T tail = std::log1p(std::exp(-std::abs(x)));
+  return {std::min(x, T(0)) - tail, std::min(-x, T(0)) - tail};
+}
+
+// log1p(−γ) per channel, shared by every row.
+template <typename T>
+static std::vector<T> log_one_minus(const T* gamma_row, int64_t width) {
+  std::vector<T> out(static_cast<size_t>(width));
+  for (int64_t c = 0; c < width; ++c) out[static_cast<size_t>(c)] = std::log1p(-gamma_row[c]);
+  return out;
+}
+
+// log(exp(a) + exp(b)) for a, b ≤ 0, either possibly −inf.
+template <typename T>
+static inline T log_add_exp(T a, T b) {
+  const T hi = std::max(a, b), lo = std::min(a, b);
+  if (hi == -std::numeric_limits<T>::infinity()) return hi;
+  return hi + std::log1p(std::exp(lo - hi));
+}
+
+// ---- lower bound ----------------------------------------------------------------------------------------------
+
+template <typename T>
+static void lower_bound_forward_cpu(const T* lower_bounds, T* probs, T* gamma, int64_t layers, int64_t width) {
+  for (int64_t d = 0; d < width; ++d) {
+    T max_value = lower_bounds[d];
+    for (int64_t l = 1; l < layers; ++l) max_value = std::max(max_value, lower_bounds[l * width + d]);
+    // γ_ℓ = (e_1 + … + e_ℓ) / S rather than cumsum(P) − P_0: the same number, with γ_0 = 0 exactly and no
+    // cancellation when P_0 dominates.
+    T total = 0;
+    for (int64_t l = 0; l < layers; ++l) {
+      const T e = std::exp(lower_bounds[l * width + d] - max_value);
+      probs[l * width + d] = e;
+      total += e;
+    }
+    T partial = 0;
+    gamma[d] = 0;
+    for (int64_t l = 1; l < layers; ++l) {
+      partial += probs[l * width + d];
+      gamma[l * width + d] = partial / total;
+    }
+    for (int64_t l = 0; l < layers; ++l) probs[l * width + d] /= total;
+  }
+}
+
+// dP_j = Σ_{ℓ ≥ j} dγ_ℓ for j ≥ 1, dP_0 = 0, then dΓ_j += P_j · (dP_j − Σ_m P_m dP_m).
+template <typename T>
+static void lower_bound_backward_cpu(const T* probs, const T* dgamma, T* dlower_bounds, int64_t layers,
+                                     int64_t width) {
+  std::vector<T> dprobs(static_cast<size_t>(layers));
+  for (int64_t d = 0; d < width; ++d) {
+    T suffix = 0;
+    for (int64_t l = layers - 1; l >= 1; --l) {
+      suffix += dgamma[l * width + d];
+      dprobs[static_cast<size_t>(l)] = suffix;
+    }
+    dprobs[0] = 0;
+    T weighted = 0;
+    for (int64_t l = 0; l < layers; ++l) weighted += probs[l * width + d] * dprobs[static_cast<size_t>(l)];
+    for (int64_t l = 0; l < layers; ++l)
+      dlower_bounds[l * width + d] += probs[l * width + d] * (dprobs[static_cast<size_t>(l)] - weighted);
+  }
+}
+
+Var lower_bound_transform(Tape& tape, const Var& lower_bounds) {
+  HGRN_CHECK(lower_bounds, "lower_bound_transform: lower_bounds is null");
+  const Tensor& lv = lower_bounds->value;
+  HGRN_CHECK(lv.dim() == 2 && lv.size(0) >= 1, "lower_bound_transform: lower_bounds must be [L, D] with L >= 1, got ",
+             shape_str(lv.shape()));
+  HGRN_CHECK(lv.device() == Device::CPU && lv.is_contiguous(),
+             "lower_bound_transform: lower_bounds must be a contiguous CPU tensor");
+  const int64_t layers = lv.size(0), width = lv.size(1);
+  Tensor gamma = Tensor::empty(lv.shape(), lv.dtype());
+  Tensor probs = Tensor::empty(lv.shape(), lv.dtype());
+  HGRN_DISPATCH_FLOAT(lv.dtype(), "lower_bound_transform", [&] {
+    lower_bound_forward_cpu(lv.data<scalar_t>(), probs.data<scalar_t>(), gamma.data<scalar_t>(), layers, width);
+  });
+  Var out = op_output(tape, gamma, {lower_bounds});
+  if (!out->requires_grad) return out;
+  tape.record([lower_bounds, out, probs, layers, width] {
+    if (!out->grad.defined()) return;
+    HGRN_DISPATCH_FLOAT(out->grad.dtype(), "lower_bound_transform backward", [&] {
+      lower_bound_backward_cpu(probs.data<scalar_t>(), out->grad.data<scalar_t>(),
+                               grad_buffer(lower_bounds).data<scalar_t>(), layers, width);
+    });
+  });
+  return out;
+}
+
+// ---- forget gate ----------------------------------------------------------------------------------------------
+
+template <typename T>
+static void forget_gate_forward_cpu(const T* f_hat, const T* gamma_row, T* g, int64_t rows, int64_t width) {
+  std::vector<T> log_gamma, log_one_minus_gamma;
+  if (gamma_row) {
+    log_one_minus_gamma = log_one_minus(gamma_row, width);
+    log_gamma.resize(static_cast<size_t>(width));
+    for (int64_t c = 0; c < width; ++c) log_gamma[static_cast<size_t>(c)] = std::log(gamma_row[c]);
+  }
+#pragma omp parallel for schedule(static) if (rows * width >= kMinParallelElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* fr = f_hat + r * width;
+    T* gr = g + r * width;
+    for (int64_t c = 0; c < width; ++c) {
+      const T x = fr[c];
+      const T tail = std::exp(-std::abs(x));  // σ(x), σ(−x) and log σ(x) all follow from e^−|x| without overflow
+      if (!gamma_row || gamma_row[c] == T(0)) {
+        gr[c] = std::min(x, T(0)) - std::log1p(tail);
+        continue;
+      }
+      const T sigmoid_neg = x >= 0 ? tail / (T(1) + tail) : T(1) / (T(1) + tail);  // σ(−f̂), to relative precision
+      const T u = (T(1) - gamma_row[c]) * sigmoid_neg;                               // 1 − λ
+      const T log_gm = log_gamma[static_cast<size_t>(c)];
+      if (u < T(0.5)) {
+        gr[c] = std::max(std::log1p(-u), log_gm);
+      } else {
+        const T log_sig = std::min(x, T(0)) - std::log1p(tail);
+        gr[c] = log_add_exp(log_gm, log_one_minus_gamma[static_cast<size_t>(c)] + log_sig);
+      }
+    }
+  }
+}
+
+// df_hat (may be null) and dgamma_row (may be null; null also when there is no bound) are accumulated into.
+template <typename T>
+static void forget_gate_backward_cpu(const T* f_hat, const T* gamma_row, const T* g, const T* dg, T* df_hat,
+                                     T* dgamma_row, int64_t rows, int64_t width) {
+  const std::vector<T> log_one_minus_gamma = gamma_row ? log_one_minus(gamma_row, width) : std::vector<T>();
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  std::vector<T> dgamma_partials(dgamma_row ? static_cast<size_t>(blocks * width) : 0, T(0));
+#pragma omp parallel for schedule(static) if (rows * width >= kMinParallelElements)
+  for (int64_t b = 0; b < blocks; ++b) {
+    T* dgamma_block = dgamma_row ? dgamma_partials.data() + b * width : nullptr;
+    const int64_t r1 = std::min(rows, (b + 1) * kRowsPerBlock);
+    for (int64_t r = b * kRowsPerBlock; r < r1; ++r) {
+      const T* fr = f_hat + r * width;
+      const T* gr = g + r * width;
+      const T* dgr = dg + r * width;
+      for (int64_t c = 0; c < width; ++c) {
+        const LogSigmoidPair<T> ls = log_sigmoid_pair(fr[c]);
+        if (!gamma_row) {
+          if (df_hat) df_hat[r * width + c] += dgr[c] * std::exp(ls.of_minus_x);
+          continue;
+        }
+        if (df_hat) {
+          const T log_scaled_sigmoid = log_one_minus_gamma[static_cast<size_t>(c)] + ls.of_x;  // log((1 − γ)·σ(f̂))
+          df_hat[r * width + c] += dgr[c] * std::exp(log_scaled_sigmoid - gr[c] + ls.of_minus_x);
+        }
+        if (dgamma_block) dgamma_block[c] += dgr[c] * std::exp(ls.of_minus_x - gr[c]);
+      }
+    }
+  }
+  if (dgamma_row)
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t c = 0; c < width; ++c) dgamma_row[c] += dgamma_partials[static_cast<size_t>(b * width + c)];
+}
+
+Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t layer) {
+  HGRN_CHECK(f_hat, "hgrn2_forget_gate: f_hat is null");
+  const Tensor& fv = f_hat->value;
+  HGRN_CHECK(fv.dim() >= 1 && fv.size(-1) > 0, "hgrn2_forget_gate: f_hat must have a non-empty last axis, got ",
+             shape_str(fv.shape()));
+  HGRN_CHECK(fv.device() == Device::CPU && fv.is_contiguous(), "hgrn2_forget_gate: f_hat must be a contiguous CPU tensor");
+  HGRN_CHECK(layer >= 0, "hgrn2_forget_gate: layer must be non-negative, got ", layer);
+  const int64_t width = fv.size(-1), rows = fv.numel() / width;
+  const bool bounded = gamma && layer > 0;
+  Tensor gamma_row;
+  if (gamma) {
+    const Tensor& gv = gamma->value;
+    HGRN_CHECK(gv.dim() == 2 && gv.size(1) == width, "hgrn2_forget_gate: gamma ", shape_str(gv.shape()),
+               " does not match f_hat ", shape_str(fv.shape()), " (expected [L, ", width, "])");
+    HGRN_CHECK(layer < gv.size(0), "hgrn2_forget_gate: layer ", layer, " out of range for gamma with ", gv.size(0),
+               " layers");
+    HGRN_CHECK(gv.dtype() == fv.dtype(), "hgrn2_forget_gate: f_hat is ", dtype_name(fv.dtype()), ", gamma is ",
+               dtype_name(gv.dtype()));
+    HGRN_CHECK(gv.device() == Device::CPU && gv.is_contiguous(),
+               "hgrn2_forget_gate: gamma must be a contiguous CPU tensor");
+    if (bounded) {
+      gamma_row = gv.select_row(layer);
+      for (int64_t c = 0; c < width; ++c) {
+        const double value = gamma_row.item(c);
+        HGRN_CHECK(value >= 0 && value <= 1, "hgrn2_forget_gate: gamma[", layer, ", ", c, "] = ", value,
+                   " is outside [0, 1]");
+      }
+    }
+  }
+
+  Tensor g = Tensor::empty(fv.shape(), fv.dtype());
+  HGRN_DISPATCH_FLOAT(fv.dtype(), "hgrn2_forget_gate", [&] {
+    forget_gate_forward_cpu(fv.data<scalar_t>(), bounded ? gamma_row.data<scalar_t>() : nullptr, g.data<scalar_t>(),
+                            rows, width);
+  });
+  // Only the bounded gate depends on gamma; leaving it out otherwise keeps layer 0 off gamma's gradient entirely.
+  Var out = bounded ? op_output(tape, g, {f_hat, gamma}) : op_output(tape, g, {f_hat});
+  if (!out->requires_grad) return out;
+  tape.record([f_hat, gamma, bounded, layer, out, rows, width] {
+    if (!out->grad.defined()) return;
+    HGRN_DISPATCH_FLOAT(out->grad.dtype(), "hgrn2_forget_gate backward", [&] {
+      const scalar_t* gamma_row = bounded ? gamma->value.data<scalar_t>() + layer * width : nullptr;
+      scalar_t* dgamma_row =
+          bounded && wants_grad(gamma) ? grad_buffer(gamma).data<scalar_t>() + layer * width : nullptr;
+      forget_gate_backward_cpu(f_hat->value.data<scalar_t>(), gamma_row, out->value.data<scalar_t>(),
+                               out->grad.data<scalar_t>(),
+                               wants_grad(f_hat) ? grad_buffer(f_hat).data<scalar_t>() : nullptr, dgamma_row, rows,
+                               width);
+    });
+  });
+  return out;
+}
+
+// ---- input gate -----------------------------------------------------------------------------------------------
+
+template <typename T>
+static void input_gate_forward_cpu(const T* g, T* k, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
+  for (int64_t i = 0; i < n; ++i) k[i] = -std::expm1(g[i]);
+}
+
+template <typename T>
+static void input_gate_backward_cpu(const T* g, const T* dk, T* dg, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
+  for (int64_t i = 0; i < n; ++i) dg[i] -= std::exp(g[i]) * dk[i];
+}
+
+Var input_gate_from_forget(Tape& tape, const Var& g) {
+  HGRN_CHECK(g, "input_gate_from_forget: g is null");
+  HGRN_CHECK(g->value.device() == Device::CPU && g->value.is_contiguous(),
+             "input_gate_from_forget: g must be a contiguous CPU tensor");
+  const int64_t n = g->value.numel();
+  Tensor k = Tensor::empty(g->value.shape(), g->value.dtype());
+  HGRN_DISPATCH_FLOAT(k.dtype(), "input_gate_from_forget",
+                      [&] { input_gate_forward_cpu(g->value.data<scalar_t>(), k.data<scalar_t>(), n); });
+  Var out = op_output(tape, k, {g});
+  if (!out->requires_grad) return out;
+  tape.record([g, out, n] {
+    if (!out->grad.defined()) return;
+    HGRN_DISPATCH_FLOAT(out->grad.dtype(), "input_gate_from_forget backward", [&] {
+      input_gate_backward_cpu(g->value.data<scalar_t>(), out->grad.data<scalar_t>(), grad_buffer(g).data<scalar_t>(),
+                              n);
+    });
+  });
+  return out;
+}
+
+}  // namespace hgrn

@@ -1,0 +1,22 @@
+// hgrn2_gates.h: the HGRN2 gates: the layer-wise lower bound γ (spec section 2), the lower-bounded log forget gate
+// g (spec section 1.2 step 3) and the input gate k = 1 − exp(g) (step 4).
+#pragma once
+#include <cstdint>
+
+#include "core/autograd.h"
+
+namespace hgrn {
+
+// Γ [L, D] -> γ [L, D]: P = softmax(Γ) over the layer axis per channel, γ_ℓ = P_1 + … + P_ℓ (= cumsum(P)_ℓ − P_0),
+// so γ_0 = 0 and γ is non-decreasing in ℓ with γ_{L−1} = 1 − P_0.
+Var lower_bound_transform(Tape& tape, const Var& lower_bounds);
+
+// f̂ [..., F] -> g [..., F], the log forget gate. g = logsigmoid(f̂) when gamma is null or layer == 0 (layer 0's bound
+// is exactly 0); otherwise g = log(γ_ℓ + (1 − γ_ℓ)·σ(f̂)) with γ_ℓ = gamma[layer] ([L, F], values in [0, 1]),
+// evaluated in log space. Layer 0 never touches gamma's gradient.
+Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t layer);
+
+// g -> k = 1 − exp(g), evaluated as −expm1(g) so that k keeps its relative precision when g is near 0.
+Var input_gate_from_forget(Tape& tape, const Var& g);
+
+}  // namespace hgrn

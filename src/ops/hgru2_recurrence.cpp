@@ -1,0 +1,809 @@
+// hgru2_recurrence.cpp: the HGRU2 recurrence S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t, o_t = s·q_t S_t on the CPU, in two
+// exact forms, each with a hand-written backward:
+//  * Naive: the step-by-step recurrence (fla's fused_recurrent / naive_recurrent_gla), backward in reverse time.
+//  * Chunk: fla's chunkwise GLA (spec sections 7.2 and 7.3): inter-chunk states, an intra-chunk score matrix A and the
+//    per-chunk output; the backward recomputes the states and runs dS, dv, dA, intra and inter dq/dk, dg. It is the
+//    reference the CUDA kernel is held to, so it is laid out in that kernel's stages, and like fla it keeps A from the
+//    forward for the backward.
+// Both forms work on one (batch, head) pair at a time, on contiguous copies of that head's rows, one OpenMP iteration
+// per pair with per-thread scratch. The pairs are independent and each is computed by the same sequential code, so the
+// result is the same bits for any number of threads.
+#include "ops/hgru2_recurrence.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace hgrn {
+namespace {
+
+struct HeadDims {
+  int64_t batch, time, heads, key_dim, value_dim;
+  int64_t pairs() const { return batch * heads; }
+  int64_t state_size() const { return key_dim * value_dim; }
+};
+
+// Chunk tiling of one sequence (spec 7.1). Sub-chunks of BC rows are the blocks of the intra-chunk score matrix:
+// blocks below the diagonal use the reference-point factorisation, diagonal blocks are computed element-wise.
+struct ChunkLayout {
+  int64_t time = 0;
+  int64_t chunk_size = 0;      // BT
+  int64_t sub_chunk_size = 0;  // BC = min(16, BT)
+  int64_t num_chunks = 0;      // NT = ceil(T / BT)
+
+  ChunkLayout(int64_t time_steps, int64_t requested) : time(time_steps) {
+    chunk_size = requested > 0 ? requested : default_chunk_size(time_steps);
+    sub_chunk_size = std::min<int64_t>(16, chunk_size);
+    num_chunks = (time + chunk_size - 1) / chunk_size;
+  }
+  int64_t begin(int64_t c) const { return c * chunk_size; }
+  int64_t end(int64_t c) const { return std::min(time, begin(c) + chunk_size); }
+  // The most rows a chunk actually has (a chunk length beyond T only ever yields one chunk of T rows).
+  int64_t max_rows() const { return std::min(time, chunk_size); }
+  // Saved score matrices of one sequence: chunk c's n×n matrix starts at score_offset(c) (only the last chunk can be
+  // shorter than BT, so the earlier ones are all BT×BT).
+  int64_t score_offset(int64_t c) const { return c * chunk_size * chunk_size; }
+  int64_t scores_per_sequence() const {
+    const int64_t last_rows = end(num_chunks - 1) - begin(num_chunks - 1);
+    return score_offset(num_chunks - 1) + last_rows * last_rows;
+  }
+
+  // fla's choice: min(64, max(16, next_pow2(T))).
+  static int64_t default_chunk_size(int64_t time_steps) {
+    int64_t pow2 = 1;
+    while (pow2 < time_steps) pow2 *= 2;
+    return std::min<int64_t>(64, std::max<int64_t>(16, pow2));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Small dense helpers. Element-wise loops vectorise as written; a dot product needs `omp simd` to be allowed to reorder
+// its sum (the build has no -ffast-math). Either way the order is fixed at compile time, so results are reproducible.
+
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t n) {
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// y += alpha · x
+template <typename T>
+inline void axpy(T alpha, const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// dst [cols][rows] = srcᵀ for a row-major src [rows][cols].
+template <typename T>
+void transpose(const T* src, int64_t rows, int64_t cols, T* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+}
+
+// Copies head h of batch b out of a [B, T, H·width] tensor into a contiguous [T, width] block.
+template <typename T>
+void gather_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
+  const int64_t row = d.heads * width;
+  const T* base = src + b * d.time * row + h * width;
+  for (int64_t t = 0; t < d.time; ++t) std::copy_n(base + t * row, width, dst + t * width);
+}
+
+// Writes a contiguous [T, width] block into head h of batch b of a [B, T, H·width] tensor.
+template <typename T>
+void scatter_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
+  const int64_t row = d.heads * width;
+  T* base = dst + b * d.time * row + h * width;
+  for (int64_t t = 0; t < d.time; ++t) std::copy_n(src + t * width, width, base + t * row);
+}
+
+// Adds a contiguous [T, width] block into head h of batch b of a [B, T, H·width] gradient (backward accumulates).
+template <typename T>
+void scatter_add_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
+  const int64_t row = d.heads * width;
+  T* base = dst + b * d.time * row + h * width;
+  for (int64_t t = 0; t < d.time; ++t) axpy(T(1), src + t * width, base + t * row, width);
+}
+
+// The global tensors of one call (gradient pointers are null where no gradient is wanted or available).
+template <typename T>
+struct Hgru2Io {
+  const T* q = nullptr;
+  const T* k = nullptr;
+  const T* v = nullptr;
+  const T* g = nullptr;
+  const T* initial_state = nullptr;  // null: S_0 = 0
+  // Forward results. saved_scores (chunk form, only when a backward will run): every chunk's A, [B·H][per sequence].
+  T* output = nullptr;
+  T* final_state = nullptr;
+  T* saved_scores = nullptr;
+  // Backward inputs (null: that output's gradient is zero) and results (null: not wanted).
+  const T* scores = nullptr;
+  const T* d_output = nullptr;
+  const T* d_final_state = nullptr;
+  T* dq = nullptr;
+  T* dk = nullptr;
+  T* dv = nullptr;
+  T* dg = nullptr;
+  T* d_initial_state = nullptr;
+};
+
+// One thread's contiguous copies of the current head's rows and its scratch; allocated once per thread, reused for
+// every (batch, head) pair that thread handles.
+template <typename T>
+struct HeadScratch {
+  // The head's rows: [T][K], [T][K], [T][V], [T][K] (g, which the chunk form turns into its chunk-local cumsum G).
+  std::vector<T> q, k, v, gate;
+  std::vector<T> step_decay, start_decay, exit_decay;  // Chunk: the decay tables of chunk_decays, [T][K] each
+  std::vector<T> output;                               // [T][V]
+  std::vector<T> states;  // Naive backward: S_0..S_T; Chunk: S^(0)..S^(NT)
+  std::vector<T> scores;  // Chunk forward without a backward to come: A of one chunk, [BT][BT]
+  // Reference-point factors of one sub-chunk ([BC][K], [BC][K], [BT][K], [BT][K]) and the running decays of one
+  // diagonal block's row ([BC][K]).
+  std::vector<T> query_decay, decayed_query, key_decay, decayed_key, diagonal_decay;
+  // Backward.
+  std::vector<T> d_output, dq, dk, dv, dg;  // [T][V], [T][K], [T][K], [T][V], [T][K]
+  std::vector<T> d_state;                   // [K][V]: the running (naive) or initial-state gradient
+  std::vector<T> d_exit_states;             // Chunk: dS_e of every chunk, [NT][K][V]
+  std::vector<T> d_scores;                  // Chunk: dA of one chunk, [BT][BT]
+  std::vector<T> state_enter_t, d_exit_t;   // Chunk: S_pᵀ and dS_eᵀ of one chunk, [V][K]
+  std::vector<T> last_grad, last_row_dk_inter;  // Chunk: d_last and the last row's dk_inter, [K] each
+  std::vector<T> row;                           // [max(K, V)] accumulator
+
+  HeadScratch(const HeadDims& d, RecurrenceMode mode, const ChunkLayout& layout, bool backward, bool keep_scores) {
+    const int64_t K = d.key_dim, V = d.value_dim, T_ = d.time, KV = d.state_size();
+    q.resize(T_ * K);
+    k.resize(T_ * K);
+    v.resize(T_ * V);
+    gate.resize(T_ * K);
+    output.resize(T_ * V);
+    row.resize(std::max(K, V));
+    if (backward) {
+      d_output.resize(T_ * V);
+      dq.resize(T_ * K);
+      dk.resize(T_ * K);
+      dv.resize(T_ * V);
+      dg.resize(T_ * K);
+      d_state.resize(KV);
+    }
+    if (mode == RecurrenceMode::Naive) {
+      if (backward) states.resize((T_ + 1) * KV);
+      return;
+    }
+    const int64_t BT = layout.max_rows(), BC = std::min(layout.sub_chunk_size, BT);
+    step_decay.resize(T_ * K);
+    start_decay.resize(T_ * K);
+    exit_decay.resize(T_ * K);
+    states.resize((layout.num_chunks + 1) * KV);
+    if (!keep_scores && !backward) scores.resize(BT * BT);
+    query_decay.resize(BC * K);
+    decayed_query.resize(BC * K);
+    key_decay.resize(BT * K);
+    decayed_key.resize(BT * K);
+    diagonal_decay.resize(BC * K);
+    if (backward) {
+      d_exit_states.resize(layout.num_chunks * KV);
+      d_scores.resize(BT * BT);
+      state_enter_t.resize(KV);
+      d_exit_t.resize(KV);
+      last_grad.resize(K);
+      last_row_dk_inter.resize(K);
+    }
+  }
+};
+
+// One head's rows as contiguous row-major blocks, starting at some row (the chunk form passes a chunk's first row).
+// Naive form: G holds g itself and the decay tables are null. Chunk form: G holds the chunk-local cumsum and the
+// decay tables are those of chunk_decays.
+template <typename T>
+struct HeadRows {
+  const T* q;            // [n][K]
+  const T* k;            // [n][K]
+  const T* v;            // [n][V]
+  const T* G;            // [n][K]
+  const T* step_decay;   // [n][K] e^{g_t}
+  const T* start_decay;  // [n][K] e^{G_t}
+  const T* exit_decay;   // [n][K] e^{G_L − G_t}
+  int64_t K, V;
+  HeadRows from_row(int64_t r) const {
+    auto shift = [&](const T* p) { return p ? p + r * K : nullptr; };
+    return {q + r * K, k + r * K, v + r * V, G + r * K, shift(step_decay), shift(start_decay), shift(exit_decay), K, V};
+  }
+};
+
+template <typename T>
+HeadRows<T> head_rows(const HeadScratch<T>& s, const HeadDims& d) {
+  auto table = [](const std::vector<T>& t) { return t.empty() ? nullptr : t.data(); };
+  return {s.q.data(),           s.k.data(),          s.v.data(),  s.gate.data(), table(s.step_decay),
+          table(s.start_decay), table(s.exit_decay), d.key_dim, d.value_dim};
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Naive form.
+
+// Runs the recurrence over one head's `time` rows. `state` holds S_0 on entry and S_T on exit. When `history` is given
+// it receives S_0..S_T ((T+1)·K·V values), which the backward needs for the gate gradient.
+template <typename T>
+void naive_forward_head(const HeadRows<T>& x, int64_t time, T scale, T* state, T* out, T* history) {
+  const int64_t K = x.K, V = x.V;
+  if (history) std::copy_n(state, K * V, history);
+  for (int64_t t = 0; t < time; ++t) {
+    const T* v_t = x.v + t * V;
+    for (int64_t c = 0; c < K; ++c) {
+      const T decay = std::exp(x.G[t * K + c]);
+      const T key = x.k[t * K + c];
+      T* state_row = state + c * V;
+      for (int64_t j = 0; j < V; ++j) state_row[j] = decay * state_row[j] + key * v_t[j];
+    }
+    T* o_t = out + t * V;
+    std::fill_n(o_t, V, T(0));
+    for (int64_t c = 0; c < K; ++c) axpy(scale * x.q[t * K + c], state + c * V, o_t, V);
+    if (history) std::copy_n(state, K * V, history + (t + 1) * K * V);
+  }
+}
+
+// Reverse-time backward of the recurrence for one head. `d_state` holds dL/dS_T on entry and dL/dS_0 on exit;
+// `history` is S_0..S_T from the forward. Per step, going back:
+//   o_t = s·q_t S_t                 ⇒ dS_t += s·q_tᵀ dO_t,  dq_t = s·dO_t S_tᵀ
+//   S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t ⇒ dk_t = dS_t v_tᵀ, dv_t = k_t dS_t, dg_t = e^{g_t} ⊙ rowsum(S_{t−1} ⊙ dS_t),
+//                                     dS_{t−1} = Diag(e^{g_t}) dS_t.
+template <typename T>
+void naive_backward_head(const HeadRows<T>& x, int64_t time, T scale, const T* history, const T* d_out, T* d_state,
+                         T* dq, T* dk, T* dv, T* dg) {
+  const int64_t K = x.K, V = x.V, KV = K * V;
+  for (int64_t t = time - 1; t >= 0; --t) {
+    const T* state_t = history + (t + 1) * KV;
+    const T* state_prev = history + t * KV;
+    const T* d_out_t = d_out + t * V;
+    const T* v_t = x.v + t * V;
+    for (int64_t c = 0; c < K; ++c) {
+      dq[t * K + c] = scale * dot(d_out_t, state_t + c * V, V);
+      axpy(scale * x.q[t * K + c], d_out_t, d_state + c * V, V);
+    }
+    T* dv_t = dv + t * V;
+    std::fill_n(dv_t, V, T(0));
+    for (int64_t c = 0; c < K; ++c) {
+      T* d_state_row = d_state + c * V;
+      const T decay = std::exp(x.G[t * K + c]);
+      dk[t * K + c] = dot(d_state_row, v_t, V);
+      axpy(x.k[t * K + c], d_state_row, dv_t, V);
+      dg[t * K + c] = decay * dot(state_prev + c * V, d_state_row, V);
+      for (int64_t j = 0; j < V; ++j) d_state_row[j] *= decay;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Chunk form. Conventions inside one chunk of n rows: local row indices, L = n − 1 the last row, G_t = Σ_{u ≤ t} g_u
+// the chunk-local cumsum (non-increasing because g ≤ 0), S_p = S^(c) the state entering the chunk and dS_e the gradient
+// w.r.t. the state leaving it. Every decay is e^{x} with x ≤ 0 (a difference G_i − G_j with i ≥ j, or a product of
+// such factors), so nothing can overflow however strong the decay: it only underflows to 0, which is also the value
+// being approximated.
+
+// G = chunk-local cumulative sum of g (spec 7.1), in place, and the decay tables every stage reuses:
+//   step_decay[t]  = e^{g_t}          (DiagonalBlockDecay)
+//   start_decay[t] = e^{G_t}          (from the chunk's entry to row t: S_p's share of o_t, the q side of dS)
+//   exit_decay[t]  = e^{G_L − G_t}    (from row t to the chunk's exit: the k side of the state update, dv, dk)
+// Restarting the sum at every chunk keeps |G| bounded by BT steps of decay, so the differences keep their precision.
+template <typename T>
+void chunk_decays(T* gate, const ChunkLayout& layout, int64_t K, T* step_decay, T* start_decay, T* exit_decay) {
+  for (int64_t i = 0; i < layout.time * K; ++i) step_decay[i] = std::exp(gate[i]);
+  for (int64_t c = 0; c < layout.num_chunks; ++c) {
+    const int64_t r0 = layout.begin(c), r1 = layout.end(c);
+    for (int64_t t = r0 + 1; t < r1; ++t) axpy(T(1), gate + (t - 1) * K, gate + t * K, K);
+    const T* G_last = gate + (r1 - 1) * K;
+    for (int64_t t = r0; t < r1; ++t)
+      for (int64_t a = 0; a < K; ++a) {
+        start_decay[t * K + a] = std::exp(gate[t * K + a]);
+        exit_decay[t * K + a] = std::exp(G_last[a] - gate[t * K + a]);
+      }
+  }
+}
+
+// Inter-chunk states (7.2 step 1): states[c] = S^(c), the state entering chunk c (states[0] = S_0, filled by the
+// caller), and states[NT] = the final state:
+//   S^(c+1) = Diag(e^{G_L}) S^(c) + Σ_t (k_t ⊙ e^{G_L − G_t})ᵀ v_t.
+template <typename T>
+void chunk_states(const HeadRows<T>& head, const ChunkLayout& layout, T* states) {
+  const int64_t K = head.K, V = head.V, KV = K * V;
+  for (int64_t c = 0; c < layout.num_chunks; ++c) {
+    const int64_t n = layout.end(c) - layout.begin(c);
+    const HeadRows<T> x = head.from_row(layout.begin(c));
+    const T* chunk_decay = x.start_decay + (n - 1) * K;  // e^{G_L}
+    const T* enter = states + c * KV;
+    T* exit = states + (c + 1) * KV;
+    for (int64_t a = 0; a < K; ++a)
+      for (int64_t j = 0; j < V; ++j) exit[a * V + j] = chunk_decay[a] * enter[a * V + j];
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t a = 0; a < K; ++a) axpy(x.k[t * K + a] * x.exit_decay[t * K + a], x.v + t * V, exit + a * V, V);
+  }
+}
+
+// Reference-point factors for the block of query rows [a0, a1) against all key rows [0, a0) before it. With the
+// reference n = G_{a0}:  e^{G_i − G_j} = e^{G_i − n} · e^{n − G_j}, and both exponents are ≤ 0 (i ≥ a0 > j and G is
+// non-increasing). This turns the block of A into one product Q̂ K̂ᵀ instead of a decay per (i, j, feature).
+//   query_decay[i − a0] = e^{G_i − n},  decayed_query = q ⊙ query_decay
+//   key_decay[j]        = e^{n − G_j},  decayed_key   = k ⊙ key_decay
+template <typename T>
+void reference_point_factors(const HeadRows<T>& x, int64_t a0, int64_t a1, HeadScratch<T>& s) {
+  const int64_t K = x.K;
+  const T* reference = x.G + a0 * K;
+  for (int64_t i = a0; i < a1; ++i)
+    for (int64_t a = 0; a < K; ++a) {
+      const T decay = std::exp(x.G[i * K + a] - reference[a]);
+      s.query_decay[(i - a0) * K + a] = decay;
+      s.decayed_query[(i - a0) * K + a] = x.q[i * K + a] * decay;
+    }
+  for (int64_t j = 0; j < a0; ++j)
+    for (int64_t a = 0; a < K; ++a) {
+      const T decay = std::exp(reference[a] - x.G[j * K + a]);
+      s.key_decay[j * K + a] = decay;
+      s.decayed_key[j * K + a] = x.k[j * K + a] * decay;
+    }
+}
+
+// The decays e^{G_i − G_j} of a diagonal block [a0, a1)², a row i at a time: row i's decays are row i − 1's times
+// λ_i = e^{g_i}, plus e^0 = 1 for j = i. All factors are ≤ 1, so, like the exponent differences, nothing can overflow
+// (strong decay just underflows to 0), and an element costs one multiply rather than an exp of G_i − G_j, which is
+// what dominated the cost of the chunk form. A product of ≤ BC − 1 factors is also at least as accurate as the
+// difference of two cumsums.
+template <typename T>
+class DiagonalBlockDecay {
+ public:
+  DiagonalBlockDecay(const HeadRows<T>& x, int64_t a0, T* decay) : x_(x), a0_(a0), decay_(decay) {}
+  // Advances to row i (rows must come in order a0, a0 + 1, ...).
+  void advance_to(int64_t i) {
+    const int64_t K = x_.K;
+    const T* step = x_.step_decay + i * K;
+    for (int64_t j = a0_; j < i; ++j) {
+      T* d = decay_ + (j - a0_) * K;
+      for (int64_t a = 0; a < K; ++a) d[a] *= step[a];
+    }
+    std::fill_n(decay_ + (i - a0_) * K, K, T(1));
+  }
+  // e^{G_i − G_j} for the current row i and a0 ≤ j ≤ i, as a K-vector.
+  const T* to(int64_t j) const { return decay_ + (j - a0_) * x_.K; }
+
+ private:
+  HeadRows<T> x_;
+  int64_t a0_;
+  T* decay_;  // [BC][K]
+};
+
+// Intra-chunk scores (7.2 step 2), A [n][n] row-major:
+//   A_ij = s · Σ_a q_ia k_ja e^{G_ia − G_ja} for j ≤ i, 0 for j > i.
+// Rows are taken a sub-chunk [a0, a1) at a time. Columns before a0 lie strictly below the diagonal and use the
+// reference-point factors; the diagonal block is element-wise (DiagonalBlockDecay), and its j > i entries are never
+// formed (their decay would be e^{positive}).
+template <typename T>
+void intra_chunk_scores(const HeadRows<T>& x, int64_t n, int64_t sub_chunk, T scale, HeadScratch<T>& s, T* A) {
+  const int64_t K = x.K;
+  std::fill_n(A, n * n, T(0));
+  for (int64_t a0 = 0; a0 < n; a0 += sub_chunk) {
+    const int64_t a1 = std::min(n, a0 + sub_chunk);
+    if (a0 > 0) {
+      reference_point_factors(x, a0, a1, s);
+      for (int64_t i = a0; i < a1; ++i)
+        for (int64_t j = 0; j < a0; ++j)
+          A[i * n + j] = scale * dot(s.decayed_query.data() + (i - a0) * K, s.decayed_key.data() + j * K, K);
+    }
+    DiagonalBlockDecay<T> decay(x, a0, s.diagonal_decay.data());
+    for (int64_t i = a0; i < a1; ++i) {
+      decay.advance_to(i);
+      const T* q_i = x.q + i * K;
+      for (int64_t j = a0; j <= i; ++j) {
+        const T* k_j = x.k + j * K;
+        const T* d = decay.to(j);
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t a = 0; a < K; ++a) sum += q_i[a] * k_j[a] * d[a];
+        A[i * n + j] = scale * sum;
+      }
+    }
+  }
+}
+
+// Output of one chunk (7.2 step 3): o_t = s·(q_t ⊙ e^{G_t}) S_p + Σ_{j ≤ t} A_tj v_j.
+template <typename T>
+void chunk_output(const HeadRows<T>& x, int64_t n, const T* state_enter, const T* A, T scale, T* out) {
+  const int64_t K = x.K, V = x.V;
+  for (int64_t t = 0; t < n; ++t) {
+    T* o_t = out + t * V;
+    std::fill_n(o_t, V, T(0));
+    for (int64_t a = 0; a < K; ++a) axpy(scale * x.q[t * K + a] * x.start_decay[t * K + a], state_enter + a * V, o_t, V);
+    for (int64_t j = 0; j <= t; ++j) axpy(A[t * n + j], x.v + j * V, o_t, V);
+  }
+}
+
+// Forward of one head (7.2): G and decays, states, then per chunk A and the output. `state` holds S_0 on entry, S_T
+// on exit. `saved_scores` (this head's part) receives every chunk's A for the backward; null when none will run.
+template <typename T>
+void chunk_forward_head(HeadScratch<T>& s, const HeadDims& d, const ChunkLayout& layout, T scale, T* state,
+                        T* saved_scores) {
+  const int64_t KV = d.state_size();
+  chunk_decays(s.gate.data(), layout, d.key_dim, s.step_decay.data(), s.start_decay.data(), s.exit_decay.data());
+  const HeadRows<T> head = head_rows(s, d);
+  std::copy_n(state, KV, s.states.data());
+  chunk_states(head, layout, s.states.data());
+  for (int64_t c = 0; c < layout.num_chunks; ++c) {
+    const int64_t r0 = layout.begin(c), n = layout.end(c) - r0;
+    const HeadRows<T> x = head.from_row(r0);
+    T* A = saved_scores ? saved_scores + layout.score_offset(c) : s.scores.data();
+    intra_chunk_scores(x, n, layout.sub_chunk_size, scale, s, A);
+    chunk_output(x, n, s.states.data() + c * KV, A, scale, s.output.data() + r0 * d.value_dim);
+  }
+  std::copy_n(s.states.data() + layout.num_chunks * KV, KV, state);
+}
+
+// State gradients (7.3 step 2), in reverse over chunks: d_exit[c] = dS_e of chunk c, with d_exit[NT−1] = dS_T, and
+//   dS^(c) = Diag(e^{G_L}) dS_e^(c) + s·Σ_t (q_t ⊙ e^{G_t})ᵀ dO_t,
+// which is dS_e of chunk c − 1, or for c = 0 the initial state's gradient (left in d_initial).
+template <typename T>
+void chunk_state_grads(const HeadRows<T>& head, const T* d_out, const ChunkLayout& layout, T scale, T* d_exit,
+                       T* d_initial) {
+  const int64_t K = head.K, V = head.V, KV = K * V;
+  for (int64_t c = layout.num_chunks - 1; c >= 0; --c) {
+    const int64_t r0 = layout.begin(c), n = layout.end(c) - r0;
+    const HeadRows<T> x = head.from_row(r0);
+    const T* chunk_decay = x.start_decay + (n - 1) * K;  // e^{G_L}
+    const T* d_exit_c = d_exit + c * KV;
+    T* d_enter = c > 0 ? d_exit + (c - 1) * KV : d_initial;
+    for (int64_t a = 0; a < K; ++a)
+      for (int64_t j = 0; j < V; ++j) d_enter[a * V + j] = chunk_decay[a] * d_exit_c[a * V + j];
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t a = 0; a < K; ++a)
+        axpy(scale * x.q[t * K + a] * x.start_decay[t * K + a], d_out + (r0 + t) * V, d_enter + a * V, V);
+  }
+}
+
+// dv of one chunk (7.3 step 3): dv_j = Σ_{t ≥ j} A_tj dO_t + (k_j ⊙ e^{G_L − G_j}) dS_e.
+template <typename T>
+void chunk_value_grad(const HeadRows<T>& x, int64_t n, const T* A, const T* d_out, const T* d_exit, T* dv) {
+  const int64_t K = x.K, V = x.V;
+  std::fill_n(dv, n * V, T(0));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j <= t; ++j) axpy(A[t * n + j], d_out + t * V, dv + j * V, V);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t a = 0; a < K; ++a) axpy(x.k[j * K + a] * x.exit_decay[j * K + a], d_exit + a * V, dv + j * V, V);
+}
+
+// dA of one chunk (7.3 step 4): dA_tj = s·(dO_t · v_j) for j ≤ t, 0 above the diagonal (A is causal there).
+template <typename T>
+void chunk_score_grad(const HeadRows<T>& x, int64_t n, const T* d_out, T scale, T* dA) {
+  const int64_t V = x.V;
+  std::fill_n(dA, n * n, T(0));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j <= t; ++j) dA[t * n + j] = scale * dot(d_out + t * V, x.v + j * V, V);
+}
+
+// Intra-chunk dq, dk (7.3 step 5), accumulated into dq, dk:
+//   dq_i += Σ_{j ≤ i} dA_ij k_j ⊙ e^{G_i − G_j},   dk_j += Σ_{i ≥ j} dA_ij q_i ⊙ e^{G_i − G_j}.
+// Only the strictly lower pairs j < i are added here; the diagonal ones (j = i, decay 1) are held back until dg has
+// been formed (see chunk_gate_grad) and added by add_gate_independent_terms. Same blocks as intra_chunk_scores: for
+// query rows [a0, a1) against key rows j < a0, with the reference factors
+//   dq_i += query_decay_i ⊙ Σ_j dA_ij decayed_key_j,   dk_j += key_decay_j ⊙ Σ_i dA_ij decayed_query_i;
+// the diagonal block is element-wise (DiagonalBlockDecay, one decay shared by both terms).
+template <typename T>
+void intra_chunk_query_key_grads(const HeadRows<T>& x, int64_t n, int64_t sub_chunk, const T* dA, HeadScratch<T>& s,
+                                 T* dq, T* dk) {
+  const int64_t K = x.K;
+  T* sum = s.row.data();
+  for (int64_t a0 = 0; a0 < n; a0 += sub_chunk) {
+    const int64_t a1 = std::min(n, a0 + sub_chunk);
+    if (a0 > 0) {
+      reference_point_factors(x, a0, a1, s);
+      for (int64_t i = a0; i < a1; ++i) {
+        std::fill_n(sum, K, T(0));
+        for (int64_t j = 0; j < a0; ++j) axpy(dA[i * n + j], s.decayed_key.data() + j * K, sum, K);
+        const T* decay = s.query_decay.data() + (i - a0) * K;
+        for (int64_t a = 0; a < K; ++a) dq[i * K + a] += decay[a] * sum[a];
+      }
+      for (int64_t j = 0; j < a0; ++j) {
+        std::fill_n(sum, K, T(0));
+        for (int64_t i = a0; i < a1; ++i) axpy(dA[i * n + j], s.decayed_query.data() + (i - a0) * K, sum, K);
+        const T* decay = s.key_decay.data() + j * K;
+        for (int64_t a = 0; a < K; ++a) dk[j * K + a] += decay[a] * sum[a];
+      }
+    }
+    DiagonalBlockDecay<T> decay(x, a0, s.diagonal_decay.data());
+    for (int64_t i = a0; i < a1; ++i) {
+      decay.advance_to(i);
+      const T* q_i = x.q + i * K;
+      T* dq_i = dq + i * K;
+      for (int64_t j = a0; j < i; ++j) {
+        const T w = dA[i * n + j];
+        const T* k_j = x.k + j * K;
+        const T* d = decay.to(j);
+        T* dk_j = dk + j * K;
+        for (int64_t a = 0; a < K; ++a) {
+          dq_i[a] += w * k_j[a] * d[a];
+          dk_j[a] += w * q_i[a] * d[a];
+        }
+      }
+    }
+  }
+}
+
+// Inter-chunk dq, dk (7.3 step 6), accumulated into dq, dk, and the gate gradient's d_last:
+//   dq_t += s·e^{G_t} ⊙ (dO_t S_pᵀ)
+//   dk_j += dk_inter_j = e^{G_L − G_j} ⊙ (v_j dS_eᵀ)
+//   d_last = e^{G_L} ⊙ rowsum(S_p ⊙ dS_e) + Σ_j k_j ⊙ dk_inter_j    (G_L also scales S_p and every k in the update)
+// The last row's dk_inter_L (decay 1) is held back like the diagonal scores and left in last_row_dk_inter; it is left
+// out of d_last as well, since its two appearances cancel (see chunk_gate_grad). The products with S_pᵀ and dS_eᵀ are
+// formed from the transposed states so that the inner loops run along K.
+template <typename T>
+void chunk_inter_query_key_grads(const HeadRows<T>& x, int64_t n, const T* d_out, const T* state_enter,
+                                 const T* d_exit, T scale, HeadScratch<T>& s, T* dq, T* dk) {
+  const int64_t K = x.K, V = x.V;
+  const T* chunk_decay = x.start_decay + (n - 1) * K;  // e^{G_L}
+  T* last_grad = s.last_grad.data();
+  T* sum = s.row.data();
+  transpose(state_enter, K, V, s.state_enter_t.data());
+  transpose(d_exit, K, V, s.d_exit_t.data());
+  for (int64_t a = 0; a < K; ++a) last_grad[a] = chunk_decay[a] * dot(state_enter + a * V, d_exit + a * V, V);
+  for (int64_t t = 0; t < n; ++t) {
+    std::fill_n(sum, K, T(0));
+    for (int64_t j = 0; j < V; ++j) axpy(d_out[t * V + j], s.state_enter_t.data() + j * K, sum, K);
+    for (int64_t a = 0; a < K; ++a) dq[t * K + a] += scale * x.start_decay[t * K + a] * sum[a];
+
+    std::fill_n(sum, K, T(0));
+    for (int64_t j = 0; j < V; ++j) axpy(x.v[t * V + j], s.d_exit_t.data() + j * K, sum, K);
+    T* dk_inter = t == n - 1 ? s.last_row_dk_inter.data() : dk + t * K;
+    for (int64_t a = 0; a < K; ++a) {
+      const T term = x.exit_decay[t * K + a] * sum[a];
+      if (t == n - 1) {
+        dk_inter[a] = term;
+      } else {
+        dk_inter[a] += term;
+        last_grad[a] += x.k[t * K + a] * term;
+      }
+    }
+  }
+}
+
+// Gate gradient of one chunk (7.3 step 6):  dg_t = Σ_{u ≥ t in chunk} (q_u ⊙ dq_u − k_u ⊙ dk_u) + d_last.
+// Why: q enters only as q ⊙ e^{G}, so ∂L/∂G_t ∋ q_t ⊙ dq_t; k only as k ⊙ e^{−G} ⇒ −k_t ⊙ dk_t; G_L additionally
+// scales S_p and every k in the state update ⇒ d_last; and g_u is part of every G_t with t ≥ u in its chunk, which makes
+// dg the reverse cumulative sum of ∂L/∂G. The sum runs from the last row backwards (rather than r − cumsum(r) + sum(r)).
+// dq, dk must not yet contain the terms whose decay is identically 1: a diagonal score's e^{G_i − G_i} and the last
+// row's e^{G_L − G_L} in the state update do not depend on g, so in the sum they appear once with + and once with − and
+// cancel exactly. In floating point those O(1) pairs would leave a rounding residue of ~eps·O(1), which swamps a true dg
+// that strong decay makes tiny (~e^{−20}); held back, they cannot.
+template <typename T>
+void chunk_gate_grad(const HeadRows<T>& x, int64_t n, const T* dq, const T* dk, const T* last_grad, T* dg) {
+  const int64_t K = x.K;
+  for (int64_t a = 0; a < K; ++a) {
+    T running = last_grad[a];
+    for (int64_t t = n - 1; t >= 0; --t) {
+      running += x.q[t * K + a] * dq[t * K + a] - x.k[t * K + a] * dk[t * K + a];
+      dg[t * K + a] = running;
+    }
+  }
+}
+
+// Completes dq, dk with the gate-independent terms held back for chunk_gate_grad: the diagonal scores' dq_i += dA_ii k_i,
+// dk_i += dA_ii q_i, and the last row's dk_inter_L.
+template <typename T>
+void add_gate_independent_terms(const HeadRows<T>& x, int64_t n, const T* dA, const T* last_row_dk_inter, T* dq,
+                                T* dk) {
+  const int64_t K = x.K;
+  for (int64_t i = 0; i < n; ++i) {
+    axpy(dA[i * n + i], x.k + i * K, dq + i * K, K);
+    axpy(dA[i * n + i], x.q + i * K, dk + i * K, K);
+  }
+  axpy(T(1), last_row_dk_inter, dk + (n - 1) * K, K);
+}
+
+// Backward of one head (7.3): G and decays, the states S^(c) recomputed, dS_e per chunk in reverse, then each chunk on
+// its own: dv (with the forward's A), dA, intra dq/dk, inter dq/dk and dg. Leaves the per-head gradients in s.dq, s.dk,
+// s.dv, s.dg and the initial state's gradient in s.d_state, which holds dS_T on entry.
+template <typename T>
+void chunk_backward_head(HeadScratch<T>& s, const HeadDims& d, const ChunkLayout& layout, T scale,
+                         const T* initial_state, const T* saved_scores) {
+  const int64_t K = d.key_dim, V = d.value_dim, KV = d.state_size();
+  chunk_decays(s.gate.data(), layout, K, s.step_decay.data(), s.start_decay.data(), s.exit_decay.data());
+  const HeadRows<T> head = head_rows(s, d);
+
+  std::copy_n(initial_state, KV, s.states.data());
+  chunk_states(head, layout, s.states.data());
+
+  std::copy_n(s.d_state.data(), KV, s.d_exit_states.data() + (layout.num_chunks - 1) * KV);
+  chunk_state_grads(head, s.d_output.data(), layout, scale, s.d_exit_states.data(), s.d_state.data());
+
+  std::fill(s.dq.begin(), s.dq.end(), T(0));
+  std::fill(s.dk.begin(), s.dk.end(), T(0));
+  for (int64_t c = 0; c < layout.num_chunks; ++c) {
+    const int64_t r0 = layout.begin(c), n = layout.end(c) - r0;
+    const HeadRows<T> x = head.from_row(r0);
+    const T* A = saved_scores + layout.score_offset(c);
+    const T* d_out = s.d_output.data() + r0 * V;
+    const T* state_enter = s.states.data() + c * KV;
+    const T* d_exit = s.d_exit_states.data() + c * KV;
+    T* dq = s.dq.data() + r0 * K;
+    T* dk = s.dk.data() + r0 * K;
+
+    chunk_value_grad(x, n, A, d_out, d_exit, s.dv.data() + r0 * V);
+    chunk_score_grad(x, n, d_out, scale, s.d_scores.data());
+    intra_chunk_query_key_grads(x, n, layout.sub_chunk_size, s.d_scores.data(), s, dq, dk);
+    chunk_inter_query_key_grads(x, n, d_out, state_enter, d_exit, scale, s, dq, dk);
+    chunk_gate_grad(x, n, dq, dk, s.last_grad.data(), s.dg.data() + r0 * K);
+    add_gate_independent_terms(x, n, s.d_scores.data(), s.last_row_dk_inter.data(), dq, dk);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Drivers: one OpenMP iteration per (batch, head) pair.
+
+template <typename T>
+void hgru2_forward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayout& layout, RecurrenceMode mode,
+                       T scale) {
+  const int64_t K = d.key_dim, V = d.value_dim, KV = d.state_size();
+  const int64_t scores_per_pair = mode == RecurrenceMode::Chunk ? layout.scores_per_sequence() : 0;
+#pragma omp parallel
+  {
+    HeadScratch<T> s(d, mode, layout, /*backward=*/false, /*keep_scores=*/io.saved_scores != nullptr);
+#pragma omp for schedule(static)
+    for (int64_t pair = 0; pair < d.pairs(); ++pair) {
+      const int64_t b = pair / d.heads, h = pair % d.heads;
+      gather_head(io.q, d, b, h, K, s.q.data());
+      gather_head(io.k, d, b, h, K, s.k.data());
+      gather_head(io.v, d, b, h, V, s.v.data());
+      gather_head(io.g, d, b, h, K, s.gate.data());
+      T* state = io.final_state + pair * KV;  // starts as S_0, ends as S_T
+      if (io.initial_state)
+        std::copy_n(io.initial_state + pair * KV, KV, state);
+      else
+        std::fill_n(state, KV, T(0));
+      if (mode == RecurrenceMode::Naive)
+        naive_forward_head(head_rows(s, d), d.time, scale, state, s.output.data(), static_cast<T*>(nullptr));
+      else
+        chunk_forward_head(s, d, layout, scale, state,
+                           io.saved_scores ? io.saved_scores + pair * scores_per_pair : static_cast<T*>(nullptr));
+      scatter_head(s.output.data(), d, b, h, V, io.output);
+    }
+  }
+}
+
+template <typename T>
+void hgru2_backward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayout& layout, RecurrenceMode mode,
+                        T scale) {
+  const int64_t K = d.key_dim, V = d.value_dim, KV = d.state_size();
+  const int64_t scores_per_pair = mode == RecurrenceMode::Chunk ? layout.scores_per_sequence() : 0;
+#pragma omp parallel
+  {
+    HeadScratch<T> s(d, mode, layout, /*backward=*/true, /*keep_scores=*/false);
+    std::vector<T> initial(KV);
+#pragma omp for schedule(static)
+    for (int64_t pair = 0; pair < d.pairs(); ++pair) {
+      const int64_t b = pair / d.heads, h = pair % d.heads;
+      gather_head(io.q, d, b, h, K, s.q.data());
+      gather_head(io.k, d, b, h, K, s.k.data());
+      gather_head(io.v, d, b, h, V, s.v.data());
+      gather_head(io.g, d, b, h, K, s.gate.data());
+      if (io.d_output)
+        gather_head(io.d_output, d, b, h, V, s.d_output.data());
+      else
+        std::fill(s.d_output.begin(), s.d_output.end(), T(0));
+      if (io.d_final_state)
+        std::copy_n(io.d_final_state + pair * KV, KV, s.d_state.data());
+      else
+        std::fill(s.d_state.begin(), s.d_state.end(), T(0));
+      if (io.initial_state)
+        std::copy_n(io.initial_state + pair * KV, KV, initial.data());
+      else
+        std::fill(initial.begin(), initial.end(), T(0));
+
+      if (mode == RecurrenceMode::Naive) {
+        const HeadRows<T> x = head_rows(s, d);
+        naive_forward_head(x, d.time, scale, initial.data(), s.output.data(), s.states.data());
+        naive_backward_head(x, d.time, scale, s.states.data(), s.d_output.data(), s.d_state.data(), s.dq.data(),
+                            s.dk.data(), s.dv.data(), s.dg.data());
+      } else {
+        chunk_backward_head(s, d, layout, scale, initial.data(), io.scores + pair * scores_per_pair);
+      }
+
+      if (io.dq) scatter_add_head(s.dq.data(), d, b, h, K, io.dq);
+      if (io.dk) scatter_add_head(s.dk.data(), d, b, h, K, io.dk);
+      if (io.dv) scatter_add_head(s.dv.data(), d, b, h, V, io.dv);
+      if (io.dg) scatter_add_head(s.dg.data(), d, b, h, K, io.dg);
+      if (io.d_initial_state) axpy(T(1), s.d_state.data(), io.d_initial_state + pair * KV, KV);
+    }
+  }
+}
+
+}  // namespace
+
+Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
+                              const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
+                              int64_t chunk_size) {
+  HGRN_CHECK(q && k && v && g, "hgru2_recurrence: q, k, v and g are required");
+  const Tensor& qv = q->value;
+  HGRN_CHECK(qv.dim() == 3, "hgru2_recurrence: q must be [B, T, H*K], got ", shape_str(qv.shape()));
+  HGRN_CHECK(num_heads > 0, "hgru2_recurrence: num_heads must be positive, got ", num_heads);
+  const int64_t batch = qv.size(0), time = qv.size(1), key_features = qv.size(2);
+  HGRN_CHECK(batch > 0 && time > 0 && key_features > 0, "hgru2_recurrence: empty q ", shape_str(qv.shape()));
+  HGRN_CHECK(key_features % num_heads == 0, "hgru2_recurrence: q's width ", key_features, " is not divisible by ",
+             num_heads, " heads");
+  HGRN_CHECK(k->value.shape() == qv.shape(), "hgru2_recurrence: k ", shape_str(k->value.shape()), " must match q ",
+             shape_str(qv.shape()));
+  HGRN_CHECK(g->value.shape() == qv.shape(), "hgru2_recurrence: g ", shape_str(g->value.shape()), " must match q ",
+             shape_str(qv.shape()));
+  const Tensor& vv = v->value;
+  HGRN_CHECK(vv.dim() == 3 && vv.size(0) == batch && vv.size(1) == time && vv.size(2) > 0 &&
+                 vv.size(2) % num_heads == 0,
+             "hgru2_recurrence: v must be [", batch, ", ", time, ", H*V] with ", num_heads, " heads, got ",
+             shape_str(vv.shape()));
+  const HeadDims dims{batch, time, num_heads, key_features / num_heads, vv.size(2) / num_heads};
+  const Shape state_shape{batch, num_heads, dims.key_dim, dims.value_dim};
+  if (initial_state)
+    HGRN_CHECK(initial_state->value.shape() == state_shape, "hgru2_recurrence: initial_state must be ",
+               shape_str(state_shape), ", got ", shape_str(initial_state->value.shape()));
+  const DType dtype = qv.dtype();
+  for (const Var& x : {k, v, g, initial_state}) {
+    if (!x) continue;
+    HGRN_CHECK(x->value.dtype() == dtype, "hgru2_recurrence: inputs mix ", dtype_name(dtype), " and ",
+               dtype_name(x->value.dtype()));
+  }
+  for (const Var& x : {q, k, v, g, initial_state}) {
+    if (!x) continue;
+    HGRN_CHECK(x->value.device() == Device::CPU, "hgru2_recurrence: the CPU kernel got a tensor on ",
+               device_name(x->value.device()));
+    HGRN_CHECK(x->value.is_contiguous(), "hgru2_recurrence: inputs must be contiguous");
+  }
+  HGRN_CHECK(chunk_size >= 0, "hgru2_recurrence: chunk_size must be >= 0 (0 = automatic), got ", chunk_size);
+  HGRN_CHECK(std::isfinite(scale), "hgru2_recurrence: scale must be finite, got ", scale);
+  const ChunkLayout layout(time, chunk_size);
+
+  // The same test op_output applies: a backward will be recorded iff the tape records and an input wants a gradient.
+  bool records = false;
+  if (tape.enabled())
+    for (const Var& x : {q, k, v, g, initial_state}) records = records || wants_grad(x);
+
+  Tensor output = Tensor::empty({batch, time, num_heads * dims.value_dim}, dtype);
+  Tensor final_state = Tensor::empty(state_shape, dtype);
+  Tensor saved_scores;
+  if (records && mode == RecurrenceMode::Chunk)
+    saved_scores = Tensor::empty({dims.pairs() * layout.scores_per_sequence()}, dtype);
+  HGRN_DISPATCH_FLOAT(dtype, "hgru2_recurrence", [&] {
+    Hgru2Io<scalar_t> io;
+    io.q = q->value.data<scalar_t>();
+    io.k = k->value.data<scalar_t>();
+    io.v = v->value.data<scalar_t>();
+    io.g = g->value.data<scalar_t>();
+    io.initial_state = initial_state ? initial_state->value.data<scalar_t>() : nullptr;
+    io.output = output.data<scalar_t>();
+    io.final_state = final_state.data<scalar_t>();
+    io.saved_scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
+    hgru2_forward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
+  });
+
+  Hgru2Outputs result{op_output(tape, output, {q, k, v, g, initial_state}),
+                      op_output(tape, final_state, {q, k, v, g, initial_state})};
+  if (!result.output->requires_grad) return result;
+  Var out = result.output, final_out = result.final_state;
+  tape.record([q, k, v, g, initial_state, out, final_out, saved_scores, dims, layout, mode, scale] {
+    // Either output may have received no gradient (the loss did not use it): it then contributes zero.
+    if (!out->grad.defined() && !final_out->grad.defined()) return;
+    HGRN_DISPATCH_FLOAT(q->value.dtype(), "hgru2_recurrence backward", [&] {
+      Hgru2Io<scalar_t> io;
+      io.q = q->value.data<scalar_t>();
+      io.k = k->value.data<scalar_t>();
+      io.v = v->value.data<scalar_t>();
+      io.g = g->value.data<scalar_t>();
+      io.initial_state = initial_state ? initial_state->value.data<scalar_t>() : nullptr;
+      io.scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
+      io.d_output = out->grad.defined() ? out->grad.data<scalar_t>() : nullptr;
+      io.d_final_state = final_out->grad.defined() ? final_out->grad.data<scalar_t>() : nullptr;
+      // Gradient buffers are allocated here, outside the parallel region (grad_buffer is not thread-safe).
+      io.dq = wants_grad(q) ? grad_buffer(q).data<scalar_t>() : nullptr;
+      io.dk = wants_grad(k) ? grad_buffer(k).data<scalar_t>() : nullptr;
+      io.dv = wants_grad(v) ? grad_buffer(v).data<scalar_t>() : nullptr;
+      io.dg = wants_grad(g) ? grad_buffer(g).data<scalar_t>() : nullptr;
+      io.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<scalar_t>() : nullptr;
+      hgru2_backward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
+    });
+  });
+  return result;
+}
+
+}  // namespace hgrn

@@ -1,0 +1,30 @@
+// hgru2_recurrence.h: the HGRU2 token-mixing recurrence, which is gated linear attention (GLA) with key k = 1 − λ.
+// Per batch and head a K×V matrix state evolves as S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t and is read out as
+// o_t = scale · q_t S_t. Two exact CPU forms with hand-written backwards: the step-by-step recurrence and fla's
+// chunkwise form (spec section 7); the chunkwise one is the reference the CUDA kernel is held to.
+#pragma once
+#include <cstdint>
+
+#include "core/autograd.h"
+
+namespace hgrn {
+
+// Naive: step-by-step recurrence. Chunk: chunkwise form (spec section 7).
+enum class RecurrenceMode { Naive, Chunk };
+
+struct Hgru2Outputs {
+  Var output;       // [B, T, H*V]
+  Var final_state;  // [B, H, K, V]
+};
+
+// q, k, g: [B, T, H*K]; v: [B, T, H*V] (head-major features: index h*K + c); g is the per-step log forget gate (<= 0).
+// initial_state: nullptr or [B, H, K, V]. All tensors share one floating dtype (fp32 or fp64 on the CPU), and the state
+// is accumulated in that dtype (fp32 for fp32 inputs, as fla does).
+// chunk_size: the chunk length BT of the chunkwise form (ignored by Naive); 0 = fla's choice
+// min(64, max(16, next_pow2(T))). Any positive length works; the last chunk may be partial.
+// Gradients flow to q, k, v, g and initial_state (each only if it wants one) from both outputs' gradients.
+Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
+                              const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
+                              int64_t chunk_size = 0);
+
+}  // namespace hgrn

@@ -1,0 +1,193 @@
+// optimizer.cpp: the AdamW update, global gradient-norm clipping and the decay groups.
+#include "train/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace hgrn {
+
+namespace {
+
+// Element count above which the element-wise loops are split across OpenMP threads; below it the thread
+// start-up costs more than the loop.
+constexpr int64_t kParallelThreshold = 1 << 15;
+// The norm is summed in chunks of this many elements, then the chunk sums in order: the result does not depend
+// on how many threads ran the chunks.
+constexpr int64_t kNormChunk = 1 << 16;
+
+std::string param_label(const ParamRef& ref, size_t index) {
+  if (ref.param && !ref.param->name.empty()) return detail::concat("'", ref.param->name, "'");
+  return detail::concat("#", index);
+}
+
+template <typename T>
+void adamw_update(T* param, const T* grad, T* first, T* second, int64_t n, double lr, double beta1, double beta2,
+                  double eps, double decay_factor, double bias_correction1, double bias_correction2) {
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = grad[i];
+    const double m = beta1 * static_cast<double>(first[i]) + (1.0 - beta1) * g;
+    const double v = beta2 * static_cast<double>(second[i]) + (1.0 - beta2) * g * g;
+    first[i] = static_cast<T>(m);
+    second[i] = static_cast<T>(v);
+    const double m_hat = m / bias_correction1;
+    const double v_hat = v / bias_correction2;
+    // Decoupled decay first, then the Adam step, as torch.optim.AdamW orders them.
+    double p = static_cast<double>(param[i]) * decay_factor;
+    p -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    param[i] = static_cast<T>(p);
+  }
+}
+
+template <typename T>
+double sum_of_squares(const T* data, int64_t n) {
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kNormChunk, end = std::min(n, begin + kNormChunk);
+    double s = 0.0;
+    for (int64_t i = begin; i < end; ++i) {
+      const double x = data[i];
+      s += x * x;
+    }
+    partial[static_cast<size_t>(c)] = s;
+  }
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+template <typename T>
+void scale_in_place(T* data, int64_t n, double factor) {
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) data[i] = static_cast<T>(static_cast<double>(data[i]) * factor);
+}
+
+void check_grad_matches(const ParamRef& ref, size_t index) {
+  const Tensor& p = ref.param->value;
+  const Tensor& g = ref.param->grad;
+  HGRN_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == Device::CPU && g.is_contiguous(),
+             "optimizer: gradient of parameter ", param_label(ref, index), " is ", dtype_name(g.dtype()), " ",
+             shape_str(g.shape()), ", expected a contiguous CPU ", dtype_name(p.dtype()), " ", shape_str(p.shape()));
+}
+
+}  // namespace
+
+AdamW::AdamW(std::vector<ParamRef> params, AdamWConfig config) : params_(std::move(params)), config_(config) {
+  HGRN_CHECK(config_.beta1 >= 0.0 && config_.beta1 < 1.0, "AdamW: beta1 must be in [0, 1), got ", config_.beta1);
+  HGRN_CHECK(config_.beta2 >= 0.0 && config_.beta2 < 1.0, "AdamW: beta2 must be in [0, 1), got ", config_.beta2);
+  HGRN_CHECK(config_.eps > 0.0, "AdamW: eps must be positive, got ", config_.eps);
+  HGRN_CHECK(config_.weight_decay >= 0.0, "AdamW: weight_decay must be non-negative, got ", config_.weight_decay);
+  first_moments_.reserve(params_.size());
+  second_moments_.reserve(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamRef& ref = params_[i];
+    HGRN_CHECK(ref.param && ref.param->value.defined(), "AdamW: parameter ", param_label(ref, i), " is undefined");
+    const Tensor& p = ref.param->value;
+    HGRN_CHECK(p.device() == Device::CPU, "AdamW: parameter ", param_label(ref, i), " is on ",
+               device_name(p.device()), "; this optimiser updates CPU parameters");
+    HGRN_CHECK(p.dtype() == DType::F32 || p.dtype() == DType::F64, "AdamW: parameter ", param_label(ref, i), " is ",
+               dtype_name(p.dtype()), "; parameters must be fp32 or fp64");
+    HGRN_CHECK(p.is_contiguous(), "AdamW: parameter ", param_label(ref, i), " is not contiguous");
+    first_moments_.push_back(Tensor::zeros(p.shape(), p.dtype()));
+    second_moments_.push_back(Tensor::zeros(p.shape(), p.dtype()));
+  }
+}
+
+void AdamW::step(double lr) {
+  HGRN_CHECK(std::isfinite(lr) && lr >= 0.0, "AdamW: learning rate must be finite and non-negative, got ", lr);
+  const int64_t t = step_count_ + 1;
+  const double bias_correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(t));
+  const double bias_correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(t));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamRef& ref = params_[i];
+    if (!ref.param->grad.defined()) continue;
+    check_grad_matches(ref, i);
+    Tensor& p = ref.param->value;
+    const double decay_factor = ref.decay ? 1.0 - lr * config_.weight_decay : 1.0;
+    HGRN_DISPATCH_FLOAT(p.dtype(), "AdamW::step", [&] {
+      adamw_update<scalar_t>(p.data<scalar_t>(), ref.param->grad.data<scalar_t>(), first_moments_[i].data<scalar_t>(),
+                             second_moments_[i].data<scalar_t>(), p.numel(), lr, config_.beta1, config_.beta2,
+                             config_.eps, decay_factor, bias_correction1, bias_correction2);
+    });
+  }
+  step_count_ = t;
+}
+
+void AdamW::zero_grad() {
+  for (const ParamRef& ref : params_)
+    if (ref.param->grad.defined()) ref.param->grad.zero();
+}
+
+void AdamW::load_state(std::vector<Tensor> first_moments, std::vector<Tensor> second_moments, int64_t step_count) {
+  HGRN_CHECK(first_moments.size() == params_.size() && second_moments.size() == params_.size(),
+             "AdamW::load_state: ", first_moments.size(), " first and ", second_moments.size(),
+             " second moments for ", params_.size(), " parameters");
+  HGRN_CHECK(step_count >= 0, "AdamW::load_state: negative step count ", step_count);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].param->value;
+    for (const Tensor* moment : {&first_moments[i], &second_moments[i]}) {
+      HGRN_CHECK(moment->defined() && moment->shape() == p.shape() && moment->dtype() == p.dtype(),
+                 "AdamW::load_state: moment for parameter ", param_label(params_[i], i), " is ",
+                 moment->defined() ? dtype_name(moment->dtype()) : "undefined", " ",
+                 moment->defined() ? shape_str(moment->shape()) : "", ", expected ", dtype_name(p.dtype()), " ",
+                 shape_str(p.shape()));
+    }
+  }
+  // Copies onto the CPU in the parameter's layout, so the caller's tensors (e.g. views of a checkpoint buffer)
+  // are never written through.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    first_moments_[i] = first_moments[i].to(Device::CPU);
+    second_moments_[i] = second_moments[i].to(Device::CPU);
+  }
+  step_count_ = step_count;
+}
+
+double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm) {
+  double total = 0.0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamRef& ref = params[i];
+    HGRN_CHECK(ref.param, "clip_grad_norm: parameter ", param_label(ref, i), " is undefined");
+    if (!ref.param->grad.defined()) continue;
+    check_grad_matches(ref, i);
+    const Tensor& g = ref.param->grad;
+    total += HGRN_DISPATCH_FLOAT(g.dtype(), "clip_grad_norm",
+                                 [&] { return sum_of_squares(g.data<scalar_t>(), g.numel()); });
+  }
+  const double norm = std::sqrt(total);
+  // A non-finite norm is returned unclipped: scaling by max_norm / inf would silently zero the gradients, while
+  // the caller can see the inf/nan and skip the step.
+  if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {
+    const double factor = max_norm / (norm + 1e-6);
+    for (const ParamRef& ref : params) {
+      if (!ref.param->grad.defined()) continue;
+      Tensor& g = ref.param->grad;
+      HGRN_DISPATCH_FLOAT(g.dtype(), "clip_grad_norm",
+                          [&] { scale_in_place(g.data<scalar_t>(), g.numel(), factor); });
+    }
+  }
+  return norm;
+}
+
+std::vector<ParamRef> make_param_groups(const std::vector<std::pair<ParamSpec, Var>>& params, bool decay_embeddings) {
+  std::vector<ParamRef> refs;
+  refs.reserve(params.size());
+  for (const auto& [spec, var] : params) {
+    HGRN_CHECK(var, "make_param_groups: parameter '", spec.name, "' has no variable");
+    bool decay = false;
+    switch (spec.group) {
+      case ParamGroup::Mixer:
+      case ParamGroup::Mlp:
+      case ParamGroup::LmHead: decay = true; break;
+      case ParamGroup::Norm:
+      case ParamGroup::LowerBound: decay = false; break;
+      case ParamGroup::Embedding: decay = decay_embeddings; break;
+    }
+    refs.push_back({var, decay});
+  }
+  return refs;
+}
+
+}  // namespace hgrn

@@ -1,0 +1,67 @@
+// optimizer.h: AdamW with decoupled weight decay (Loshchilov & Hutter; the update torch.optim.AdamW performs),
+// global gradient-norm clipping, and the split of the model's parameters into decayed and undecayed groups.
+// CPU only, fp32 or fp64 parameters; the moments have the parameter's dtype. Everything here is deterministic:
+// the update is element-wise and the norm is summed in a fixed order whatever the thread count.
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/autograd.h"
+#include "model/hgrn2_params.h"
+
+namespace hgrn {
+
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+// One optimised parameter. decay=false for norm weights, the lower bounds and (unless the config asks otherwise)
+// the embeddings: shrinking those towards zero changes what the model computes rather than regularising it.
+struct ParamRef {
+  Var param;
+  bool decay;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<ParamRef> params, AdamWConfig config);
+
+  // One update from the parameters' current gradients at learning rate lr, then step_count() + 1. For each
+  // parameter with a gradient: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p *= 1 - lr wd (decayed parameters
+  // only); p -= lr m_hat / (sqrt(v_hat) + eps), with m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t) and t the
+  // new step count. A parameter whose gradient is undefined is left alone, moments included. The bias
+  // correction uses the optimiser's single step count (it is what a checkpoint stores), which equals each
+  // parameter's own count whenever every parameter receives a gradient on every step, as in training.
+  void step(double lr);
+  // Zeroes every defined gradient buffer in place (the allocation is kept for the next accumulation).
+  void zero_grad();
+  int64_t step_count() const { return step_count_; }
+
+  // Optimiser state for checkpoints: one first and one second moment tensor per parameter (same order as
+  // params()), plus the step count.
+  const std::vector<Tensor>& first_moments() const { return first_moments_; }
+  const std::vector<Tensor>& second_moments() const { return second_moments_; }
+  // Replaces the state; every tensor must match its parameter's shape and dtype. The tensors are copied.
+  void load_state(std::vector<Tensor> first_moments, std::vector<Tensor> second_moments, int64_t step_count);
+
+  const std::vector<ParamRef>& params() const { return params_; }
+  const AdamWConfig& config() const { return config_; }
+
+ private:
+  std::vector<ParamRef> params_;
+  AdamWConfig config_;
+  std::vector<Tensor> first_moments_, second_moments_;
+  int64_t step_count_ = 0;
+};
+
+// The global L2 norm of all defined gradients, accumulated in double in a fixed order (deterministic). If
+// max_norm > 0 and the norm exceeds it, every gradient is scaled by max_norm / (norm + 1e-6). Returns the norm
+// before clipping.
+double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm);
+
+// ParamRefs for the model's named parameters: Mixer, Mlp and LmHead weights decay; Norm and LowerBound never do;
+// Embedding decays only when decay_embeddings (a tied lm_head is the embedding, so it follows the same switch).
+std::vector<ParamRef> make_param_groups(const std::vector<std::pair<ParamSpec, Var>>& params, bool decay_embeddings);
+
+}  // namespace hgrn

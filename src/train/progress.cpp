@@ -1,0 +1,59 @@
+// progress.cpp: formatting of progress lines and JSON metrics records.
+#include "train/progress.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "core/check.h"
+
+namespace hgrn {
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (!std::isfinite(s) || s < 0) return "?";
+  if (s < 60) {
+    std::snprintf(buf, sizeof buf, "%.1fs", s);
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) / 60) % 60);
+  }
+  return buf;
+}
+
+std::string format_progress_line(const StepMetrics& m) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "step %6lld/%lld | loss %.4f | acc %.3f | grad norm %.3f | lr %.2e | %.0f tok/s | elapsed %s | ETA %s",
+                static_cast<long long>(m.step), static_cast<long long>(m.max_steps), m.loss, m.accuracy,
+                m.grad_norm, m.lr, m.tokens_per_s, format_duration(m.elapsed_s).c_str(),
+                format_duration(m.eta_s).c_str());
+  return buf;
+}
+
+MetricsFile::MetricsFile(const std::string& path) : out_(path, std::ios::app), path_(path) {
+  HGRN_CHECK(out_.good(), "cannot open the metrics file '", path, "' for writing: check that its directory exists and is writable");
+}
+
+void MetricsFile::append(const std::string& kind, const StepMetrics& m) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\"kind\": \"%s\", \"step\": %lld, \"loss\": %.6g, \"accuracy\": %.6g, \"grad_norm\": %.6g, "
+                "\"lr\": %.6g, \"tokens_per_s\": %.6g, \"tokens_seen\": %lld, \"elapsed_s\": %.3f}",
+                kind.c_str(), static_cast<long long>(m.step), m.loss, m.accuracy, m.grad_norm, m.lr, m.tokens_per_s,
+                static_cast<long long>(m.tokens_seen), m.elapsed_s);
+  out_ << buf << '\n';
+  out_.flush();
+  HGRN_CHECK(out_.good(), "writing the metrics file '", path_, "' failed (disk full?)");
+}
+
+void MetricsFile::append_eval(int64_t step, double loss, double accuracy) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "{\"kind\": \"eval\", \"step\": %lld, \"loss\": %.6g, \"accuracy\": %.6g}",
+                static_cast<long long>(step), loss, accuracy);
+  out_ << buf << '\n';
+  out_.flush();
+  HGRN_CHECK(out_.good(), "writing the metrics file '", path_, "' failed (disk full?)");
+}
+
+}  // namespace hgrn

@@ -1,0 +1,175 @@
+// trainer.cpp: the training loop. Reads top to bottom: set-up, then per step: learning rate, micro-batches
+// (forward, loss, backward into accumulated gradients), clip, AdamW update, progress and metrics, evaluation.
+#include "train/trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "core/allocator.h"
+#include "data/mqar.h"
+#include "model/flops.h"
+#include "model/hgrn2.h"
+#include "ops/gemm_cpu.h"
+#include "train/lm_loss.h"
+#include "train/optimizer.h"
+#include "train/progress.h"
+#include "train/schedule.h"
+
+namespace hgrn {
+
+namespace {
+
+// Independent random streams derived from the one configured seed.
+enum RngStream : uint64_t { kInitStream = 0, kTrainDataStream = 1, kEvalDataStream = 2 };
+
+uint64_t stream_seed(uint64_t seed, RngStream stream) { return Rng(seed).fork(stream).next_u64(); }
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+Device resolve_device(const std::string& device) {
+  // The ops dispatch to CPU reference kernels; the CUDA op backend is a separate piece of work (issue 3).
+  HGRN_CHECK(device != "cuda",
+             "training.device: cuda is not available in this build: its ops run on the CPU only; use cpu or auto");
+  return Device::CPU;
+}
+
+// Mean loss and accuracy over a fixed held-out set: the eval generator restarts from cursor 0 every time.
+std::pair<double, double> evaluate(const Hgrn2Model& model, MqarGenerator& eval_data, const Config& config) {
+  Tape no_grad;
+  no_grad.set_enabled(false);
+  eval_data.set_cursor(0);
+  double loss_sum = 0;
+  int64_t targets = 0, correct = 0;
+  for (int64_t b = 0; b < config.training.eval_batches; ++b) {
+    CrossEntropyResult r = language_model_loss(model, no_grad, eval_data.next_batch(config.training.micro_batch_size));
+    loss_sum += r.loss->value.item() * static_cast<double>(r.num_targets);
+    targets += r.num_targets;
+    correct += r.num_correct;
+  }
+  return {loss_sum / std::max<int64_t>(targets, 1), static_cast<double>(correct) / std::max<int64_t>(targets, 1)};
+}
+
+}  // namespace
+
+TrainingSummary train(const Config& config, std::ostream& log) {
+  const TrainingConfig& tc = config.training;
+  const Clock::time_point start = Clock::now();
+
+  // ---- set-up: device, threads, run directory, model, optimiser, data ----
+  const Device device = resolve_device(tc.device);
+  if (tc.threads > 0) {
+    omp_set_num_threads(static_cast<int>(tc.threads));
+    gemm_cpu_set_threads(static_cast<int>(tc.threads));
+  }
+  log << "hgrn " << HGRN_VERSION << " (git " << HGRN_GIT_COMMIT << ") training on " << device_name(device) << " with "
+      << omp_get_max_threads() << " threads\n";
+  log << "---- resolved config (" << config.source << ") ----\n" << config_to_yaml(config) << "----\n";
+
+  std::filesystem::create_directories(config.logging.run_dir);
+  {
+    const std::string path = config.logging.run_dir + "/config.yaml";
+    std::ofstream out(path);
+    out << config_to_yaml(config);
+    HGRN_CHECK(out.good(), "cannot write the resolved config to '", path, "'");
+  }
+  MetricsFile metrics(config.logging.run_dir + "/" + config.logging.metrics_file);
+
+  Rng init_rng(stream_seed(tc.seed, kInitStream));
+  Hgrn2Model model(config.model, init_rng, DType::F32);
+  AdamW optimizer(make_param_groups(model.parameters(), tc.decay_embeddings),
+                  AdamWConfig{tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay});
+  const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, 4);
+  log << "model: " << cost.params_total << " parameters, " << cost.flops_per_token_train / 1e6
+      << " MFLOP per token (train)\n";
+
+  MqarGenerator train_data(config.data.mqar, config.model.vocab_size, config.data.seq_len,
+                           stream_seed(tc.seed, kTrainDataStream));
+  MqarGenerator eval_data(config.data.mqar, config.model.vocab_size, config.data.seq_len,
+                          stream_seed(tc.seed, kEvalDataStream));
+  log << "data: MQAR, " << config.data.mqar.num_kv_pairs << " key-value pairs in " << config.data.seq_len
+      << " tokens; chance accuracy " << train_data.chance_accuracy() << "\n";
+
+  TrainingSummary summary;
+  summary.chance_accuracy = train_data.chance_accuracy();
+  const int64_t tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * config.data.seq_len;
+  const Clock::time_point loop_start = Clock::now();
+  Clock::time_point interval_start = loop_start;
+  double interval_loss = 0, interval_targets = 0, interval_correct = 0;
+  int64_t interval_steps = 0;
+
+  // ---- the loop ----
+  for (int64_t step = 0; step < tc.max_steps; ++step) {
+    const double lr = learning_rate(tc, step);
+    optimizer.zero_grad();
+    double step_loss = 0;
+    int64_t step_targets = 0, step_correct = 0;
+    for (int64_t micro = 0; micro < tc.grad_accum_steps; ++micro) {
+      Tape tape;
+      CrossEntropyResult r = language_model_loss(model, tape, train_data.next_batch(tc.micro_batch_size));
+      // Each micro-batch loss is a mean; the step's loss is their average, so each seeds 1/accum.
+      tape.backward(r.loss, Tensor::full({}, 1.0 / static_cast<double>(tc.grad_accum_steps), DType::F32));
+      step_loss += r.loss->value.item() / static_cast<double>(tc.grad_accum_steps);
+      step_targets += r.num_targets;
+      step_correct += r.num_correct;
+    }
+    const double grad_norm = clip_grad_norm(optimizer.params(), tc.grad_clip);
+    optimizer.step(lr);
+
+    summary.steps = step + 1;
+    summary.tokens_seen += tokens_per_step;
+    if (step == 0) summary.first_loss = step_loss;
+    interval_loss += step_loss;
+    interval_targets += static_cast<double>(step_targets);
+    interval_correct += static_cast<double>(step_correct);
+    ++interval_steps;
+
+    const bool last = step + 1 == tc.max_steps;
+    if ((step + 1) % config.logging.log_interval == 0 || last || step == 0) {
+      const double elapsed = seconds_since(loop_start);
+      const double interval_s = seconds_since(interval_start);
+      StepMetrics m;
+      m.step = step + 1;
+      m.max_steps = tc.max_steps;
+      m.loss = interval_loss / static_cast<double>(interval_steps);
+      m.accuracy = interval_correct / std::max(interval_targets, 1.0);
+      m.grad_norm = grad_norm;
+      m.lr = lr;
+      m.tokens_per_s = static_cast<double>(interval_steps * tokens_per_step) / std::max(interval_s, 1e-9);
+      m.elapsed_s = elapsed;
+      m.eta_s = elapsed / static_cast<double>(step + 1) * static_cast<double>(tc.max_steps - step - 1);
+      m.tokens_seen = summary.tokens_seen;
+      log << format_progress_line(m) << std::endl;
+      metrics.append("train", m);
+      summary.final_loss = m.loss;
+      interval_start = Clock::now();
+      interval_loss = interval_targets = interval_correct = 0;
+      interval_steps = 0;
+    }
+    if ((tc.eval_interval > 0 && (step + 1) % tc.eval_interval == 0) || last) {
+      auto [eval_loss, eval_accuracy] = evaluate(model, eval_data, config);
+      log << "eval  " << step + 1 << " | loss " << eval_loss << " | accuracy " << eval_accuracy << " (chance "
+          << summary.chance_accuracy << ")" << std::endl;
+      metrics.append_eval(step + 1, eval_loss, eval_accuracy);
+      summary.eval_loss = eval_loss;
+      summary.eval_accuracy = eval_accuracy;
+    }
+  }
+
+  summary.wall_s = seconds_since(start);
+  log << "done: " << summary.steps << " steps, " << summary.tokens_seen << " tokens in "
+      << format_duration(summary.wall_s) << "; loss " << summary.first_loss << " -> " << summary.final_loss
+      << ", eval accuracy " << summary.eval_accuracy << " (chance " << summary.chance_accuracy << ")\n";
+  return summary;
+}
+
+int run_training(const Config& config) {
+  train(config, std::cout);
+  return 0;
+}
+
+}  // namespace hgrn

@@ -1,0 +1,191 @@
+// test_cli.cpp: the built `hgrn` binary, run as a user would: --version, --help, `info` on the default config
+// (its parameter total against hgrn2_param_specs), and the exit statuses and messages of bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "config/config.h"
+#include "model/hgrn2_params.h"
+
+namespace hgrn {
+namespace {
+
+// The binary under test: $HGRN_BINARY (ctest sets it), else `hgrn` next to this test executable.
+std::string hgrn_binary() {
+  if (const char* env = std::getenv("HGRN_BINARY"); env && *env) return env;
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "hgrn").string();
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs `hgrn <args>` through the shell; stdout is read from the pipe, stderr from a temporary file.
+Result run_hgrn(const std::vector<std::string>& args) {
+  static int counter = 0;
+  const std::string err_path = testing::TempDir() + "hgrn_cli_stderr_" + std::to_string(getpid()) + "_" +
+                               std::to_string(counter++) + ".txt";
+  std::string command = shell_quote(hgrn_binary());
+  for (const std::string& a : args) command += " " + shell_quote(a);
+  command += " 2>" + shell_quote(err_path);
+  Result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) {
+    ADD_FAILURE() << "popen failed for " << command;
+    return result;
+  }
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.out.append(buffer, n);
+  const int raw = pclose(pipe);
+  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  std::ifstream err(err_path);
+  std::ostringstream text;
+  text << err.rdbuf();
+  result.err = text.str();
+  std::filesystem::remove(err_path);
+  return result;
+}
+
+std::string default_config() { return std::string(HGRN_SOURCE_DIR) + "/configs/mqar-tiny.yaml"; }
+
+std::string write_temp_config(const std::string& name, const std::string& text) {
+  const std::string path = testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+int64_t param_total(const ModelConfig& m) {
+  int64_t total = 0;
+  for (const ParamSpec& spec : hgrn2_param_specs(m)) total += shape_numel(spec.shape);
+  return total;
+}
+
+// The number on the "  total" line of the parameter table.
+int64_t printed_param_total(const std::string& info_output) {
+  const size_t table = info_output.find("== parameters ==");
+  if (table == std::string::npos) return -1;
+  const size_t line = info_output.find("\n  total", table);
+  if (line == std::string::npos) return -1;
+  std::istringstream in(info_output.substr(line + 8));
+  int64_t value = -1;
+  in >> value;
+  return value;
+}
+
+class Cli : public testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(std::filesystem::exists(hgrn_binary())) << "hgrn binary not found at " << hgrn_binary();
+  }
+};
+
+TEST_F(Cli, VersionNamesTheCommitAndCuda) {
+  const Result r = run_hgrn({"--version"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(std::string("hgrn ") + HGRN_VERSION + " (git " + HGRN_GIT_COMMIT + ")"), std::string::npos)
+      << r.out;
+#ifdef HGRN_WITH_CUDA
+  EXPECT_NE(r.out.find("CUDA backend: compiled in"), std::string::npos) << r.out;
+#else
+  EXPECT_NE(r.out.find("CUDA backend: not compiled in"), std::string::npos) << r.out;
+#endif
+}
+
+TEST_F(Cli, HelpListsTheCommandsWithExamples) {
+  Result r = run_hgrn({"--help"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (const char* text : {"train", "info", "--version", "Examples:", "hgrn info --config configs/mqar-tiny.yaml"})
+    EXPECT_NE(r.out.find(text), std::string::npos) << "missing " << text << " in\n" << r.out;
+  for (const char* command : {"info", "train"}) {
+    r = run_hgrn({command, "--help"});
+    EXPECT_EQ(r.status, 0) << r.err;
+    for (const char* text : {"--config", "--set", "Examples:"})
+      EXPECT_NE(r.out.find(text), std::string::npos) << "missing " << text << " in\n" << r.out;
+  }
+}
+
+TEST_F(Cli, InfoOnTheDefaultConfigShowsTheParameterTotal) {
+  const Result r = run_hgrn({"info", "--config", default_config()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Config config = load_config(default_config());
+  EXPECT_EQ(printed_param_total(r.out), param_total(config.model)) << r.out;
+  for (const char* text : {"== resolved config ==", "hidden_size: 64", "forward FLOPs per token",
+                           "training FLOPs per token", "recurrent states", "activations for backward"})
+    EXPECT_NE(r.out.find(text), std::string::npos) << "missing " << text << " in\n" << r.out;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+TEST_F(Cli, InfoAppliesSetOverrides) {
+  const Result r = run_hgrn({"info", "-c", default_config(), "--set", "model.hidden_size=128", "-s",
+                             "model.num_hidden_layers=3"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Config config = load_config(default_config(), {"model.hidden_size=128", "model.num_hidden_layers=3"});
+  EXPECT_EQ(printed_param_total(r.out), param_total(config.model)) << r.out;
+  EXPECT_NE(r.out.find("hidden_size: 128"), std::string::npos);
+}
+
+TEST_F(Cli, BadConfigFileExitsWithStatusTwoAndTheMessage) {
+  const std::string path =
+      write_temp_config("hgrn_cli_bad.yaml", "model:\n  expand_ratio: 16\n  hidden_size: sixty-four\n");
+  for (const char* command : {"info", "train"}) {
+    const Result r = run_hgrn({command, "--config", path});
+    EXPECT_EQ(r.status, 2) << command;
+    EXPECT_EQ(r.err.rfind("hgrn: error: " + path + ":3:16: model.hidden_size: expected an integer", 0), 0u)
+        << command << ": " << r.err;
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_F(Cli, MissingConfigFileExitsWithStatusTwo) {
+  const Result r = run_hgrn({"info", "--config", "/nonexistent/hgrn.yaml"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("hgrn: error: /nonexistent/hgrn.yaml: cannot read the config file"), std::string::npos)
+      << r.err;
+}
+
+TEST_F(Cli, BadSetExitsWithStatusTwo) {
+  Result r = run_hgrn({"info", "--config", default_config(), "--set", "training.lrr=1"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--set 'training.lrr=1': training.lrr: unknown key (did you mean training.lr?)"),
+            std::string::npos)
+      << r.err;
+  r = run_hgrn({"info", "--config", default_config(), "--set", "training.max_steps=0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("training.max_steps: expected a positive integer, got 0"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, UnknownSubcommandSuggestsTheClosest) {
+  const Result r = run_hgrn({"trian", "--config", default_config()});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("hgrn: error: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("did you mean 'train'?"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, UnknownFlagOrMissingArgumentsFail) {
+  Result r = run_hgrn({"info", "--config", default_config(), "--colour"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--colour"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hgrn info --help"), std::string::npos) << r.err;
+  r = run_hgrn({"info"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--config is required"), std::string::npos) << r.err;
+  r = run_hgrn({});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("subcommand is required"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace hgrn

@@ -1,0 +1,84 @@
+// test_flops.cpp: the cost model behind `hgrn info`: parameter totals from the specs, FLOPs counted by hand for a
+// small model, the 6·N rule of thumb for a large one, and the memory estimates' scaling.
+#include <gtest/gtest.h>
+
+#include "model/flops.h"
+#include "model/hgrn2_params.h"
+
+namespace hgrn {
+namespace {
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.hidden_size = 64;
+  m.num_hidden_layers = 2;
+  m.expand_ratio = 16;
+  m.vocab_size = 128;
+  return m;
+}
+
+TEST(InfoCost, ChunkSizeFollowsFlaTiling) {
+  EXPECT_EQ(gla_chunk_size(1), 16);
+  EXPECT_EQ(gla_chunk_size(20), 32);
+  EXPECT_EQ(gla_chunk_size(64), 64);
+  EXPECT_EQ(gla_chunk_size(2048), 64);
+}
+
+TEST(InfoCost, ParameterGroupsSumToTheSpecs) {
+  const ModelConfig m = small_model();
+  const ModelCost cost = hgrn2_cost(m, 64, 4);
+  int64_t from_specs = 0;
+  for (const ParamSpec& spec : hgrn2_param_specs(m)) from_specs += shape_numel(spec.shape);
+  int64_t from_groups = 0;
+  for (const auto& [group, count] : cost.params_by_group) from_groups += count;
+  EXPECT_EQ(cost.params_total, from_specs);
+  EXPECT_EQ(from_groups, from_specs);
+  ASSERT_EQ(cost.params_by_group.size(), 6u);
+  EXPECT_EQ(cost.params_by_group.front().first, "embedding");
+  EXPECT_EQ(cost.params_by_group.front().second, 128 * 64);
+}
+
+TEST(InfoCost, ForwardFlopsCountedByHand) {
+  const ModelConfig m = small_model();  // D 64, H 4, K = V = 16, I 256, vocab 128, 2 layers
+  const ModelCost cost = hgrn2_cost(m, 64, 4);
+  const double projections = 2 * (4.0 * 64 * 64 + 3.0 * 64 * 256);  // per layer: q f i o, gate up down
+  const double recurrence = 2.0 * 4 * 16 * 16 * 2 + 2.0 * 64 * 4 * (16 + 16);
+  const double lm_head = 2.0 * 128 * 64;
+  EXPECT_DOUBLE_EQ(cost.flops_per_token_fwd, 2 * (projections + recurrence) + lm_head);
+  EXPECT_DOUBLE_EQ(cost.flops_per_token_train, 3 * cost.flops_per_token_fwd);
+
+  // Tying the embeddings removes the lm_head parameters but not its matmul.
+  ModelConfig tied = m;
+  tied.tie_word_embeddings = true;
+  const ModelCost tied_cost = hgrn2_cost(tied, 64, 4);
+  EXPECT_EQ(tied_cost.params_total, cost.params_total - 128 * 64);
+  EXPECT_DOUBLE_EQ(tied_cost.flops_per_token_fwd, cost.flops_per_token_fwd);
+}
+
+TEST(InfoCost, LargeModelIsCloseToSixN) {
+  ModelConfig m;
+  m.hidden_size = 1024;
+  m.num_hidden_layers = 26;
+  m.expand_ratio = 128;
+  m.vocab_size = 50304;
+  const ModelCost cost = hgrn2_cost(m, 2048, 2);
+  const double non_embedding = static_cast<double>(cost.params_total - 50304 * 1024);
+  // 6·N over the matmul parameters, plus a recurrence share of a few percent.
+  EXPECT_GT(cost.flops_per_token_train, 6 * non_embedding);
+  EXPECT_LT(cost.flops_per_token_train, 1.1 * 6 * non_embedding);
+}
+
+TEST(InfoCost, MemoryScalesWithChunksAndPrecision) {
+  const ModelConfig m = small_model();
+  const ModelCost short_seq = hgrn2_cost(m, 64, 4);
+  const ModelCost long_seq = hgrn2_cost(m, 128, 4);
+  const double state = 4.0 * 16 * 16;  // H·K·V per layer
+  EXPECT_DOUBLE_EQ(short_seq.state_bytes_per_sequence, 2 * (state * 4 + 1 * state * 4));
+  EXPECT_DOUBLE_EQ(long_seq.state_bytes_per_sequence, 2 * (state * 4 + 2 * state * 4));
+  const ModelCost bf16 = hgrn2_cost(m, 64, 2);
+  EXPECT_LT(bf16.activation_bytes_per_token, short_seq.activation_bytes_per_token);
+  EXPECT_GT(bf16.activation_bytes_per_token, 0.5 * short_seq.activation_bytes_per_token);
+}
+
+}  // namespace
+}  // namespace hgrn
