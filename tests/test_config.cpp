@@ -483,21 +483,16 @@ TEST(ConfigFiles, EveryShippedConfigParsesAndRoundTrips) {
   }
 }
 
-TEST(ConfigFiles, DefaultConfigHasTheAgreedValues) {
+TEST(ConfigFiles, DefaultConfigNeedsNoDownloadAndFitsACpu) {
+  // The README's main command trains this config on any machine: a built-in task, any device, a small model.
   const Config c = load_config(std::string(HGRN_SOURCE_DIR) + "/configs/mqar-tiny.yaml");
-  EXPECT_EQ(c.model.hidden_size, 64);
-  EXPECT_EQ(c.model.num_hidden_layers, 2);
-  EXPECT_EQ(c.model.expand_ratio, 16);
-  EXPECT_EQ(c.model.vocab_size, 128);
   EXPECT_EQ(c.data.task, "mqar");
-  EXPECT_EQ(c.data.seq_len, 64);
-  EXPECT_EQ(c.data.mqar.num_kv_pairs, 8);
-  EXPECT_EQ(c.training.micro_batch_size, 32);
-  EXPECT_EQ(c.training.max_steps, 600);
-  EXPECT_DOUBLE_EQ(c.training.lr, 3e-3);
-  EXPECT_EQ(c.training.warmup_steps, 50);
-  EXPECT_EQ(c.logging.log_interval, 20);
-  EXPECT_EQ(c.logging.run_dir, "runs/mqar-tiny");
+  EXPECT_EQ(c.training.device, "auto");
+  EXPECT_EQ(c.training.precision, "fp32");
+  int64_t params = 0;
+  for (const ParamSpec& spec : hgrn2_param_specs(c.model)) params += shape_numel(spec.shape);
+  EXPECT_LT(params, 2'000'000);
+  EXPECT_LT(c.training.max_steps * c.training.micro_batch_size * c.data.seq_len, 10'000'000);  // tokens
 }
 
 TEST(ConfigFiles, PeerBaselineShapesHaveThePeerParameterCounts) {

@@ -61,7 +61,11 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   Var k = input_gate_from_forget(tape, g);
   Var i = linear(tape, x, p.i_proj);
   const double scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim()));  // fla's default GLA scale K^-1/2
-  const RecurrenceMode mode = config_.attn_mode == "chunk" ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
+  // As fla: the step-by-step form for short sequences (T <= 64, also in training), else the configured mode.
+  // Both compute the same function; the choice is about speed.
+  const int64_t seq_len = x->value.size(1);
+  const RecurrenceMode mode =
+      config_.attn_mode == "chunk" && seq_len > 64 ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
   Hgru2Outputs r = hgru2_recurrence(tape, q, k, i, g, nullptr, config_.heads(), scale, mode);
   return linear(tape, rmsnorm(tape, r.output, p.g_norm, kOutputNormEps), p.o_proj);
 }

@@ -244,9 +244,9 @@ void naive_forward_head(const HeadRows<T>& x, int64_t time, T scale, T* state, T
 
 // Reverse-time backward of the recurrence for one head. `d_state` holds dL/dS_T on entry and dL/dS_0 on exit;
 // `history` is S_0..S_T from the forward. Per step, going back:
-//   o_t = s·q_t S_t                 ⇒ dS_t += s·q_tᵀ dO_t,  dq_t = s·dO_t S_tᵀ
-//   S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t ⇒ dk_t = dS_t v_tᵀ, dv_t = k_t dS_t, dg_t = e^{g_t} ⊙ rowsum(S_{t−1} ⊙ dS_t),
-//                                     dS_{t−1} = Diag(e^{g_t}) dS_t.
+//   o_t = s·q_t S_t                          ⇒ dS_t += s·q_tᵀ dO_t,  dq_t = s·dO_t S_tᵀ
+//   S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t  ⇒ dk_t = dS_t v_tᵀ,  dv_t = k_t dS_t,
+//                                              dg_t = e^{g_t} ⊙ rowsum(S_{t−1} ⊙ dS_t),  dS_{t−1} = Diag(e^{g_t}) dS_t.
 template <typename T>
 void naive_backward_head(const HeadRows<T>& x, int64_t time, T scale, const T* history, const T* d_out, T* d_state,
                          T* dq, T* dk, T* dv, T* dg) {
@@ -410,7 +410,8 @@ void chunk_output(const HeadRows<T>& x, int64_t n, const T* state_enter, const T
   for (int64_t t = 0; t < n; ++t) {
     T* o_t = out + t * V;
     std::fill_n(o_t, V, T(0));
-    for (int64_t a = 0; a < K; ++a) axpy(scale * x.q[t * K + a] * x.start_decay[t * K + a], state_enter + a * V, o_t, V);
+    for (int64_t a = 0; a < K; ++a)
+      axpy(scale * x.q[t * K + a] * x.start_decay[t * K + a], state_enter + a * V, o_t, V);
     for (int64_t j = 0; j <= t; ++j) axpy(A[t * n + j], x.v + j * V, o_t, V);
   }
 }
@@ -563,12 +564,12 @@ void chunk_inter_query_key_grads(const HeadRows<T>& x, int64_t n, const T* d_out
 
 // Gate gradient of one chunk (7.3 step 6):  dg_t = Σ_{u ≥ t in chunk} (q_u ⊙ dq_u − k_u ⊙ dk_u) + d_last.
 // Why: q enters only as q ⊙ e^{G}, so ∂L/∂G_t ∋ q_t ⊙ dq_t; k only as k ⊙ e^{−G} ⇒ −k_t ⊙ dk_t; G_L additionally
-// scales S_p and every k in the state update ⇒ d_last; and g_u is part of every G_t with t ≥ u in its chunk, which makes
-// dg the reverse cumulative sum of ∂L/∂G. The sum runs from the last row backwards (rather than r − cumsum(r) + sum(r)).
-// dq, dk must not yet contain the terms whose decay is identically 1: a diagonal score's e^{G_i − G_i} and the last
-// row's e^{G_L − G_L} in the state update do not depend on g, so in the sum they appear once with + and once with − and
-// cancel exactly. In floating point those O(1) pairs would leave a rounding residue of ~eps·O(1), which swamps a true dg
-// that strong decay makes tiny (~e^{−20}); held back, they cannot.
+// scales S_p and every k in the state update ⇒ d_last; and g_u is part of every G_t with t ≥ u in its chunk, which
+// makes dg the reverse cumulative sum of ∂L/∂G. The sum runs from the last row backwards (rather than as
+// r − cumsum(r) + sum(r)). dq, dk must not yet contain the terms whose decay is identically 1: a diagonal score's
+// e^{G_i − G_i} and the last row's e^{G_L − G_L} in the state update do not depend on g, so in the sum they appear once
+// with + and once with − and cancel exactly. In floating point those O(1) pairs would leave a rounding residue of
+// ~eps·O(1), which swamps a true dg that strong decay makes tiny (~e^{−20}); held back, they cannot.
 template <typename T>
 void chunk_gate_grad(const HeadRows<T>& x, int64_t n, const T* dq, const T* dk, const T* last_grad, T* dg) {
   const int64_t K = x.K;
@@ -581,8 +582,8 @@ void chunk_gate_grad(const HeadRows<T>& x, int64_t n, const T* dq, const T* dk, 
   }
 }
 
-// Completes dq, dk with the gate-independent terms held back for chunk_gate_grad: the diagonal scores' dq_i += dA_ii k_i,
-// dk_i += dA_ii q_i, and the last row's dk_inter_L.
+// Completes dq, dk with the gate-independent terms held back for chunk_gate_grad: the diagonal scores'
+// dq_i += dA_ii k_i and dk_i += dA_ii q_i, and the last row's dk_inter_L.
 template <typename T>
 void add_gate_independent_terms(const HeadRows<T>& x, int64_t n, const T* dA, const T* last_row_dk_inter, T* dq,
                                 T* dk) {
@@ -634,12 +635,20 @@ void chunk_backward_head(HeadScratch<T>& s, const HeadDims& d, const ChunkLayout
 // ---------------------------------------------------------------------------------------------------------------------
 // Drivers: one OpenMP iteration per (batch, head) pair.
 
+// Below this much work (multiply-adds of the step-by-step form, B·H·T·K·V) a call runs on one thread: starting and
+// joining a team would cost more than the work itself (the finite-difference tests make thousands of tiny calls).
+constexpr int64_t kMinParallelWork = 1 << 15;
+
+bool worth_parallel(const HeadDims& d) {
+  return d.pairs() > 1 && d.pairs() * d.time * d.state_size() >= kMinParallelWork;
+}
+
 template <typename T>
 void hgru2_forward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayout& layout, RecurrenceMode mode,
                        T scale) {
   const int64_t K = d.key_dim, V = d.value_dim, KV = d.state_size();
   const int64_t scores_per_pair = mode == RecurrenceMode::Chunk ? layout.scores_per_sequence() : 0;
-#pragma omp parallel
+#pragma omp parallel if (worth_parallel(d))
   {
     HeadScratch<T> s(d, mode, layout, /*backward=*/false, /*keep_scores=*/io.saved_scores != nullptr);
 #pragma omp for schedule(static)
@@ -669,7 +678,7 @@ void hgru2_backward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayo
                         T scale) {
   const int64_t K = d.key_dim, V = d.value_dim, KV = d.state_size();
   const int64_t scores_per_pair = mode == RecurrenceMode::Chunk ? layout.scores_per_sequence() : 0;
-#pragma omp parallel
+#pragma omp parallel if (worth_parallel(d))
   {
     HeadScratch<T> s(d, mode, layout, /*backward=*/true, /*keep_scores=*/false);
     std::vector<T> initial(KV);

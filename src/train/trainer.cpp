@@ -8,9 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <sstream>
 
 #include "core/allocator.h"
 #include "data/mqar.h"
+#include "io/checkpoint.h"
 #include "model/flops.h"
 #include "model/hgrn2.h"
 #include "ops/gemm_cpu.h"
@@ -54,6 +57,45 @@ std::pair<double, double> evaluate(const Hgrn2Model& model, MqarGenerator& eval_
   return {loss_sum / std::max<int64_t>(targets, 1), static_cast<double>(correct) / std::max<int64_t>(targets, 1)};
 }
 
+// What a checkpoint must match to be resumed: the model's shape and the precision of its master weights.
+std::string model_signature(const ModelConfig& m) {
+  return detail::concat("hgrn2 L=", m.num_hidden_layers, " D=", m.hidden_size, " H=", m.heads(), " K=", m.key_dim(),
+                        " V=", m.value_dim(), " I=", m.mlp_size(), " vocab=", m.vocab_size,
+                        " lower_bound=", m.use_lower_bound, " tied=", m.tie_word_embeddings, " master=fp32");
+}
+
+TrainingState capture_state(const Hgrn2Model& model, const AdamW& optimizer, const MqarGenerator& data,
+                            const Config& config, int64_t step, int64_t tokens_seen) {
+  TrainingState s;
+  s.step = step;
+  s.tokens_seen = tokens_seen;
+  s.data_cursor = data.cursor();
+  for (const auto& [spec, var] : model.parameters()) s.params.emplace_back(spec.name, var->value);
+  s.adam_m = optimizer.first_moments();
+  s.adam_v = optimizer.second_moments();
+  s.adam_step = optimizer.step_count();
+  s.config_yaml = config_to_yaml(config);
+  s.model_signature = model_signature(config.model);
+  s.hgrn_version = HGRN_VERSION;
+  s.git_commit = HGRN_GIT_COMMIT;
+  return s;
+}
+
+// The checkpoint to continue from, per checkpoint.resume: auto (newest valid one in the run's checkpoint
+// directory, if any), never (none; refuses to start over a directory that holds checkpoints) or a path.
+std::optional<std::string> checkpoint_to_resume(const Config& config, const std::string& dir, std::ostream& log) {
+  const std::string& resume = config.checkpoint.resume;
+  if (resume == "auto") return find_latest_valid_checkpoint(dir, log);
+  if (resume == "never") {
+    std::ostringstream ignored;
+    HGRN_CHECK(!find_latest_valid_checkpoint(dir, ignored), "checkpoint.resume is never, but ", dir,
+               " already holds checkpoints that a new run would overwrite: choose another logging.run_dir, delete "
+               "them, or resume with checkpoint.resume: auto");
+    return std::nullopt;
+  }
+  return resume;
+}
+
 }  // namespace
 
 TrainingSummary train(const Config& config, std::ostream& log) {
@@ -91,10 +133,33 @@ TrainingSummary train(const Config& config, std::ostream& log) {
                            stream_seed(tc.seed, kTrainDataStream));
   MqarGenerator eval_data(config.data.mqar, config.model.vocab_size, config.data.seq_len,
                           stream_seed(tc.seed, kEvalDataStream));
+
+  // ---- resume: weights, optimiser moments, step and data cursor from a checkpoint ----
+  const std::string checkpoint_dir = config.logging.run_dir + "/checkpoints";
+  int64_t start_step = 0, tokens_seen = 0;
+  if (std::optional<std::string> path = checkpoint_to_resume(config, checkpoint_dir, log)) {
+    TrainingState state = load_checkpoint(*path);
+    std::vector<std::pair<std::string, Shape>> shapes;
+    for (const auto& [spec, var] : model.parameters()) shapes.emplace_back(spec.name, spec.shape);
+    check_checkpoint_compatible(state, model_signature(config.model), 1, shapes, *path);
+    for (size_t i = 0; i < state.params.size(); ++i) model.parameters()[i].second->value.copy_from(state.params[i].second);
+    optimizer.load_state(std::move(state.adam_m), std::move(state.adam_v), state.adam_step);
+    train_data.set_cursor(state.data_cursor);
+    start_step = state.step;
+    tokens_seen = state.tokens_seen;
+    log << "resumed from " << *path << " at step " << start_step << "\n";
+  }
+  auto save = [&](int64_t steps_done) {
+    const std::string path = save_checkpoint(
+        checkpoint_dir, capture_state(model, optimizer, train_data, config, steps_done, tokens_seen));
+    prune_checkpoints(checkpoint_dir, config.checkpoint.keep_last, config.checkpoint.keep_every);
+    log << "checkpoint " << path << std::endl;
+  };
   log << "data: MQAR, " << config.data.mqar.num_kv_pairs << " key-value pairs in " << config.data.seq_len
       << " tokens; chance accuracy " << train_data.chance_accuracy() << "\n";
 
   TrainingSummary summary;
+  summary.tokens_seen = tokens_seen;
   summary.chance_accuracy = train_data.chance_accuracy();
   const int64_t tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * config.data.seq_len;
   const Clock::time_point loop_start = Clock::now();
@@ -102,8 +167,12 @@ TrainingSummary train(const Config& config, std::ostream& log) {
   double interval_loss = 0, interval_targets = 0, interval_correct = 0;
   int64_t interval_steps = 0;
 
+  if (start_step >= tc.max_steps)
+    log << "the checkpoint is already at training.max_steps = " << tc.max_steps
+        << ": nothing to train (raise training.max_steps, or use another logging.run_dir for a new run)\n";
+
   // ---- the loop ----
-  for (int64_t step = 0; step < tc.max_steps; ++step) {
+  for (int64_t step = start_step; step < tc.max_steps; ++step) {
     const double lr = learning_rate(tc, step);
     optimizer.zero_grad();
     double step_loss = 0;
@@ -121,15 +190,17 @@ TrainingSummary train(const Config& config, std::ostream& log) {
     optimizer.step(lr);
 
     summary.steps = step + 1;
-    summary.tokens_seen += tokens_per_step;
-    if (step == 0) summary.first_loss = step_loss;
+    tokens_seen += tokens_per_step;
+    summary.tokens_seen = tokens_seen;
+    if (step == start_step) summary.first_loss = step_loss;
+    summary.step_losses.push_back(step_loss);
     interval_loss += step_loss;
     interval_targets += static_cast<double>(step_targets);
     interval_correct += static_cast<double>(step_correct);
     ++interval_steps;
 
     const bool last = step + 1 == tc.max_steps;
-    if ((step + 1) % config.logging.log_interval == 0 || last || step == 0) {
+    if ((step + 1) % config.logging.log_interval == 0 || last || step == start_step) {
       const double elapsed = seconds_since(loop_start);
       const double interval_s = seconds_since(interval_start);
       StepMetrics m;
@@ -141,7 +212,7 @@ TrainingSummary train(const Config& config, std::ostream& log) {
       m.lr = lr;
       m.tokens_per_s = static_cast<double>(interval_steps * tokens_per_step) / std::max(interval_s, 1e-9);
       m.elapsed_s = elapsed;
-      m.eta_s = elapsed / static_cast<double>(step + 1) * static_cast<double>(tc.max_steps - step - 1);
+      m.eta_s = elapsed / static_cast<double>(step + 1 - start_step) * static_cast<double>(tc.max_steps - step - 1);
       m.tokens_seen = summary.tokens_seen;
       log << format_progress_line(m) << std::endl;
       metrics.append("train", m);
@@ -158,6 +229,7 @@ TrainingSummary train(const Config& config, std::ostream& log) {
       summary.eval_loss = eval_loss;
       summary.eval_accuracy = eval_accuracy;
     }
+    if ((config.checkpoint.interval > 0 && (step + 1) % config.checkpoint.interval == 0) || last) save(step + 1);
   }
 
   summary.wall_s = seconds_since(start);

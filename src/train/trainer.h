@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <ostream>
+#include <vector>
 
 #include "config/config.h"
 
@@ -16,6 +17,7 @@ struct TrainingSummary {
   double eval_accuracy = 0;
   double chance_accuracy = 0; // what guessing would score on the task
   double wall_s = 0;
+  std::vector<double> step_losses;  // the training loss of every step this run took, in order
 };
 
 // Trains the model the config describes, writing progress to `log` and metrics/config into logging.run_dir.
