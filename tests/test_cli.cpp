@@ -122,19 +122,19 @@ TEST_F(Cli, InfoOnTheDefaultConfigShowsTheParameterTotal) {
   ASSERT_EQ(r.status, 0) << r.err;
   const Config config = load_config(default_config());
   EXPECT_EQ(printed_param_total(r.out), param_total(config.model)) << r.out;
-  for (const char* text : {"== resolved config ==", "hidden_size: 64", "forward FLOPs per token",
+  for (const char* text : {"== resolved config ==", "forward FLOPs per token",
                            "training FLOPs per token", "recurrent states", "activations for backward"})
     EXPECT_NE(r.out.find(text), std::string::npos) << "missing " << text << " in\n" << r.out;
   EXPECT_TRUE(r.err.empty()) << r.err;
 }
 
 TEST_F(Cli, InfoAppliesSetOverrides) {
-  const Result r = run_hgrn({"info", "-c", default_config(), "--set", "model.hidden_size=128", "-s",
+  const Result r = run_hgrn({"info", "-c", default_config(), "--set", "model.hidden_size=256", "-s",
                              "model.num_hidden_layers=3"});
   ASSERT_EQ(r.status, 0) << r.err;
-  const Config config = load_config(default_config(), {"model.hidden_size=128", "model.num_hidden_layers=3"});
+  const Config config = load_config(default_config(), {"model.hidden_size=256", "model.num_hidden_layers=3"});
   EXPECT_EQ(printed_param_total(r.out), param_total(config.model)) << r.out;
-  EXPECT_NE(r.out.find("hidden_size: 128"), std::string::npos);
+  EXPECT_NE(r.out.find("hidden_size: 256"), std::string::npos);
 }
 
 TEST_F(Cli, BadConfigFileExitsWithStatusTwoAndTheMessage) {
