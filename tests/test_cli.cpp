@@ -10,16 +10,13 @@
 #include <sstream>
 
 #include "config/config.h"
+#include "hgrn_binary.h"
 #include "model/hgrn2_params.h"
 
 namespace hgrn {
 namespace {
 
-// The binary under test: $HGRN_BINARY (ctest sets it), else `hgrn` next to this test executable.
-std::string hgrn_binary() {
-  if (const char* env = std::getenv("HGRN_BINARY"); env && *env) return env;
-  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "hgrn").string();
-}
+using testing::hgrn_binary;
 
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
@@ -35,7 +32,7 @@ struct Result {
 // Runs `hgrn <args>` through the shell; stdout is read from the pipe, stderr from a temporary file.
 Result run_hgrn(const std::vector<std::string>& args) {
   static int counter = 0;
-  const std::string err_path = testing::TempDir() + "hgrn_cli_stderr_" + std::to_string(getpid()) + "_" +
+  const std::string err_path = ::testing::TempDir() + "hgrn_cli_stderr_" + std::to_string(getpid()) + "_" +
                                std::to_string(counter++) + ".txt";
   std::string command = shell_quote(hgrn_binary());
   for (const std::string& a : args) command += " " + shell_quote(a);
@@ -62,7 +59,7 @@ Result run_hgrn(const std::vector<std::string>& args) {
 std::string default_config() { return std::string(HGRN_SOURCE_DIR) + "/configs/mqar-tiny.yaml"; }
 
 std::string write_temp_config(const std::string& name, const std::string& text) {
-  const std::string path = testing::TempDir() + name;
+  const std::string path = ::testing::TempDir() + name;
   std::ofstream(path) << text;
   return path;
 }
@@ -85,7 +82,7 @@ int64_t printed_param_total(const std::string& info_output) {
   return value;
 }
 
-class Cli : public testing::Test {
+class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(std::filesystem::exists(hgrn_binary())) << "hgrn binary not found at " << hgrn_binary();

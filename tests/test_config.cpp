@@ -324,8 +324,21 @@ TEST(ConfigErrors, Bf16OnCpu) {
 }
 
 TEST(ConfigErrors, MqarSequenceTooShort) {
-  expect_rejected("data.seq_len", "23", "expected at least 2*8 positions for the pairs plus 8 for the queries = 24");
-  EXPECT_NO_THROW(parse_config(with_value("data.seq_len", "24").text, kSource));
+  expect_rejected("data.seq_len", "31",
+                  "expected at least 2*8 positions for the pairs plus 2*8 for the query-answer slots = 32");
+  EXPECT_NO_THROW(parse_config(with_value("data.seq_len", "32").text, kSource));
+}
+
+TEST(ConfigErrors, TokenTaskNeedsExistingShards) {
+  const std::string message = error_of(with_value("data.task", "tokens").text);
+  EXPECT_NE(message.find("data.train_data: expected the path prefix of shards"), std::string::npos) << message;
+  const std::string missing = ::testing::TempDir() + "/no-such-shards";
+  try {
+    parse_config(base_yaml(), kSource, {"data.task=tokens", "data.train_data=" + missing});
+    FAIL() << "missing shards must be rejected";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(missing + ".bin does not exist"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ConfigErrors, MqarVocabularyTooSmall) {

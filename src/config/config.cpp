@@ -91,6 +91,8 @@ std::vector<Field> config_fields(Config& c) {
       {"model.attn_mode", &m.attn_mode},
       {"data.task", &d.task},
       {"data.seq_len", &d.seq_len},
+      {"data.train_data", &d.train_data},
+      {"data.valid_data", &d.valid_data},
       {"data.mqar.num_kv_pairs", &d.mqar.num_kv_pairs},
       {"data.mqar.num_keys", &d.mqar.num_keys},
       {"training.device", &t.device},
@@ -504,17 +506,31 @@ void ConfigReader::validate() {
   require_one_of("model.attn_mode", m.attn_mode, {"chunk", "fused_recurrent"});
 
   const DataConfig& d = config_.data;
-  require_one_of("data.task", d.task, {"mqar"});
+  require_one_of("data.task", d.task, {"mqar", "tokens"});
+  if (d.task == "tokens") {
+    if (d.train_data.empty())
+      fail_key("data.train_data", "expected the path prefix of shards written by `hgrn prepare` (PREFIX.bin and "
+                                  "PREFIX.idx) with data.task = tokens, got nothing");
+    for (const auto& [key, prefix] : {std::pair<std::string, std::string>{"data.train_data", d.train_data},
+                                      {"data.valid_data", d.valid_data}}) {
+      if (prefix.empty()) continue;
+      for (const char* ext : {".bin", ".idx"}) {
+        std::error_code ec;
+        if (!std::filesystem::exists(prefix + ext, ec))
+          fail_key(key, "expected a shard prefix: " + prefix + ext + " does not exist (run `hgrn prepare` first)");
+      }
+    }
+  }
   require_positive("data.seq_len", d.seq_len);
   if (d.task == "mqar") {
     const int64_t pairs = d.mqar.num_kv_pairs;
     require_positive("data.mqar.num_kv_pairs", pairs);
     require_non_negative("data.mqar.num_keys", d.mqar.num_keys);
-    if (d.seq_len < 3 * pairs)
+    if (d.seq_len < 4 * pairs)
       fail_key("data.seq_len", "too short for MQAR with data.mqar.num_kv_pairs = " + std::to_string(pairs) +
-                                   ": expected at least 2*" + std::to_string(pairs) + " positions for the pairs plus " +
-                                   std::to_string(pairs) + " for the queries = " + std::to_string(3 * pairs) +
-                                   ", got " + std::to_string(d.seq_len));
+                                   ": expected at least 2*" + std::to_string(pairs) + " positions for the pairs plus 2*" +
+                                   std::to_string(pairs) + " for the query-answer slots = " +
+                                   std::to_string(4 * pairs) + ", got " + std::to_string(d.seq_len));
     // Each sequence draws num_kv_pairs distinct keys and distinct values (as Zoology), and token 0 is noise.
     if (m.vocab_size < 2 * pairs + 1)
       fail_key("model.vocab_size", "too small for MQAR with data.mqar.num_kv_pairs = " + std::to_string(pairs) +

@@ -50,8 +50,10 @@ struct MqarConfig {
 };
 
 struct DataConfig {
-  std::string task = "mqar";  // mqar (built in, needs no download)
+  std::string task = "mqar";  // mqar (built in, needs no download) | tokens (shards written by `hgrn prepare`)
   int64_t seq_len = 64;
+  std::string train_data;     // tokens: the path prefix of the training shards (PREFIX.bin, PREFIX.idx, PREFIX.json)
+  std::string valid_data;     // tokens: the path prefix of the validation shards (empty: no validation split)
   MqarConfig mqar;
 
   bool operator==(const DataConfig&) const = default;

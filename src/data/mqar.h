@@ -25,30 +25,24 @@
 #include "config/config.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "data/batch_source.h"
 
 namespace hgrn {
 
-// Targets hold this where no loss is taken (torch's ignore_index convention).
-constexpr int32_t kIgnoreTarget = -100;
 // The filler token between queries.
 constexpr int32_t kMqarFillerToken = 0;
 
-struct TokenBatch {
-  Tensor inputs;   // int32 [B, T]
-  Tensor targets;  // int32 [B, T]; kIgnoreTarget where no loss is taken
-};
-
-class MqarGenerator {
+class MqarGenerator : public BatchSource {
  public:
   // Throws hgrn::Error when the configuration cannot produce valid sequences (see the size rules above).
   MqarGenerator(const MqarConfig& config, int64_t vocab_size, int64_t seq_len, uint64_t seed);
 
   // The next batch_size sequences of the stream; advances the cursor by batch_size.
-  TokenBatch next_batch(int64_t batch_size);
+  TokenBatch next_batch(int64_t batch_size) override;
 
   // The number of sequences drawn so far. set_cursor(c) makes the next batch start with sequence c.
-  uint64_t cursor() const { return cursor_; }
-  void set_cursor(uint64_t cursor) { cursor_ = cursor; }
+  uint64_t cursor() const override { return cursor_; }
+  void set_cursor(uint64_t cursor) override { cursor_ = cursor; }
 
   // The accuracy of guessing a value uniformly at random: 1 / number of value tokens.
   double chance_accuracy() const { return 1.0 / static_cast<double>(num_values_); }

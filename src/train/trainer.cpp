@@ -21,6 +21,7 @@
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/schedule.h"
+#include "train/stop_signal.h"
 
 namespace hgrn {
 
@@ -229,7 +230,14 @@ TrainingSummary train(const Config& config, std::ostream& log) {
       summary.eval_loss = eval_loss;
       summary.eval_accuracy = eval_accuracy;
     }
-    if ((config.checkpoint.interval > 0 && (step + 1) % config.checkpoint.interval == 0) || last) save(step + 1);
+    if ((config.checkpoint.interval > 0 && (step + 1) % config.checkpoint.interval == 0) || last || stop_requested())
+      save(step + 1);
+    if (stop_requested() && !last) {
+      log << "stopped by signal " << stop_signal_number() << " after step " << step + 1 << "; resume with the same "
+          << "command (checkpoint.resume: auto)" << std::endl;
+      summary.stopped_by_signal = true;
+      break;
+    }
   }
 
   summary.wall_s = seconds_since(start);
@@ -240,8 +248,8 @@ TrainingSummary train(const Config& config, std::ostream& log) {
 }
 
 int run_training(const Config& config) {
-  train(config, std::cout);
-  return 0;
+  install_stop_signal_handlers();
+  return train(config, std::cout).stopped_by_signal ? kExitStoppedBySignal : 0;
 }
 
 }  // namespace hgrn

@@ -1,0 +1,28 @@
+// batch_source.h: what the trainer draws batches from: a deterministic stream of fixed-length token sequences
+// whose position (the cursor: sequences drawn so far) is one integer, so that a checkpoint restores it exactly.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace hgrn {
+
+// Targets hold this where no loss is taken (torch's ignore_index convention).
+constexpr int32_t kIgnoreTarget = -100;
+
+struct TokenBatch {
+  Tensor inputs;   // int32 [B, T]
+  Tensor targets;  // int32 [B, T]: the token after each input position; kIgnoreTarget where no loss is taken
+};
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // The next batch_size sequences of the stream; advances the cursor by batch_size.
+  virtual TokenBatch next_batch(int64_t batch_size) = 0;
+  // Sequences drawn so far; set_cursor(c) makes the next batch start with sequence c of the stream.
+  virtual uint64_t cursor() const = 0;
+  virtual void set_cursor(uint64_t cursor) = 0;
+};
+
+}  // namespace hgrn
