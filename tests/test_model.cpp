@@ -141,3 +141,45 @@ TEST(Hgrn2Model, SameSeedSameWeightsDifferentSeedDifferentWeights) {
 
 }  // namespace
 }  // namespace hgrn
+
+namespace hgrn {
+namespace {
+
+TEST(Hgrn2Model, CarriedStateEqualsOneLongSequence) {
+  // Reading a sequence in two pieces with the recurrent state carried over gives the logits of reading it whole:
+  // the unlimited-context mode of `hgrn eval`. Both the step-by-step (<= 64 tokens) and chunkwise paths.
+  ModelConfig c = tiny_config();
+  Rng rng(48), rng_ids(49);
+  Hgrn2Model model(c, rng, DType::F64);
+  randomise_lower_bounds(model, rng);
+  for (int64_t first : {7, 70}) {
+    SCOPED_TRACE(first);
+    const int64_t second = 75, total = first + second;
+    Tensor ids = token_ids(rng_ids, 2, total, c.vocab_size);
+    Tensor part1 = Tensor::empty({2, first}, DType::I32), part2 = Tensor::empty({2, second}, DType::I32);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t t = 0; t < total; ++t) {
+        const int32_t id = ids.data<int32_t>()[b * total + t];
+        if (t < first) part1.data<int32_t>()[b * first + t] = id;
+        else part2.data<int32_t>()[b * second + t - first] = id;
+      }
+    Tape tape;
+    tape.set_enabled(false);
+    const std::vector<double> whole = model.forward(tape, ids)->value.to_double_vector();
+    std::vector<Var> states;
+    const std::vector<double> a = model.forward(tape, part1, &states)->value.to_double_vector();
+    ASSERT_EQ(states.size(), 3u);
+    EXPECT_EQ(states[0]->value.shape(), (Shape{2, 2, 4, 4}));
+    const std::vector<double> b = model.forward(tape, part2, &states)->value.to_double_vector();
+    const int64_t v = c.vocab_size;
+    for (int64_t bi = 0; bi < 2; ++bi)
+      for (int64_t t = 0; t < total; ++t)
+        for (int64_t j = 0; j < v; ++j) {
+          const double got = t < first ? a[(bi * first + t) * v + j] : b[(bi * second + t - first) * v + j];
+          ASSERT_NEAR(got, whole[(bi * total + t) * v + j], 1e-10) << "batch " << bi << " position " << t;
+        }
+  }
+}
+
+}  // namespace
+}  // namespace hgrn

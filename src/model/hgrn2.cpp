@@ -52,9 +52,21 @@ const Var& Hgrn2Model::parameter(const std::string& name) const {
   throw Error("the HGRN2 model has no parameter '" + name + "'");
 }
 
+void Hgrn2Model::load_parameters(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source) {
+  HGRN_CHECK(tensors.size() == params_.size(), source, " holds ", tensors.size(), " tensors, the model has ",
+             params_.size(), " parameters");
+  for (const auto& [name, tensor] : tensors) {
+    const Var& param = parameter(name);
+    HGRN_CHECK(tensor.shape() == param->value.shape(), source, ": ", name, " has shape ", shape_str(tensor.shape()),
+               ", the model expects ", shape_str(param->value.shape()));
+    param->value.copy_from(tensor);
+  }
+}
+
 // HGRN2Attention (spec 1.2): q = silu(x Wqᵀ), g = lower-bounded log forget gate of x Wfᵀ, k = 1 - exp(g),
 // i = x Wiᵀ; the HGRU2 recurrence per head; then RMSNorm over all of D and o_proj.
-Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamma) const {
+// `state` (optional): in, the initial recurrent state (or an undefined Var for zero); out, the final state.
+Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamma, Var* state) const {
   const Layer& p = layers_[l];
   Var q = silu(tape, linear(tape, x, p.q_proj));
   Var g = hgrn2_forget_gate(tape, linear(tape, x, p.f_proj), gamma, l);
@@ -66,7 +78,8 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   const int64_t seq_len = x->value.size(1);
   const RecurrenceMode mode =
       config_.attn_mode == "chunk" && seq_len > 64 ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
-  Hgru2Outputs r = hgru2_recurrence(tape, q, k, i, g, nullptr, config_.heads(), scale, mode);
+  Hgru2Outputs r = hgru2_recurrence(tape, q, k, i, g, state ? *state : nullptr, config_.heads(), scale, mode);
+  if (state) *state = r.final_state;
   return linear(tape, rmsnorm(tape, r.output, p.g_norm, kOutputNormEps), p.o_proj);
 }
 
@@ -76,13 +89,15 @@ Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
   return linear(tape, swiglu(tape, linear(tape, x, p.gate_proj), linear(tape, x, p.up_proj)), p.down_proj);
 }
 
-Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids) const {
+Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states) const {
   HGRN_CHECK(input_ids.dim() == 2, "model input must be token ids [batch, seq], got ", shape_str(input_ids.shape()));
+  if (recurrent_states) recurrent_states->resize(config_.num_hidden_layers);
   Var h = embedding(tape, embeddings_, input_ids);
   Var gamma = config_.use_lower_bound ? lower_bound_transform(tape, lower_bounds_) : nullptr;
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& p = layers_[l];
-    h = add(tape, h, token_mixer(tape, l, rmsnorm(tape, h, p.attn_norm, config_.norm_eps), gamma));
+    Var* state = recurrent_states ? &(*recurrent_states)[l] : nullptr;
+    h = add(tape, h, token_mixer(tape, l, rmsnorm(tape, h, p.attn_norm, config_.norm_eps), gamma, state));
     h = add(tape, h, mlp(tape, l, rmsnorm(tape, h, p.mlp_norm, config_.norm_eps)));
   }
   return linear(tape, rmsnorm(tape, h, final_norm_, config_.norm_eps), lm_head_);

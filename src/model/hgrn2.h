@@ -18,17 +18,23 @@ class Hgrn2Model {
   Hgrn2Model(const ModelConfig& config, Rng& init_rng, DType dtype = DType::F32);
 
   // input_ids: int32 or int64 [B, T]. Returns logits [B, T, vocab_size].
-  Var forward(Tape& tape, const Tensor& input_ids) const;
+  // recurrent_states (optional) carries each layer's HGRU2 state [B, H, K, V] across calls, which is how an RNN
+  // reads unlimited context: on input, a layer's entry (if defined) is its initial state; on return, every entry
+  // holds that layer's final state. Null: every sequence starts from the zero state.
+  Var forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr) const;
 
   const ModelConfig& config() const { return config_; }
   const std::vector<std::pair<ParamSpec, Var>>& parameters() const { return params_; }
   const Var& parameter(const std::string& name) const;  // throws if the model has no such tensor
+  // Copies named tensors (a checkpoint's or an imported model's) into the parameters: the names and shapes must be
+  // exactly the model's, in any order; `source` names where they came from in messages.
+  void load_parameters(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source);
 
  private:
   struct Layer {
     Var attn_norm, q_proj, f_proj, i_proj, g_norm, o_proj, mlp_norm, gate_proj, up_proj, down_proj;
   };
-  Var token_mixer(Tape& tape, int64_t layer, const Var& x, const Var& gamma) const;
+  Var token_mixer(Tape& tape, int64_t layer, const Var& x, const Var& gamma, Var* state) const;
   Var mlp(Tape& tape, int64_t layer, const Var& x) const;
 
   ModelConfig config_;

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -12,11 +13,12 @@
 #include <sstream>
 
 #include "core/allocator.h"
-#include "data/mqar.h"
+#include "data/data_sources.h"
 #include "io/checkpoint.h"
 #include "model/flops.h"
 #include "model/hgrn2.h"
 #include "ops/gemm_cpu.h"
+#include "train/evaluate.h"
 #include "train/lm_loss.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
@@ -42,22 +44,6 @@ Device resolve_device(const std::string& device) {
   return Device::CPU;
 }
 
-// Mean loss and accuracy over a fixed held-out set: the eval generator restarts from cursor 0 every time.
-std::pair<double, double> evaluate(const Hgrn2Model& model, MqarGenerator& eval_data, const Config& config) {
-  Tape no_grad;
-  no_grad.set_enabled(false);
-  eval_data.set_cursor(0);
-  double loss_sum = 0;
-  int64_t targets = 0, correct = 0;
-  for (int64_t b = 0; b < config.training.eval_batches; ++b) {
-    CrossEntropyResult r = language_model_loss(model, no_grad, eval_data.next_batch(config.training.micro_batch_size));
-    loss_sum += r.loss->value.item() * static_cast<double>(r.num_targets);
-    targets += r.num_targets;
-    correct += r.num_correct;
-  }
-  return {loss_sum / std::max<int64_t>(targets, 1), static_cast<double>(correct) / std::max<int64_t>(targets, 1)};
-}
-
 // What a checkpoint must match to be resumed: the model's shape and the precision of its master weights.
 std::string model_signature(const ModelConfig& m) {
   return detail::concat("hgrn2 L=", m.num_hidden_layers, " D=", m.hidden_size, " H=", m.heads(), " K=", m.key_dim(),
@@ -65,7 +51,7 @@ std::string model_signature(const ModelConfig& m) {
                         " lower_bound=", m.use_lower_bound, " tied=", m.tie_word_embeddings, " master=fp32");
 }
 
-TrainingState capture_state(const Hgrn2Model& model, const AdamW& optimizer, const MqarGenerator& data,
+TrainingState capture_state(const Hgrn2Model& model, const AdamW& optimizer, const BatchSource& data,
                             const Config& config, int64_t step, int64_t tokens_seen) {
   TrainingState s;
   s.step = step;
@@ -130,10 +116,16 @@ TrainingSummary train(const Config& config, std::ostream& log) {
   log << "model: " << cost.params_total << " parameters, " << cost.flops_per_token_train / 1e6
       << " MFLOP per token (train)\n";
 
-  MqarGenerator train_data(config.data.mqar, config.model.vocab_size, config.data.seq_len,
-                           stream_seed(tc.seed, kTrainDataStream));
-  MqarGenerator eval_data(config.data.mqar, config.model.vocab_size, config.data.seq_len,
-                          stream_seed(tc.seed, kEvalDataStream));
+  std::unique_ptr<BatchSource> train_data = make_training_source(config, stream_seed(tc.seed, kTrainDataStream));
+  std::unique_ptr<BatchSource> eval_data = make_evaluation_source(config, stream_seed(tc.seed, kEvalDataStream));
+  const std::optional<double> chance = chance_accuracy(config);
+  if (config.data.task == "mqar")
+    log << "data: MQAR, " << config.data.mqar.num_kv_pairs << " key-value pairs in " << config.data.seq_len
+        << " tokens; chance accuracy " << *chance << "\n";
+  else
+    log << "data: windows of " << config.data.seq_len << " tokens from " << config.data.train_data
+        << (eval_data ? ", evaluation on " + config.data.valid_data : ", no validation split (data.valid_data)")
+        << "\n";
 
   // ---- resume: weights, optimiser moments, step and data cursor from a checkpoint ----
   const std::string checkpoint_dir = config.logging.run_dir + "/checkpoints";
@@ -143,25 +135,22 @@ TrainingSummary train(const Config& config, std::ostream& log) {
     std::vector<std::pair<std::string, Shape>> shapes;
     for (const auto& [spec, var] : model.parameters()) shapes.emplace_back(spec.name, spec.shape);
     check_checkpoint_compatible(state, model_signature(config.model), 1, shapes, *path);
-    for (size_t i = 0; i < state.params.size(); ++i) model.parameters()[i].second->value.copy_from(state.params[i].second);
+    model.load_parameters(state.params, *path);
     optimizer.load_state(std::move(state.adam_m), std::move(state.adam_v), state.adam_step);
-    train_data.set_cursor(state.data_cursor);
+    train_data->set_cursor(state.data_cursor);
     start_step = state.step;
     tokens_seen = state.tokens_seen;
     log << "resumed from " << *path << " at step " << start_step << "\n";
   }
   auto save = [&](int64_t steps_done) {
     const std::string path = save_checkpoint(
-        checkpoint_dir, capture_state(model, optimizer, train_data, config, steps_done, tokens_seen));
+        checkpoint_dir, capture_state(model, optimizer, *train_data, config, steps_done, tokens_seen));
     prune_checkpoints(checkpoint_dir, config.checkpoint.keep_last, config.checkpoint.keep_every);
     log << "checkpoint " << path << std::endl;
   };
-  log << "data: MQAR, " << config.data.mqar.num_kv_pairs << " key-value pairs in " << config.data.seq_len
-      << " tokens; chance accuracy " << train_data.chance_accuracy() << "\n";
-
   TrainingSummary summary;
   summary.tokens_seen = tokens_seen;
-  summary.chance_accuracy = train_data.chance_accuracy();
+  summary.chance_accuracy = chance.value_or(0.0);
   const int64_t tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * config.data.seq_len;
   const Clock::time_point loop_start = Clock::now();
   Clock::time_point interval_start = loop_start;
@@ -180,7 +169,7 @@ TrainingSummary train(const Config& config, std::ostream& log) {
     int64_t step_targets = 0, step_correct = 0;
     for (int64_t micro = 0; micro < tc.grad_accum_steps; ++micro) {
       Tape tape;
-      CrossEntropyResult r = language_model_loss(model, tape, train_data.next_batch(tc.micro_batch_size));
+      CrossEntropyResult r = language_model_loss(model, tape, train_data->next_batch(tc.micro_batch_size));
       // Each micro-batch loss is a mean; the step's loss is their average, so each seeds 1/accum.
       tape.backward(r.loss, Tensor::full({}, 1.0 / static_cast<double>(tc.grad_accum_steps), DType::F32));
       step_loss += r.loss->value.item() / static_cast<double>(tc.grad_accum_steps);
@@ -222,10 +211,13 @@ TrainingSummary train(const Config& config, std::ostream& log) {
       interval_loss = interval_targets = interval_correct = 0;
       interval_steps = 0;
     }
-    if ((tc.eval_interval > 0 && (step + 1) % tc.eval_interval == 0) || last) {
-      auto [eval_loss, eval_accuracy] = evaluate(model, eval_data, config);
-      log << "eval  " << step + 1 << " | loss " << eval_loss << " | accuracy " << eval_accuracy << " (chance "
-          << summary.chance_accuracy << ")" << std::endl;
+    if (eval_data && ((tc.eval_interval > 0 && (step + 1) % tc.eval_interval == 0) || last)) {
+      const EvalResult held_out = evaluate_batches(model, *eval_data, tc.eval_batches, tc.micro_batch_size);
+      const double eval_loss = held_out.loss, eval_accuracy = held_out.accuracy;
+      log << "eval  " << step + 1 << " | loss " << eval_loss << " | ppl " << std::exp(eval_loss) << " | accuracy "
+          << eval_accuracy;
+      if (chance) log << " (chance " << *chance << ")";
+      log << std::endl;
       metrics.append_eval(step + 1, eval_loss, eval_accuracy);
       summary.eval_loss = eval_loss;
       summary.eval_accuracy = eval_accuracy;
@@ -243,7 +235,9 @@ TrainingSummary train(const Config& config, std::ostream& log) {
   summary.wall_s = seconds_since(start);
   log << "done: " << summary.steps << " steps, " << summary.tokens_seen << " tokens in "
       << format_duration(summary.wall_s) << "; loss " << summary.first_loss << " -> " << summary.final_loss
-      << ", eval accuracy " << summary.eval_accuracy << " (chance " << summary.chance_accuracy << ")\n";
+      << ", eval loss " << summary.eval_loss << ", eval accuracy " << summary.eval_accuracy;
+  if (chance) log << " (chance " << *chance << ")";
+  log << "\n";
   return summary;
 }
 

@@ -1,0 +1,112 @@
+// eval.cpp: `hgrn eval`: loads a checkpoint (the model comes from the checkpoint's own config, the data from the
+// given one), scores the validation shard (or MQAR's held-out sequences) and prints loss, perplexity, bits per
+// byte and, for WikiText, word-level perplexity; the last line is the same as JSON.
+#include "cli/eval.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "config/config.h"
+#include "data/data_sources.h"
+#include "data/token_shards.h"
+#include "io/checkpoint.h"
+#include "model/hgrn2.h"
+#include "train/evaluate.h"
+
+namespace hgrn::cli {
+
+CLI::App* add_eval_command(CLI::App& app, EvalArgs& args) {
+  CLI::App* eval = app.add_subcommand("eval", "Held-out loss, perplexity and accuracy of a checkpoint");
+  add_config_options(*eval, args.config);
+  eval->add_option("--checkpoint", args.checkpoint,
+                   "Checkpoint file (default: the newest valid one in logging.run_dir/checkpoints)");
+  eval->add_option("--data", args.data, "Shard prefix to score (default: data.valid_data)");
+  eval->add_flag("--stateful", args.stateful,
+                 "Carry the recurrent state across consecutive windows (unlimited context)");
+  eval->add_option("--seq-len", args.seq_len, "Tokens per forward call (default: data.seq_len)")
+      ->check(CLI::PositiveNumber);
+  eval->add_option("--batch-size", args.batch_size,
+                   "Sequences (stateful: parallel streams) per call (default: training.micro_batch_size)")
+      ->check(CLI::PositiveNumber);
+  eval->add_option("--max-tokens", args.max_tokens, "Score about this many tokens only (default: all)")
+      ->check(CLI::NonNegativeNumber);
+  eval->footer(
+      "Examples:\n"
+      "  hgrn eval --config configs/wikitext2-byte.yaml\n"
+      "  hgrn eval -c configs/wikitext2-byte.yaml --stateful --batch-size 1\n"
+      "  hgrn eval -c configs/mqar-tiny.yaml --checkpoint runs/mqar-tiny/checkpoints/step_00001500.h5");
+  return eval;
+}
+
+int run_eval_command(const EvalArgs& args, std::ostream& out) {
+  const Config config = load_config(args.config.config_path, args.config.overrides);
+  std::string path = args.checkpoint;
+  if (path.empty()) {
+    std::ostringstream warnings;
+    std::optional<std::string> latest =
+        find_latest_valid_checkpoint(config.logging.run_dir + "/checkpoints", warnings);
+    out << warnings.str();
+    HGRN_CHECK(latest, "no valid checkpoint in ", config.logging.run_dir,
+               "/checkpoints: train first, or pass --checkpoint PATH");
+    path = *latest;
+  }
+  const TrainingState state = load_checkpoint(path);
+  const Config trained = parse_config(state.config_yaml, path + " (its stored config)");
+  Rng unused_init(0);
+  Hgrn2Model model(trained.model, unused_init, DType::F32);
+  model.load_parameters(state.params, path);
+  out << "checkpoint " << path << " (step " << state.step << ", " << state.tokens_seen << " tokens)\n";
+
+  const int64_t batch_size = args.batch_size > 0 ? args.batch_size : config.training.micro_batch_size;
+  char json[512];
+  if (config.data.task == "mqar") {
+    std::unique_ptr<BatchSource> source = make_evaluation_source(config, config.training.seed);
+    const EvalResult r = evaluate_batches(model, *source, config.training.eval_batches, batch_size);
+    out << "MQAR held-out: " << r.targets << " queries | loss " << r.loss << " | accuracy " << r.accuracy
+        << " (chance " << chance_accuracy(config).value() << ")\n";
+    std::snprintf(json, sizeof json, "{\"task\": \"mqar\", \"targets\": %lld, \"loss\": %.6g, \"accuracy\": %.6g}",
+                  static_cast<long long>(r.targets), r.loss, r.accuracy);
+    out << json << "\n";
+    return 0;
+  }
+
+  const std::string prefix = args.data.empty() ? config.data.valid_data : args.data;
+  HGRN_CHECK(!prefix.empty(), "nothing to evaluate: the config has no data.valid_data; pass --data PREFIX");
+  TokenShardReader shard(prefix);
+  ShardEvalOptions options;
+  options.seq_len = args.seq_len > 0 ? args.seq_len : config.data.seq_len;
+  options.batch_size = batch_size;
+  options.stateful = args.stateful;
+  options.max_tokens = args.max_tokens;
+  const EvalResult r = evaluate_shard(model, shard, options);
+  out << prefix << ": " << r.targets << " tokens scored (" << (args.stateful ? "stateful" : "window") << " mode, "
+      << options.seq_len << " tokens per call) | loss " << r.loss << " | ppl " << std::exp(r.loss)
+      << " | accuracy " << r.accuracy << "\n";
+
+  // Per byte and per word: the mean loss is over (nearly) every token of the shard, so the shard's total NLL is
+  // about loss x (tokens - 1), spread over its bytes or words (sidecar counts).
+  double bits_per_byte = 0, word_ppl = 0;
+  if (std::filesystem::exists(shard_json_path(prefix))) {
+    const ShardMetadata meta = read_shard_metadata(shard_json_path(prefix));
+    const double total_nll = r.loss * static_cast<double>(shard.num_tokens() - 1);
+    if (meta.bytes > 0) {
+      bits_per_byte = total_nll / std::log(2.0) / static_cast<double>(meta.bytes);
+      out << "bits per byte " << bits_per_byte << "\n";
+    }
+    if (meta.corpus == "wikitext" && meta.words > 0) {
+      word_ppl = std::exp(total_nll / static_cast<double>(meta.words));
+      out << "word-level perplexity " << word_ppl << " (" << meta.words << " words incl. one <eos> per line)\n";
+    }
+  }
+  std::snprintf(json, sizeof json,
+                "{\"data\": \"%s\", \"mode\": \"%s\", \"targets\": %lld, \"loss\": %.6g, \"ppl\": %.6g, "
+                "\"accuracy\": %.6g, \"bits_per_byte\": %.6g, \"word_ppl\": %.6g}",
+                prefix.c_str(), args.stateful ? "stateful" : "window", static_cast<long long>(r.targets), r.loss,
+                std::exp(r.loss), r.accuracy, bits_per_byte, word_ppl);
+  out << json << "\n";
+  return 0;
+}
+
+}  // namespace hgrn::cli

@@ -1,0 +1,57 @@
+// data_sources.cpp: choosing and opening the stream; shard vocabularies are checked against the model here, so a
+// mismatch is one clear message instead of an out-of-range id deep inside the embedding.
+#include "data/data_sources.h"
+
+#include <filesystem>
+
+#include "data/mqar.h"
+#include "data/token_shards.h"
+#include "data/window_sampler.h"
+
+namespace hgrn {
+
+namespace {
+
+std::shared_ptr<const TokenShardReader> open_shard(const Config& config, const std::string& key,
+                                                   const std::string& prefix) {
+  auto shard = std::make_shared<const TokenShardReader>(prefix);
+  const std::string sidecar = shard_json_path(prefix);
+  if (std::filesystem::exists(sidecar)) {
+    const ShardMetadata meta = read_shard_metadata(sidecar);
+    HGRN_CHECK(meta.vocab_size <= config.model.vocab_size, key, " = ", prefix, " was tokenised with ",
+               meta.tokenizer, " (", meta.vocab_size, " ids), but model.vocab_size is ", config.model.vocab_size,
+               ": set model.vocab_size to at least ", meta.vocab_size);
+  }
+  return shard;
+}
+
+}  // namespace
+
+std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t seed, int64_t rank,
+                                                  int64_t world_size) {
+  const DataConfig& d = config.data;
+  if (d.task == "mqar") return std::make_unique<MqarGenerator>(d.mqar, config.model.vocab_size, d.seq_len, seed);
+  WindowSamplerOptions options;
+  options.seq_len = d.seq_len;
+  options.seed = seed;
+  options.rank = rank;
+  options.world_size = world_size;
+  return std::make_unique<WindowSampler>(open_shard(config, "data.train_data", d.train_data), options);
+}
+
+std::unique_ptr<BatchSource> make_evaluation_source(const Config& config, uint64_t seed) {
+  const DataConfig& d = config.data;
+  if (d.task == "mqar") return std::make_unique<MqarGenerator>(d.mqar, config.model.vocab_size, d.seq_len, seed);
+  if (d.valid_data.empty()) return nullptr;
+  WindowSamplerOptions options;
+  options.seq_len = d.seq_len;
+  options.shuffle = false;
+  return std::make_unique<WindowSampler>(open_shard(config, "data.valid_data", d.valid_data), options);
+}
+
+std::optional<double> chance_accuracy(const Config& config) {
+  if (config.data.task != "mqar") return std::nullopt;
+  return MqarGenerator(config.data.mqar, config.model.vocab_size, config.data.seq_len, 0).chance_accuracy();
+}
+
+}  // namespace hgrn

@@ -1,0 +1,21 @@
+// data_sources.h: the batch streams a config asks for: the built-in MQAR task, or windows over token shards that
+// `hgrn prepare` wrote (data.task: tokens), for training (shuffled) and for evaluation (in order, from the start).
+#pragma once
+#include <memory>
+#include <optional>
+
+#include "config/config.h"
+#include "data/batch_source.h"
+
+namespace hgrn {
+
+// The training stream of data-parallel rank `rank` of `world_size`, seeded by `seed`.
+std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t seed, int64_t rank = 0,
+                                                  int64_t world_size = 1);
+// The held-out stream (read from cursor 0 at every evaluation): MQAR sequences of another seed, or the validation
+// shard's windows in order. nullptr when the config has no held-out data (tokens without data.valid_data).
+std::unique_ptr<BatchSource> make_evaluation_source(const Config& config, uint64_t seed);
+// For MQAR: the accuracy of guessing among the values; nullopt for real text.
+std::optional<double> chance_accuracy(const Config& config);
+
+}  // namespace hgrn

@@ -1,0 +1,85 @@
+// evaluate.cpp: loss accumulation over batches without recording a tape.
+#include "train/evaluate.h"
+
+#include <algorithm>
+
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "train/lm_loss.h"
+
+namespace hgrn {
+
+namespace {
+
+struct LossSum {
+  double nll = 0;
+  int64_t targets = 0, correct = 0;
+  void add(const CrossEntropyResult& r) {
+    nll += r.loss->value.item() * static_cast<double>(r.num_targets);
+    targets += r.num_targets;
+    correct += r.num_correct;
+  }
+  EvalResult result() const {
+    const double n = static_cast<double>(std::max<int64_t>(targets, 1));
+    return {targets, nll / n, static_cast<double>(correct) / n};
+  }
+};
+
+// Inputs [rows, len] and targets (the next tokens) from `len + 1`-token spans of the shard starting at `starts`.
+TokenBatch spans_batch(const TokenShardReader& shard, const std::vector<int64_t>& starts, int64_t len) {
+  const int64_t rows = static_cast<int64_t>(starts.size());
+  TokenBatch batch{Tensor::empty({rows, len}, DType::I32), Tensor::empty({rows, len}, DType::I32)};
+  std::vector<int32_t> span(static_cast<size_t>(len + 1));
+  for (int64_t r = 0; r < rows; ++r) {
+    shard.read(starts[r], len + 1, span.data());
+    std::copy(span.begin(), span.end() - 1, batch.inputs.data<int32_t>() + r * len);
+    std::copy(span.begin() + 1, span.end(), batch.targets.data<int32_t>() + r * len);
+  }
+  return batch;
+}
+
+}  // namespace
+
+EvalResult evaluate_batches(const Hgrn2Model& model, BatchSource& source, int64_t batches, int64_t batch_size) {
+  Tape no_grad;
+  no_grad.set_enabled(false);
+  source.set_cursor(0);
+  LossSum sum;
+  for (int64_t b = 0; b < batches; ++b) sum.add(language_model_loss(model, no_grad, source.next_batch(batch_size)));
+  return sum.result();
+}
+
+EvalResult evaluate_shard(const Hgrn2Model& model, const TokenShardReader& shard, const ShardEvalOptions& options) {
+  const int64_t T = options.seq_len, B = options.batch_size, N = shard.num_tokens();
+  HGRN_CHECK(T >= 1 && B >= 1, "evaluation needs seq_len >= 1 and batch_size >= 1");
+  HGRN_CHECK(N >= B * (options.stateful ? 2 : T + 1), shard.prefix(), " has ", N,
+             " tokens: too few for one evaluation batch of ", B, options.stateful ? " streams" : " windows of ", T);
+  const int64_t budget = options.max_tokens > 0 ? options.max_tokens : INT64_MAX;
+  Tape no_grad;
+  no_grad.set_enabled(false);
+  LossSum sum;
+  if (!options.stateful) {
+    const int64_t windows = (N - 1) / T;
+    for (int64_t w0 = 0; w0 < windows && sum.targets < budget; w0 += B) {
+      std::vector<int64_t> starts;
+      for (int64_t w = w0; w < std::min(windows, w0 + B); ++w) starts.push_back(w * T);
+      sum.add(language_model_loss(model, no_grad, spans_batch(shard, starts, T)));
+    }
+    return sum.result();
+  }
+  // Stream b covers tokens [b*L, b*L + L]: L targets each, read T at a time with the states carried.
+  const int64_t L = (N - 1) / B;
+  std::vector<Var> states;
+  for (int64_t offset = 0; offset < L && sum.targets < budget; offset += T) {
+    const int64_t len = std::min(T, L - offset);
+    std::vector<int64_t> starts;
+    for (int64_t b = 0; b < B; ++b) starts.push_back(b * L + offset);
+    TokenBatch batch = spans_batch(shard, starts, len);
+    Var logits = model.forward(no_grad, batch.inputs, &states);
+    sum.add(cross_entropy(no_grad, reshape(no_grad, logits, {B * len, model.config().vocab_size}),
+                          batch.targets.reshape({B * len})));
+  }
+  return sum.result();
+}
+
+}  // namespace hgrn
