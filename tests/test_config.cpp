@@ -329,16 +329,11 @@ TEST(ConfigErrors, MqarSequenceTooShort) {
   EXPECT_NO_THROW(parse_config(with_value("data.seq_len", "32").text, kSource));
 }
 
-TEST(ConfigErrors, TokenTaskNeedsExistingShards) {
+TEST(ConfigErrors, TokenTaskNeedsTrainData) {
   const std::string message = error_of(with_value("data.task", "tokens").text);
   EXPECT_NE(message.find("data.train_data: expected the path prefix of shards"), std::string::npos) << message;
-  const std::string missing = ::testing::TempDir() + "/no-such-shards";
-  try {
-    parse_config(base_yaml(), kSource, {"data.task=tokens", "data.train_data=" + missing});
-    FAIL() << "missing shards must be rejected";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find(missing + ".bin does not exist"), std::string::npos) << e.what();
-  }
+  // The shards themselves are looked for when training opens them (DataSources tests), not here.
+  EXPECT_NO_THROW(parse_config(base_yaml(), kSource, {"data.task=tokens", "data.train_data=somewhere/wt2"}));
 }
 
 TEST(ConfigErrors, MqarVocabularyTooSmall) {

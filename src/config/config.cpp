@@ -511,15 +511,8 @@ void ConfigReader::validate() {
     if (d.train_data.empty())
       fail_key("data.train_data", "expected the path prefix of shards written by `hgrn prepare` (PREFIX.bin and "
                                   "PREFIX.idx) with data.task = tokens, got nothing");
-    for (const auto& [key, prefix] : {std::pair<std::string, std::string>{"data.train_data", d.train_data},
-                                      {"data.valid_data", d.valid_data}}) {
-      if (prefix.empty()) continue;
-      for (const char* ext : {".bin", ".idx"}) {
-        std::error_code ec;
-        if (!std::filesystem::exists(prefix + ext, ec))
-          fail_key(key, "expected a shard prefix: " + prefix + ext + " does not exist (run `hgrn prepare` first)");
-      }
-    }
+    // Whether the shards exist is checked where they are opened (data/data_sources.cpp), so that `hgrn info`
+    // works on a config before its data is prepared.
   }
   require_positive("data.seq_len", d.seq_len);
   if (d.task == "mqar") {

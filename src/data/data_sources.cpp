@@ -14,6 +14,9 @@ namespace {
 
 std::shared_ptr<const TokenShardReader> open_shard(const Config& config, const std::string& key,
                                                    const std::string& prefix) {
+  for (const std::string& file : {shard_bin_path(prefix), shard_idx_path(prefix)})
+    HGRN_CHECK(std::filesystem::exists(file), key, " = ", prefix, ": ", file,
+               " does not exist: run `hgrn prepare` to write the shards first (see README, Data)");
   auto shard = std::make_shared<const TokenShardReader>(prefix);
   const std::string sidecar = shard_json_path(prefix);
   if (std::filesystem::exists(sidecar)) {
