@@ -298,7 +298,7 @@ TEST(ConfigErrors, UnknownEnumValues) {
   expect_rejected("training.precision", "fp16", "expected one of fp32 | bf16, got 'fp16'");
   expect_rejected("training.schedule", "cosin", "expected one of cosine | linear | inverse_sqrt | constant | wsd");
   expect_rejected("model.attn_mode", "fused_chunk", "expected one of chunk | fused_recurrent");
-  expect_rejected("data.task", "lm", "expected one of mqar, got 'lm'");
+  expect_rejected("data.task", "lm", "expected one of mqar | tokens, got 'lm'");
 }
 
 TEST(ConfigErrors, ResumeMustBeAutoNeverOrAnExistingPath) {
@@ -349,7 +349,7 @@ TEST(ConfigErrors, MqarNumKeysOutOfRange) {
 
 TEST(ConfigErrors, DefaultValueThatCannotWorkSaysItIsTheDefault) {
   // vocab_size is left at its default (256) but 200 pairs need 401 ids.
-  const std::string message = error_of("model:\n  expand_ratio: 16\ndata:\n  seq_len: 600\n  mqar:\n    num_kv_pairs: 200\n");
+  const std::string message = error_of("model:\n  expand_ratio: 16\ndata:\n  seq_len: 800\n  mqar:\n    num_kv_pairs: 200\n");
   EXPECT_NE(message.find("test.yaml: model.vocab_size: too small"), std::string::npos) << message;
   EXPECT_NE(message.find("this is the default value"), std::string::npos) << message;
 }

@@ -1,11 +1,14 @@
-// main.cpp: the hgrn command line: `hgrn train`, `hgrn info`, `hgrn --version`. Each subcommand lives in its own
-// file under src/cli/; this file parses, dispatches and turns exceptions into messages and exit statuses.
+// main.cpp: the hgrn command line: train, info, eval, prepare, export and --version. Each subcommand lives in
+// its own file under src/cli/; this file parses, dispatches and turns exceptions into messages and exit statuses.
 #include <yaml-cpp/exceptions.h>
 
 #include <iostream>
 
 #include "cli/common.h"
+#include "cli/eval.h"
+#include "cli/export.h"
 #include "cli/info.h"
+#include "cli/prepare.h"
 #include "cli/train.h"
 #include "config/config.h"
 
@@ -19,10 +22,17 @@ int main(int argc, char** argv) {
       "  hgrn info --config configs/mqar-tiny.yaml     # sizes, FLOPs and memory of a config\n"
       "  hgrn train --config configs/mqar-tiny.yaml    # train it\n"
       "  hgrn train -c configs/mqar-tiny.yaml --set training.lr=1e-3\n"
+      "  hgrn export --checkpoint CKPT --format hf --out DIR   # weights for transformers + fla\n"
       "Run 'hgrn <command> --help' for a command's options.");
   ConfigArgs train_args, info_args;
   CLI::App* train = add_train_command(app, train_args);
   CLI::App* info = add_info_command(app, info_args);
+  EvalArgs eval_args;
+  CLI::App* eval = add_eval_command(app, eval_args);
+  ExportArgs export_args;
+  CLI::App* export_command = add_export_command(app, export_args);
+  hgrn::PrepareOptions prepare_options;
+  CLI::App* prepare = add_prepare_command(app, prepare_options);
 
   try {
     app.parse(argc, argv);
@@ -34,6 +44,9 @@ int main(int argc, char** argv) {
   try {
     if (*train) return run_train_command(train_args);
     if (*info) return run_info_command(info_args, std::cout);
+    if (*eval) return run_eval_command(eval_args, std::cout);
+    if (*export_command) return run_export_command(export_args, std::cout);
+    if (*prepare) return run_prepare_command(prepare_options);
   } catch (const hgrn::ConfigError& error) {
     print_error(error.what());
     return kExitUsageError;

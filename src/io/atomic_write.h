@@ -1,0 +1,66 @@
+// atomic_write.h: writing files and whole directories so that a crash or an error never leaves something that looks
+// complete but is not. Everything is first written under a temporary sibling name (same directory, so the final
+// rename stays on one file system and is atomic), synced to disk, then renamed into place; on failure the temporary
+// is removed. Used by the safetensors writer and the Hugging Face / HDF5 exporters.
+#pragma once
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace hgrn {
+
+// "<path>.tmp-<pid>": where an atomic write of `path` puts its data before the rename. The process id keeps two
+// writers of the same path apart.
+std::string temporary_sibling_path(const std::string& path);
+
+// fsync of a file, or of a directory (which makes a rename inside it durable). File systems that cannot sync a
+// directory are tolerated: the rename is still atomic there. Throws hgrn::Error naming the path.
+void sync_path_to_disk(const std::string& path, bool is_directory);
+
+// Removes a temporary file or directory tree when the scope ends, unless disarm() was called (the rename happened).
+class TemporaryPathGuard {
+ public:
+  explicit TemporaryPathGuard(std::string path) : path_(std::move(path)) {}
+  ~TemporaryPathGuard();
+  TemporaryPathGuard(const TemporaryPathGuard&) = delete;
+  TemporaryPathGuard& operator=(const TemporaryPathGuard&) = delete;
+  void disarm() { armed_ = false; }
+
+ private:
+  std::string path_;
+  bool armed_ = true;
+};
+
+// Streams data into a temporary sibling of `path` through write_all(); commit() syncs, closes and renames it to
+// `path` (replacing an existing file). Destroyed without commit(), it removes the temporary file.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write_all(const void* data, size_t bytes);
+  void write_all(std::string_view bytes) { write_all(bytes.data(), bytes.size()); }
+  void commit();
+
+ private:
+  std::string path_, temp_path_;
+  int fd_ = -1;
+};
+
+// Writes `bytes` to `path` atomically (AtomicFileWriter in one call).
+void write_file_atomically(const std::string& path, std::string_view bytes);
+
+// Creates `final_path` (a directory when `is_directory`, else a file) atomically: `fill` is called with a temporary
+// sibling path (for a directory: an existing empty directory; for a file: a path that does not exist yet) and must
+// produce the complete result there; then it replaces final_path in one rename. An existing final_path that is a
+// non-empty directory or a file is refused unless `overwrite`; with overwrite it is replaced only after the new one
+// is complete (atomically where the kernel can exchange two names, else by moving the old one aside first, so that
+// final_path is never half-written). An empty existing directory is replaced without asking. Throws hgrn::Error
+// naming final_path; on any failure the temporary is removed and final_path is left as it was.
+void publish_atomically(const std::string& final_path, bool is_directory, bool overwrite,
+                        const std::function<void(const std::string& temp_path)>& fill);
+
+}  // namespace hgrn

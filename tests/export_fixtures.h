@@ -1,0 +1,143 @@
+// export_fixtures.h: what the safetensors, Hugging Face export and HDF5 export tests share: a scratch directory per
+// test, a small HGRN2 config, random parameters for it, file helpers and a way to run the hgrn binary.
+#pragma once
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/rng.h"
+#include "io/safetensors.h"
+#include "model/hgrn2_params.h"
+
+namespace hgrn::export_testing {
+
+namespace fs = std::filesystem;
+
+// A fresh directory per test under GoogleTest's temp dir, removed afterwards.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::path(::testing::TempDir()) / ("hgrn_export_" + std::string(info->test_suite_name()) + "_" +
+                                              info->name() + "_" + std::to_string(::getpid()));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  std::string str() const { return path_.string(); }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// D = 16, two layers, 4 heads of key width 4, MLP 24, vocabulary 32: every tensor kind of spec section 5.3, small.
+inline ModelConfig small_model_config(bool tied = false) {
+  ModelConfig m;
+  m.hidden_size = 16;
+  m.num_hidden_layers = 2;
+  m.expand_ratio = 4;
+  m.vocab_size = 32;
+  m.intermediate_size = 24;
+  m.tie_word_embeddings = tied;
+  return m;
+}
+
+// fp32 parameters of hgrn2_param_specs(config), every one random (lower bounds and norms too, so that a swapped or
+// misnamed tensor cannot go unnoticed).
+inline NamedTensors random_params(const ModelConfig& config, uint64_t seed = 1) {
+  Rng rng(seed);
+  NamedTensors params;
+  for (const ParamSpec& spec : hgrn2_param_specs(config)) {
+    Tensor t = Tensor::empty(spec.shape, DType::F32);
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(0.5 * rng.normal());
+    params.emplace_back(spec.name, t);
+  }
+  return params;
+}
+
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// The names in a directory, sorted.
+inline std::vector<std::string> directory_listing(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+inline std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct CommandResult {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs a shell command; stdout from the pipe, stderr through a temporary file.
+inline CommandResult run_command(const std::string& command_line) {
+  static int counter = 0;
+  const std::string err_path = ::testing::TempDir() + "hgrn_export_stderr_" + std::to_string(::getpid()) + "_" +
+                               std::to_string(counter++) + ".txt";
+  CommandResult result;
+  FILE* pipe = ::popen((command_line + " 2>" + shell_quote(err_path)).c_str(), "r");
+  if (!pipe) {
+    ADD_FAILURE() << "popen failed for " << command_line;
+    return result;
+  }
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.out.append(buffer, n);
+  const int raw = ::pclose(pipe);
+  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  result.err = read_file(err_path);
+  fs::remove(err_path);
+  return result;
+}
+
+// The binary under test: $HGRN_BINARY (ctest sets it), else `hgrn` next to this test executable.
+inline std::string hgrn_binary() {
+  if (const char* env = std::getenv("HGRN_BINARY"); env && *env) return env;
+  return (fs::read_symlink("/proc/self/exe").parent_path() / "hgrn").string();
+}
+
+inline CommandResult run_hgrn(const std::vector<std::string>& args) {
+  std::string command = shell_quote(hgrn_binary());
+  for (const std::string& a : args) command += " " + shell_quote(a);
+  return run_command(command);
+}
+
+}  // namespace hgrn::export_testing
