@@ -533,3 +533,17 @@ TEST(ConfigSuggest, ClosestNameNeedsToBeClose) {
 
 }  // namespace
 }  // namespace hgrn
+
+namespace hgrn {
+namespace {
+
+TEST(ConfigErrors, InitFromNeedsAHuggingFaceDirectory) {
+  const std::string missing = ::testing::TempDir() + "/no-hf-model";
+  const std::string message = error_of(base_yaml(), {"checkpoint.init_from=" + missing});
+  EXPECT_NE(message.find("checkpoint.init_from: expected a Hugging Face model directory"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find(missing + "/config.json"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace hgrn

@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "io/checkpoint.h"
+#include "io/hf_export.h"
 #include "data/mqar.h"
 #include "model/hgrn2.h"
 #include "train/lm_loss.h"
@@ -161,6 +162,50 @@ TEST(Training, ResumeRefusesACheckpointOfAnotherModelShape) {
     FAIL() << "resuming a checkpoint of another model shape must be refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("D=16"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hgrn
+
+namespace hgrn {
+namespace {
+
+TEST(Training, InitFromAnHfDirectoryStartsFromThoseWeights) {
+  // A run that learned the task, exported like `hgrn export --format hf`, starts a new run: that run's first loss is
+  // the trained model's, not a fresh initialisation's.
+  const std::string base = ::testing::TempDir() + "/hgrn-init-from";
+  std::filesystem::remove_all(base);
+  const std::string task = R"(
+model: {hidden_size: 64, num_hidden_layers: 2, expand_ratio: 16, vocab_size: 17}
+data: {task: mqar, seq_len: 16, mqar: {num_kv_pairs: 2}}
+training: {micro_batch_size: 32, max_steps: 300, lr: 0.003, warmup_steps: 20, weight_decay: 0.0, eval_interval: 0}
+)";
+  std::ostringstream log;
+  TrainingSummary trained = train(parse_config(task, "init.yaml", {"logging.run_dir=" + base + "/a"}), log);
+  ASSERT_LT(trained.final_loss, 1.0) << log.str();
+  const TrainingState state = load_checkpoint(base + "/a/checkpoints/step_00000300.h5");
+  const Config config = parse_config(task, "init.yaml");
+  export_hf(config.model, state.params, base + "/hf", DType::F32);
+
+  TrainingSummary fresh = train(parse_config(task, "init.yaml", {"logging.run_dir=" + base + "/b", "training.max_steps=1", "training.warmup_steps=0"}), log);
+  TrainingSummary continued = train(parse_config(task, "init.yaml",
+                                                 {"logging.run_dir=" + base + "/c", "training.max_steps=1", "training.warmup_steps=0",
+                                                  "checkpoint.init_from=" + base + "/hf"}),
+                                    log);
+  EXPECT_GT(fresh.first_loss, 2.5) << log.str();
+  EXPECT_LT(continued.first_loss, 1.2) << log.str();
+
+  // A directory of another shape is refused with both shapes named.
+  try {
+    train(parse_config(task, "init.yaml",
+                       {"logging.run_dir=" + base + "/d", "model.hidden_size=32", "model.expand_ratio=8",
+                        "checkpoint.init_from=" + base + "/hf"}),
+          log);
+    FAIL() << "a model of another shape must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("D=64"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("D=32"), std::string::npos) << e.what();
   }
 }
 

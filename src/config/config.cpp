@@ -119,6 +119,7 @@ std::vector<Field> config_fields(Config& c) {
       {"checkpoint.keep_last", &k.keep_last},
       {"checkpoint.keep_every", &k.keep_every},
       {"checkpoint.resume", &k.resume},
+      {"checkpoint.init_from", &k.init_from},
       {"logging.run_dir", &l.run_dir},
       {"logging.log_interval", &l.log_interval},
       {"logging.metrics_file", &l.metrics_file},
@@ -576,6 +577,12 @@ void ConfigReader::validate() {
     if (k.resume.empty() || !std::filesystem::exists(k.resume, ec))
       fail_key("checkpoint.resume", "expected auto, never or the path of an existing checkpoint, got '" + k.resume +
                                         "' (no such file or directory)");
+  }
+  if (!k.init_from.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::exists(k.init_from + "/config.json", ec))
+      fail_key("checkpoint.init_from", "expected a Hugging Face model directory with a config.json, got '" +
+                                           k.init_from + "' (no " + k.init_from + "/config.json)");
   }
 
   const LoggingConfig& l = config_.logging;

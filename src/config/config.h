@@ -87,6 +87,8 @@ struct CheckpointConfig {
   int64_t keep_last = 3;
   int64_t keep_every = 0; // additionally keep every N-th step's checkpoint; 0: none
   std::string resume = "auto";  // auto | never | PATH
+  std::string init_from;        // a Hugging Face HGRN2 directory (config.json + safetensors) whose weights start a new
+                                // run (ignored when the run resumes from a checkpoint); empty: fla's initialisation
 
   bool operator==(const CheckpointConfig&) const = default;
 };

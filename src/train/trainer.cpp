@@ -15,6 +15,7 @@
 #include "core/allocator.h"
 #include "data/data_sources.h"
 #include "io/checkpoint.h"
+#include "io/hf_export.h"
 #include "model/flops.h"
 #include "model/hgrn2.h"
 #include "ops/gemm_cpu.h"
@@ -141,6 +142,14 @@ TrainingSummary train(const Config& config, std::ostream& log) {
     start_step = state.step;
     tokens_seen = state.tokens_seen;
     log << "resumed from " << *path << " at step " << start_step << "\n";
+  } else if (!config.checkpoint.init_from.empty()) {
+    // A model made elsewhere (fla, or hgrn's own export) continues training here: same shape, fresh optimiser.
+    const std::string& dir = config.checkpoint.init_from;
+    const std::string theirs = model_signature(read_hf_config(dir)), ours = model_signature(config.model);
+    HGRN_CHECK(theirs == ours, "checkpoint.init_from = ", dir, " holds a model of another shape: it is '", theirs,
+               "', the config describes '", ours, "'; make the model section match its config.json");
+    model.load_parameters(read_hf_weights(dir, config.model), dir);
+    log << "initialised the weights from " << dir << "\n";
   }
   auto save = [&](int64_t steps_done) {
     const std::string path = save_checkpoint(
