@@ -1,12 +1,11 @@
 // export_fixtures.h: what the safetensors, Hugging Face export and HDF5 export tests share: a scratch directory per
-// test, a small HGRN2 config, random parameters for it, file helpers and a way to run the hgrn binary.
+// test, a small HGRN2 config, random parameters for it, file helpers, and (from hgrn_binary.h) running the hgrn
+// binary and other commands.
 #pragma once
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +15,7 @@
 
 #include "config/config.h"
 #include "core/rng.h"
+#include "hgrn_binary.h"
 #include "io/safetensors.h"
 #include "model/hgrn2_params.h"
 
@@ -96,48 +96,11 @@ inline std::vector<std::string> directory_listing(const std::string& dir) {
   return names;
 }
 
-inline std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-struct CommandResult {
-  int status = -1;
-  std::string out, err;
-};
-
-// Runs a shell command; stdout from the pipe, stderr through a temporary file.
-inline CommandResult run_command(const std::string& command_line) {
-  static int counter = 0;
-  const std::string err_path = ::testing::TempDir() + "hgrn_export_stderr_" + std::to_string(::getpid()) + "_" +
-                               std::to_string(counter++) + ".txt";
-  CommandResult result;
-  FILE* pipe = ::popen((command_line + " 2>" + shell_quote(err_path)).c_str(), "r");
-  if (!pipe) {
-    ADD_FAILURE() << "popen failed for " << command_line;
-    return result;
-  }
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.out.append(buffer, n);
-  const int raw = ::pclose(pipe);
-  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  result.err = read_file(err_path);
-  fs::remove(err_path);
-  return result;
-}
-
-// The binary under test: $HGRN_BINARY (ctest sets it), else `hgrn` next to this test executable.
-inline std::string hgrn_binary() {
-  if (const char* env = std::getenv("HGRN_BINARY"); env && *env) return env;
-  return (fs::read_symlink("/proc/self/exe").parent_path() / "hgrn").string();
-}
-
-inline CommandResult run_hgrn(const std::vector<std::string>& args) {
-  std::string command = shell_quote(hgrn_binary());
-  for (const std::string& a : args) command += " " + shell_quote(a);
-  return run_command(command);
-}
+// Running commands and the binary under test (one implementation, in hgrn_binary.h).
+using hgrn::testing::CommandResult;
+using hgrn::testing::hgrn_binary;
+using hgrn::testing::run_command;
+using hgrn::testing::run_hgrn;
+using hgrn::testing::shell_quote;
 
 }  // namespace hgrn::export_testing

@@ -1,10 +1,7 @@
 // test_cli.cpp: the built `hgrn` binary, run as a user would: --version, --help, `info` on the default config
 // (its parameter total against hgrn2_param_specs), and the exit statuses and messages of bad input.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -17,44 +14,8 @@ namespace hgrn {
 namespace {
 
 using testing::hgrn_binary;
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-// Runs `hgrn <args>` through the shell; stdout is read from the pipe, stderr from a temporary file.
-Result run_hgrn(const std::vector<std::string>& args) {
-  static int counter = 0;
-  const std::string err_path = ::testing::TempDir() + "hgrn_cli_stderr_" + std::to_string(getpid()) + "_" +
-                               std::to_string(counter++) + ".txt";
-  std::string command = shell_quote(hgrn_binary());
-  for (const std::string& a : args) command += " " + shell_quote(a);
-  command += " 2>" + shell_quote(err_path);
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) {
-    ADD_FAILURE() << "popen failed for " << command;
-    return result;
-  }
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.out.append(buffer, n);
-  const int raw = pclose(pipe);
-  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  std::ifstream err(err_path);
-  std::ostringstream text;
-  text << err.rdbuf();
-  result.err = text.str();
-  std::filesystem::remove(err_path);
-  return result;
-}
+using testing::run_hgrn;
+using testing::CommandResult;
 
 std::string default_config() { return std::string(HGRN_SOURCE_DIR) + "/configs/mqar-tiny.yaml"; }
 
@@ -90,7 +51,7 @@ class Cli : public ::testing::Test {
 };
 
 TEST_F(Cli, VersionNamesTheCommitAndCuda) {
-  const Result r = run_hgrn({"--version"});
+  const CommandResult r = run_hgrn({"--version"});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find(std::string("hgrn ") + HGRN_VERSION + " (git " + HGRN_GIT_COMMIT + ")"), std::string::npos)
       << r.out;
@@ -102,7 +63,7 @@ TEST_F(Cli, VersionNamesTheCommitAndCuda) {
 }
 
 TEST_F(Cli, HelpListsTheCommandsWithExamples) {
-  Result r = run_hgrn({"--help"});
+  CommandResult r = run_hgrn({"--help"});
   EXPECT_EQ(r.status, 0) << r.err;
   for (const char* text : {"train", "info", "--version", "Examples:", "hgrn info --config configs/mqar-tiny.yaml"})
     EXPECT_NE(r.out.find(text), std::string::npos) << "missing " << text << " in\n" << r.out;
@@ -115,7 +76,7 @@ TEST_F(Cli, HelpListsTheCommandsWithExamples) {
 }
 
 TEST_F(Cli, InfoOnTheDefaultConfigShowsTheParameterTotal) {
-  const Result r = run_hgrn({"info", "--config", default_config()});
+  const CommandResult r = run_hgrn({"info", "--config", default_config()});
   ASSERT_EQ(r.status, 0) << r.err;
   const Config config = load_config(default_config());
   EXPECT_EQ(printed_param_total(r.out), param_total(config.model)) << r.out;
@@ -126,7 +87,7 @@ TEST_F(Cli, InfoOnTheDefaultConfigShowsTheParameterTotal) {
 }
 
 TEST_F(Cli, InfoAppliesSetOverrides) {
-  const Result r = run_hgrn({"info", "-c", default_config(), "--set", "model.hidden_size=256", "-s",
+  const CommandResult r = run_hgrn({"info", "-c", default_config(), "--set", "model.hidden_size=256", "-s",
                              "model.num_hidden_layers=3"});
   ASSERT_EQ(r.status, 0) << r.err;
   const Config config = load_config(default_config(), {"model.hidden_size=256", "model.num_hidden_layers=3"});
@@ -138,7 +99,7 @@ TEST_F(Cli, BadConfigFileExitsWithStatusTwoAndTheMessage) {
   const std::string path =
       write_temp_config("hgrn_cli_bad.yaml", "model:\n  expand_ratio: 16\n  hidden_size: sixty-four\n");
   for (const char* command : {"info", "train"}) {
-    const Result r = run_hgrn({command, "--config", path});
+    const CommandResult r = run_hgrn({command, "--config", path});
     EXPECT_EQ(r.status, 2) << command;
     EXPECT_EQ(r.err.rfind("hgrn: error: " + path + ":3:16: model.hidden_size: expected an integer", 0), 0u)
         << command << ": " << r.err;
@@ -147,14 +108,14 @@ TEST_F(Cli, BadConfigFileExitsWithStatusTwoAndTheMessage) {
 }
 
 TEST_F(Cli, MissingConfigFileExitsWithStatusTwo) {
-  const Result r = run_hgrn({"info", "--config", "/nonexistent/hgrn.yaml"});
+  const CommandResult r = run_hgrn({"info", "--config", "/nonexistent/hgrn.yaml"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("hgrn: error: /nonexistent/hgrn.yaml: cannot read the config file"), std::string::npos)
       << r.err;
 }
 
 TEST_F(Cli, BadSetExitsWithStatusTwo) {
-  Result r = run_hgrn({"info", "--config", default_config(), "--set", "training.lrr=1"});
+  CommandResult r = run_hgrn({"info", "--config", default_config(), "--set", "training.lrr=1"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--set 'training.lrr=1': training.lrr: unknown key (did you mean training.lr?)"),
             std::string::npos)
@@ -165,14 +126,14 @@ TEST_F(Cli, BadSetExitsWithStatusTwo) {
 }
 
 TEST_F(Cli, UnknownSubcommandSuggestsTheClosest) {
-  const Result r = run_hgrn({"trian", "--config", default_config()});
+  const CommandResult r = run_hgrn({"trian", "--config", default_config()});
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("hgrn: error: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("did you mean 'train'?"), std::string::npos) << r.err;
 }
 
 TEST_F(Cli, UnknownFlagOrMissingArgumentsFail) {
-  Result r = run_hgrn({"info", "--config", default_config(), "--colour"});
+  CommandResult r = run_hgrn({"info", "--config", default_config(), "--colour"});
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("--colour"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("hgrn info --help"), std::string::npos) << r.err;

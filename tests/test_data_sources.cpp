@@ -2,6 +2,7 @@
 // byte tokenizer, `train` on it (data.task: tokens), then evaluation in window and stateful mode; and the messages
 // for missing shards and a vocabulary that does not fit the model.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -37,7 +38,8 @@ std::string write_wikitext_like(const std::string& dir) {
 
 std::string prepared_prefix() {
   static const std::string prefix = [] {
-    const std::string dir = ::testing::TempDir() + "/hgrn-data-sources";
+    // One directory per process: ctest runs these tests as parallel processes, each preparing its own shards.
+    const std::string dir = ::testing::TempDir() + "/hgrn-data-sources-" + std::to_string(getpid());
     fs::remove_all(dir);
     PrepareOptions options;
     options.corpus = "wikitext";

@@ -399,7 +399,7 @@ TEST(HfExportImport, AbsentFieldsTakeHgrn2ConfigDefaults) {
 // ---------------------------------------------------------------------------------------------------------------
 // `hgrn export` end to end.
 
-class ExportCli : public testing::Test {
+class ExportCli : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(std::filesystem::exists(hgrn_binary())) << "hgrn binary not found at " << hgrn_binary();

@@ -2,10 +2,8 @@
 // shards decode back to the documents plus EOS, the train/valid split by document is deterministic and complete,
 // the output is byte-identical for 1 and 3 threads, the sidecar counts add up, and a failed run keeps old output.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -320,18 +318,22 @@ TEST(Prepare, CommandLineWritesShardsAndRejectsBadArguments) {
   ScratchDir scratch;
   const fs::path& dir = scratch.path();
   write_bytes(dir / "wiki.txt", wikitext_fixture(5, 2, 6));
-  const std::string hgrn = testing::hgrn_binary();
-  const std::string base = hgrn + " prepare --corpus wikitext --input " + (dir / "wiki.txt").string() +
-                           " --output " + (dir / "cli").string();
-  EXPECT_EQ(std::system((base + " --threads 2 --valid-fraction 0.4 2>" + (dir / "log").string()).c_str()), 0);
+  const std::vector<std::string> base = {"prepare", "--corpus", "wikitext", "--input", (dir / "wiki.txt").string(),
+                                         "--output", (dir / "cli").string()};
+  const auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), base.begin(), base.end());
+    return extra;
+  };
+  const testing::CommandResult good = testing::run_hgrn(with({"--threads", "2", "--valid-fraction", "0.4"}));
+  EXPECT_EQ(good.status, 0) << good.err;
   EXPECT_EQ(TokenShardReader((dir / "cli_train").string()).num_documents() +
                 TokenShardReader((dir / "cli_valid").string()).num_documents(),
             5);
-  EXPECT_NE(read_bytes((dir / "log").string()).find("prepare: done"), std::string::npos);
-  const int bad_fraction = std::system((base + " --valid-fraction 1.5 2>/dev/null").c_str());
-  EXPECT_TRUE(WIFEXITED(bad_fraction) && WEXITSTATUS(bad_fraction) == 2);
-  const int bad_corpus = std::system((base + " --corpus books 2>/dev/null").c_str());
-  EXPECT_TRUE(WIFEXITED(bad_corpus) && WEXITSTATUS(bad_corpus) == 2);
+  EXPECT_NE(good.err.find("prepare: done"), std::string::npos);
+  const testing::CommandResult bad_fraction = testing::run_hgrn(with({"--valid-fraction", "1.5"}));
+  EXPECT_EQ(bad_fraction.status, 2) << bad_fraction.err;
+  const testing::CommandResult bad_corpus = testing::run_hgrn(with({"--corpus", "books"}));
+  EXPECT_EQ(bad_corpus.status, 2) << bad_corpus.err;
 }
 
 }  // namespace

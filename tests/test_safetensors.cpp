@@ -233,7 +233,7 @@ TEST(Safetensors, WriterRefusesBadInputAndLeavesNothing) {
 // ---------------------------------------------------------------------------------------------------------------
 // Damaged and inconsistent files.
 
-class SafetensorsCorrupt : public testing::Test {
+class SafetensorsCorrupt : public ::testing::Test {
  protected:
   std::string write(const std::string& bytes) {
     const std::string path = dir_ / "bad.safetensors";

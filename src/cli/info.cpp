@@ -5,35 +5,19 @@
 #include <cstdio>
 #include <iomanip>
 
+#include "core/format.h"
 #include "model/flops.h"
 
 namespace hgrn::cli {
 
 namespace {
 
-// 1234567 -> "1.23M": a short form next to the exact count.
-std::string short_count(double value) {
-  const char* suffixes[] = {"", "K", "M", "B", "T"};
-  int index = 0;
-  while (value >= 1000.0 && index < 4) {
-    value /= 1000.0;
-    ++index;
-  }
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, index == 0 ? "%.0f%s" : "%.2f%s", value, suffixes[index]);
-  return buffer;
-}
+// 1234567 -> "1.23M": a short form next to the exact count (B for billions, as parameter counts are written).
+std::string short_count(double value) { return format_scaled(value, 1000.0, {"", "K", "M", "B", "T"}, "", ""); }
 
+// 1536 -> "1.50 KiB".
 std::string short_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int index = 0;
-  while (bytes >= 1024.0 && index < 4) {
-    bytes /= 1024.0;
-    ++index;
-  }
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, index == 0 ? "%.0f %s" : "%.2f %s", bytes, units[index]);
-  return buffer;
+  return format_scaled(bytes, 1024.0, {"B", "KiB", "MiB", "GiB", "TiB"}, " ", "");
 }
 
 std::string scientific(double value) {

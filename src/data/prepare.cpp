@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "core/format.h"
 #include "core/rng.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
@@ -227,28 +228,9 @@ class Pipeline {
   std::vector<std::thread> threads_;
 };
 
+// 1234567 bytes -> "1.23 MB".
 std::string with_unit(double value, const char* unit) {
-  const char* prefixes[] = {"", "K", "M", "G", "T"};
-  int index = 0;
-  while (value >= 1000.0 && index < 4) {
-    value /= 1000.0;
-    ++index;
-  }
-  char text[48];
-  std::snprintf(text, sizeof text, index == 0 ? "%.0f %s%s" : "%.2f %s%s", value, prefixes[index], unit);
-  return text;
-}
-
-std::string duration_text(double seconds) {
-  char text[32];
-  if (seconds < 60)
-    std::snprintf(text, sizeof text, "%.1fs", seconds);
-  else if (seconds < 3600)
-    std::snprintf(text, sizeof text, "%dm%02ds", static_cast<int>(seconds) / 60, static_cast<int>(seconds) % 60);
-  else
-    std::snprintf(text, sizeof text, "%dh%02dm", static_cast<int>(seconds) / 3600,
-                  static_cast<int>(seconds) % 3600 / 60);
-  return text;
+  return format_scaled(value, 1000.0, {"", "K", "M", "G", "T"}, " ", unit);
 }
 
 // The progress line: on a terminal one line redrawn a few times per second, elsewhere (logs) a line every few
@@ -276,7 +258,7 @@ class ProgressLine {
                        " | " + with_unit(static_cast<double>(tokens) / elapsed, "tok/s") + " | " +
                        with_unit(bytes_per_second, "B/s");
     if (bytes_per_second > 0 && bytes_read < total_bytes_)
-      line += " | ETA " + duration_text(static_cast<double>(total_bytes_ - bytes_read) / bytes_per_second);
+      line += " | ETA " + format_duration(static_cast<double>(total_bytes_ - bytes_read) / bytes_per_second);
     if (terminal_) {
       const size_t width = line.size();
       if (line.size() < last_width_) line.append(last_width_ - line.size(), ' ');  // erase the longer old line
@@ -415,7 +397,7 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   if (options.progress != nullptr) {
     std::ostream& out = *options.progress;
     const double seconds = std::max(result.seconds, 1e-9);
-    out << "prepare: done in " << duration_text(result.seconds) << " (" << workers << " tokenising thread"
+    out << "prepare: done in " << format_duration(result.seconds) << " (" << workers << " tokenising thread"
         << (workers == 1 ? "" : "s") << "): " << documents << " documents, " << tokens << " tokens, "
         << with_unit(static_cast<double>(stats.bytes), "B") << " of text ("
         << with_unit(static_cast<double>(tokens) / seconds, "tokens/s") << ", "

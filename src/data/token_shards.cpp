@@ -19,6 +19,7 @@
 #include <system_error>
 
 #include "core/check.h"
+#include "io/atomic_write.h"
 
 namespace hgrn {
 
@@ -33,7 +34,6 @@ constexpr unsigned char kIdxMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0}
 constexpr uint64_t kIdxVersion = 1;
 constexpr size_t kIdxHeaderBytes = 9 + 8 + 1 + 8 + 8;  // magic, version, dtype, sequence count, document count
 constexpr size_t kWriteBufferBytes = size_t{1} << 20;
-constexpr const char* kWriteAdvice = " (check that the disk has free space and the directory is writable)";
 
 template <typename T>
 T load(const unsigned char* bytes) {
@@ -51,28 +51,23 @@ void append_bytes(std::vector<unsigned char>& out, T value) {
 
 bool known_dtype_code(uint8_t code) { return code >= 1 && code <= 8; }
 
-std::string temporary_name(const std::string& path) { return path + ".tmp-" + std::to_string(::getpid()); }
-
 void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& path) {
   if (bytes == 0) return;
   HGRN_CHECK(std::fwrite(data, 1, bytes, file) == bytes, "token shard ", path, ": write failed: ",
              std::strerror(errno), kWriteAdvice);
 }
 
-// Flushes, fsyncs and closes: the bytes are on the disk before the file is renamed to its final name.
+// Flushes, closes and fsyncs: the bytes are on the disk before the file is renamed to its final name.
 void close_synced(std::FILE*& file, const std::string& path) {
   bool ok = std::fflush(file) == 0;
   int error = ok ? 0 : errno;
-  if (ok && ::fsync(::fileno(file)) != 0) {
-    ok = false;
-    error = errno;
-  }
   if (std::fclose(file) != 0 && ok) {
     ok = false;
     error = errno;
   }
   file = nullptr;
   HGRN_CHECK(ok, "token shard ", path, ": cannot flush to disk: ", std::strerror(error), kWriteAdvice);
+  sync_path_to_disk(path, false);
 }
 
 std::FILE* create_file(const std::string& path) {
@@ -81,25 +76,10 @@ std::FILE* create_file(const std::string& path) {
   return file;
 }
 
-// Makes the renames durable. Some file systems (network mounts, FUSE) cannot fsync a directory; the renames are
-// still atomic there.
-void sync_directory(const fs::path& dir) {
-  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
 void remove_if_present(const std::string& path) {
   std::error_code error;
   fs::remove(path, error);
   HGRN_CHECK(!error, "token shard ", path, ": cannot remove the previous file: ", error.message());
-}
-
-void rename_into_place(const std::string& from, const std::string& to) {
-  std::error_code error;
-  fs::rename(from, to, error);
-  HGRN_CHECK(!error, "token shard: cannot rename ", from, " to ", to, ": ", error.message());
 }
 
 }  // namespace
@@ -225,9 +205,9 @@ TokenShardWriter::TokenShardWriter(std::string prefix, int64_t vocab_size)
     HGRN_CHECK(!error, "token shard ", prefix_, ": cannot create the directory ", parent.string(), ": ",
                error.message(), kWriteAdvice);
   }
-  bin_temp_ = temporary_name(shard_bin_path(prefix_));
-  idx_temp_ = temporary_name(shard_idx_path(prefix_));
-  json_temp_ = temporary_name(shard_json_path(prefix_));
+  bin_temp_ = temporary_sibling_path(shard_bin_path(prefix_));
+  idx_temp_ = temporary_sibling_path(shard_idx_path(prefix_));
+  json_temp_ = temporary_sibling_path(shard_json_path(prefix_));
   bin_file_ = create_file(bin_temp_);
   buffer_.reserve(kWriteBufferBytes + 64);
 }
@@ -342,11 +322,13 @@ void TokenShardWriter::finish(const std::optional<ShardMetadata>& metadata) {
   // exists: an old .idx next to a new .bin could otherwise pass for a shard.
   remove_if_present(shard_idx_path(prefix_));
   remove_if_present(shard_json_path(prefix_));
-  rename_into_place(bin_temp_, shard_bin_path(prefix_));
-  if (metadata) rename_into_place(json_temp_, shard_json_path(prefix_));
-  rename_into_place(idx_temp_, shard_idx_path(prefix_));
+  rename_path(bin_temp_, shard_bin_path(prefix_));
+  if (metadata) rename_path(json_temp_, shard_json_path(prefix_));
+  rename_path(idx_temp_, shard_idx_path(prefix_));
   finished_ = true;
-  sync_directory(fs::path(prefix_).parent_path());
+  // Makes the renames durable.
+  const fs::path parent = fs::path(prefix_).parent_path();
+  sync_path_to_disk(parent.empty() ? "." : parent.string(), true);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

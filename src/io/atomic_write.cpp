@@ -18,8 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kWriteAdvice = " (check that the disk has free space and the directory is writable)";
-
 fs::path parent_or_current(const fs::path& path) {
   const fs::path parent = path.parent_path();
   return parent.empty() ? fs::path(".") : parent;
@@ -51,6 +49,12 @@ void sync_path_to_disk(const std::string& path, bool is_directory) {
   ::close(fd);
   if (result != 0 && is_directory && (error == EINVAL || error == ENOTSUP)) return;
   HGRN_CHECK(result == 0, "cannot sync ", path, " to disk: ", std::strerror(error), kWriteAdvice);
+}
+
+void rename_path(const std::string& from, const std::string& to) {
+  std::error_code error;
+  fs::rename(from, to, error);
+  HGRN_CHECK(!error, "cannot rename ", from, " to ", to, ": ", error.message());
 }
 
 TemporaryPathGuard::~TemporaryPathGuard() {
@@ -100,10 +104,11 @@ void AtomicFileWriter::commit() {
     throw Error("cannot finish writing " + path_ + ": " + std::strerror(synced ? close_error : sync_error) +
                 kWriteAdvice);
   }
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    const int error = errno;
+  try {
+    rename_path(temp_path_, path_);
+  } catch (const Error&) {
     ::unlink(temp_path_.c_str());
-    throw Error("cannot rename " + temp_path_ + " to " + path_ + ": " + std::strerror(error));
+    throw;
   }
   sync_path_to_disk(parent_or_current(path_).string(), true);
 }
@@ -148,14 +153,12 @@ void publish_atomically(const std::string& requested_path, bool is_directory, bo
   const fs::path temp(temp_path);
   if (!exists || (!is_directory && fs::is_regular_file(status))) {
     // Nothing there, or a file replaced by a file: rename() replaces atomically.
-    fs::rename(temp, target, error);
-    HGRN_CHECK(!error, "cannot rename ", temp_path, " to ", final_path, ": ", error.message());
+    rename_path(temp_path, final_path);
     guard.disarm();
   } else if (empty_directory) {
     fs::remove(target, error);
     HGRN_CHECK(!error, "cannot replace the empty directory ", final_path, ": ", error.message());
-    fs::rename(temp, target, error);
-    HGRN_CHECK(!error, "cannot rename ", temp_path, " to ", final_path, ": ", error.message());
+    rename_path(temp_path, final_path);
     guard.disarm();
   } else if (exchange_paths(temp, target)) {
     // The old contents now sit at temp_path, which the guard removes.
@@ -163,11 +166,12 @@ void publish_atomically(const std::string& requested_path, bool is_directory, bo
     const fs::path aside(temp_path + ".old");
     fs::rename(target, aside, error);
     HGRN_CHECK(!error, "cannot move the old ", final_path, " aside to ", aside.string(), ": ", error.message());
-    fs::rename(temp, target, error);
-    if (error) {
+    try {
+      rename_path(temp_path, final_path);
+    } catch (const Error&) {
       std::error_code ignored;
       fs::rename(aside, target, ignored);  // put the old one back: the user keeps what they had
-      throw Error("cannot rename " + temp_path + " to " + final_path + ": " + error.message());
+      throw;
     }
     guard.disarm();
     fs::remove_all(aside, error);

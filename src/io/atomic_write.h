@@ -1,7 +1,9 @@
 // atomic_write.h: writing files and whole directories so that a crash or an error never leaves something that looks
 // complete but is not. Everything is first written under a temporary sibling name (same directory, so the final
 // rename stays on one file system and is atomic), synced to disk, then renamed into place; on failure the temporary
-// is removed. Used by the safetensors writer and the Hugging Face / HDF5 exporters.
+// is removed. Used by the safetensors writer and the Hugging Face / HDF5 exporters (whole files and directories),
+// and piece by piece (temporary_sibling_path, sync_path_to_disk, rename_path, TemporaryPathGuard) by the checkpoint
+// writer and the token shard writer, which keep their own temporary names and commit orders.
 #pragma once
 #include <functional>
 #include <string>
@@ -10,6 +12,9 @@
 
 namespace hgrn {
 
+// The end of every message about a failed write: what a user can do about it.
+inline constexpr const char* kWriteAdvice = " (check that the disk has free space and the directory is writable)";
+
 // "<path>.tmp-<pid>": where an atomic write of `path` puts its data before the rename. The process id keeps two
 // writers of the same path apart.
 std::string temporary_sibling_path(const std::string& path);
@@ -17,6 +22,10 @@ std::string temporary_sibling_path(const std::string& path);
 // fsync of a file, or of a directory (which makes a rename inside it durable). File systems that cannot sync a
 // directory are tolerated: the rename is still atomic there. Throws hgrn::Error naming the path.
 void sync_path_to_disk(const std::string& path, bool is_directory);
+
+// rename(2) of `from` to `to`, replacing a file at `to` atomically. Throws hgrn::Error naming both paths. Durable
+// only once the directory is synced (sync_path_to_disk), which callers with several renames do once, after the last.
+void rename_path(const std::string& from, const std::string& to);
 
 // Removes a temporary file or directory tree when the scope ends, unless disarm() was called (the rename happened).
 class TemporaryPathGuard {

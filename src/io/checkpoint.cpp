@@ -3,14 +3,11 @@
 // else, so every count, type and size is checked before it is used to size a buffer, and every byte is checksummed.
 #include "io/checkpoint.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <set>
 #include <stdexcept>
@@ -18,6 +15,7 @@
 #include <system_error>
 #include <type_traits>
 
+#include "io/atomic_write.h"
 #include "io/crc32.h"
 #include "io/hdf5_check.h"
 
@@ -37,7 +35,6 @@ constexpr std::string_view kExtension = ".h5";
 constexpr std::string_view kTempMarker = ".tmp-";
 constexpr size_t kStepDigits = 8;
 
-constexpr const char* kWriteAdvice = " (check that the disk has free space and the directory is writable)";
 constexpr const char* kCorruptAdvice =
     "; the file is damaged: move it away and resume from an earlier checkpoint (hgrn does this by itself with "
     "checkpoint.resume: auto)";
@@ -313,40 +310,6 @@ class CheckpointWriter {
   std::string file_;
 };
 
-// Removes the temporary file unless the save finished, so a save that fails with an error leaves nothing behind
-// (one killed outright leaves its temporary file, which prune_checkpoints removes).
-class TemporaryFileGuard {
- public:
-  explicit TemporaryFileGuard(fs::path path) : path_(std::move(path)) {}
-  TemporaryFileGuard(const TemporaryFileGuard&) = delete;
-  TemporaryFileGuard& operator=(const TemporaryFileGuard&) = delete;
-  ~TemporaryFileGuard() {
-    if (armed_) {
-      std::error_code ignored;  // the error that brought us here is the one worth reporting
-      fs::remove(path_, ignored);
-    }
-  }
-  void disarm() { armed_ = false; }
-
- private:
-  fs::path path_;
-  bool armed_ = true;
-};
-
-// fsync of a file or a directory: the file's bytes, or the directory entry a rename created, reach the disk
-// before save_checkpoint returns.
-void sync_to_disk(const fs::path& path, bool is_directory) {
-  const int fd = ::open(path.c_str(), O_RDONLY | (is_directory ? O_DIRECTORY : 0) | O_CLOEXEC);
-  HGRN_CHECK(fd >= 0, "checkpoint: cannot open ", path.string(), " to sync it to disk: ", std::strerror(errno));
-  const int result = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  // Some file systems (network mounts, FUSE) cannot fsync a directory; the rename is still atomic there.
-  if (result != 0 && is_directory && (error == EINVAL || error == ENOTSUP)) return;
-  HGRN_CHECK(result == 0, "checkpoint: cannot sync ", path.string(), " to disk: ", std::strerror(error),
-             kWriteAdvice);
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Reading.
 
@@ -445,20 +408,35 @@ class CheckpointReader {
                   H5Dclose, "dataset " + object + " in " + file_);
   }
 
-  // Opens a required attribute and checks that it holds exactly one value, so reading it cannot overrun.
+  // The type or the dataspace of an attribute or a dataset: `get` is H5Aget_type or H5Dget_type, H5Aget_space or
+  // H5Dget_space.
+  using Getter = hid_t (*)(hid_t);
+  Handle type_of(hid_t id, Getter get, const std::string& object) const {
+    return Handle(H5_CHECK(get(id), "checkpoint ", file_, ": cannot read the type of ", object, kCorruptAdvice),
+                  H5Tclose, "type of " + object + " in " + file_);
+  }
+  Handle dataspace_of(hid_t id, Getter get, const std::string& object) const {
+    return Handle(H5_CHECK(get(id), "checkpoint ", file_, ": cannot read the shape of ", object, kCorruptAdvice),
+                  H5Sclose, "dataspace of " + object + " in " + file_);
+  }
+
+  // Fails unless the attribute or dataset holds exactly one value, so reading it cannot overrun.
+  void check_single_value(hid_t id, Getter get_space, const std::string& object) const {
+    Handle space = dataspace_of(id, get_space, object);
+    const hssize_t count = H5_CHECK(H5Sget_simple_extent_npoints(space.id()), "checkpoint ", file_,
+                                    ": cannot read the size of ", object, kCorruptAdvice);
+    if (count != 1) fail(object, " has ", count, " values (expected one)", kCorruptAdvice);
+    space.close();
+  }
+
+  // Opens a required attribute and checks that it holds exactly one value.
   Handle open_single_value_attribute(hid_t owner, const std::string& owner_path, const char* name) const {
     const std::string object = owner_path + " attribute " + name;
     if (!attribute_exists(owner, owner_path, name)) fail("missing object ", object, kCorruptAdvice);
     Handle attribute(H5_CHECK(H5Aopen(owner, name, H5P_DEFAULT), "checkpoint ", file_, ": cannot open ", object,
                               kCorruptAdvice),
                      H5Aclose, object + " in " + file_);
-    Handle space(H5_CHECK(H5Aget_space(attribute.id()), "checkpoint ", file_, ": cannot read the shape of ", object,
-                          kCorruptAdvice),
-                 H5Sclose, "dataspace of " + object + " in " + file_);
-    const hssize_t count = H5_CHECK(H5Sget_simple_extent_npoints(space.id()), "checkpoint ", file_,
-                                    ": cannot read the size of ", object, kCorruptAdvice);
-    if (count != 1) fail(object, " has ", count, " values (expected one)", kCorruptAdvice);
-    space.close();
+    check_single_value(attribute.id(), H5Aget_space, object);
     return attribute;
   }
 
@@ -466,9 +444,7 @@ class CheckpointReader {
   Integer read_integer_attribute(hid_t owner, const std::string& owner_path, const char* name) const {
     const std::string object = owner_path + " attribute " + name;
     Handle attribute = open_single_value_attribute(owner, owner_path, name);
-    Handle type(H5_CHECK(H5Aget_type(attribute.id()), "checkpoint ", file_, ": cannot read the type of ", object,
-                         kCorruptAdvice),
-                H5Tclose, "type of " + object + " in " + file_);
+    Handle type = type_of(attribute.id(), H5Aget_type, object);
     const H5T_class_t type_class = H5_CHECK(H5Tget_class(type.id()), "checkpoint ", file_,
                                             ": cannot read the type class of ", object, kCorruptAdvice);
     if (type_class != H5T_INTEGER) fail(object, " is not an integer", kCorruptAdvice);
@@ -508,9 +484,7 @@ class CheckpointReader {
   std::string read_string_attribute(hid_t owner, const std::string& owner_path, const char* name) const {
     const std::string object = owner_path + " attribute " + name;
     Handle attribute = open_single_value_attribute(owner, owner_path, name);
-    Handle type(H5_CHECK(H5Aget_type(attribute.id()), "checkpoint ", file_, ": cannot read the type of ", object,
-                         kCorruptAdvice),
-                H5Tclose, "type of " + object + " in " + file_);
+    Handle type = type_of(attribute.id(), H5Aget_type, object);
     std::string text(fixed_string_size(type.id(), object), '\0');
     H5_CHECK(H5Aread(attribute.id(), type.id(), text.data()), "checkpoint ", file_, ": cannot read ", object,
              kCorruptAdvice);
@@ -553,11 +527,9 @@ class CheckpointReader {
   std::string read_config(hid_t file) const {
     const std::string object = "dataset /config";
     Handle dataset = open_dataset(file, "config", "/config");
-    Handle type(H5_CHECK(H5Dget_type(dataset.id()), "checkpoint ", file_, ": cannot read the type of ", object,
-                         kCorruptAdvice),
-                H5Tclose, "type of " + object + " in " + file_);
+    Handle type = type_of(dataset.id(), H5Dget_type, object);
     const size_t size = fixed_string_size(type.id(), object);
-    check_single_value_dataset(dataset.id(), object);
+    check_single_value(dataset.id(), H5Dget_space, object);
     std::string text(size, '\0');
     H5_CHECK(H5Dread(dataset.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), "checkpoint ", file_,
              ": cannot read ", object, kCorruptAdvice);
@@ -566,16 +538,6 @@ class CheckpointReader {
     type.close();
     dataset.close();
     return text;
-  }
-
-  void check_single_value_dataset(hid_t dataset, const std::string& object) const {
-    Handle space(H5_CHECK(H5Dget_space(dataset), "checkpoint ", file_, ": cannot read the shape of ", object,
-                          kCorruptAdvice),
-                 H5Sclose, "dataspace of " + object + " in " + file_);
-    const hssize_t count = H5_CHECK(H5Sget_simple_extent_npoints(space.id()), "checkpoint ", file_,
-                                    ": cannot read the size of ", object, kCorruptAdvice);
-    if (count != 1) fail(object, " has ", count, " values (expected one)", kCorruptAdvice);
-    space.close();
   }
 
   void verify_checksum(hid_t dataset, const std::string& path, const void* data, size_t size) const {
@@ -606,9 +568,7 @@ class CheckpointReader {
   }
 
   Shape dataset_shape(hid_t dataset, const std::string& object) const {
-    Handle space(H5_CHECK(H5Dget_space(dataset), "checkpoint ", file_, ": cannot read the shape of ", object,
-                          kCorruptAdvice),
-                 H5Sclose, "dataspace of " + object + " in " + file_);
+    Handle space = dataspace_of(dataset, H5Dget_space, object);
     const H5S_class_t space_class = H5_CHECK(H5Sget_simple_extent_type(space.id()), "checkpoint ", file_,
                                              ": cannot read the shape of ", object, kCorruptAdvice);
     Shape shape;
@@ -639,9 +599,7 @@ class CheckpointReader {
       fail(object, " has unknown dtype '", dtype_text, "'", kCorruptAdvice);
     }
     const StoredTypes types = stored_types(dtype);
-    Handle type(H5_CHECK(H5Dget_type(dataset.id()), "checkpoint ", file_, ": cannot read the type of ", object,
-                         kCorruptAdvice),
-                H5Tclose, "type of " + object + " in " + file_);
+    Handle type = type_of(dataset.id(), H5Dget_type, object);
     if (H5_CHECK(H5Tequal(type.id(), types.file_type), "checkpoint ", file_, ": cannot compare the type of ", object,
                  kCorruptAdvice) == 0)
       fail(object, " is stored with an HDF5 type that does not match its dtype attribute '", dtype_text, "'",
@@ -780,14 +738,14 @@ std::string save_checkpoint(const std::string& dir, const TrainingState& state) 
 
   const fs::path final_path = fs::path(dir) / checkpoint_file_name(state.step);
   const fs::path temp_path = fs::path(dir) / checkpoint_temp_file_name(state.step);
-  TemporaryFileGuard guard(temp_path);
+  // A save that fails with an error leaves nothing behind; one killed outright leaves its temporary file, which
+  // prune_checkpoints removes.
+  TemporaryPathGuard guard(temp_path.string());
   CheckpointWriter(temp_path.string()).write(state);
-  sync_to_disk(temp_path, false);
-  fs::rename(temp_path, final_path, error);
-  HGRN_CHECK(!error, "cannot rename checkpoint ", temp_path.string(), " to ", final_path.string(), ": ",
-             error.message());
+  sync_path_to_disk(temp_path.string(), false);  // the bytes reach the disk before the name does
+  rename_path(temp_path.string(), final_path.string());
   guard.disarm();
-  sync_to_disk(fs::path(dir), true);
+  sync_path_to_disk(dir, true);  // and the rename before save_checkpoint returns
   return final_path.string();
 }
 

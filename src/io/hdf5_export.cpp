@@ -11,8 +11,6 @@ using hdf5::Handle;
 
 namespace {
 
-constexpr const char* kWriteAdvice = " (check that the disk has free space and the directory is writable)";
-
 class WeightsWriter {
  public:
   explicit WeightsWriter(std::string file) : file_(std::move(file)) {}

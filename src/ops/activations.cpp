@@ -4,10 +4,9 @@
 
 #include <cmath>
 
-namespace hgrn {
+#include "ops/cpu_parallel.h"
 
-// Below this many elements an op runs on one thread: forking a team costs more than the work.
-static constexpr int64_t kMinParallelElements = 1 << 15;
+namespace hgrn {
 
 // The logistic sigmoid without overflow: exp is only ever taken of a non-positive number.
 template <typename T>

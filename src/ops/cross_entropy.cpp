@@ -6,10 +6,9 @@
 #include <memory>
 #include <vector>
 
-namespace hgrn {
+#include "ops/cpu_parallel.h"
 
-// Below this many elements an op runs on one thread: forking a team costs more than the work.
-static constexpr int64_t kMinParallelElements = 1 << 15;
+namespace hgrn {
 
 // Row r's target, or -1 when the row is ignored.
 template <typename I>

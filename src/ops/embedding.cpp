@@ -6,10 +6,9 @@
 #include <memory>
 #include <vector>
 
-namespace hgrn {
+#include "ops/cpu_parallel.h"
 
-// Below this many elements an op runs on one thread: forking a team costs more than the work.
-static constexpr int64_t kMinParallelElements = 1 << 15;
+namespace hgrn {
 
 // The backward splits the D columns into blocks of this many; each block is owned by one thread, which visits
 // the rows in order, so repeated ids accumulate in the same order on every run.

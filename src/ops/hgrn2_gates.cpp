@@ -20,14 +20,9 @@
 #include <limits>
 #include <vector>
 
+#include "ops/cpu_parallel.h"
+
 namespace hgrn {
-
-// Below this many elements an op runs on one thread: forking a team costs more than the work.
-static constexpr int64_t kMinParallelElements = 1 << 15;
-
-// Rows of f̂ are processed in fixed blocks of this many. γ's gradient is summed per block, then the block partials are
-// added in block order, so its bits do not depend on the thread count or timing.
-static constexpr int64_t kRowsPerBlock = 64;
 
 // log σ(x) and log σ(−x) = log(1 − σ(x)), as min(±x, 0) − log1p(exp(−|x|)): exp is only taken of a non-positive
 // number, and the two share the one transcendental term.
@@ -160,38 +155,29 @@ static void forget_gate_forward_cpu(const T* f_hat, const T* gamma_row, T* g, in
   }
 }
 
-// df_hat (may be null) and dgamma_row (may be null; null also when there is no bound) are accumulated into.
+// df_hat (may be null) and dgamma_row (may be null; null also when there is no bound) are accumulated into. γ's
+// gradient is a sum over rows, taken in fixed row blocks so that its bits do not depend on the thread count.
 template <typename T>
 static void forget_gate_backward_cpu(const T* f_hat, const T* gamma_row, const T* g, const T* dg, T* df_hat,
                                      T* dgamma_row, int64_t rows, int64_t width) {
   const std::vector<T> log_one_minus_gamma = gamma_row ? log_one_minus(gamma_row, width) : std::vector<T>();
-  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  std::vector<T> dgamma_partials(dgamma_row ? static_cast<size_t>(blocks * width) : 0, T(0));
-#pragma omp parallel for schedule(static) if (rows * width >= kMinParallelElements)
-  for (int64_t b = 0; b < blocks; ++b) {
-    T* dgamma_block = dgamma_row ? dgamma_partials.data() + b * width : nullptr;
-    const int64_t r1 = std::min(rows, (b + 1) * kRowsPerBlock);
-    for (int64_t r = b * kRowsPerBlock; r < r1; ++r) {
-      const T* fr = f_hat + r * width;
-      const T* gr = g + r * width;
-      const T* dgr = dg + r * width;
-      for (int64_t c = 0; c < width; ++c) {
-        const LogSigmoidPair<T> ls = log_sigmoid_pair(fr[c]);
-        if (!gamma_row) {
-          if (df_hat) df_hat[r * width + c] += dgr[c] * std::exp(ls.of_minus_x);
-          continue;
-        }
-        if (df_hat) {
-          const T log_scaled_sigmoid = log_one_minus_gamma[static_cast<size_t>(c)] + ls.of_x;  // log((1 − γ)·σ(f̂))
-          df_hat[r * width + c] += dgr[c] * std::exp(log_scaled_sigmoid - gr[c] + ls.of_minus_x);
-        }
-        if (dgamma_block) dgamma_block[c] += dgr[c] * std::exp(ls.of_minus_x - gr[c]);
+  reduce_rows_in_fixed_blocks(rows, width, dgamma_row, [&](int64_t r, T* dgamma_block) {
+    const T* fr = f_hat + r * width;
+    const T* gr = g + r * width;
+    const T* dgr = dg + r * width;
+    for (int64_t c = 0; c < width; ++c) {
+      const LogSigmoidPair<T> ls = log_sigmoid_pair(fr[c]);
+      if (!gamma_row) {
+        if (df_hat) df_hat[r * width + c] += dgr[c] * std::exp(ls.of_minus_x);
+        continue;
       }
+      if (df_hat) {
+        const T log_scaled_sigmoid = log_one_minus_gamma[static_cast<size_t>(c)] + ls.of_x;  // log((1 − γ)·σ(f̂))
+        df_hat[r * width + c] += dgr[c] * std::exp(log_scaled_sigmoid - gr[c] + ls.of_minus_x);
+      }
+      if (dgamma_block) dgamma_block[c] += dgr[c] * std::exp(ls.of_minus_x - gr[c]);
     }
-  }
-  if (dgamma_row)
-    for (int64_t b = 0; b < blocks; ++b)
-      for (int64_t c = 0; c < width; ++c) dgamma_row[c] += dgamma_partials[static_cast<size_t>(b * width + c)];
+  });
 }
 
 Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t layer) {

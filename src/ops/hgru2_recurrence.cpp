@@ -643,10 +643,30 @@ bool worth_parallel(const HeadDims& d) {
   return d.pairs() > 1 && d.pairs() * d.time * d.state_size() >= kMinParallelWork;
 }
 
+// Copies the (b, h) pair's rows of q, k, v and g into the thread's scratch: where forward and backward both start.
+template <typename T>
+void gather_head_inputs(const Hgru2Io<T>& io, const HeadDims& d, int64_t b, int64_t h, HeadScratch<T>& s) {
+  gather_head(io.q, d, b, h, d.key_dim, s.q.data());
+  gather_head(io.k, d, b, h, d.key_dim, s.k.data());
+  gather_head(io.v, d, b, h, d.value_dim, s.v.data());
+  gather_head(io.g, d, b, h, d.key_dim, s.gate.data());
+}
+
+// The pair's [K][V] block of a [B·H][K][V] state or state gradient, or zeros where that tensor is absent (null: the
+// initial state is S_0 = 0, or the final state's gradient is zero).
+template <typename T>
+void pair_state_or_zero(const T* states, int64_t pair, const HeadDims& d, T* dst) {
+  const int64_t KV = d.state_size();
+  if (states)
+    std::copy_n(states + pair * KV, KV, dst);
+  else
+    std::fill_n(dst, KV, T(0));
+}
+
 template <typename T>
 void hgru2_forward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayout& layout, RecurrenceMode mode,
                        T scale) {
-  const int64_t K = d.key_dim, V = d.value_dim, KV = d.state_size();
+  const int64_t V = d.value_dim, KV = d.state_size();
   const int64_t scores_per_pair = mode == RecurrenceMode::Chunk ? layout.scores_per_sequence() : 0;
 #pragma omp parallel if (worth_parallel(d))
   {
@@ -654,15 +674,9 @@ void hgru2_forward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayou
 #pragma omp for schedule(static)
     for (int64_t pair = 0; pair < d.pairs(); ++pair) {
       const int64_t b = pair / d.heads, h = pair % d.heads;
-      gather_head(io.q, d, b, h, K, s.q.data());
-      gather_head(io.k, d, b, h, K, s.k.data());
-      gather_head(io.v, d, b, h, V, s.v.data());
-      gather_head(io.g, d, b, h, K, s.gate.data());
+      gather_head_inputs(io, d, b, h, s);
       T* state = io.final_state + pair * KV;  // starts as S_0, ends as S_T
-      if (io.initial_state)
-        std::copy_n(io.initial_state + pair * KV, KV, state);
-      else
-        std::fill_n(state, KV, T(0));
+      pair_state_or_zero(io.initial_state, pair, d, state);
       if (mode == RecurrenceMode::Naive)
         naive_forward_head(head_rows(s, d), d.time, scale, state, s.output.data(), static_cast<T*>(nullptr));
       else
@@ -685,22 +699,13 @@ void hgru2_backward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayo
 #pragma omp for schedule(static)
     for (int64_t pair = 0; pair < d.pairs(); ++pair) {
       const int64_t b = pair / d.heads, h = pair % d.heads;
-      gather_head(io.q, d, b, h, K, s.q.data());
-      gather_head(io.k, d, b, h, K, s.k.data());
-      gather_head(io.v, d, b, h, V, s.v.data());
-      gather_head(io.g, d, b, h, K, s.gate.data());
+      gather_head_inputs(io, d, b, h, s);
       if (io.d_output)
         gather_head(io.d_output, d, b, h, V, s.d_output.data());
       else
         std::fill(s.d_output.begin(), s.d_output.end(), T(0));
-      if (io.d_final_state)
-        std::copy_n(io.d_final_state + pair * KV, KV, s.d_state.data());
-      else
-        std::fill(s.d_state.begin(), s.d_state.end(), T(0));
-      if (io.initial_state)
-        std::copy_n(io.initial_state + pair * KV, KV, initial.data());
-      else
-        std::fill(initial.begin(), initial.end(), T(0));
+      pair_state_or_zero(io.d_final_state, pair, d, s.d_state.data());
+      pair_state_or_zero(io.initial_state, pair, d, initial.data());
 
       if (mode == RecurrenceMode::Naive) {
         const HeadRows<T> x = head_rows(s, d);
@@ -718,6 +723,18 @@ void hgru2_backward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayo
       if (io.d_initial_state) axpy(T(1), s.d_state.data(), io.d_initial_state + pair * KV, KV);
     }
   }
+}
+
+// An Hgru2Io with the inputs that forward and backward both read; the caller adds its outputs.
+template <typename T>
+Hgru2Io<T> io_with_inputs(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state) {
+  Hgru2Io<T> io;
+  io.q = q->value.data<T>();
+  io.k = k->value.data<T>();
+  io.v = v->value.data<T>();
+  io.g = g->value.data<T>();
+  io.initial_state = initial_state ? initial_state->value.data<T>() : nullptr;
+  return io;
 }
 
 }  // namespace
@@ -774,12 +791,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
   if (records && mode == RecurrenceMode::Chunk)
     saved_scores = Tensor::empty({dims.pairs() * layout.scores_per_sequence()}, dtype);
   HGRN_DISPATCH_FLOAT(dtype, "hgru2_recurrence", [&] {
-    Hgru2Io<scalar_t> io;
-    io.q = q->value.data<scalar_t>();
-    io.k = k->value.data<scalar_t>();
-    io.v = v->value.data<scalar_t>();
-    io.g = g->value.data<scalar_t>();
-    io.initial_state = initial_state ? initial_state->value.data<scalar_t>() : nullptr;
+    Hgru2Io<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
     io.output = output.data<scalar_t>();
     io.final_state = final_state.data<scalar_t>();
     io.saved_scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
@@ -794,12 +806,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     // Either output may have received no gradient (the loss did not use it): it then contributes zero.
     if (!out->grad.defined() && !final_out->grad.defined()) return;
     HGRN_DISPATCH_FLOAT(q->value.dtype(), "hgru2_recurrence backward", [&] {
-      Hgru2Io<scalar_t> io;
-      io.q = q->value.data<scalar_t>();
-      io.k = k->value.data<scalar_t>();
-      io.v = v->value.data<scalar_t>();
-      io.g = g->value.data<scalar_t>();
-      io.initial_state = initial_state ? initial_state->value.data<scalar_t>() : nullptr;
+      Hgru2Io<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
       io.scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
       io.d_output = out->grad.defined() ? out->grad.data<scalar_t>() : nullptr;
       io.d_final_state = final_out->grad.defined() ? final_out->grad.data<scalar_t>() : nullptr;

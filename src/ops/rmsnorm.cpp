@@ -3,18 +3,11 @@
 //   dx = rstd · (u − x̂ · mean(u ⊙ x̂)),   dw = Σ_rows dy ⊙ x̂.
 #include "ops/rmsnorm.h"
 
-#include <algorithm>
 #include <cmath>
-#include <vector>
+
+#include "ops/cpu_parallel.h"
 
 namespace hgrn {
-
-// Below this many elements an op runs on one thread: forking a team costs more than the work.
-static constexpr int64_t kMinParallelElements = 1 << 15;
-
-// Rows are processed in fixed blocks of this many. The weight gradient is summed per block, then the block partials
-// are added in block order, so its bits do not depend on the thread count or timing.
-static constexpr int64_t kRowsPerBlock = 64;
 
 template <typename T>
 static void rmsnorm_forward_cpu(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t width, T eps) {
@@ -34,37 +27,28 @@ static void rmsnorm_forward_cpu(const T* x, const T* w, T* y, T* rstd, int64_t r
   }
 }
 
-// dx (when non-null) and dw (when non-null) are accumulated into.
+// dx (when non-null) and dw (when non-null) are accumulated into. dw is a sum over rows, taken in fixed row blocks
+// so that its bits do not depend on the thread count.
 template <typename T>
 static void rmsnorm_backward_cpu(const T* x, const T* w, const T* rstd, const T* dy, T* dx, T* dw, int64_t rows,
                                  int64_t width) {
-  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  std::vector<T> dw_partials(dw ? static_cast<size_t>(blocks * width) : 0, T(0));
-#pragma omp parallel for schedule(static) if (rows * width >= kMinParallelElements)
-  for (int64_t b = 0; b < blocks; ++b) {
-    T* dw_block = dw ? dw_partials.data() + b * width : nullptr;
-    const int64_t r1 = std::min(rows, (b + 1) * kRowsPerBlock);
-    for (int64_t r = b * kRowsPerBlock; r < r1; ++r) {
-      const T* xr = x + r * width;
-      const T* dyr = dy + r * width;
-      const T s = rstd[r];
-      if (dx) {
-        T dot = 0;  // Σ_c u_c · x̂_c
-        for (int64_t c = 0; c < width; ++c) dot += dyr[c] * (w ? w[c] : T(1)) * xr[c] * s;
-        const T mean_dot = dot / static_cast<T>(width);
-        T* dxr = dx + r * width;
-        for (int64_t c = 0; c < width; ++c) {
-          const T x_hat = xr[c] * s;
-          dxr[c] += s * (dyr[c] * (w ? w[c] : T(1)) - x_hat * mean_dot);
-        }
+  reduce_rows_in_fixed_blocks(rows, width, dw, [&](int64_t r, T* dw_block) {
+    const T* xr = x + r * width;
+    const T* dyr = dy + r * width;
+    const T s = rstd[r];
+    if (dx) {
+      T dot = 0;  // Σ_c u_c · x̂_c
+      for (int64_t c = 0; c < width; ++c) dot += dyr[c] * (w ? w[c] : T(1)) * xr[c] * s;
+      const T mean_dot = dot / static_cast<T>(width);
+      T* dxr = dx + r * width;
+      for (int64_t c = 0; c < width; ++c) {
+        const T x_hat = xr[c] * s;
+        dxr[c] += s * (dyr[c] * (w ? w[c] : T(1)) - x_hat * mean_dot);
       }
-      if (dw_block)
-        for (int64_t c = 0; c < width; ++c) dw_block[c] += dyr[c] * xr[c] * s;
     }
-  }
-  if (dw)
-    for (int64_t b = 0; b < blocks; ++b)
-      for (int64_t c = 0; c < width; ++c) dw[c] += dw_partials[static_cast<size_t>(b * width + c)];
+    if (dw_block)
+      for (int64_t c = 0; c < width; ++c) dw_block[c] += dyr[c] * xr[c] * s;
+  });
 }
 
 Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps) {

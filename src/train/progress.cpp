@@ -5,21 +5,9 @@
 #include <cstdio>
 
 #include "core/check.h"
+#include "core/format.h"
 
 namespace hgrn {
-
-std::string format_duration(double s) {
-  char buf[32];
-  if (!std::isfinite(s) || s < 0) return "?";
-  if (s < 60) {
-    std::snprintf(buf, sizeof buf, "%.1fs", s);
-  } else if (s < 3600) {
-    std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  } else {
-    std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) / 60) % 60);
-  }
-  return buf;
-}
 
 std::string format_progress_line(const StepMetrics& m) {
   char buf[256];

@@ -19,8 +19,6 @@ struct StepMetrics {
   int64_t tokens_seen = 0;
 };
 
-// "1h02m", "3m05s", "12.3s": short durations for the progress line.
-std::string format_duration(double seconds);
 std::string format_progress_line(const StepMetrics& m);
 
 // Appends one JSON object per call to a file (created if missing); flushed every line so a killed run keeps it.

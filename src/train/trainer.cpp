@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/allocator.h"
+#include "core/format.h"
 #include "data/data_sources.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
@@ -58,6 +59,9 @@ TrainingState capture_state(const Hgrn2Model& model, const AdamW& optimizer, con
   s.step = step;
   s.tokens_seen = tokens_seen;
   s.data_cursor = data.cursor();
+  // Every random stream of a run (initialisation, training data, evaluation data) is derived from the seed by
+  // counter-based forks, and the data stream's position is data_cursor: the seed is the whole RNG state to keep.
+  s.rng = RngState{config.training.seed, 0};
   for (const auto& [spec, var] : model.parameters()) s.params.emplace_back(spec.name, var->value);
   s.adam_m = optimizer.first_moments();
   s.adam_v = optimizer.second_moments();
