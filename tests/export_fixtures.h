@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "core/rng.h"
 #include "hgrn_binary.h"
+#include "scratch_dir.h"
 #include "io/safetensors.h"
 #include "model/hgrn2_params.h"
 
@@ -23,28 +24,7 @@ namespace hgrn::export_testing {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test under GoogleTest's temp dir, removed afterwards.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) / ("hgrn_export_" + std::string(info->test_suite_name()) + "_" +
-                                              info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  std::string str() const { return path_.string(); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using hgrn::testing::ScratchDir;
 
 // D = 16, two layers, 4 heads of key width 4, MLP 24, vocabulary 32: every tensor kind of spec section 5.3, small.
 inline ModelConfig small_model_config(bool tied = false) {

@@ -16,33 +16,14 @@
 #include "data/token_shards.h"
 #include "data/tokenizer.h"
 #include "hgrn_binary.h"
+#include "scratch_dir.h"
 
 namespace hgrn {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test (test name and process id: ctest runs tests in parallel processes), removed afterwards.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) / ("hgrn_prepare_" + std::string(info->test_suite_name()) + "_" +
-                                              info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using testing::ScratchDir;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

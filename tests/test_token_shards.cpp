@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "scratch_dir.h"
 #include "data/token_shards.h"
 
 namespace hgrn {
@@ -20,28 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test (test name and process id: ctest runs tests in parallel processes), removed afterwards.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) / ("hgrn_token_shards_" + std::string(info->test_suite_name()) + "_" +
-                                              info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const fs::path& path() const { return path_; }
-  std::string prefix() const { return (path_ / "shard").string(); }
-
- private:
-  fs::path path_;
-};
+using testing::ScratchDir;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -76,7 +56,7 @@ std::vector<std::vector<int32_t>> sample_documents(int32_t max_id) {
 
 void expect_round_trip(int64_t vocab_size, TokenDType expected_dtype) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   const auto documents = sample_documents(static_cast<int32_t>(vocab_size));
   {
     TokenShardWriter writer(prefix, vocab_size);
@@ -118,7 +98,7 @@ TEST(TokenShards, DtypeFollowsVocabularySize) {
 
 TEST(TokenShards, WriterProducesTheMegatronByteLayout) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   {
     TokenShardWriter writer(prefix, 300);
     writer.append_document(std::vector<int32_t>{258, 1});
@@ -168,7 +148,7 @@ void write_shard(const std::string& prefix, const HandBuiltShard& shard) {
 
 TEST(TokenShards, ReadsAHandBuiltMegatronIndex) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   write_shard(prefix, hand_built_shard());
   const TokenShardReader reader(prefix);
   EXPECT_EQ(reader.dtype(), TokenDType::Int32);
@@ -184,7 +164,7 @@ TEST(TokenShards, ReadsAHandBuiltMegatronIndex) {
 
 TEST(TokenShards, ReadsOtherIntegerDtypesAndMultimodalModes) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   std::string idx("MMIDIDX\0\0", 9);
   put<uint64_t>(idx, 1);
   put<uint8_t>(idx, 1);  // uint8
@@ -205,7 +185,7 @@ TEST(TokenShards, ReadsOtherIntegerDtypesAndMultimodalModes) {
 
 TEST(TokenShards, EmptyShardRoundTrips) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   TokenShardWriter(prefix, 257).finish();
   const TokenShardReader reader(prefix);
   EXPECT_EQ(reader.num_documents(), 0);
@@ -214,7 +194,7 @@ TEST(TokenShards, EmptyShardRoundTrips) {
 
 TEST(TokenShards, RejectsGarbageIndex) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   write_bytes(shard_idx_path(prefix), "this is not an index at all, just some text of some length");
   write_bytes(shard_bin_path(prefix), "");
   const std::string message = error_of([&] { TokenShardReader reader(prefix); });
@@ -224,7 +204,7 @@ TEST(TokenShards, RejectsGarbageIndex) {
 
 TEST(TokenShards, RejectsTruncatedIndexAtEveryLength) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   const HandBuiltShard shard = hand_built_shard();
   write_bytes(shard_bin_path(prefix), shard.bin);
   for (size_t length = 0; length < shard.idx.size(); ++length) {
@@ -238,7 +218,7 @@ TEST(TokenShards, RejectsTruncatedIndexAtEveryLength) {
 
 TEST(TokenShards, RejectsTruncatedBin) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   HandBuiltShard shard = hand_built_shard();
   shard.bin.resize(shard.bin.size() - 2);
   write_shard(prefix, shard);
@@ -249,7 +229,7 @@ TEST(TokenShards, RejectsTruncatedBin) {
 
 TEST(TokenShards, RejectsInconsistentPointers) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   HandBuiltShard shard = hand_built_shard();
   const int64_t wrong = 12;  // sequence 1 really starts at byte 8
   std::memcpy(shard.idx.data() + 34 + 3 * 4 + 8, &wrong, 8);
@@ -260,7 +240,7 @@ TEST(TokenShards, RejectsInconsistentPointers) {
 
 TEST(TokenShards, RejectsMismatchedBin) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   HandBuiltShard shard = hand_built_shard();
   shard.bin += std::string(8, '\0');  // a .bin with more tokens than the index describes
   write_shard(prefix, shard);
@@ -270,7 +250,7 @@ TEST(TokenShards, RejectsMismatchedBin) {
 
 TEST(TokenShards, RejectsBadVersionDtypeAndDocumentIndices) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   struct Case {
     size_t offset;
     std::string bytes;
@@ -295,7 +275,7 @@ TEST(TokenShards, RejectsBadVersionDtypeAndDocumentIndices) {
 
 TEST(TokenShards, RejectsMissingFiles) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   const std::string message = error_of([&] { TokenShardReader reader(prefix); });
   EXPECT_NE(message.find(shard_idx_path(prefix)), std::string::npos) << message;
   write_bytes(shard_idx_path(prefix), hand_built_shard().idx);
@@ -305,7 +285,7 @@ TEST(TokenShards, RejectsMissingFiles) {
 
 TEST(TokenShards, WriterRejectsIdsOutsideTheVocabulary) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   TokenShardWriter writer(prefix, 10);
   EXPECT_NE(error_of([&] { writer.append_document(std::vector<int32_t>{1, 10}); }).find("outside the vocabulary"),
             std::string::npos);
@@ -314,7 +294,7 @@ TEST(TokenShards, WriterRejectsIdsOutsideTheVocabulary) {
 
 TEST(TokenShards, ReadOutOfRangeIsAnError) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   write_shard(prefix, hand_built_shard());
   const TokenShardReader reader(prefix);
   std::vector<int32_t> out(8);
@@ -326,7 +306,7 @@ TEST(TokenShards, ReadOutOfRangeIsAnError) {
 // A writer killed before finish() leaves only temporary files: no .idx, so nothing that reads as a shard.
 TEST(TokenShards, KilledWriterLeavesNothingThatLooksComplete) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -349,7 +329,7 @@ TEST(TokenShards, KilledWriterLeavesNothingThatLooksComplete) {
 // A run that fails (here: a bad id) after a good shard exists leaves the good shard and no temporary files.
 TEST(TokenShards, FailingWriteKeepsThePreviousGoodOutput) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   {
     TokenShardWriter writer(prefix, 100);
     writer.append_document(std::vector<int32_t>{1, 2, 3});
@@ -377,7 +357,7 @@ TEST(TokenShards, FailingWriteKeepsThePreviousGoodOutput) {
 
 TEST(TokenShards, SuccessfulRewriteReplacesTheShard) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   for (int32_t value : {1, 2}) {
     TokenShardWriter writer(prefix, 10);
     writer.append_document(std::vector<int32_t>(static_cast<size_t>(value), value));
@@ -388,7 +368,7 @@ TEST(TokenShards, SuccessfulRewriteReplacesTheShard) {
 
 TEST(TokenShards, MetadataSidecarRoundTrips) {
   ScratchDir scratch;
-  const std::string prefix = scratch.prefix();
+  const std::string prefix = (scratch / "shard");
   ShardMetadata metadata;
   metadata.split = "valid";
   metadata.tokenizer = "byte";

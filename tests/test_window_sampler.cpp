@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "scratch_dir.h"
 #include "data/token_shards.h"
 #include "data/window_sampler.h"
 
@@ -21,28 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test (test name and process id: ctest runs tests in parallel processes), removed afterwards.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) / ("hgrn_window_sampler_" + std::string(info->test_suite_name()) + "_" +
-                                              info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const fs::path& path() const { return path_; }
-  std::string prefix(int64_t tokens) const { return (path_ / ("counting_" + std::to_string(tokens))).string(); }
-
- private:
-  fs::path path_;
-};
+using testing::ScratchDir;
 
 // A shard of `tokens` tokens with ids 0, 1, ..., split into documents of up to 7 tokens (the sampler must not care
 // where documents end), written to `prefix`.
@@ -94,7 +74,7 @@ std::vector<int64_t> windows_of(const TokenBatch& batch, int64_t seq_len, int64_
 
 TEST(WindowSampler, SequentialWindowsHoldTheRightTokens) {
   ScratchDir scratch;
-  auto shard = counting_shard(scratch.prefix(23), 23);
+  auto shard = counting_shard((scratch / ("counting_" + std::to_string(23))), 23);
   WindowSampler sampler(shard, options(4, 1, /*shuffle=*/false));
   EXPECT_EQ(sampler.num_windows(), 5);  // floor((23 - 1) / 4)
   const TokenBatch batch = sampler.next_batch(5);
@@ -115,7 +95,7 @@ TEST(WindowSampler, SequentialWindowsHoldTheRightTokens) {
 
 TEST(WindowSampler, ExactFitUsesEveryToken) {
   ScratchDir scratch;
-  auto shard = counting_shard(scratch.prefix(9), 9);  // 2 windows of 4 + 1 overlap = 9 tokens
+  auto shard = counting_shard((scratch / ("counting_" + std::to_string(9))), 9);  // 2 windows of 4 + 1 overlap = 9 tokens
   WindowSampler sampler(shard, options(4, 1, false));
   ASSERT_EQ(sampler.num_windows(), 2);
   EXPECT_EQ(ids(sampler.next_batch(2).targets), (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
@@ -139,7 +119,7 @@ TEST(WindowSampler, FeistelPermutationIsABijectionForManySizes) {
 TEST(WindowSampler, OneEpochVisitsEveryWindowOnce) {
   ScratchDir scratch;
   for (int64_t tokens : {2, 3, 12, 101, 1001}) {
-    auto shard = counting_shard(scratch.prefix(tokens), tokens);
+    auto shard = counting_shard((scratch / ("counting_" + std::to_string(tokens))), tokens);
     for (int64_t seq_len : {1, 3}) {
       if (tokens < seq_len + 1) continue;
       WindowSampler sampler(shard, options(seq_len, 42));
@@ -160,7 +140,7 @@ TEST(WindowSampler, RanksAreDisjointAndCoverEachEpoch) {
   ScratchDir scratch;
   for (int64_t world_size : {1, 2, 3, 4}) {
     for (int64_t tokens : {13, 41}) {  // 12 windows (divisible by 1..4), 40 windows (not by 3)
-      auto shard = counting_shard(scratch.prefix(tokens), tokens);
+      auto shard = counting_shard((scratch / ("counting_" + std::to_string(tokens))), tokens);
       const int64_t windows = tokens - 1;
       std::vector<int64_t> seen;
       for (int64_t rank = 0; rank < world_size; ++rank) {
@@ -181,7 +161,7 @@ TEST(WindowSampler, RanksAreDisjointAndCoverEachEpoch) {
 
 TEST(WindowSampler, RanksInterleaveTheSingleProcessStream) {
   ScratchDir scratch;
-  auto shard = counting_shard(scratch.prefix(101), 101);
+  auto shard = counting_shard((scratch / ("counting_" + std::to_string(101))), 101);
   WindowSampler single(shard, options(2, 5));
   const std::vector<int64_t> stream = windows_of(single.next_batch(120), 2, 101);
   for (int64_t rank = 0; rank < 3; ++rank) {
@@ -193,7 +173,7 @@ TEST(WindowSampler, RanksInterleaveTheSingleProcessStream) {
 
 TEST(WindowSampler, SetCursorResumesTheExactNextBatch) {
   ScratchDir scratch;
-  auto shard = counting_shard(scratch.prefix(1001), 1001);
+  auto shard = counting_shard((scratch / ("counting_" + std::to_string(1001))), 1001);
   WindowSampler original(shard, options(8, 3, true, 1, 2));
   original.next_batch(7);
   original.next_batch(50);  // crosses into epoch 1 (W = 125, this rank's share is 62 or 63 per epoch)
@@ -211,7 +191,7 @@ TEST(WindowSampler, SetCursorResumesTheExactNextBatch) {
 
 TEST(WindowSampler, BatchesDependOnlyOnTheCursor) {
   ScratchDir scratch;
-  auto shard = counting_shard(scratch.prefix(101), 101);
+  auto shard = counting_shard((scratch / ("counting_" + std::to_string(101))), 101);
   WindowSampler whole(shard, options(3, 11)), pieces(shard, options(3, 11));
   const std::vector<int32_t> all = ids(whole.next_batch(40).inputs);
   std::vector<int32_t> joined;
@@ -224,7 +204,7 @@ TEST(WindowSampler, BatchesDependOnlyOnTheCursor) {
 
 TEST(WindowSampler, CursorCrossesEpochBoundariesSeamlessly) {
   ScratchDir scratch;
-  auto shard = counting_shard(scratch.prefix(51), 51);  // 50 windows of 1
+  auto shard = counting_shard((scratch / ("counting_" + std::to_string(51))), 51);  // 50 windows of 1
   WindowSampler sampler(shard, options(1, 21));
   EXPECT_EQ(sampler.epoch(), 0u);
   std::vector<int64_t> windows = windows_of(sampler.next_batch(30), 1, 51);
@@ -249,7 +229,7 @@ TEST(WindowSampler, CursorCrossesEpochBoundariesSeamlessly) {
 
 TEST(WindowSampler, SameSeedSameOrderDifferentSeedDifferentOrder) {
   ScratchDir scratch;
-  auto shard = counting_shard(scratch.prefix(1001), 1001);
+  auto shard = counting_shard((scratch / ("counting_" + std::to_string(1001))), 1001);
   WindowSampler a(shard, options(4, 100)), b(shard, options(4, 100)), c(shard, options(4, 101));
   const std::vector<int32_t> first = ids(a.next_batch(64).inputs);
   EXPECT_EQ(first, ids(b.next_batch(64).inputs));
@@ -258,7 +238,7 @@ TEST(WindowSampler, SameSeedSameOrderDifferentSeedDifferentOrder) {
 
 TEST(WindowSampler, RejectsBadArgumentsNamingTheShard) {
   ScratchDir scratch;
-  auto shard = counting_shard(scratch.prefix(12), 12);
+  auto shard = counting_shard((scratch / ("counting_" + std::to_string(12))), 12);
   auto message_of = [&](const WindowSamplerOptions& o) {
     try {
       WindowSampler sampler(shard, o);
