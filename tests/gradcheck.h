@@ -27,21 +27,31 @@ inline double dot(const Tensor& a, const Tensor& b) {
 }
 
 using Builder = std::function<Var(Tape&, const std::vector<Var>&)>;
+// For ops with several outputs (the recurrence: output and final state): L = sum_k <f_k(x), R_k>.
+using MultiBuilder = std::function<std::vector<Var>(Tape&, const std::vector<Var>&)>;
 
 // Checks every element of every input that requires a gradient (inputs must be fp64). `tol` bounds
 // |analytic - numeric| / max(1, |numeric|).  Returns the worst error seen, for tests that want to print it.
-inline double expect_gradients_match(const Builder& build, const std::vector<Var>& inputs, uint64_t seed = 1234,
-                                     double h = 1e-6, double tol = 1e-6) {
+inline double expect_gradients_match_outputs(const MultiBuilder& build, const std::vector<Var>& inputs,
+                                             uint64_t seed = 1234, double h = 1e-6, double tol = 1e-6) {
   Rng rng(seed);
   Tape tape;
   for (const Var& v : inputs) v->grad = Tensor();
-  Var out = build(tape, inputs);
-  Tensor cotangent = random_tensor(rng, out->value.shape());
-  tape.backward(out, cotangent);
+  std::vector<Var> outs = build(tape, inputs);
+  std::vector<Tensor> cotangents;
+  for (const Var& out : outs) cotangents.push_back(random_tensor(rng, out->value.shape()));
+  // Every output but the first is seeded directly; backward() seeds the first and runs the tape.
+  for (size_t k = 1; k < outs.size(); ++k) outs[k]->grad = cotangents[k].clone();
+  tape.backward(outs[0], cotangents[0]);
 
   Tape no_grad;
   no_grad.set_enabled(false);
-  auto loss = [&] { return dot(build(no_grad, inputs)->value, cotangent); };
+  auto loss = [&] {
+    std::vector<Var> ys = build(no_grad, inputs);
+    double l = 0;
+    for (size_t k = 0; k < ys.size(); ++k) l += dot(ys[k]->value, cotangents[k]);
+    return l;
+  };
   double worst = 0;
   for (const Var& v : inputs) {
     if (!v->requires_grad) continue;
@@ -63,6 +73,13 @@ inline double expect_gradients_match(const Builder& build, const std::vector<Var
     }
   }
   return worst;
+}
+
+inline double expect_gradients_match(const Builder& build, const std::vector<Var>& inputs, uint64_t seed = 1234,
+                                     double h = 1e-6, double tol = 1e-6) {
+  return expect_gradients_match_outputs(
+      [&](Tape& tape, const std::vector<Var>& in) { return std::vector<Var>{build(tape, in)}; }, inputs, seed, h,
+      tol);
 }
 
 }  // namespace hgrn::testing

@@ -18,6 +18,7 @@
 #include "io/checkpoint.h"
 #include "io/crc32.h"
 #include "io/hdf5_check.h"
+#include "test_files.h"
 
 namespace hgrn {
 namespace {
@@ -108,17 +109,8 @@ void expect_states_identical(const TrainingState& expected, const TrainingState&
   }
 }
 
-std::string read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
-void write_bytes(const fs::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using testing::read_bytes;
+using testing::write_bytes;
 
 std::set<std::string> file_names_in(const std::string& dir) {
   std::set<std::string> names;
@@ -349,9 +341,9 @@ TEST(Checkpoint, TruncatedFileIsRefusedNamingThePath) {
   fs::copy_file(original, truncated);
   fs::resize_file(truncated, fs::file_size(truncated) / 2);
 
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   const std::string message = load_error(truncated.string());
-  const std::string printed = testing::internal::GetCapturedStderr();
+  const std::string printed = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(message.find(truncated.string()), std::string::npos) << message;
   EXPECT_TRUE(message.find("truncated") != std::string::npos || message.find("not a valid HDF5") != std::string::npos)
       << message;

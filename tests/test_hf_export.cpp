@@ -14,6 +14,7 @@
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
 #include "model/hgrn2.h"
+#include "test_files.h"
 
 namespace hgrn {
 namespace {
@@ -21,17 +22,7 @@ namespace {
 using namespace export_testing;
 using json = nlohmann::json;
 
-template <typename Body>
-void expect_error_containing(Body&& body, const std::vector<std::string>& parts) {
-  try {
-    body();
-    ADD_FAILURE() << "expected an hgrn::Error mentioning " << parts.front();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& part : parts)
-      EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
-  }
-}
+using testing::expect_error_containing;
 
 const Tensor* find_tensor(const NamedTensors& tensors, const std::string& name) {
   for (const auto& entry : tensors)

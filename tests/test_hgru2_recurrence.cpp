@@ -430,38 +430,15 @@ Hgru2Outputs call(Tape& t, const std::vector<Var>& in, const GradcheckCase& c, R
   return hgru2_recurrence(t, in[0], in[1], in[2], in[3], in[4], c.sizes.heads, 0.7, mode, c.chunk_size);
 }
 
-// L = <output, R_o> + <final_state, R_s>: both outputs feed the loss, which gradcheck.h's single-output check cannot
-// express. Same central differences and error measure as testing::expect_gradients_match.
+// L = <output, R_o> + <final_state, R_s>: both outputs feed the loss.
 void expect_two_output_gradients_match(const GradcheckCase& c, RecurrenceMode mode, const std::vector<Var>& inputs,
                                        double h, double tol) {
-  Rng rng(77);
-  Tape tape;
-  for (const Var& v : inputs) v->grad = Tensor();
-  Hgru2Outputs r = call(tape, inputs, c, mode);
-  const Tensor r_out = random_tensor(rng, r.output->value.shape());
-  const Tensor r_final = random_tensor(rng, r.final_state->value.shape());
-  r.final_state->grad = r_final.clone();
-  tape.backward(r.output, r_out);
-  Tape no_grad;
-  no_grad.set_enabled(false);
-  auto loss = [&] {
-    Hgru2Outputs y = call(no_grad, inputs, c, mode);
-    return testing::dot(y.output->value, r_out) + testing::dot(y.final_state->value, r_final);
-  };
-  for (const Var& v : inputs) {
-    for (int64_t i = 0; i < v->value.numel(); ++i) {
-      const double x0 = v->value.item(i);
-      v->value.set_item(i, x0 + h);
-      const double lp = loss();
-      v->value.set_item(i, x0 - h);
-      const double lm = loss();
-      v->value.set_item(i, x0);
-      const double numeric = (lp - lm) / (2 * h);
-      const double analytic = v->grad.item(i);
-      ASSERT_LE(std::abs(analytic - numeric) / std::max(1.0, std::abs(numeric)), tol)
-          << v->name << "[" << i << "]: analytic " << analytic << ", numeric " << numeric;
-    }
-  }
+  testing::expect_gradients_match_outputs(
+      [&](Tape& tape, const std::vector<Var>& in) {
+        Hgru2Outputs r = call(tape, in, c, mode);
+        return std::vector<Var>{r.output, r.final_state};
+      },
+      inputs, 77, h, tol);
 }
 
 // Central differences with h = 1e-6 on O(1) functions of fp64: truncation ~h² and rounding ~1e-16/h ≈ 1e-10, so 1e-6

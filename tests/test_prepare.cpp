@@ -17,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "hgrn_binary.h"
 #include "scratch_dir.h"
+#include "test_files.h"
 
 namespace hgrn {
 namespace {
@@ -25,15 +26,8 @@ namespace fs = std::filesystem;
 
 using testing::ScratchDir;
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const fs::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
+using testing::read_bytes;
+using testing::write_bytes;
 
 // A WikiText-style file: a leading blank line, then `articles` articles of " = Title = " plus paragraphs of
 // pseudo-random words (some multi-byte UTF-8), the layout of wiki.train.tokens.

@@ -8,6 +8,7 @@
 
 #include "export_fixtures.h"
 #include "io/safetensors.h"
+#include "test_files.h"
 
 namespace hgrn {
 namespace {
@@ -41,18 +42,7 @@ std::string raw_file(const std::string& header, const std::string& data) {
   return little_endian_u64(header.size()) + header + data;
 }
 
-// Runs `body`, expects an hgrn::Error whose message contains every one of `parts`.
-template <typename Body>
-void expect_error_containing(Body&& body, const std::vector<std::string>& parts) {
-  try {
-    body();
-    ADD_FAILURE() << "expected an hgrn::Error mentioning " << parts.front();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& part : parts)
-      EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
-  }
-}
+using testing::expect_error_containing;
 
 TEST(Safetensors, SingleTensorByteLayoutMatchesHandComputedBytes) {
   // {"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}} is 54 bytes; two spaces pad it to 56 = 7 * 8. The data

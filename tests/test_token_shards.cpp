@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "scratch_dir.h"
 #include "data/token_shards.h"
+#include "test_files.h"
 
 namespace hgrn {
 namespace {
@@ -23,15 +24,8 @@ namespace fs = std::filesystem;
 
 using testing::ScratchDir;
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using testing::read_bytes;
+using testing::write_bytes;
 
 template <typename T>
 void put(std::string& out, T value) {
