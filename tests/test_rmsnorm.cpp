@@ -1,5 +1,6 @@
 // test_rmsnorm.cpp: RMSNorm against a double-precision formula (with and without weight), fp64 finite differences,
-// thread-count-independent weight gradients, and argument errors.
+// thread-count-independent weight gradients, and argument errors; the fused add_rmsnorm against add followed by
+// rmsnorm and fp64 finite differences, with the sum's own gradient present or absent.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <omp.h>
 
 #include "gradcheck.h"
+#include "ops/elementwise.h"
 #include "ops/rmsnorm.h"
 
 namespace hgrn {
@@ -109,6 +111,108 @@ TEST(RmsNorm, RejectsBadArguments) {
   EXPECT_THROW(rmsnorm(tape, x, make_var(Tensor::zeros({1, 4}, DType::F32)), 1e-6), Error);  // weight not [D]
   EXPECT_THROW(rmsnorm(tape, x, make_var(Tensor::zeros({4}, DType::F64)), 1e-6), Error);     // dtype mismatch
   EXPECT_THROW(rmsnorm(tape, x, nullptr, -1.0), Error);                                       // negative eps
+}
+
+// add_rmsnorm is add followed by rmsnorm, in one op. On the CPU both paths do the same float operations in the
+// same order (the sum's two gradients are added commutatively), so outputs and every gradient agree bit for bit.
+TEST(AddRmsNorm, EqualsAddFollowedByRmsNorm) {
+  Rng rng(26);
+  for (DType dtype : {DType::F64, DType::F32}) {
+    for (bool with_weight : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (with_weight ? " with weight" : " weightless"));
+      const Shape shape{3, 70, 24};  // 210 rows: several fixed row blocks for the weight gradient
+      Tensor r = testing::random_tensor(rng, shape, 1.0, dtype), d = testing::random_tensor(rng, shape, 0.5, dtype);
+      Tensor w = testing::random_tensor(rng, {24}, 1.0, dtype);
+      Tensor dy = testing::random_tensor(rng, shape, 1.0, dtype), ds = testing::random_tensor(rng, shape, 1.0, dtype);
+
+      Tape fused_tape;
+      Var fr = make_var(r, true, "residual"), fd = make_var(d, true, "delta");
+      Var fw = with_weight ? make_var(w, true, "weight") : nullptr;
+      AddRmsNormResult fused = add_rmsnorm(fused_tape, fr, fd, fw, 1e-6);
+      fused.sum->grad = ds.clone();
+      fused_tape.backward(fused.normed, dy);
+
+      Tape tape;
+      Var ur = make_var(r, true, "residual"), ud = make_var(d, true, "delta");
+      Var uw = with_weight ? make_var(w, true, "weight") : nullptr;
+      Var sum = add(tape, ur, ud);
+      Var normed = rmsnorm(tape, sum, uw, 1e-6);
+      sum->grad = ds.clone();
+      tape.backward(normed, dy);
+
+      EXPECT_EQ(fused.sum->value.to_double_vector(), sum->value.to_double_vector());
+      EXPECT_EQ(fused.normed->value.to_double_vector(), normed->value.to_double_vector());
+      EXPECT_EQ(fr->grad.to_double_vector(), ur->grad.to_double_vector());
+      EXPECT_EQ(fd->grad.to_double_vector(), ud->grad.to_double_vector());
+      if (with_weight) EXPECT_EQ(fw->grad.to_double_vector(), uw->grad.to_double_vector());
+    }
+  }
+}
+
+// Both outputs feed the loss: the sum's gradient is its own plus the norm's.
+TEST(AddRmsNorm, GradientsMatchFiniteDifferencesThroughBothOutputs) {
+  Rng rng(27);
+  Var r = make_var(testing::random_tensor(rng, {2, 3, 6}), true, "residual");
+  Var d = make_var(testing::random_tensor(rng, {2, 3, 6}, 0.5), true, "delta");
+  Var w = make_var(testing::random_tensor(rng, {6}), true, "weight");
+  testing::expect_gradients_match_outputs(
+      [](Tape& t, const std::vector<Var>& in) {
+        AddRmsNormResult o = add_rmsnorm(t, in[0], in[1], in[2], 1e-5);
+        return std::vector<Var>{o.normed, o.sum};
+      },
+      {r, d, w});
+}
+
+// Only the normed output is used: the sum's gradient stays undefined and the norm's alone flows back.
+TEST(AddRmsNorm, GradientsMatchFiniteDifferencesThroughNormOnly) {
+  Rng rng(28);
+  Var r = make_var(testing::random_tensor(rng, {5, 7}), true, "residual");
+  Var d = make_var(testing::random_tensor(rng, {5, 7}), true, "delta");
+  testing::expect_gradients_match(
+      [](Tape& t, const std::vector<Var>& in) { return add_rmsnorm(t, in[0], in[1], nullptr, 1e-5).normed; }, {r, d});
+}
+
+// Only the sum is used (the normed output's gradient stays undefined): a plain add's gradient, none for the weight.
+TEST(AddRmsNorm, GradientsMatchFiniteDifferencesThroughSumOnly) {
+  Rng rng(29);
+  Var r = make_var(testing::random_tensor(rng, {4, 5}), true, "residual");
+  Var d = make_var(testing::random_tensor(rng, {4, 5}), true, "delta");
+  Var w = make_var(testing::random_tensor(rng, {5}), true, "weight");
+  testing::expect_gradients_match(
+      [](Tape& t, const std::vector<Var>& in) { return add_rmsnorm(t, in[0], in[1], in[2], 1e-5).sum; }, {r, d, w});
+  EXPECT_FALSE(w->grad.defined());
+}
+
+TEST(AddRmsNorm, FrozenResidualAndOneTensorAsBothInputs) {
+  Rng rng(30);
+  Var r = make_var(testing::random_tensor(rng, {3, 8}), false, "residual");
+  Var d = make_var(testing::random_tensor(rng, {3, 8}), true, "delta");
+  Var w = make_var(testing::random_tensor(rng, {8}), true, "weight");
+  testing::expect_gradients_match_outputs(
+      [](Tape& t, const std::vector<Var>& in) {
+        AddRmsNormResult o = add_rmsnorm(t, in[0], in[1], in[2], 1e-6);
+        return std::vector<Var>{o.normed, o.sum};
+      },
+      {r, d, w});
+  EXPECT_FALSE(r->grad.defined());
+  // x + x: both gradients land in one buffer.
+  testing::expect_gradients_match_outputs(
+      [](Tape& t, const std::vector<Var>& in) {
+        AddRmsNormResult o = add_rmsnorm(t, in[0], in[0], in[1], 1e-6);
+        return std::vector<Var>{o.normed, o.sum};
+      },
+      {d, w});
+}
+
+TEST(AddRmsNorm, RejectsBadArguments) {
+  Tape tape;
+  Var x = make_var(Tensor::zeros({2, 4}, DType::F32));
+  Var w = make_var(Tensor::zeros({4}, DType::F32));
+  EXPECT_THROW(add_rmsnorm(tape, x, make_var(Tensor::zeros({4, 2}, DType::F32)), w, 1e-6), Error);  // shapes
+  EXPECT_THROW(add_rmsnorm(tape, x, make_var(Tensor::zeros({2, 4}, DType::F64)), w, 1e-6), Error);  // dtypes
+  EXPECT_THROW(add_rmsnorm(tape, x, x, make_var(Tensor::zeros({3}, DType::F32)), 1e-6), Error);     // width
+  EXPECT_THROW(add_rmsnorm(tape, x, nullptr, w, 1e-6), Error);                                       // null
+  EXPECT_THROW(add_rmsnorm(tape, x, x, w, -1.0), Error);                                             // eps
 }
 
 }  // namespace

@@ -61,7 +61,7 @@ TEST(Training, ShortMqarRunLearns) {
 model: {hidden_size: 64, num_hidden_layers: 2, expand_ratio: 16, vocab_size: 17}
 data: {task: mqar, seq_len: 16, mqar: {num_kv_pairs: 2}}
 training: {micro_batch_size: 32, max_steps: 300, lr: 0.003, warmup_steps: 20, weight_decay: 0.0,
-           eval_interval: 0, eval_batches: 4, seed: 5}
+           eval_interval: 0, eval_batches: 4, seed: 5, device: cpu}
 logging: {log_interval: 50}
 )",
                                "short-run.yaml", {"logging.run_dir=" + run_dir});
@@ -88,7 +88,8 @@ logging: {log_interval: 50}
 namespace hgrn {
 namespace {
 
-Config resume_config(const std::string& run_dir) {
+Config resume_config(const std::string& run_dir, const std::string& device = "cpu",
+                     const std::string& precision = "fp32") {
   return parse_config(R"(
 model: {hidden_size: 16, num_hidden_layers: 2, expand_ratio: 8, vocab_size: 41, intermediate_size: 32}
 data: {task: mqar, seq_len: 32, mqar: {num_kv_pairs: 4}}
@@ -96,7 +97,8 @@ training: {micro_batch_size: 4, grad_accum_steps: 2, max_steps: 12, lr: 0.003, w
 checkpoint: {interval: 6, keep_last: 5}
 logging: {log_interval: 100}
 )",
-                      "resume.yaml", {"logging.run_dir=" + run_dir});
+                      "resume.yaml",
+                      {"logging.run_dir=" + run_dir, "training.device=" + device, "training.precision=" + precision});
 }
 
 std::string fresh_dir(const std::string& name) {
@@ -105,17 +107,22 @@ std::string fresh_dir(const std::string& name) {
   return dir;
 }
 
-TEST(Training, ResumeFromCheckpointContinuesBitwiseIdentically) {
-  // Straight: 12 steps, checkpoints after 6 and 12. Interrupted: a fresh run directory holding only the step-6
-  // checkpoint, resumed (checkpoint.resume: auto) to step 12. Losses and final weights must be the same bits.
-  const std::string straight_dir = fresh_dir("hgrn-resume-straight"), resumed_dir = fresh_dir("hgrn-resume-resumed");
+}  // namespace
+
+// Straight: 12 steps, checkpoints after 6 and 12. Interrupted: a fresh run directory holding only the step-6
+// checkpoint, resumed (checkpoint.resume: auto) to step 12. Losses and final weights must be the same bits.
+// (Also run on the GPU by test_training_cuda.cpp.)
+void expect_bitwise_resume(const std::string& device, const std::string& precision) {
+  const std::string tag = device + "-" + precision;
+  const std::string straight_dir = fresh_dir("hgrn-resume-straight-" + tag),
+                    resumed_dir = fresh_dir("hgrn-resume-resumed-" + tag);
   std::ostringstream log_a, log_b;
-  TrainingSummary straight = train(resume_config(straight_dir), log_a);
+  TrainingSummary straight = train(resume_config(straight_dir, device, precision), log_a);
   ASSERT_EQ(straight.step_losses.size(), 12u);
   std::filesystem::create_directories(resumed_dir + "/checkpoints");
   std::filesystem::copy_file(straight_dir + "/checkpoints/step_00000006.h5",
                              resumed_dir + "/checkpoints/step_00000006.h5");
-  TrainingSummary resumed = train(resume_config(resumed_dir), log_b);
+  TrainingSummary resumed = train(resume_config(resumed_dir, device, precision), log_b);
   SCOPED_TRACE(log_b.str());
   ASSERT_EQ(resumed.step_losses.size(), 6u);
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(resumed.step_losses[i], straight.step_losses[6 + i]) << "step " << 7 + i;
@@ -132,6 +139,10 @@ TEST(Training, ResumeFromCheckpointContinuesBitwiseIdentically) {
   EXPECT_EQ(a.data_cursor, b.data_cursor);
   EXPECT_EQ(a.adam_step, 12);
 }
+
+namespace {
+
+TEST(Training, ResumeFromCheckpointContinuesBitwiseIdentically) { expect_bitwise_resume("cpu", "fp32"); }
 
 TEST(Training, ResumeNeverRefusesToOverwriteCheckpoints) {
   const std::string dir = fresh_dir("hgrn-resume-never");

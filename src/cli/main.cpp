@@ -1,9 +1,10 @@
-// main.cpp: the hgrn command line: train, info, eval, prepare, export and --version. Each subcommand lives in
+// main.cpp: the hgrn command line: train, info, eval, prepare, export, bench and --version. Each subcommand lives in
 // its own file under src/cli/; this file parses, dispatches and turns exceptions into messages and exit statuses.
 #include <yaml-cpp/exceptions.h>
 
 #include <iostream>
 
+#include "cli/bench.h"
 #include "cli/common.h"
 #include "cli/eval.h"
 #include "cli/export.h"
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
       "  hgrn train --config configs/mqar-tiny.yaml    # train it\n"
       "  hgrn train -c configs/mqar-tiny.yaml --set training.lr=1e-3\n"
       "  hgrn export --checkpoint CKPT --format hf --out DIR   # weights for transformers + fla\n"
+      "  hgrn bench --config configs/hgrn2-150m.yaml   # tokens/s, MFU and peak memory on the GPU\n"
       "Run 'hgrn <command> --help' for a command's options.");
   ConfigArgs train_args, info_args;
   CLI::App* train = add_train_command(app, train_args);
@@ -31,6 +33,8 @@ int main(int argc, char** argv) {
   CLI::App* eval = add_eval_command(app, eval_args);
   ExportArgs export_args;
   CLI::App* export_command = add_export_command(app, export_args);
+  BenchArgs bench_args;
+  CLI::App* bench = add_bench_command(app, bench_args);
   hgrn::PrepareOptions prepare_options;
   CLI::App* prepare = add_prepare_command(app, prepare_options);
 
@@ -47,6 +51,7 @@ int main(int argc, char** argv) {
     if (*eval) return run_eval_command(eval_args, std::cout);
     if (*export_command) return run_export_command(export_args, std::cout);
     if (*prepare) return run_prepare_command(prepare_options);
+    if (*bench) return run_bench_command(bench_args, std::cout);
   } catch (const hgrn::ConfigError& error) {
     print_error(error.what());
     return kExitUsageError;

@@ -108,6 +108,7 @@ std::vector<Field> config_fields(Config& c) {
       {"training.decay_fraction", &t.decay_fraction},
       {"training.weight_decay", &t.weight_decay},
       {"training.decay_embeddings", &t.decay_embeddings},
+      {"training.recompute", &t.recompute},
       {"training.beta1", &t.beta1},
       {"training.beta2", &t.beta2},
       {"training.adam_eps", &t.adam_eps},

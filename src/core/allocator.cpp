@@ -14,6 +14,11 @@ static void cuda_copy(void*, Device, const void*, Device, size_t) {
   throw Error("this hgrn was built without CUDA: use device: cpu");
 }
 bool cuda_available() { return false; }
+CudaMemoryStats cuda_memory_stats() { return {}; }
+void cuda_reset_peak_memory() {}
+void cuda_release_cached_memory() {}
+void device_synchronize() {}
+std::string cuda_device_name() { return ""; }
 #else
 void* cuda_alloc(size_t bytes);  // kernels/allocator.cu
 void cuda_free(void* ptr);

@@ -2,6 +2,7 @@
 // (kernels/, built only when nvcc is found), and asking for it in a CPU-only build is a clear error.
 #pragma once
 #include <cstddef>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -12,5 +13,19 @@ void device_free(void* ptr, Device device);
 // Copies bytes between any two devices (CPU<->CUDA, CUDA<->CUDA, CPU<->CPU).
 void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 bool cuda_available();  // true when built with CUDA and a GPU is visible
+
+// The CUDA caching allocator's counters (kernels/allocator.cu); all zero in a CPU-only build.
+struct CudaMemoryStats {
+  size_t in_use_bytes = 0;       // held by live tensors
+  size_t peak_in_use_bytes = 0;  // high-water mark of in_use_bytes since the last reset
+  size_t reserved_bytes = 0;     // obtained from the driver (in use + cached)
+  size_t driver_allocations = 0; // cudaMalloc calls so far (flat after warm-up in a steady training loop)
+};
+CudaMemoryStats cuda_memory_stats();
+void cuda_reset_peak_memory();
+void cuda_release_cached_memory();
+// Waits for all queued GPU work (a no-op in a CPU-only build); timings and host reads of results need it.
+void device_synchronize();
+std::string cuda_device_name();  // the GPU's name ("" in a CPU-only build)
 
 }  // namespace hgrn

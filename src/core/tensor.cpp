@@ -5,6 +5,9 @@
 #include <sstream>
 
 #include "core/allocator.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/cast.h"
+#endif
 
 namespace hgrn {
 
@@ -112,9 +115,8 @@ Tensor Tensor::clone() const {
   return t;
 }
 
-Tensor Tensor::to(DType dtype) const {
-  HGRN_CHECK(device() == Device::CPU, "Tensor::to(dtype) runs on the CPU; use the cast op on the GPU");
-  Tensor t = empty(shape_, dtype, Device::CPU);
+Tensor Tensor::to(DType dtype) const {  // on the tensor's own device
+  Tensor t = empty(shape_, dtype, device());
   t.copy_from(*this);
   return t;
 }
@@ -154,8 +156,16 @@ void Tensor::copy_from(const Tensor& src) {
     device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
     return;
   }
+  if (device() == Device::CUDA && src.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_cast(src.raw_data(), src.dtype_, raw_data(), dtype_, numel());
+    return;
+#endif
+  }
   HGRN_CHECK(device() == Device::CPU && src.device() == Device::CPU,
-             "dtype-converting copies run on the CPU; use the cast op on the GPU");
+             "copy_from: a dtype-converting copy between devices: convert on one side first (",
+             dtype_name(src.dtype_), " on ", device_name(src.device()), " -> ", dtype_name(dtype_), " on ",
+             device_name(device()), ")");
   int64_t n = numel();
   const void* s = src.raw_data();
   void* d = raw_data();
@@ -172,8 +182,13 @@ void Tensor::fill(double value) {
     for (int64_t i = 0, n = numel(); i < n; ++i) store_from_double(d, dtype_, i, value);
     return;
   }
+#ifdef HGRN_WITH_CUDA
+  HGRN_CHECK(is_contiguous(), "fill on the GPU needs a contiguous tensor");
+  cuda_fill(raw_data(), dtype_, value, numel());
+#else
   Tensor host = full(shape_, value, dtype_, Device::CPU);
   copy_from(host);
+#endif
 }
 
 void Tensor::zero() {
@@ -185,8 +200,13 @@ void Tensor::zero() {
 }
 
 double Tensor::item(int64_t i) const {
-  HGRN_CHECK(device() == Device::CPU, "item() reads CPU tensors; copy to the CPU first");
   HGRN_CHECK(i >= 0 && i < numel(), "item(", i, ") out of range for shape ", shape_str(shape_));
+  if (device() == Device::CUDA) {  // one element through a small synchronous copy (a loss, a norm)
+    alignas(8) unsigned char element[8];
+    const size_t size = dtype_size(dtype_);
+    device_copy(element, Device::CPU, static_cast<const char*>(raw_data()) + i * size, Device::CUDA, size);
+    return load_as_double(element, dtype_, 0);
+  }
   return load_as_double(raw_data(), dtype_, i);
 }
 

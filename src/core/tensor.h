@@ -64,13 +64,14 @@ class Tensor {
 
   // Copies.
   Tensor clone() const;
-  Tensor to(DType dtype) const;    // converting copy (always copies, CPU only)
+  Tensor to(DType dtype) const;    // converting copy on the same device (always copies)
   Tensor to(Device device) const;  // copy across devices
-  void copy_from(const Tensor& src);  // same shape; converts dtype on the CPU
+  void copy_from(const Tensor& src);  // same shape; converts dtype within one device
   void fill(double value);
   void zero();
 
-  // Element access for tests and small host code (CPU only, any float/int dtype, converts through double).
+  // Element access for tests and small host code (any float/int dtype, converts through double). item() also reads
+  // one element of a GPU tensor (a synchronous copy); set_item is CPU only.
   double item(int64_t flat_index = 0) const;
   void set_item(int64_t flat_index, double value);
   std::vector<double> to_double_vector() const;
@@ -90,6 +91,9 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
   std::copy(values.begin(), values.end(), t.data<T>());
   return t;
 }
+
+// t itself when it already lives on `device`, else a copy there (inputs and targets follow the model's device).
+inline Tensor on_device(const Tensor& t, Device device) { return t.device() == device ? t : t.to(device); }
 
 // Calls f.template operator()<T>() with T the C++ type of a floating dtype computed on the CPU (fp32 or fp64).
 #define HGRN_DISPATCH_FLOAT(dtype, NAME, ...)                                                 \

@@ -3,6 +3,8 @@
 //   h = Embedding[ids];  gamma = lower_bound_transform(Γ)
 //   per layer: h += TokenMixer(RMSNorm(h), gamma_l);  h += GatedMLP(RMSNorm(h))
 //   logits = RMSNorm(h) · W_lmᵀ   (W_lm = embedding matrix when tie_word_embeddings)
+// Each residual add is fused with the RMSNorm that follows it (add_rmsnorm): one pass over the residual stream.
+// NVTX ranges name every layer's forward and (through markers on the tape) its backward, for Nsight timelines.
 #include "model/hgrn2.h"
 
 #include <cmath>
@@ -13,14 +15,17 @@
 #include "ops/hgrn2_gates.h"
 #include "ops/hgru2_recurrence.h"
 #include "ops/linear.h"
+#include "ops/recompute.h"
 #include "ops/rmsnorm.h"
+#include "core/trace.h"
 
 namespace hgrn {
 
 // fla's g_norm (the RMSNorm fused with o_proj) uses the function default eps, not config.norm_eps (spec 1.2 step 7).
 constexpr double kOutputNormEps = 1e-5;
 
-Hgrn2Model::Hgrn2Model(const ModelConfig& config, Rng& init_rng, DType dtype) : config_(config) {
+Hgrn2Model::Hgrn2Model(const ModelConfig& config, Rng& init_rng, DType dtype)
+    : config_(config), activation_dtype_(dtype) {
   for (const ParamSpec& spec : hgrn2_param_specs(config)) {
     Tensor value = Tensor::empty(spec.shape, dtype);
     switch (spec.init) {
@@ -59,8 +64,20 @@ void Hgrn2Model::load_parameters(const std::vector<std::pair<std::string, Tensor
     const Var& param = parameter(name);
     HGRN_CHECK(tensor.shape() == param->value.shape(), source, ": ", name, " has shape ", shape_str(tensor.shape()),
                ", the model expects ", shape_str(param->value.shape()));
-    param->value.copy_from(tensor);
+    // Convert on the host first: a dtype-converting copy does not cross devices.
+    param->value.copy_from(tensor.dtype() == param->value.dtype() ? tensor : tensor.to(param->value.dtype()));
   }
+}
+
+void Hgrn2Model::to_device(Device device, DType activation_dtype) {
+  HGRN_CHECK(activation_dtype == DType::F32 || activation_dtype == DType::F64 ||
+                 (activation_dtype == DType::BF16 && device == Device::CUDA),
+             "activations in ", dtype_name(activation_dtype), " on ", device_name(device),
+             ": bf16 activations need the GPU");
+  for (auto& [spec, var] : params_)
+    if (var->value.device() != device) var->value = var->value.to(device);
+  device_ = device;
+  activation_dtype_ = activation_dtype;
 }
 
 // HGRN2Attention (spec 1.2): q = silu(x Wqᵀ), g = lower-bounded log forget gate of x Wfᵀ, k = 1 - exp(g),
@@ -69,8 +86,8 @@ void Hgrn2Model::load_parameters(const std::vector<std::pair<std::string, Tensor
 Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamma, Var* state) const {
   const Layer& p = layers_[l];
   Var q = silu(tape, linear(tape, x, p.q_proj));
-  Var g = hgrn2_forget_gate(tape, linear(tape, x, p.f_proj), gamma, l);
-  Var k = input_gate_from_forget(tape, g);
+  Var g = hgrn2_forget_gate(tape, linear(tape, x, p.f_proj), gamma, l);  // fp32 on the GPU (spec 1.3)
+  Var k = input_gate_from_forget(tape, g, activation_dtype_);
   Var i = linear(tape, x, p.i_proj);
   const double scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim()));  // fla's default GLA scale K^-1/2
   // As fla: the step-by-step form for short sequences (T <= 64, also in training), else the configured mode.
@@ -92,15 +109,35 @@ Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
 Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states) const {
   HGRN_CHECK(input_ids.dim() == 2, "model input must be token ids [batch, seq], got ", shape_str(input_ids.shape()));
   if (recurrent_states) recurrent_states->resize(config_.num_hidden_layers);
-  Var h = embedding(tape, embeddings_, input_ids);
+  const Tensor ids = on_device(input_ids, device_);
+  Var h = embedding(tape, embeddings_, ids, activation_dtype_);
   Var gamma = config_.use_lower_bound ? lower_bound_transform(tape, lower_bounds_) : nullptr;
+  Var x = rmsnorm(tape, h, layers_.empty() ? final_norm_ : layers_[0].attn_norm, config_.norm_eps);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& p = layers_[l];
+    const Var& next_norm = l + 1 < config_.num_hidden_layers ? layers_[l + 1].attn_norm : final_norm_;
     Var* state = recurrent_states ? &(*recurrent_states)[l] : nullptr;
-    h = add(tape, h, token_mixer(tape, l, rmsnorm(tape, h, p.attn_norm, config_.norm_eps), gamma, state));
-    h = add(tape, h, mlp(tape, l, rmsnorm(tape, h, p.mlp_norm, config_.norm_eps)));
+    TraceLayer trace(tape, "layer " + std::to_string(l));
+    Var mixed, mlp_out;
+    if (recompute_ && !state) {
+      mixed = recompute(tape, {x, gamma}, [this, l](Tape& t, const std::vector<Var>& in) {
+        return token_mixer(t, l, in[0], in[1], nullptr);
+      });
+    } else {
+      mixed = token_mixer(tape, l, x, gamma, state);
+    }
+    AddRmsNormResult r = add_rmsnorm(tape, h, mixed, p.mlp_norm, config_.norm_eps);
+    if (recompute_) {
+      mlp_out = recompute(tape, {r.normed}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0]); });
+    } else {
+      mlp_out = mlp(tape, l, r.normed);
+    }
+    r = add_rmsnorm(tape, r.sum, mlp_out, next_norm, config_.norm_eps);
+    h = r.sum;
+    x = r.normed;
   }
-  return linear(tape, rmsnorm(tape, h, final_norm_, config_.norm_eps), lm_head_);
+  TraceLayer trace(tape, "lm_head");
+  return linear(tape, x, lm_head_);
 }
 
 }  // namespace hgrn

@@ -23,6 +23,14 @@ class Hgrn2Model {
   // holds that layer's final state. Null: every sequence starts from the zero state.
   Var forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr) const;
 
+  // Moves every parameter to `device` (fp32 master weights stay fp32) and sets the dtype activations are computed
+  // in: fp32, or bf16 on the GPU (mixed precision: GEMMs on bf16 copies of the weights, fp32 gradients).
+  void to_device(Device device, DType activation_dtype);
+  Device device() const { return device_; }
+  // Training with recomputation: each token mixer and MLP keeps only its input and is run again in the backward.
+  void set_recompute(bool recompute) { recompute_ = recompute; }
+  DType activation_dtype() const { return activation_dtype_; }
+
   const ModelConfig& config() const { return config_; }
   const std::vector<std::pair<ParamSpec, Var>>& parameters() const { return params_; }
   const Var& parameter(const std::string& name) const;  // throws if the model has no such tensor
@@ -38,6 +46,9 @@ class Hgrn2Model {
   Var mlp(Tape& tape, int64_t layer, const Var& x) const;
 
   ModelConfig config_;
+  Device device_ = Device::CPU;
+  DType activation_dtype_ = DType::F32;
+  bool recompute_ = false;
   std::vector<std::pair<ParamSpec, Var>> params_;
   Var embeddings_, lower_bounds_, final_norm_, lm_head_;
   std::vector<Layer> layers_;

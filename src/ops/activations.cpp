@@ -1,10 +1,13 @@
-// activations.cpp: silu and swiglu, forward and backward.
+// activations.cpp: silu and swiglu, forward and backward (on the GPU through kernels/activations.h).
 // silu'(x) = σ(x) · (1 + x · (1 − σ(x))).
 #include "ops/activations.h"
 
 #include <cmath>
 
 #include "ops/cpu_parallel.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/activations.h"
+#endif
 
 namespace hgrn {
 
@@ -48,49 +51,83 @@ static void swiglu_backward_cpu(const T* gate, const T* up, const T* dy, T* dgat
   }
 }
 
-static void check_cpu_input(const char* op, const Var& v) {
+static void check_input(const char* op, const Var& v) {
   HGRN_CHECK(v, op, ": input is null");
-  HGRN_CHECK(v->value.device() == Device::CPU && v->value.is_contiguous(), op,
-             ": inputs must be contiguous CPU tensors");
+  HGRN_CHECK(v->value.is_contiguous(), op, ": inputs must be contiguous");
+}
+
+// silu (up null) or swiglu forward on gate's device.
+static void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y) {
+  const int64_t n = gate.numel();
+  if (gate.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_swiglu_forward(gate.raw_data(), up ? up->raw_data() : nullptr, y.raw_data(), n, gate.dtype());
+    return;
+#else
+    throw Error("silu/swiglu: this hgrn was built without CUDA");
+#endif
+  }
+  HGRN_DISPATCH_FLOAT(gate.dtype(), up ? "swiglu" : "silu", [&] {
+    if (up)
+      swiglu_forward_cpu(gate.data<scalar_t>(), up->data<scalar_t>(), y.data<scalar_t>(), n);
+    else
+      silu_forward_cpu(gate.data<scalar_t>(), y.data<scalar_t>(), n);
+  });
+}
+
+// silu (up and dup null) or swiglu backward on gate's device; dgate and dup are accumulated into when non-null.
+static void swiglu_backward(const Tensor& gate, const Tensor* up, const Tensor& dy, Tensor* dgate, Tensor* dup) {
+  HGRN_CHECK(dy.dtype() == gate.dtype() && dy.device() == gate.device() && dy.numel() == gate.numel() &&
+                 dy.is_contiguous(),
+             "silu/swiglu backward: the output gradient does not match the ", dtype_name(gate.dtype()), " input");
+  const int64_t n = gate.numel();
+  if (gate.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_swiglu_backward(gate.raw_data(), up ? up->raw_data() : nullptr, dy.raw_data(),
+                         dgate ? dgate->raw_data() : nullptr, dup ? dup->raw_data() : nullptr, n, gate.dtype());
+    return;
+#else
+    throw Error("silu/swiglu backward: this hgrn was built without CUDA");
+#endif
+  }
+  HGRN_DISPATCH_FLOAT(gate.dtype(), up ? "swiglu backward" : "silu backward", [&] {
+    if (up)
+      swiglu_backward_cpu(gate.data<scalar_t>(), up->data<scalar_t>(), dy.data<scalar_t>(),
+                          dgate ? dgate->data<scalar_t>() : nullptr, dup ? dup->data<scalar_t>() : nullptr, n);
+    else if (dgate)
+      silu_backward_cpu(gate.data<scalar_t>(), dy.data<scalar_t>(), dgate->data<scalar_t>(), n);
+  });
 }
 
 Var silu(Tape& tape, const Var& x) {
-  check_cpu_input("silu", x);
-  const int64_t n = x->value.numel();
-  Tensor y = Tensor::empty(x->value.shape(), x->value.dtype());
-  HGRN_DISPATCH_FLOAT(y.dtype(), "silu", [&] { silu_forward_cpu(x->value.data<scalar_t>(), y.data<scalar_t>(), n); });
+  check_input("silu", x);
+  Tensor y = Tensor::empty(x->value.shape(), x->value.dtype(), x->value.device());
+  swiglu_forward(x->value, nullptr, y);
   Var out = op_output(tape, y, {x});
   if (!out->requires_grad) return out;
-  tape.record([x, out, n] {
+  tape.record([x, out] {
     if (!out->grad.defined()) return;
-    HGRN_DISPATCH_FLOAT(out->grad.dtype(), "silu backward", [&] {
-      silu_backward_cpu(x->value.data<scalar_t>(), out->grad.data<scalar_t>(), grad_buffer(x).data<scalar_t>(), n);
-    });
+    swiglu_backward(x->value, nullptr, out->grad, &grad_buffer(x), nullptr);
   });
   return out;
 }
 
 Var swiglu(Tape& tape, const Var& gate, const Var& up) {
-  check_cpu_input("swiglu", gate);
-  check_cpu_input("swiglu", up);
+  check_input("swiglu", gate);
+  check_input("swiglu", up);
   HGRN_CHECK(gate->value.shape() == up->value.shape(), "swiglu: gate ", shape_str(gate->value.shape()), " and up ",
              shape_str(up->value.shape()), " differ in shape");
-  HGRN_CHECK(gate->value.dtype() == up->value.dtype(), "swiglu: gate is ", dtype_name(gate->value.dtype()),
-             ", up is ", dtype_name(up->value.dtype()));
-  const int64_t n = gate->value.numel();
-  Tensor y = Tensor::empty(gate->value.shape(), gate->value.dtype());
-  HGRN_DISPATCH_FLOAT(y.dtype(), "swiglu", [&] {
-    swiglu_forward_cpu(gate->value.data<scalar_t>(), up->value.data<scalar_t>(), y.data<scalar_t>(), n);
-  });
+  HGRN_CHECK(gate->value.dtype() == up->value.dtype() && gate->value.device() == up->value.device(),
+             "swiglu: gate is ", dtype_name(gate->value.dtype()), " on ", device_name(gate->value.device()),
+             ", up is ", dtype_name(up->value.dtype()), " on ", device_name(up->value.device()));
+  Tensor y = Tensor::empty(gate->value.shape(), gate->value.dtype(), gate->value.device());
+  swiglu_forward(gate->value, &up->value, y);
   Var out = op_output(tape, y, {gate, up});
   if (!out->requires_grad) return out;
-  tape.record([gate, up, out, n] {
+  tape.record([gate, up, out] {
     if (!out->grad.defined()) return;
-    HGRN_DISPATCH_FLOAT(out->grad.dtype(), "swiglu backward", [&] {
-      swiglu_backward_cpu(gate->value.data<scalar_t>(), up->value.data<scalar_t>(), out->grad.data<scalar_t>(),
-                          wants_grad(gate) ? grad_buffer(gate).data<scalar_t>() : nullptr,
-                          wants_grad(up) ? grad_buffer(up).data<scalar_t>() : nullptr, n);
-    });
+    swiglu_backward(gate->value, &up->value, out->grad, wants_grad(gate) ? &grad_buffer(gate) : nullptr,
+                    wants_grad(up) ? &grad_buffer(up) : nullptr);
   });
   return out;
 }

@@ -1,5 +1,6 @@
 // cross_entropy.cpp: cross-entropy forward (stable log-sum-exp per row) and backward
-// d logits_row += (dloss / num_targets) · (softmax(row) − onehot(target)) for every non-ignored row.
+// d logits_row += (dloss / num_targets) · (softmax(row) − onehot(target)) for every non-ignored row. The CPU reference
+// is here; the GPU kernels are in kernels/cross_entropy.cu (there the loss is fp32 whatever the logits' dtype).
 #include "ops/cross_entropy.h"
 
 #include <cmath>
@@ -7,6 +8,9 @@
 #include <vector>
 
 #include "ops/cpu_parallel.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/cross_entropy.h"
+#endif
 
 namespace hgrn {
 
@@ -67,49 +71,89 @@ static void cross_entropy_backward_cpu(const T* logits, const int64_t* targets, 
   }
 }
 
+// What the backward needs besides the logits: on the CPU each row's target (-1: ignored) and log-sum-exp in the
+// logits' dtype; on the GPU the same as device tensors (int32 targets, fp32 log-sum-exp).
+struct CrossEntropySaved {
+  std::vector<int64_t> cpu_targets;
+  Tensor row_target;
+  Tensor log_sum_exp;
+};
+
 CrossEntropyResult cross_entropy(Tape& tape, const Var& logits, const Tensor& targets, int64_t ignore_index) {
   HGRN_CHECK(logits, "cross_entropy: logits is null");
   const Tensor& lv = logits->value;
   HGRN_CHECK(lv.dim() == 2 && lv.size(1) > 0, "cross_entropy: logits must be [N, Vocab] with Vocab > 0, got ",
              shape_str(lv.shape()));
-  HGRN_CHECK(lv.device() == Device::CPU && lv.is_contiguous(), "cross_entropy: logits must be a contiguous CPU tensor");
+  HGRN_CHECK(lv.is_contiguous(), "cross_entropy: logits must be contiguous");
   HGRN_CHECK(targets.defined() && (targets.dtype() == DType::I32 || targets.dtype() == DType::I64),
              "cross_entropy: targets must be int32 or int64, got ",
              targets.defined() ? dtype_name(targets.dtype()) : "undefined");
-  HGRN_CHECK(targets.device() == Device::CPU && targets.is_contiguous(),
-             "cross_entropy: targets must be a contiguous CPU tensor");
+  HGRN_CHECK(targets.device() == lv.device() && targets.is_contiguous(), "cross_entropy: targets must be a contiguous ",
+             device_name(lv.device()), " tensor (the logits' device), got one on ", device_name(targets.device()));
   const int64_t rows = lv.size(0), vocab = lv.size(1);
   HGRN_CHECK(targets.dim() == 1 && targets.size(0) == rows, "cross_entropy: targets ", shape_str(targets.shape()),
              " do not match logits ", shape_str(lv.shape()), " (expected [", rows, "])");
 
-  auto row_targets = std::make_shared<const std::vector<int64_t>>(
-      targets.dtype() == DType::I32 ? checked_targets(targets.data<int32_t>(), rows, vocab, ignore_index)
-                                    : checked_targets(targets.data<int64_t>(), rows, vocab, ignore_index));
-  int64_t num_targets = 0;
-  for (int64_t t : *row_targets) num_targets += t >= 0;
-
-  Tensor log_sum_exp = Tensor::empty({rows}, lv.dtype());
-  std::vector<uint8_t> correct(static_cast<size_t>(rows), 0);
-  Tensor loss = Tensor::empty({}, lv.dtype());
-  HGRN_DISPATCH_FLOAT(lv.dtype(), "cross_entropy", [&] {
-    const double total = cross_entropy_forward_cpu(lv.data<scalar_t>(), row_targets->data(),
-                                                   log_sum_exp.data<scalar_t>(), correct.data(), rows, vocab);
-    loss.data<scalar_t>()[0] = static_cast<scalar_t>(num_targets > 0 ? total / static_cast<double>(num_targets) : 0.0);
-  });
-  int64_t num_correct = 0;
-  for (uint8_t c : correct) num_correct += c;
+  auto saved = std::make_shared<CrossEntropySaved>();
+  Tensor loss;
+  int64_t num_targets = 0, num_correct = 0;
+  if (lv.device() == Device::CPU) {
+    saved->cpu_targets = targets.dtype() == DType::I32
+                             ? checked_targets(targets.data<int32_t>(), rows, vocab, ignore_index)
+                             : checked_targets(targets.data<int64_t>(), rows, vocab, ignore_index);
+    for (int64_t t : saved->cpu_targets) num_targets += t >= 0;
+    saved->log_sum_exp = Tensor::empty({rows}, lv.dtype());
+    std::vector<uint8_t> correct(static_cast<size_t>(rows), 0);
+    loss = Tensor::empty({}, lv.dtype());
+    HGRN_DISPATCH_FLOAT(lv.dtype(), "cross_entropy", [&] {
+      const double total = cross_entropy_forward_cpu(lv.data<scalar_t>(), saved->cpu_targets.data(),
+                                                     saved->log_sum_exp.data<scalar_t>(), correct.data(), rows, vocab);
+      loss.data<scalar_t>()[0] =
+          static_cast<scalar_t>(num_targets > 0 ? total / static_cast<double>(num_targets) : 0.0);
+    });
+    for (uint8_t c : correct) num_correct += c;
+  } else {
+#ifdef HGRN_WITH_CUDA
+    loss = Tensor::empty({}, DType::F32, Device::CUDA);
+    saved->log_sum_exp = Tensor::empty({rows}, DType::F32, Device::CUDA);
+    saved->row_target = Tensor::empty({rows}, DType::I32, Device::CUDA);
+    Tensor scratch = Tensor::empty({static_cast<int64_t>((cross_entropy_scratch_bytes(rows) + 7) / 8)}, DType::I64,
+                                   Device::CUDA);
+    const CrossEntropyCounts counts = cross_entropy_forward_cuda(
+        lv.raw_data(), lv.dtype(), targets.raw_data(), targets.dtype(), rows, vocab, ignore_index,
+        loss.data<float>(), saved->log_sum_exp.data<float>(), saved->row_target.data<int32_t>(), scratch.raw_data());
+    HGRN_CHECK(counts.bad_row < 0, "cross_entropy: target ", counts.bad_target, " in row ", counts.bad_row,
+               " is out of range for vocab size ", vocab, " (ignore_index is ", ignore_index, ")");
+    num_targets = counts.num_targets;
+    num_correct = counts.num_correct;
+#else
+    throw Error("cross_entropy: this hgrn was built without CUDA");
+#endif
+  }
 
   Var out = op_output(tape, loss, {logits});
   if (out->requires_grad) {
-    tape.record([logits, out, row_targets, log_sum_exp, num_targets, rows, vocab] {
+    tape.record([logits, out, saved, num_targets, rows, vocab] {
       if (!out->grad.defined()) return;
       Tensor& dlogits = grad_buffer(logits);
       if (num_targets == 0) return;  // nothing to learn from: the gradient stays zero
-      HGRN_DISPATCH_FLOAT(out->grad.dtype(), "cross_entropy backward", [&] {
-        const scalar_t scale = out->grad.data<scalar_t>()[0] / static_cast<scalar_t>(num_targets);
-        cross_entropy_backward_cpu(logits->value.data<scalar_t>(), row_targets->data(), log_sum_exp.data<scalar_t>(),
-                                   scale, dlogits.data<scalar_t>(), rows, vocab);
-      });
+      const Tensor& dloss = out->grad;
+      if (dloss.device() == Device::CPU) {
+        HGRN_DISPATCH_FLOAT(dloss.dtype(), "cross_entropy backward", [&] {
+          const scalar_t scale = dloss.data<scalar_t>()[0] / static_cast<scalar_t>(num_targets);
+          cross_entropy_backward_cpu(logits->value.data<scalar_t>(), saved->cpu_targets.data(),
+                                     saved->log_sum_exp.data<scalar_t>(), scale, dlogits.data<scalar_t>(), rows,
+                                     vocab);
+        });
+        return;
+      }
+#ifdef HGRN_WITH_CUDA
+      cross_entropy_backward_cuda(logits->value.raw_data(), logits->value.dtype(), saved->log_sum_exp.data<float>(),
+                                  saved->row_target.data<int32_t>(), dloss.data<float>(), num_targets,
+                                  dlogits.raw_data(), rows, vocab);
+#else
+      throw Error("cross_entropy: this hgrn was built without CUDA");
+#endif
     });
   }
   return {out, num_targets, num_correct};

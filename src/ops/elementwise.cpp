@@ -1,5 +1,9 @@
-// elementwise.cpp: add and reshape, forward and backward.
+// elementwise.cpp: add and reshape, forward and backward (on the GPU through kernels/elementwise.h).
 #include "ops/elementwise.h"
+
+#ifdef HGRN_WITH_CUDA
+#include "kernels/elementwise.h"
+#endif
 
 namespace hgrn {
 
@@ -13,20 +17,47 @@ static void accumulate_cpu(T* dst, const T* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
-// dst += src for two same-sized float tensors: how a gradient passes through add and reshape unchanged.
+// dst += src for two same-sized float tensors on one device: how a gradient passes through add and reshape unchanged.
 static void accumulate(Tensor& dst, const Tensor& src) {
+  HGRN_CHECK(dst.dtype() == src.dtype() && dst.device() == src.device() && dst.numel() == src.numel() &&
+                 dst.is_contiguous() && src.is_contiguous(),
+             "accumulate: gradient ", dtype_name(src.dtype()), " ", shape_str(src.shape()), " on ",
+             device_name(src.device()), " does not match ", dtype_name(dst.dtype()), " ", shape_str(dst.shape()),
+             " on ", device_name(dst.device()));
+  if (dst.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_accumulate(dst.raw_data(), src.raw_data(), dst.numel(), dst.dtype());
+    return;
+#else
+    throw Error("accumulate: this hgrn was built without CUDA");
+#endif
+  }
   HGRN_DISPATCH_FLOAT(dst.dtype(), "accumulate", [&] {
     accumulate_cpu(dst.data<scalar_t>(), src.data<scalar_t>(), dst.numel());
   });
 }
 
 Var add(Tape& tape, const Var& a, const Var& b) {
-  HGRN_CHECK(a->value.shape() == b->value.shape(), "add: shapes ", shape_str(a->value.shape()), " and ",
-             shape_str(b->value.shape()), " differ");
-  Tensor y = Tensor::empty(a->value.shape(), a->value.dtype(), a->value.device());
-  HGRN_DISPATCH_FLOAT(y.dtype(), "add", [&] {
-    add_forward_cpu(a->value.data<scalar_t>(), b->value.data<scalar_t>(), y.data<scalar_t>(), y.numel());
-  });
+  HGRN_CHECK(a && b, "add: input is null");
+  const Tensor& av = a->value;
+  const Tensor& bv = b->value;
+  HGRN_CHECK(av.shape() == bv.shape(), "add: shapes ", shape_str(av.shape()), " and ", shape_str(bv.shape()),
+             " differ");
+  HGRN_CHECK(av.dtype() == bv.dtype() && av.device() == bv.device(), "add: ", dtype_name(av.dtype()), " on ",
+             device_name(av.device()), " and ", dtype_name(bv.dtype()), " on ", device_name(bv.device()));
+  HGRN_CHECK(av.is_contiguous() && bv.is_contiguous(), "add: inputs must be contiguous");
+  Tensor y = Tensor::empty(av.shape(), av.dtype(), av.device());
+  if (y.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_add(av.raw_data(), bv.raw_data(), y.raw_data(), y.numel(), y.dtype());
+#else
+    throw Error("add: this hgrn was built without CUDA");
+#endif
+  } else {
+    HGRN_DISPATCH_FLOAT(y.dtype(), "add", [&] {
+      add_forward_cpu(av.data<scalar_t>(), bv.data<scalar_t>(), y.data<scalar_t>(), y.numel());
+    });
+  }
   Var out = op_output(tape, y, {a, b});
   if (!out->requires_grad) return out;
   tape.record([a, b, out] {

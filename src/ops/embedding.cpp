@@ -1,4 +1,5 @@
-// embedding.cpp: embedding lookup forward (row gather) and backward (scatter-add into the weight gradient).
+// embedding.cpp: embedding lookup forward (row gather) and backward (scatter-add into the weight gradient); the CPU
+// reference here, the GPU kernels in kernels/embedding.cu.
 #include "ops/embedding.h"
 
 #include <algorithm>
@@ -7,6 +8,9 @@
 #include <vector>
 
 #include "ops/cpu_parallel.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/embedding.h"
+#endif
 
 namespace hgrn {
 
@@ -48,36 +52,97 @@ static std::vector<int64_t> checked_ids(const I* ids, int64_t n, int64_t vocab) 
   return out;
 }
 
-Var embedding(Tape& tape, const Var& weight, const Tensor& ids) {
+// What the backward needs: on the CPU the checked ids; on the GPU the (id, position) pairs sorted by id and where
+// each distinct id's run starts (embedding.h), computed once in the forward since the ids are fixed.
+struct EmbeddingSaved {
+  std::vector<int64_t> cpu_ids;
+  Tensor sorted_ids, sorted_pos, segment_start, num_segments;
+};
+
+Var embedding(Tape& tape, const Var& weight, const Tensor& ids, DType out_dtype) {
   HGRN_CHECK(weight, "embedding: weight is null");
   const Tensor& wv = weight->value;
   HGRN_CHECK(wv.dim() == 2, "embedding: weight must be [Vocab, D], got ", shape_str(wv.shape()));
-  HGRN_CHECK(wv.device() == Device::CPU && wv.is_contiguous(), "embedding: weight must be a contiguous CPU tensor");
+  HGRN_CHECK(wv.is_contiguous(), "embedding: weight must be contiguous");
   HGRN_CHECK(ids.defined() && (ids.dtype() == DType::I32 || ids.dtype() == DType::I64),
              "embedding: ids must be int32 or int64, got ", ids.defined() ? dtype_name(ids.dtype()) : "undefined");
-  HGRN_CHECK(ids.device() == Device::CPU && ids.is_contiguous(), "embedding: ids must be a contiguous CPU tensor");
+  HGRN_CHECK(ids.device() == wv.device() && ids.is_contiguous(), "embedding: ids must be a contiguous ",
+             device_name(wv.device()), " tensor (the weight's device), got one on ", device_name(ids.device()));
+  const Device device = wv.device();
   const int64_t vocab = wv.size(0), width = wv.size(1), rows = ids.numel();
-
-  auto flat_ids = std::make_shared<const std::vector<int64_t>>(
-      ids.dtype() == DType::I32 ? checked_ids(ids.data<int32_t>(), rows, vocab)
-                                : checked_ids(ids.data<int64_t>(), rows, vocab));
-
   Shape out_shape = ids.shape();
   out_shape.push_back(width);
-  Tensor y = Tensor::empty(out_shape, wv.dtype());
-  HGRN_DISPATCH_FLOAT(wv.dtype(), "embedding", [&] {
-    embedding_forward_cpu(wv.data<scalar_t>(), flat_ids->data(), y.data<scalar_t>(), rows, width);
-  });
+  auto saved = std::make_shared<EmbeddingSaved>();
+  Tensor y;
+
+  if (device == Device::CPU) {
+    HGRN_CHECK(out_dtype == wv.dtype(), "embedding: on the CPU the output dtype (", dtype_name(out_dtype),
+               ") must be the weight's (", dtype_name(wv.dtype()), ")");
+    saved->cpu_ids = ids.dtype() == DType::I32 ? checked_ids(ids.data<int32_t>(), rows, vocab)
+                                               : checked_ids(ids.data<int64_t>(), rows, vocab);
+    y = Tensor::empty(out_shape, wv.dtype());
+    HGRN_DISPATCH_FLOAT(wv.dtype(), "embedding", [&] {
+      embedding_forward_cpu(wv.data<scalar_t>(), saved->cpu_ids.data(), y.data<scalar_t>(), rows, width);
+    });
+  } else {
+#ifdef HGRN_WITH_CUDA
+    HGRN_CHECK(wv.dtype() == DType::F32, "embedding: a GPU weight is a parameter and must be fp32, got ",
+               dtype_name(wv.dtype()));
+    HGRN_CHECK(out_dtype == DType::F32 || out_dtype == DType::BF16,
+               "embedding: GPU activations are fp32 or bf16, asked for ", dtype_name(out_dtype));
+    Tensor scratch = Tensor::empty({1}, DType::I64, Device::CUDA);
+    int64_t bad_id = 0;
+    const int64_t bad_position = embedding_check_ids_cuda(ids.raw_data(), ids.dtype(), rows, vocab,
+                                                          scratch.raw_data(), &bad_id);
+    HGRN_CHECK(bad_position < 0, "embedding: id ", bad_id, " at position ", bad_position,
+               " is out of range for vocab size ", vocab);
+    y = Tensor::empty(out_shape, out_dtype, Device::CUDA);
+    embedding_forward_cuda(wv.data<float>(), ids.raw_data(), ids.dtype(), y.raw_data(), out_dtype, rows, width);
+#else
+    throw Error("embedding: this hgrn was built without CUDA");
+#endif
+  }
+
   Var out = op_output(tape, y, {weight});
   if (!out->requires_grad) return out;
-  tape.record([weight, out, flat_ids, rows, width] {
+#ifdef HGRN_WITH_CUDA
+  if (device == Device::CUDA) {
+    saved->sorted_ids = Tensor::empty({rows}, DType::I32, Device::CUDA);
+    saved->sorted_pos = Tensor::empty({rows}, DType::I32, Device::CUDA);
+    saved->segment_start = Tensor::empty({rows}, DType::I32, Device::CUDA);
+    saved->num_segments = Tensor::empty({1}, DType::I32, Device::CUDA);
+    const size_t workspace_bytes = embedding_sort_workspace_bytes(rows, vocab);
+    Tensor workspace = Tensor::empty({static_cast<int64_t>((workspace_bytes + 3) / 4)}, DType::I32, Device::CUDA);
+    embedding_sort_cuda(ids.raw_data(), ids.dtype(), rows, vocab, saved->sorted_ids.data<int32_t>(),
+                        saved->sorted_pos.data<int32_t>(), saved->segment_start.data<int32_t>(),
+                        saved->num_segments.data<int32_t>(), workspace.raw_data(), workspace_bytes);
+  }
+#endif
+  tape.record([weight, out, saved, rows, vocab, width] {
     if (!out->grad.defined()) return;
-    HGRN_DISPATCH_FLOAT(out->grad.dtype(), "embedding backward", [&] {
-      embedding_backward_cpu(out->grad.data<scalar_t>(), flat_ids->data(), grad_buffer(weight).data<scalar_t>(), rows,
-                             width);
-    });
+    const Tensor& dy = out->grad;
+    if (dy.device() == Device::CPU) {
+      HGRN_DISPATCH_FLOAT(dy.dtype(), "embedding backward", [&] {
+        embedding_backward_cpu(dy.data<scalar_t>(), saved->cpu_ids.data(), grad_buffer(weight).data<scalar_t>(),
+                               rows, width);
+      });
+      return;
+    }
+#ifdef HGRN_WITH_CUDA
+    embedding_backward_cuda(dy.raw_data(), dy.dtype(), saved->sorted_ids.data<int32_t>(),
+                            saved->sorted_pos.data<int32_t>(), saved->segment_start.data<int32_t>(),
+                            saved->num_segments.data<int32_t>(), grad_buffer(weight).data<float>(), rows, vocab,
+                            width);
+#else
+    throw Error("embedding: this hgrn was built without CUDA");
+#endif
   });
   return out;
+}
+
+Var embedding(Tape& tape, const Var& weight, const Tensor& ids) {
+  HGRN_CHECK(weight, "embedding: weight is null");
+  return embedding(tape, weight, ids, weight->value.dtype());
 }
 
 }  // namespace hgrn

@@ -4,8 +4,13 @@
 
 namespace hgrn {
 
-// weight [Vocab, D], ids int32 or int64 of any shape [...] -> [..., D]. An id outside [0, Vocab) is an Error.
-// The ids are copied, so the caller may reuse their buffer before backward runs.
+// weight [Vocab, D], ids int32 or int64 of any shape [...] on the weight's device -> [..., D] in out_dtype.
+// An id outside [0, Vocab) is an Error naming it and its position. On the CPU out_dtype must be the weight's dtype;
+// on the GPU the weight is fp32 (a parameter) and out_dtype is an activation dtype (fp32 or bf16), and the check
+// reads one number back from the device. The ids are copied (the GPU keeps them sorted by token for the backward),
+// so the caller may reuse their buffer before backward runs.
+Var embedding(Tape& tape, const Var& weight, const Tensor& ids, DType out_dtype);
+// Output in the weight's dtype.
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids);
 
 }  // namespace hgrn

@@ -13,6 +13,8 @@
 //   ∂g/∂f̂ = (1 − γ)·σ(f̂)·σ(−f̂) / λ = exp(log1p(−γ) + ls(f̂) − g + ls(−f̂)),
 //   ∂g/∂γ = (1 − σ(f̂)) / λ          = exp(ls(−f̂) − g)   (at most 1/γ).
 // Without a bound, ∂g/∂f̂ = σ(−f̂).
+// On the GPU (kernels/hgrn2_gates.cu, the same formulas in fp32) Γ, γ and g are fp32 whatever the activation dtype
+// (spec 1.3: g stays fp32 in every layer), f̂ is fp32 or bf16, and k is stored in the dtype the caller asks for.
 #include "ops/hgrn2_gates.h"
 
 #include <algorithm>
@@ -21,6 +23,9 @@
 #include <vector>
 
 #include "ops/cpu_parallel.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/hgrn2_gates.h"
+#endif
 
 namespace hgrn {
 
@@ -101,18 +106,39 @@ Var lower_bound_transform(Tape& tape, const Var& lower_bounds) {
   const Tensor& lv = lower_bounds->value;
   HGRN_CHECK(lv.dim() == 2 && lv.size(0) >= 1, "lower_bound_transform: lower_bounds must be [L, D] with L >= 1, got ",
              shape_str(lv.shape()));
-  HGRN_CHECK(lv.device() == Device::CPU && lv.is_contiguous(),
-             "lower_bound_transform: lower_bounds must be a contiguous CPU tensor");
+  HGRN_CHECK(lv.is_contiguous(), "lower_bound_transform: lower_bounds must be contiguous");
+  const bool on_gpu = lv.device() == Device::CUDA;
+  HGRN_CHECK(!on_gpu || lv.dtype() == DType::F32, "lower_bound_transform: lower_bounds on the GPU must be fp32, got ",
+             dtype_name(lv.dtype()));
   const int64_t layers = lv.size(0), width = lv.size(1);
-  Tensor gamma = Tensor::empty(lv.shape(), lv.dtype());
-  Tensor probs = Tensor::empty(lv.shape(), lv.dtype());
-  HGRN_DISPATCH_FLOAT(lv.dtype(), "lower_bound_transform", [&] {
-    lower_bound_forward_cpu(lv.data<scalar_t>(), probs.data<scalar_t>(), gamma.data<scalar_t>(), layers, width);
-  });
+  Tensor gamma = Tensor::empty(lv.shape(), lv.dtype(), lv.device());
+  Tensor probs = Tensor::empty(lv.shape(), lv.dtype(), lv.device());
+  if (on_gpu) {
+#ifdef HGRN_WITH_CUDA
+    cuda_lower_bound_forward(lv.data<float>(), probs.data<float>(), gamma.data<float>(), layers, width);
+#else
+    throw Error("lower_bound_transform: this hgrn was built without CUDA");
+#endif
+  } else {
+    HGRN_DISPATCH_FLOAT(lv.dtype(), "lower_bound_transform", [&] {
+      lower_bound_forward_cpu(lv.data<scalar_t>(), probs.data<scalar_t>(), gamma.data<scalar_t>(), layers, width);
+    });
+  }
   Var out = op_output(tape, gamma, {lower_bounds});
   if (!out->requires_grad) return out;
   tape.record([lower_bounds, out, probs, layers, width] {
     if (!out->grad.defined()) return;
+    if (out->grad.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      HGRN_CHECK(out->grad.dtype() == DType::F32, "lower_bound_transform backward: the gradient of gamma is ",
+                 dtype_name(out->grad.dtype()), ", expected fp32");
+      cuda_lower_bound_backward(probs.data<float>(), out->grad.data<float>(),
+                                grad_buffer(lower_bounds).data<float>(), layers, width);
+      return;
+#else
+      throw Error("lower_bound_transform: this hgrn was built without CUDA");
+#endif
+    }
     HGRN_DISPATCH_FLOAT(out->grad.dtype(), "lower_bound_transform backward", [&] {
       lower_bound_backward_cpu(probs.data<scalar_t>(), out->grad.data<scalar_t>(),
                                grad_buffer(lower_bounds).data<scalar_t>(), layers, width);
@@ -185,8 +211,9 @@ Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t la
   const Tensor& fv = f_hat->value;
   HGRN_CHECK(fv.dim() >= 1 && fv.size(-1) > 0, "hgrn2_forget_gate: f_hat must have a non-empty last axis, got ",
              shape_str(fv.shape()));
-  HGRN_CHECK(fv.device() == Device::CPU && fv.is_contiguous(), "hgrn2_forget_gate: f_hat must be a contiguous CPU tensor");
+  HGRN_CHECK(fv.is_contiguous(), "hgrn2_forget_gate: f_hat must be contiguous");
   HGRN_CHECK(layer >= 0, "hgrn2_forget_gate: layer must be non-negative, got ", layer);
+  const bool on_gpu = fv.device() == Device::CUDA;
   const int64_t width = fv.size(-1), rows = fv.numel() / width;
   const bool bounded = gamma && layer > 0;
   Tensor gamma_row;
@@ -196,11 +223,15 @@ Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t la
                " does not match f_hat ", shape_str(fv.shape()), " (expected [L, ", width, "])");
     HGRN_CHECK(layer < gv.size(0), "hgrn2_forget_gate: layer ", layer, " out of range for gamma with ", gv.size(0),
                " layers");
-    HGRN_CHECK(gv.dtype() == fv.dtype(), "hgrn2_forget_gate: f_hat is ", dtype_name(fv.dtype()), ", gamma is ",
-               dtype_name(gv.dtype()));
-    HGRN_CHECK(gv.device() == Device::CPU && gv.is_contiguous(),
-               "hgrn2_forget_gate: gamma must be a contiguous CPU tensor");
-    if (bounded) {
+    HGRN_CHECK(gv.device() == fv.device() && gv.is_contiguous(), "hgrn2_forget_gate: gamma must be a contiguous ",
+               device_name(fv.device()), " tensor like f_hat");
+    // The GPU keeps γ in fp32 under bf16 activations (spec 1.3); the CPU computes in one dtype throughout.
+    const DType want = on_gpu ? DType::F32 : fv.dtype();
+    HGRN_CHECK(gv.dtype() == want, "hgrn2_forget_gate: f_hat is ", dtype_name(fv.dtype()), " on ",
+               device_name(fv.device()), ", gamma is ", dtype_name(gv.dtype()), " (expected ", dtype_name(want), ")");
+    // On the GPU the range check would cost a device-to-host copy per layer and step; there γ comes from
+    // lower_bound_transform, which cannot leave [0, 1].
+    if (bounded && !on_gpu) {
       gamma_row = gv.select_row(layer);
       for (int64_t c = 0; c < width; ++c) {
         const double value = gamma_row.item(c);
@@ -210,16 +241,44 @@ Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t la
     }
   }
 
-  Tensor g = Tensor::empty(fv.shape(), fv.dtype());
-  HGRN_DISPATCH_FLOAT(fv.dtype(), "hgrn2_forget_gate", [&] {
-    forget_gate_forward_cpu(fv.data<scalar_t>(), bounded ? gamma_row.data<scalar_t>() : nullptr, g.data<scalar_t>(),
-                            rows, width);
-  });
+  Tensor g;
+  if (on_gpu) {
+#ifdef HGRN_WITH_CUDA
+    g = Tensor::empty(fv.shape(), DType::F32, Device::CUDA);
+    cuda_forget_gate_forward(fv.raw_data(), fv.dtype(), bounded ? gamma->value.data<float>() + layer * width : nullptr,
+                             g.data<float>(), rows, width);
+#else
+    throw Error("hgrn2_forget_gate: this hgrn was built without CUDA");
+#endif
+  } else {
+    g = Tensor::empty(fv.shape(), fv.dtype());
+    HGRN_DISPATCH_FLOAT(fv.dtype(), "hgrn2_forget_gate", [&] {
+      forget_gate_forward_cpu(fv.data<scalar_t>(), bounded ? gamma_row.data<scalar_t>() : nullptr,
+                              g.data<scalar_t>(), rows, width);
+    });
+  }
   // Only the bounded gate depends on gamma; leaving it out otherwise keeps layer 0 off gamma's gradient entirely.
   Var out = bounded ? op_output(tape, g, {f_hat, gamma}) : op_output(tape, g, {f_hat});
   if (!out->requires_grad) return out;
   tape.record([f_hat, gamma, bounded, layer, out, rows, width] {
     if (!out->grad.defined()) return;
+    if (out->grad.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      HGRN_CHECK(out->grad.dtype() == DType::F32, "hgrn2_forget_gate backward: the gradient of g is ",
+                 dtype_name(out->grad.dtype()), ", expected fp32");
+      const float* gamma_row = bounded ? gamma->value.data<float>() + layer * width : nullptr;
+      float* dgamma_row = bounded && wants_grad(gamma) ? grad_buffer(gamma).data<float>() + layer * width : nullptr;
+      Tensor workspace;
+      if (dgamma_row)
+        workspace = Tensor::empty({cuda_forget_gate_backward_workspace(rows, width)}, DType::F32, Device::CUDA);
+      cuda_forget_gate_backward(f_hat->value.raw_data(), f_hat->value.dtype(), gamma_row, out->value.data<float>(),
+                                out->grad.data<float>(), wants_grad(f_hat) ? grad_buffer(f_hat).raw_data() : nullptr,
+                                dgamma_row, dgamma_row ? workspace.data<float>() : nullptr, rows, width);
+      return;
+#else
+      throw Error("hgrn2_forget_gate: this hgrn was built without CUDA");
+#endif
+    }
     HGRN_DISPATCH_FLOAT(out->grad.dtype(), "hgrn2_forget_gate backward", [&] {
       const scalar_t* gamma_row = bounded ? gamma->value.data<scalar_t>() + layer * width : nullptr;
       scalar_t* dgamma_row =
@@ -249,16 +308,41 @@ static void input_gate_backward_cpu(const T* g, const T* dk, T* dg, int64_t n) {
 
 Var input_gate_from_forget(Tape& tape, const Var& g) {
   HGRN_CHECK(g, "input_gate_from_forget: g is null");
-  HGRN_CHECK(g->value.device() == Device::CPU && g->value.is_contiguous(),
-             "input_gate_from_forget: g must be a contiguous CPU tensor");
-  const int64_t n = g->value.numel();
-  Tensor k = Tensor::empty(g->value.shape(), g->value.dtype());
-  HGRN_DISPATCH_FLOAT(k.dtype(), "input_gate_from_forget",
-                      [&] { input_gate_forward_cpu(g->value.data<scalar_t>(), k.data<scalar_t>(), n); });
+  return input_gate_from_forget(tape, g, g->value.dtype());
+}
+
+Var input_gate_from_forget(Tape& tape, const Var& g, DType out_dtype) {
+  HGRN_CHECK(g, "input_gate_from_forget: g is null");
+  const Tensor& gv = g->value;
+  HGRN_CHECK(gv.is_contiguous(), "input_gate_from_forget: g must be contiguous");
+  const bool on_gpu = gv.device() == Device::CUDA;
+  HGRN_CHECK(on_gpu || out_dtype == gv.dtype(), "input_gate_from_forget: on the CPU k has g's dtype (",
+             dtype_name(gv.dtype()), "), asked for ", dtype_name(out_dtype));
+  const int64_t n = gv.numel();
+  Tensor k = Tensor::empty(gv.shape(), out_dtype, gv.device());
+  if (on_gpu) {
+#ifdef HGRN_WITH_CUDA
+    cuda_input_gate_forward(gv.raw_data(), gv.dtype(), k.raw_data(), out_dtype, n);
+#else
+    throw Error("input_gate_from_forget: this hgrn was built without CUDA");
+#endif
+  } else {
+    HGRN_DISPATCH_FLOAT(k.dtype(), "input_gate_from_forget",
+                        [&] { input_gate_forward_cpu(gv.data<scalar_t>(), k.data<scalar_t>(), n); });
+  }
   Var out = op_output(tape, k, {g});
   if (!out->requires_grad) return out;
   tape.record([g, out, n] {
     if (!out->grad.defined()) return;
+    if (out->grad.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      cuda_input_gate_backward(g->value.raw_data(), g->value.dtype(), out->grad.raw_data(), out->grad.dtype(),
+                               grad_buffer(g).raw_data(), n);
+      return;
+#else
+      throw Error("input_gate_from_forget: this hgrn was built without CUDA");
+#endif
+    }
     HGRN_DISPATCH_FLOAT(out->grad.dtype(), "input_gate_from_forget backward", [&] {
       input_gate_backward_cpu(g->value.data<scalar_t>(), out->grad.data<scalar_t>(), grad_buffer(g).data<scalar_t>(),
                               n);

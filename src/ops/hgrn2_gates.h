@@ -13,10 +13,14 @@ Var lower_bound_transform(Tape& tape, const Var& lower_bounds);
 
 // f̂ [..., F] -> g [..., F], the log forget gate. g = logsigmoid(f̂) when gamma is null or layer == 0 (layer 0's bound
 // is exactly 0); otherwise g = log(γ_ℓ + (1 − γ_ℓ)·σ(f̂)) with γ_ℓ = gamma[layer] ([L, F], values in [0, 1]),
-// evaluated in log space. Layer 0 never touches gamma's gradient.
+// evaluated in log space. Layer 0 never touches gamma's gradient. On the GPU f̂ is fp32 or bf16, gamma is fp32 and g is
+// always fp32 (spec 1.3); on the CPU f̂, gamma and g share one dtype (fp32 or fp64).
 Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t layer);
 
 // g -> k = 1 − exp(g), evaluated as −expm1(g) so that k keeps its relative precision when g is near 0.
+// k has g's dtype, or out_dtype: on the GPU g is fp32 and k is stored in the activation dtype (fp32 or bf16, spec 1.2
+// step 4: k is cast to i's dtype), with dg in g's dtype; on the CPU out_dtype must be g's dtype.
 Var input_gate_from_forget(Tape& tape, const Var& g);
+Var input_gate_from_forget(Tape& tape, const Var& g, DType out_dtype);
 
 }  // namespace hgrn

@@ -14,6 +14,10 @@
 #include <cmath>
 #include <vector>
 
+#ifdef HGRN_WITH_CUDA
+#include "kernels/hgru2_recurrence.h"
+#endif
+
 namespace hgrn {
 namespace {
 
@@ -737,6 +741,56 @@ Hgru2Io<T> io_with_inputs(const Var& q, const Var& k, const Var& v, const Var& g
   return io;
 }
 
+#ifdef HGRN_WITH_CUDA
+Hgru2CudaShape cuda_shape(const HeadDims& d) {
+  Hgru2CudaShape s;
+  s.batch = d.batch;
+  s.time = d.time;
+  s.heads = d.heads;
+  s.key_dim = d.key_dim;
+  s.value_dim = d.value_dim;
+  return s;
+}
+
+// The CUDA backward: gradients of both outputs (either may be undefined) into the inputs that want one (+=).
+void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state,
+                         const Var& out, const Var& final_out, const Tensor& saved_scores, const HeadDims& dims,
+                         double scale) {
+  const Hgru2CudaShape shape = cuda_shape(dims);
+  const Device device = Device::CUDA;
+  if (out->grad.defined())
+    HGRN_CHECK(out->grad.dtype() == out->value.dtype(), "hgru2_recurrence: output gradient dtype ",
+               dtype_name(out->grad.dtype()), " differs from the output's ", dtype_name(out->value.dtype()));
+  if (final_out->grad.defined())
+    HGRN_CHECK(final_out->grad.dtype() == DType::F32, "hgru2_recurrence: final-state gradient must be fp32");
+  const bool need_states = wants_grad(q) || wants_grad(k) || wants_grad(g);
+  const Tensor states =
+      need_states ? Tensor::empty({hgru2_cuda_states_elements(shape)}, DType::F32, device) : Tensor();
+  const Tensor d_states = Tensor::empty({hgru2_cuda_states_elements(shape)}, DType::F32, device);
+  const Tensor d_scores = Tensor::empty({hgru2_cuda_scores_elements(shape)}, DType::F32, device);
+  Hgru2CudaBackwardArgs a;
+  a.q = q->value.raw_data();
+  a.k = k->value.raw_data();
+  a.v = v->value.raw_data();
+  a.act = q->value.dtype();
+  a.g = g->value.data<float>();
+  a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
+  a.scale = static_cast<float>(scale);
+  a.scores = saved_scores.data<float>();
+  a.d_output = out->grad.defined() ? out->grad.raw_data() : nullptr;
+  a.d_final_state = final_out->grad.defined() ? final_out->grad.data<float>() : nullptr;
+  a.dq = wants_grad(q) ? grad_buffer(q).raw_data() : nullptr;
+  a.dk = wants_grad(k) ? grad_buffer(k).raw_data() : nullptr;
+  a.dv = wants_grad(v) ? grad_buffer(v).raw_data() : nullptr;
+  a.dg = wants_grad(g) ? grad_buffer(g).data<float>() : nullptr;
+  a.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<float>() : nullptr;
+  a.states = need_states ? states.data<float>() : nullptr;
+  a.d_states = d_states.data<float>();
+  a.d_scores = d_scores.data<float>();
+  hgru2_cuda_backward(shape, a);
+}
+#endif
+
 }  // namespace
 
 Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
@@ -765,16 +819,24 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     HGRN_CHECK(initial_state->value.shape() == state_shape, "hgru2_recurrence: initial_state must be ",
                shape_str(state_shape), ", got ", shape_str(initial_state->value.shape()));
   const DType dtype = qv.dtype();
-  for (const Var& x : {k, v, g, initial_state}) {
+  // On the GPU (mixed precision): q, k, v in the activation dtype, g and the states always fp32. On the CPU: one dtype.
+  const Device device = qv.device();
+  const bool on_cuda = device == Device::CUDA;
+  for (const Var& x : {q, k, v, g, initial_state}) {
     if (!x) continue;
+    HGRN_CHECK(x->value.device() == device, "hgru2_recurrence: inputs mix ", device_name(device), " and ",
+               device_name(x->value.device()));
+    HGRN_CHECK(x->value.is_contiguous(), "hgru2_recurrence: inputs must be contiguous");
+  }
+  for (const Var& x : {k, v}) {
     HGRN_CHECK(x->value.dtype() == dtype, "hgru2_recurrence: inputs mix ", dtype_name(dtype), " and ",
                dtype_name(x->value.dtype()));
   }
-  for (const Var& x : {q, k, v, g, initial_state}) {
+  const DType gate_dtype = on_cuda ? DType::F32 : dtype;
+  for (const Var& x : {g, initial_state}) {
     if (!x) continue;
-    HGRN_CHECK(x->value.device() == Device::CPU, "hgru2_recurrence: the CPU kernel got a tensor on ",
-               device_name(x->value.device()));
-    HGRN_CHECK(x->value.is_contiguous(), "hgru2_recurrence: inputs must be contiguous");
+    HGRN_CHECK(x->value.dtype() == gate_dtype, "hgru2_recurrence: ", x == g ? "g" : "initial_state", " must be ",
+               dtype_name(gate_dtype), " here, got ", dtype_name(x->value.dtype()));
   }
   HGRN_CHECK(chunk_size >= 0, "hgru2_recurrence: chunk_size must be >= 0 (0 = automatic), got ", chunk_size);
   HGRN_CHECK(std::isfinite(scale), "hgru2_recurrence: scale must be finite, got ", scale);
@@ -785,18 +847,44 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
   if (tape.enabled())
     for (const Var& x : {q, k, v, g, initial_state}) records = records || wants_grad(x);
 
-  Tensor output = Tensor::empty({batch, time, num_heads * dims.value_dim}, dtype);
-  Tensor final_state = Tensor::empty(state_shape, dtype);
-  Tensor saved_scores;
-  if (records && mode == RecurrenceMode::Chunk)
-    saved_scores = Tensor::empty({dims.pairs() * layout.scores_per_sequence()}, dtype);
-  HGRN_DISPATCH_FLOAT(dtype, "hgru2_recurrence", [&] {
-    Hgru2Io<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
-    io.output = output.data<scalar_t>();
-    io.final_state = final_state.data<scalar_t>();
-    io.saved_scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
-    hgru2_forward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
-  });
+  Tensor output, final_state, saved_scores;
+  if (on_cuda) {
+#ifdef HGRN_WITH_CUDA
+    // The CUDA kernels always run the chunk form with 64-step chunks (both modes compute the same function).
+    const Hgru2CudaShape shape = cuda_shape(dims);
+    output = Tensor::empty({batch, time, num_heads * dims.value_dim}, dtype, device);
+    final_state = Tensor::empty(state_shape, DType::F32, device);
+    if (records) saved_scores = Tensor::empty({hgru2_cuda_scores_elements(shape)}, DType::F32, device);
+    const Tensor states = Tensor::empty({hgru2_cuda_states_elements(shape)}, DType::F32, device);
+    Hgru2CudaForwardArgs a;
+    a.q = qv.raw_data();
+    a.k = k->value.raw_data();
+    a.v = vv.raw_data();
+    a.act = dtype;
+    a.g = g->value.data<float>();
+    a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
+    a.scale = static_cast<float>(scale);
+    a.output = output.raw_data();
+    a.final_state = final_state.data<float>();
+    a.scores = saved_scores.defined() ? saved_scores.data<float>() : nullptr;
+    a.states = states.data<float>();
+    hgru2_cuda_forward(shape, a);
+#else
+    throw Error("hgru2_recurrence: this hgrn was built without CUDA");
+#endif
+  } else {
+    output = Tensor::empty({batch, time, num_heads * dims.value_dim}, dtype);
+    final_state = Tensor::empty(state_shape, dtype);
+    if (records && mode == RecurrenceMode::Chunk)
+      saved_scores = Tensor::empty({dims.pairs() * layout.scores_per_sequence()}, dtype);
+    HGRN_DISPATCH_FLOAT(dtype, "hgru2_recurrence", [&] {
+      Hgru2Io<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
+      io.output = output.data<scalar_t>();
+      io.final_state = final_state.data<scalar_t>();
+      io.saved_scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
+      hgru2_forward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
+    });
+  }
 
   Hgru2Outputs result{op_output(tape, output, {q, k, v, g, initial_state}),
                       op_output(tape, final_state, {q, k, v, g, initial_state})};
@@ -805,6 +893,14 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
   tape.record([q, k, v, g, initial_state, out, final_out, saved_scores, dims, layout, mode, scale] {
     // Either output may have received no gradient (the loss did not use it): it then contributes zero.
     if (!out->grad.defined() && !final_out->grad.defined()) return;
+    if (q->value.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      hgru2_backward_cuda(q, k, v, g, initial_state, out, final_out, saved_scores, dims, scale);
+#else
+      throw Error("hgru2_recurrence: this hgrn was built without CUDA");
+#endif
+      return;
+    }
     HGRN_DISPATCH_FLOAT(q->value.dtype(), "hgru2_recurrence backward", [&] {
       Hgru2Io<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
       io.scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;

@@ -18,8 +18,11 @@ struct Hgru2Outputs {
 };
 
 // q, k, g: [B, T, H*K]; v: [B, T, H*V] (head-major features: index h*K + c); g is the per-step log forget gate (<= 0).
-// initial_state: nullptr or [B, H, K, V]. All tensors share one floating dtype (fp32 or fp64 on the CPU), and the state
+// initial_state: nullptr or [B, H, K, V]. On the CPU all tensors share one floating dtype (fp32 or fp64), and the state
 // is accumulated in that dtype (fp32 for fp32 inputs, as fla does).
+// On CUDA (kernels/hgru2_recurrence.h): q, k, v in the activation dtype (fp32 or bf16), g and initial_state fp32; the
+// output is in v's dtype, the final state fp32; K <= 256. Both modes run the chunkwise kernels with 64-step chunks
+// (chunk_size is ignored there), and the backward recomputes the per-chunk states.
 // chunk_size: the chunk length BT of the chunkwise form (ignored by Naive); 0 = fla's choice
 // min(64, max(16, next_pow2(T))). Any positive length works; the last chunk may be partial.
 // Gradients flow to q, k, v, g and initial_state (each only if it wants one) from both outputs' gradients.

@@ -1,9 +1,40 @@
-// linear.cpp: forward y = x·Wᵀ and backward dx += dy·W, dW += dyᵀ·x through the CPU GEMM.
+// linear.cpp: forward y = x·Wᵀ and backward dx += dy·W, dW += dyᵀ·x; on the CPU through the CPU GEMM (OpenBLAS),
+// on the GPU through cuBLASLt.
+// Mixed precision on the GPU: the weight is an fp32 master parameter while x may be bf16. Then the weight is cast to
+// bf16 once per call and that copy feeds both the forward GEMM and the backward dx GEMM (it is kept with the tape,
+// 2 bytes per weight); dW is produced by a bf16 x bf16 GEMM that accumulates in fp32 straight into the fp32 gradient,
+// so the weight gradient is never rounded to bf16.
 #include "ops/linear.h"
 
 #include "ops/gemm_cpu.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/gemm.h"
+#endif
 
 namespace hgrn {
+
+namespace {
+// One dispatch for the three products, so forward and backward cannot disagree about layouts.
+// C[m, n] (+)= op(A)·op(B) with the gemm_cpu contract; on the GPU a and b share `ab` dtype.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda, const Tensor& b,
+          int64_t ldb, float beta, Tensor& c, int64_t ldc) {
+  if (c.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    HGRN_CHECK(a.dtype() == b.dtype(), "linear: GEMM operands are ", dtype_name(a.dtype()), " and ",
+               dtype_name(b.dtype()));
+    cuda_gemm(trans_a, trans_b, m, n, k, 1.0f, a.raw_data(), lda, b.raw_data(), ldb, a.dtype(), beta, c.raw_data(),
+              ldc, c.dtype());
+    return;
+#else
+    throw Error("linear: this hgrn was built without CUDA");
+#endif
+  }
+  HGRN_DISPATCH_FLOAT(c.dtype(), "linear", [&] {
+    gemm_cpu<scalar_t>(trans_a, trans_b, m, n, k, 1, a.data<scalar_t>(), lda, b.data<scalar_t>(), ldb,
+                       static_cast<scalar_t>(beta), c.data<scalar_t>(), ldc);
+  });
+}
+}  // namespace
 
 Var linear(Tape& tape, const Var& x, const Var& weight) {
   const Tensor& xv = x->value;
@@ -12,29 +43,28 @@ Var linear(Tape& tape, const Var& x, const Var& weight) {
   const int64_t in = wv.size(1), out_features = wv.size(0);
   HGRN_CHECK(xv.size(-1) == in, "linear: input ", shape_str(xv.shape()), " does not match weight ",
              shape_str(wv.shape()));
-  HGRN_CHECK(xv.dtype() == wv.dtype(), "linear: input is ", dtype_name(xv.dtype()), ", weight is ",
+  HGRN_CHECK(xv.device() == wv.device(), "linear: input on ", device_name(xv.device()), ", weight on ",
+             device_name(wv.device()));
+  HGRN_CHECK(xv.is_contiguous() && wv.is_contiguous(), "linear: input and weight must be contiguous");
+  // The GPU's one mixed case: bf16 activations with an fp32 master weight (cast below). Otherwise dtypes agree.
+  const bool cast_weight = xv.device() == Device::CUDA && xv.dtype() == DType::BF16 && wv.dtype() == DType::F32;
+  HGRN_CHECK(cast_weight || xv.dtype() == wv.dtype(), "linear: input is ", dtype_name(xv.dtype()), ", weight is ",
              dtype_name(wv.dtype()));
+  const Tensor w_compute = cast_weight ? wv.to(DType::BF16) : wv;
   const int64_t rows = xv.numel() / in;
   Shape out_shape = xv.shape();
   out_shape.back() = out_features;
   Tensor y = Tensor::empty(out_shape, xv.dtype(), xv.device());
-  HGRN_DISPATCH_FLOAT(xv.dtype(), "linear", [&] {
-    gemm_cpu<scalar_t>(false, true, rows, out_features, in, 1, xv.data<scalar_t>(), in, wv.data<scalar_t>(), in, 0,
-                       y.data<scalar_t>(), out_features);
-  });
+  gemm(false, true, rows, out_features, in, xv, in, w_compute, in, 0.0f, y, out_features);
   Var out = op_output(tape, y, {x, weight});
   if (!out->requires_grad) return out;
-  tape.record([x, weight, out, rows, in, out_features] {
+  tape.record([x, weight, out, w_compute, rows, in, out_features] {
     if (!out->grad.defined()) return;
-    HGRN_DISPATCH_FLOAT(out->grad.dtype(), "linear backward", [&] {
-      const scalar_t* dy = out->grad.data<scalar_t>();
-      if (wants_grad(x))
-        gemm_cpu<scalar_t>(false, false, rows, in, out_features, 1, dy, out_features,
-                           weight->value.data<scalar_t>(), in, 1, grad_buffer(x).data<scalar_t>(), in);
-      if (wants_grad(weight))
-        gemm_cpu<scalar_t>(true, false, out_features, in, rows, 1, dy, out_features, x->value.data<scalar_t>(), in,
-                           1, grad_buffer(weight).data<scalar_t>(), in);
-    });
+    const Tensor& dy = out->grad;
+    if (wants_grad(x)) gemm(false, false, rows, in, out_features, dy, out_features, w_compute, in, 1.0f,
+                            grad_buffer(x), in);
+    if (wants_grad(weight)) gemm(true, false, out_features, in, rows, dy, out_features, x->value, in, 1.0f,
+                                 grad_buffer(weight), in);
   });
   return out;
 }

@@ -77,7 +77,7 @@ EvalResult evaluate_shard(const Hgrn2Model& model, const TokenShardReader& shard
     TokenBatch batch = spans_batch(shard, starts, len);
     Var logits = model.forward(no_grad, batch.inputs, &states);
     sum.add(cross_entropy(no_grad, reshape(no_grad, logits, {B * len, model.config().vocab_size}),
-                          batch.targets.reshape({B * len})));
+                          on_device(batch.targets.reshape({B * len}), model.device())));
   }
   return sum.result();
 }

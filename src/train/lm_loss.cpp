@@ -10,7 +10,8 @@ CrossEntropyResult language_model_loss(const Hgrn2Model& model, Tape& tape, cons
              " and targets ", shape_str(batch.targets.shape()), " differ in shape");
   Var logits = model.forward(tape, batch.inputs);
   const int64_t rows = batch.inputs.numel();
-  return cross_entropy(tape, reshape(tape, logits, {rows, model.config().vocab_size}), batch.targets.reshape({rows}));
+  return cross_entropy(tape, reshape(tape, logits, {rows, model.config().vocab_size}),
+                       on_device(batch.targets.reshape({rows}), model.device()));
 }
 
 }  // namespace hgrn

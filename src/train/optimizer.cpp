@@ -1,9 +1,15 @@
 // optimizer.cpp: the AdamW update, global gradient-norm clipping and the decay groups.
+// Parameters on the GPU (fp32, moments fp32 on the GPU too) are updated, measured and scaled by one multi-tensor
+// launch each (kernels/adamw.cu), with the CPU loops' arithmetic; CPU parameters take the loops below unchanged.
 #include "train/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+
+#ifdef HGRN_WITH_CUDA
+#include "kernels/adamw.h"
+#endif
 
 namespace hgrn {
 
@@ -68,10 +74,29 @@ void scale_in_place(T* data, int64_t n, double factor) {
 void check_grad_matches(const ParamRef& ref, size_t index) {
   const Tensor& p = ref.param->value;
   const Tensor& g = ref.param->grad;
-  HGRN_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == Device::CPU && g.is_contiguous(),
+  HGRN_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == p.device() && g.is_contiguous(),
              "optimizer: gradient of parameter ", param_label(ref, index), " is ", dtype_name(g.dtype()), " ",
-             shape_str(g.shape()), ", expected a contiguous CPU ", dtype_name(p.dtype()), " ", shape_str(p.shape()));
+             shape_str(g.shape()), " on ", device_name(g.device()), ", expected a contiguous ",
+             device_name(p.device()), " ", dtype_name(p.dtype()), " ", shape_str(p.shape()));
 }
+
+#ifdef HGRN_WITH_CUDA
+// The GPU parameters' part of one multi-tensor launch, and the device scratch the launch needs.
+struct GpuSlots {
+  std::vector<MultiTensorSlot> slots;
+  int64_t elements = 0;
+  void add(const MultiTensorSlot& slot) {
+    slots.push_back(slot);
+    elements += slot.n;
+  }
+  Tensor workspace() const {
+    const size_t bytes = cuda_multi_tensor_workspace_bytes(static_cast<int64_t>(slots.size()), elements);
+    return Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::I64, Device::CUDA);
+  }
+};
+#else
+struct GpuSlots {};
+#endif
 
 }  // namespace
 
@@ -86,13 +111,13 @@ AdamW::AdamW(std::vector<ParamRef> params, AdamWConfig config) : params_(std::mo
     const ParamRef& ref = params_[i];
     HGRN_CHECK(ref.param && ref.param->value.defined(), "AdamW: parameter ", param_label(ref, i), " is undefined");
     const Tensor& p = ref.param->value;
-    HGRN_CHECK(p.device() == Device::CPU, "AdamW: parameter ", param_label(ref, i), " is on ",
-               device_name(p.device()), "; this optimiser updates CPU parameters");
     HGRN_CHECK(p.dtype() == DType::F32 || p.dtype() == DType::F64, "AdamW: parameter ", param_label(ref, i), " is ",
                dtype_name(p.dtype()), "; parameters must be fp32 or fp64");
+    HGRN_CHECK(p.device() == Device::CPU || p.dtype() == DType::F32, "AdamW: parameter ", param_label(ref, i),
+               " is ", dtype_name(p.dtype()), " on the GPU, where parameters must be fp32");
     HGRN_CHECK(p.is_contiguous(), "AdamW: parameter ", param_label(ref, i), " is not contiguous");
-    first_moments_.push_back(Tensor::zeros(p.shape(), p.dtype()));
-    second_moments_.push_back(Tensor::zeros(p.shape(), p.dtype()));
+    first_moments_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+    second_moments_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
   }
 }
 
@@ -101,11 +126,21 @@ void AdamW::step(double lr) {
   const int64_t t = step_count_ + 1;
   const double bias_correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(t));
   const double bias_correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(t));
+  [[maybe_unused]] GpuSlots gpu;
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& ref = params_[i];
     if (!ref.param->grad.defined()) continue;
     check_grad_matches(ref, i);
     Tensor& p = ref.param->value;
+    if (p.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      gpu.add({p.data<float>(), ref.param->grad.data<float>(), first_moments_[i].data<float>(),
+               second_moments_[i].data<float>(), p.numel(), ref.decay ? 1 : 0, 0});
+      continue;
+#else
+      throw Error("AdamW::step: this hgrn was built without CUDA");
+#endif
+    }
     const double decay_factor = ref.decay ? 1.0 - lr * config_.weight_decay : 1.0;
     HGRN_DISPATCH_FLOAT(p.dtype(), "AdamW::step", [&] {
       adamw_update<scalar_t>(p.data<scalar_t>(), ref.param->grad.data<scalar_t>(), first_moments_[i].data<scalar_t>(),
@@ -113,6 +148,14 @@ void AdamW::step(double lr) {
                              config_.eps, decay_factor, bias_correction1, bias_correction2);
     });
   }
+#ifdef HGRN_WITH_CUDA
+  if (!gpu.slots.empty()) {
+    Tensor workspace = gpu.workspace();
+    cuda_adamw_update(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data(), lr,
+                      config_.beta1, config_.beta2, config_.eps, 1.0 - lr * config_.weight_decay, bias_correction1,
+                      bias_correction2);
+  }
+#endif
   step_count_ = t;
 }
 
@@ -136,26 +179,50 @@ void AdamW::load_state(std::vector<Tensor> first_moments, std::vector<Tensor> se
                  shape_str(p.shape()));
     }
   }
-  // Copies onto the CPU in the parameter's layout, so the caller's tensors (e.g. views of a checkpoint buffer)
-  // are never written through.
+  // Copies onto the parameter's device (a checkpoint's moments arrive on the CPU), so the caller's tensors (e.g.
+  // views of a checkpoint buffer) are never written through.
   for (size_t i = 0; i < params_.size(); ++i) {
-    first_moments_[i] = first_moments[i].to(Device::CPU);
-    second_moments_[i] = second_moments[i].to(Device::CPU);
+    const Device device = params_[i].param->value.device();
+    first_moments_[i] = first_moments[i].to(device);
+    second_moments_[i] = second_moments[i].to(device);
   }
   step_count_ = step_count;
 }
 
 double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm) {
   double total = 0.0;
+  [[maybe_unused]] GpuSlots gpu;
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamRef& ref = params[i];
     HGRN_CHECK(ref.param, "clip_grad_norm: parameter ", param_label(ref, i), " is undefined");
     if (!ref.param->grad.defined()) continue;
     check_grad_matches(ref, i);
     const Tensor& g = ref.param->grad;
+    if (g.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      HGRN_CHECK(g.dtype() == DType::F32, "clip_grad_norm: GPU gradient of ", param_label(ref, i), " is ",
+                 dtype_name(g.dtype()), ", expected fp32");
+      MultiTensorSlot slot;
+      slot.grad = g.data<float>();
+      slot.n = g.numel();
+      gpu.add(slot);
+      continue;
+#else
+      throw Error("clip_grad_norm: this hgrn was built without CUDA");
+#endif
+    }
     total += HGRN_DISPATCH_FLOAT(g.dtype(), "clip_grad_norm",
                                  [&] { return sum_of_squares(g.data<scalar_t>(), g.numel()); });
   }
+#ifdef HGRN_WITH_CUDA
+  // The GPU's share is summed on the device (fixed order) and comes back as one number: the host needs the norm
+  // anyway, for the clip decision and the log.
+  Tensor workspace;
+  if (!gpu.slots.empty()) {
+    workspace = gpu.workspace();
+    total += cuda_grad_sum_of_squares(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data());
+  }
+#endif
   const double norm = std::sqrt(total);
   // A non-finite norm is returned unclipped: scaling by max_norm / inf would silently zero the gradients, while
   // the caller can see the inf/nan and skip the step.
@@ -164,9 +231,14 @@ double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm) {
     for (const ParamRef& ref : params) {
       if (!ref.param->grad.defined()) continue;
       Tensor& g = ref.param->grad;
+      if (g.device() == Device::CUDA) continue;  // all GPU gradients at once, below
       HGRN_DISPATCH_FLOAT(g.dtype(), "clip_grad_norm",
                           [&] { scale_in_place(g.data<scalar_t>(), g.numel(), factor); });
     }
+#ifdef HGRN_WITH_CUDA
+    if (!gpu.slots.empty())
+      cuda_scale_grads(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data(), factor);
+#endif
   }
   return norm;
 }

@@ -1,7 +1,9 @@
 // optimizer.h: AdamW with decoupled weight decay (Loshchilov & Hutter; the update torch.optim.AdamW performs),
 // global gradient-norm clipping, and the split of the model's parameters into decayed and undecayed groups.
-// CPU only, fp32 or fp64 parameters; the moments have the parameter's dtype. Everything here is deterministic:
-// the update is element-wise and the norm is summed in a fixed order whatever the thread count.
+// Parameters are fp32 or fp64 on the CPU and fp32 on the GPU; the moments have the parameter's dtype and device.
+// GPU parameters are handled by multi-tensor kernels (kernels/adamw.h) doing the CPU's arithmetic. Everything
+// here is deterministic: the update is element-wise and the norm is summed in a fixed order whatever the thread
+// count or GPU scheduling.
 #pragma once
 #include <cstdint>
 #include <utility>
@@ -39,10 +41,11 @@ class AdamW {
   int64_t step_count() const { return step_count_; }
 
   // Optimiser state for checkpoints: one first and one second moment tensor per parameter (same order as
-  // params()), plus the step count.
+  // params(), on the parameter's device: GPU moments need a copy to the CPU before writing), plus the step count.
   const std::vector<Tensor>& first_moments() const { return first_moments_; }
   const std::vector<Tensor>& second_moments() const { return second_moments_; }
-  // Replaces the state; every tensor must match its parameter's shape and dtype. The tensors are copied.
+  // Replaces the state; every tensor must match its parameter's shape and dtype, on any device. The tensors are
+  // copied onto the parameter's device.
   void load_state(std::vector<Tensor> first_moments, std::vector<Tensor> second_moments, int64_t step_count);
 
   const std::vector<ParamRef>& params() const { return params_; }
@@ -55,7 +58,8 @@ class AdamW {
   int64_t step_count_ = 0;
 };
 
-// The global L2 norm of all defined gradients, accumulated in double in a fixed order (deterministic). If
+// The global L2 norm of all defined gradients, accumulated in double in a fixed order (deterministic; GPU
+// gradients are summed on the device and their total added after the CPU ones', one device-to-host copy). If
 // max_norm > 0 and the norm exceeds it, every gradient is scaled by max_norm / (norm + 1e-6). Returns the norm
 // before clipping.
 double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm);

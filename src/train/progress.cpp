@@ -16,7 +16,12 @@ std::string format_progress_line(const StepMetrics& m) {
                 static_cast<long long>(m.step), static_cast<long long>(m.max_steps), m.loss, m.accuracy,
                 m.grad_norm, m.lr, m.tokens_per_s, format_duration(m.elapsed_s).c_str(),
                 format_duration(m.eta_s).c_str());
-  return buf;
+  std::string line = buf;
+  if (m.mfu >= 0) {
+    std::snprintf(buf, sizeof buf, " | MFU %.1f%% | peak mem %.2f GiB", 100.0 * m.mfu, m.peak_memory_gib);
+    line += buf;
+  }
+  return line;
 }
 
 MetricsFile::MetricsFile(const std::string& path) : out_(path, std::ios::app), path_(path) {
@@ -27,9 +32,10 @@ void MetricsFile::append(const std::string& kind, const StepMetrics& m) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "{\"kind\": \"%s\", \"step\": %lld, \"loss\": %.6g, \"accuracy\": %.6g, \"grad_norm\": %.6g, "
-                "\"lr\": %.6g, \"tokens_per_s\": %.6g, \"tokens_seen\": %lld, \"elapsed_s\": %.3f}",
+                "\"lr\": %.6g, \"tokens_per_s\": %.6g, \"tokens_seen\": %lld, \"elapsed_s\": %.3f, \"mfu\": %.4g, "
+                "\"peak_memory_gib\": %.4g}",
                 kind.c_str(), static_cast<long long>(m.step), m.loss, m.accuracy, m.grad_norm, m.lr, m.tokens_per_s,
-                static_cast<long long>(m.tokens_seen), m.elapsed_s);
+                static_cast<long long>(m.tokens_seen), m.elapsed_s, m.mfu, m.peak_memory_gib);
   out_ << buf << '\n';
   out_.flush();
   HGRN_CHECK(out_.good(), "writing the metrics file '", path_, "' failed (disk full?)");

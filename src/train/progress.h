@@ -17,6 +17,8 @@ struct StepMetrics {
   double elapsed_s = 0;
   double eta_s = 0;
   int64_t tokens_seen = 0;
+  double mfu = -1;             // model FLOP utilisation against the measured GPU peak (< 0: not on a GPU)
+  double peak_memory_gib = -1; // GPU memory high-water mark of hgrn's tensors (< 0: not on a GPU)
 };
 
 std::string format_progress_line(const StepMetrics& m);

@@ -14,6 +14,7 @@
 
 #include "core/allocator.h"
 #include "core/format.h"
+#include "core/trace.h"
 #include "data/data_sources.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
@@ -26,6 +27,9 @@
 #include "train/progress.h"
 #include "train/schedule.h"
 #include "train/stop_signal.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/gemm.h"
+#endif
 
 namespace hgrn {
 
@@ -38,13 +42,6 @@ uint64_t stream_seed(uint64_t seed, RngStream stream) { return Rng(seed).fork(st
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-Device resolve_device(const std::string& device) {
-  // The ops dispatch to CPU reference kernels; the CUDA op backend is a separate piece of work (issue 3).
-  HGRN_CHECK(device != "cuda",
-             "training.device: cuda is not available in this build: its ops run on the CPU only; use cpu or auto");
-  return Device::CPU;
-}
 
 // What a checkpoint must match to be resumed: the model's shape and the precision of its master weights.
 std::string model_signature(const ModelConfig& m) {
@@ -62,9 +59,10 @@ TrainingState capture_state(const Hgrn2Model& model, const AdamW& optimizer, con
   // Every random stream of a run (initialisation, training data, evaluation data) is derived from the seed by
   // counter-based forks, and the data stream's position is data_cursor: the seed is the whole RNG state to keep.
   s.rng = RngState{config.training.seed, 0};
-  for (const auto& [spec, var] : model.parameters()) s.params.emplace_back(spec.name, var->value);
-  s.adam_m = optimizer.first_moments();
-  s.adam_v = optimizer.second_moments();
+  // Checkpoints are written from host copies (on the CPU these are the tensors themselves).
+  for (const auto& [spec, var] : model.parameters()) s.params.emplace_back(spec.name, on_device(var->value, Device::CPU));
+  for (const Tensor& m : optimizer.first_moments()) s.adam_m.push_back(on_device(m, Device::CPU));
+  for (const Tensor& v : optimizer.second_moments()) s.adam_v.push_back(on_device(v, Device::CPU));
   s.adam_step = optimizer.step_count();
   s.config_yaml = config_to_yaml(config);
   s.model_signature = model_signature(config.model);
@@ -90,18 +88,71 @@ std::optional<std::string> checkpoint_to_resume(const Config& config, const std:
 
 }  // namespace
 
+// auto: the GPU when there is one. cuda: a GPU or a clear error.
+Device resolve_device(const std::string& device) {
+  if (device == "cpu") return Device::CPU;
+  if (cuda_available()) return Device::CUDA;
+  HGRN_CHECK(device == "auto", "training.device is cuda, but ",
+#ifdef HGRN_WITH_CUDA
+             "no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)",
+#else
+             "this hgrn was built without CUDA (rebuild where nvcc is found, or -DHGRN_CUDA=ON)",
+#endif
+             "; or set training.device: cpu");
+  return Device::CPU;
+}
+
+// fp32, or bf16 activations with fp32 master weights (GPU only).
+DType activation_dtype(const std::string& precision, Device device) {
+  if (precision == "fp32") return DType::F32;
+  HGRN_CHECK(device == Device::CUDA, "training.precision is bf16, but training runs on the CPU (no GPU found): "
+                                     "bf16 training needs a GPU; set training.precision: fp32");
+  return DType::BF16;
+}
+
+StepResult training_step(const Hgrn2Model& model, AdamW& optimizer, BatchSource& data, const TrainingConfig& tc,
+                         double lr) {
+  StepResult r;
+  optimizer.zero_grad();
+  for (int64_t micro = 0; micro < tc.grad_accum_steps; ++micro) {
+    TraceRange trace("micro-batch " + std::to_string(micro));
+    Tape tape;
+    CrossEntropyResult ce = language_model_loss(model, tape, data.next_batch(tc.micro_batch_size));
+    // Each micro-batch loss is a mean; the step's loss is their average, so each seeds 1/accum.
+    tape.backward(ce.loss, on_device(Tensor::full({}, 1.0 / static_cast<double>(tc.grad_accum_steps), DType::F32),
+                                     model.device()));
+    r.loss += ce.loss->value.item() / static_cast<double>(tc.grad_accum_steps);
+    r.targets += ce.num_targets;
+    r.correct += ce.num_correct;
+  }
+  TraceRange trace("optimizer");
+  r.grad_norm = clip_grad_norm(optimizer.params(), tc.grad_clip);
+  optimizer.step(lr);
+  return r;
+}
+
 TrainingSummary train(const Config& config, std::ostream& log) {
   const TrainingConfig& tc = config.training;
   const Clock::time_point start = Clock::now();
 
   // ---- set-up: device, threads, run directory, model, optimiser, data ----
   const Device device = resolve_device(tc.device);
+  const DType act_dtype = activation_dtype(tc.precision, device);
   if (tc.threads > 0) {
     omp_set_num_threads(static_cast<int>(tc.threads));
     gemm_cpu_set_threads(static_cast<int>(tc.threads));
   }
-  log << "hgrn " << HGRN_VERSION << " (git " << HGRN_GIT_COMMIT << ") training on " << device_name(device) << " with "
-      << omp_get_max_threads() << " threads\n";
+  log << "hgrn " << HGRN_VERSION << " (git " << HGRN_GIT_COMMIT << ") training on ";
+  double gpu_peak_tflops = 0;  // the measured bf16 GEMM rate: the MFU's denominator
+  if (device == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    gpu_peak_tflops = measure_bf16_gemm_tflops();
+#endif
+    log << "cuda (" << cuda_device_name() << ", measured bf16 GEMM peak " << std::lround(gpu_peak_tflops)
+        << " TFLOP/s), " << dtype_name(act_dtype) << " activations, fp32 master weights\n";
+  } else {
+    log << "cpu with " << omp_get_max_threads() << " threads\n";
+  }
   log << "---- resolved config (" << config.source << ") ----\n" << config_to_yaml(config) << "----\n";
 
   std::filesystem::create_directories(config.logging.run_dir);
@@ -114,10 +165,12 @@ TrainingSummary train(const Config& config, std::ostream& log) {
   MetricsFile metrics(config.logging.run_dir + "/" + config.logging.metrics_file);
 
   Rng init_rng(stream_seed(tc.seed, kInitStream));
-  Hgrn2Model model(config.model, init_rng, DType::F32);
+  Hgrn2Model model(config.model, init_rng, DType::F32);  // initialised on the CPU: the same weights on any device
+  model.to_device(device, act_dtype);
+  model.set_recompute(tc.recompute);
   AdamW optimizer(make_param_groups(model.parameters(), tc.decay_embeddings),
                   AdamWConfig{tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay});
-  const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, 4);
+  const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act_dtype == DType::BF16 ? 2 : 4);
   log << "model: " << cost.params_total << " parameters, " << cost.flops_per_token_train / 1e6
       << " MFLOP per token (train)\n";
 
@@ -177,20 +230,9 @@ TrainingSummary train(const Config& config, std::ostream& log) {
   // ---- the loop ----
   for (int64_t step = start_step; step < tc.max_steps; ++step) {
     const double lr = learning_rate(tc, step);
-    optimizer.zero_grad();
-    double step_loss = 0;
-    int64_t step_targets = 0, step_correct = 0;
-    for (int64_t micro = 0; micro < tc.grad_accum_steps; ++micro) {
-      Tape tape;
-      CrossEntropyResult r = language_model_loss(model, tape, train_data->next_batch(tc.micro_batch_size));
-      // Each micro-batch loss is a mean; the step's loss is their average, so each seeds 1/accum.
-      tape.backward(r.loss, Tensor::full({}, 1.0 / static_cast<double>(tc.grad_accum_steps), DType::F32));
-      step_loss += r.loss->value.item() / static_cast<double>(tc.grad_accum_steps);
-      step_targets += r.num_targets;
-      step_correct += r.num_correct;
-    }
-    const double grad_norm = clip_grad_norm(optimizer.params(), tc.grad_clip);
-    optimizer.step(lr);
+    const StepResult r = training_step(model, optimizer, *train_data, tc, lr);
+    const double step_loss = r.loss, grad_norm = r.grad_norm;
+    const int64_t step_targets = r.targets, step_correct = r.correct;
 
     summary.steps = step + 1;
     tokens_seen += tokens_per_step;
@@ -204,6 +246,7 @@ TrainingSummary train(const Config& config, std::ostream& log) {
 
     const bool last = step + 1 == tc.max_steps;
     if ((step + 1) % config.logging.log_interval == 0 || last || step == start_step) {
+      device_synchronize();  // the GPU may still run the update: time what was done
       const double elapsed = seconds_since(loop_start);
       const double interval_s = seconds_since(interval_start);
       StepMetrics m;
@@ -217,6 +260,10 @@ TrainingSummary train(const Config& config, std::ostream& log) {
       m.elapsed_s = elapsed;
       m.eta_s = elapsed / static_cast<double>(step + 1 - start_step) * static_cast<double>(tc.max_steps - step - 1);
       m.tokens_seen = summary.tokens_seen;
+      if (device == Device::CUDA) {
+        m.mfu = gpu_peak_tflops > 0 ? cost.flops_per_token_train * m.tokens_per_s / (gpu_peak_tflops * 1e12) : 0;
+        m.peak_memory_gib = static_cast<double>(cuda_memory_stats().peak_in_use_bytes) / (1u << 30);
+      }
       log << format_progress_line(m) << std::endl;
       metrics.append("train", m);
       summary.final_loss = m.loss;

@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "config/config.h"
+#include "data/batch_source.h"
+#include "model/hgrn2.h"
+#include "train/optimizer.h"
 
 namespace hgrn {
 
@@ -20,6 +23,21 @@ struct TrainingSummary {
   std::vector<double> step_losses;  // the training loss of every step this run took, in order
   bool stopped_by_signal = false;   // SIGTERM/SIGINT: stopped early after writing a checkpoint
 };
+
+// One optimiser step: grad_accum_steps micro-batches (forward, loss, backward into the accumulated gradients), global
+// gradient clipping, the AdamW update at lr. The training loop and `hgrn bench` both run exactly this.
+struct StepResult {
+  double loss = 0;  // mean over the micro-batches' mean losses
+  int64_t targets = 0, correct = 0;
+  double grad_norm = 0;  // before clipping
+};
+StepResult training_step(const Hgrn2Model& model, AdamW& optimizer, BatchSource& data, const TrainingConfig& tc,
+                         double lr);
+
+// The compute device a training.device setting resolves to (auto: the GPU when one is visible) and the activation
+// dtype of a training.precision on that device; both throw a clear Error for an impossible combination.
+Device resolve_device(const std::string& device);
+DType activation_dtype(const std::string& precision, Device device);
 
 // Trains the model the config describes, writing progress to `log` and metrics/config into logging.run_dir.
 TrainingSummary train(const Config& config, std::ostream& log);

@@ -1,0 +1,112 @@
+// activations.cu: silu and swiglu forward and backward (activations.h). silu is swiglu with up ≡ 1, so one kernel
+// pair, templated on whether `up` exists, serves both. silu'(x) = σ(x) · (1 + x · (1 − σ(x))).
+#include "activations.h"
+#include "cuda_check.h"
+#include "elementwise.cuh"
+
+namespace hgrn {
+
+namespace {
+// As the CPU's stable_sigmoid: exp only of a non-positive number, so large |x| gives 0 or 1, never inf/inf.
+__device__ __forceinline__ float stable_sigmoid(float x) {
+  if (x >= 0.f) return 1.f / (1.f + expf(-x));
+  const float e = expf(x);
+  return e / (1.f + e);
+}
+
+template <typename T, int V, bool kHasUp>
+__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, long long packs) {
+  HGRN_FOR_EACH_PACK(i, packs) {
+    float g[V], u[V];
+    load_pack<V>(gate, i, g);
+    if constexpr (kHasUp) load_pack<V>(up, i, u);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      g[k] = g[k] * stable_sigmoid(g[k]);
+      if constexpr (kHasUp) g[k] *= u[k];
+    }
+    store_pack<V>(y, i, g);
+  }
+}
+
+template <typename T, int V, bool kHasUp>
+__global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, long long packs) {
+  HGRN_FOR_EACH_PACK(i, packs) {
+    float g[V], u[V], d[V], acc[V];
+    load_pack<V>(gate, i, g);
+    load_pack<V>(dy, i, d);
+    if constexpr (kHasUp) load_pack<V>(up, i, u);
+    if (dgate) {
+      load_pack<V>(dgate, i, acc);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float s = stable_sigmoid(g[k]);
+        float dyu = d[k];
+        if constexpr (kHasUp) dyu *= u[k];
+        acc[k] += dyu * s * (1.f + g[k] * (1.f - s));
+      }
+      store_pack<V>(dgate, i, acc);
+    }
+    if constexpr (kHasUp) {
+      if (dup) {
+        load_pack<V>(dup, i, acc);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += d[k] * g[k] * stable_sigmoid(g[k]);
+        store_pack<V>(dup, i, acc);
+      }
+    }
+  }
+}
+
+// Calls f(std::integral_constant<bool, up != nullptr>{}).
+template <typename F>
+void with_has_up(const void* up, F&& f) {
+  if (up)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+}  // namespace
+
+void cuda_swiglu_forward(const void* gate, const void* up, void* y, int64_t n, DType dtype) {
+  if (n == 0) return;
+  HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu", [&] {
+    const act_t* g = static_cast<const act_t*>(gate);
+    const act_t* u = static_cast<const act_t*>(up);
+    act_t* yt = static_cast<act_t*>(y);
+    with_has_up(up, [&](auto has_up) {
+      launch_packed<act_t>(n, {gate, up, y}, [&](auto vec, int64_t first, int64_t packs) {
+        constexpr int V = decltype(vec)::value;
+        swiglu_forward_kernel<act_t, V, decltype(has_up)::value>
+            <<<grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
+                g + first, u ? u + first : nullptr, yt + first, packs);
+        CUDA_CHECK_LAUNCH("swiglu_forward");
+      });
+    });
+  });
+}
+
+void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n,
+                          DType dtype) {
+  HGRN_CHECK(up || !dup, "swiglu backward: a gradient for `up` was asked without an `up` input");
+  if (n == 0 || (!dgate && !dup)) return;
+  HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu backward", [&] {
+    const act_t* g = static_cast<const act_t*>(gate);
+    const act_t* u = static_cast<const act_t*>(up);
+    const act_t* d = static_cast<const act_t*>(dy);
+    act_t* dg = static_cast<act_t*>(dgate);
+    act_t* du = static_cast<act_t*>(dup);
+    with_has_up(up, [&](auto has_up) {
+      launch_packed<act_t>(n, {gate, up, dy, dgate, dup}, [&](auto vec, int64_t first, int64_t packs) {
+        constexpr int V = decltype(vec)::value;
+        swiglu_backward_kernel<act_t, V, decltype(has_up)::value>
+            <<<grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
+                g + first, u ? u + first : nullptr, d + first, dg ? dg + first : nullptr, du ? du + first : nullptr,
+                packs);
+        CUDA_CHECK_LAUNCH("swiglu_backward");
+      });
+    });
+  });
+}
+
+}  // namespace hgrn

@@ -1,0 +1,175 @@
+// adamw.cu: the optimiser's multi-tensor kernels (adamw.h): AdamW, the gradients' sum of squares and their scaling.
+// One launch covers every parameter: the grid is cut into chunks of kChunk elements, each parameter owning
+// ceil(n / kChunk) consecutive chunks, and a block finds its parameter by binary search in the slot table.
+// The AdamW arithmetic is the CPU's (src/train/optimizer.cpp) operation for operation in double, spelled with
+// the _rn intrinsics so that nvcc cannot contract a multiply-add into an FMA the CPU build (x86-64-v2) never
+// uses: the results are the CPU's to the bit. The norm is summed per chunk, then the chunk sums in chunk order;
+// the chunking depends only on the parameters' sizes, so the bits never change from run to run.
+#include "adamw.h"
+
+#include <vector>
+
+#include "cuda_check.h"
+#include "cuda_context.h"
+
+namespace hgrn {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr long long kChunk = 4096;  // elements per block: 16 per thread
+constexpr size_t kTableAlign = 256;
+
+struct AdamWArgs {
+  double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay_factor, bias_correction1, bias_correction2;
+};
+
+size_t table_bytes(int64_t count) {
+  return (static_cast<size_t>(count) * sizeof(MultiTensorSlot) + kTableAlign - 1) / kTableAlign * kTableAlign;
+}
+
+// The slot owning `chunk`: the last one whose first_chunk is <= chunk (empty slots own no chunk and are skipped
+// because the next slot starts at the same chunk).
+__device__ __forceinline__ const MultiTensorSlot& slot_of_chunk(const MultiTensorSlot* slots, int count,
+                                                               long long chunk) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (slots[mid].first_chunk <= chunk) lo = mid;
+    else hi = mid - 1;
+  }
+  return slots[lo];
+}
+
+__global__ void adamw_kernel(const MultiTensorSlot* slots, int count, AdamWArgs a) {
+  const MultiTensorSlot s = slot_of_chunk(slots, count, blockIdx.x);
+  const long long begin = (blockIdx.x - s.first_chunk) * kChunk;
+  const long long end = min(static_cast<long long>(s.n), begin + kChunk);
+  const double decay_factor = s.decay ? a.decay_factor : 1.0;
+  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const double g = s.grad[i];
+    const double m = __dadd_rn(__dmul_rn(a.beta1, static_cast<double>(s.first[i])), __dmul_rn(a.one_minus_beta1, g));
+    const double v = __dadd_rn(__dmul_rn(a.beta2, static_cast<double>(s.second[i])),
+                               __dmul_rn(__dmul_rn(a.one_minus_beta2, g), g));
+    s.first[i] = __double2float_rn(m);
+    s.second[i] = __double2float_rn(v);
+    const double m_hat = __ddiv_rn(m, a.bias_correction1);
+    const double v_hat = __ddiv_rn(v, a.bias_correction2);
+    const double p = __dmul_rn(static_cast<double>(s.param[i]), decay_factor);
+    const double step = __ddiv_rn(__dmul_rn(a.lr, m_hat), __dadd_rn(__dsqrt_rn(v_hat), a.eps));
+    s.param[i] = __double2float_rn(__dsub_rn(p, step));
+  }
+}
+
+// Sums kThreads doubles in shared memory by a fixed tree; the result is in values[0].
+__device__ __forceinline__ void block_sum(double* values) {
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    __syncthreads();
+    if (threadIdx.x < stride) values[threadIdx.x] += values[threadIdx.x + stride];
+  }
+  __syncthreads();
+}
+
+__global__ void sum_of_squares_kernel(const MultiTensorSlot* slots, int count, double* partials) {
+  __shared__ double sums[kThreads];
+  const MultiTensorSlot s = slot_of_chunk(slots, count, blockIdx.x);
+  const long long begin = (blockIdx.x - s.first_chunk) * kChunk;
+  const long long end = min(static_cast<long long>(s.n), begin + kChunk);
+  double acc = 0.0;
+  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const double x = s.grad[i];
+    acc += x * x;
+  }
+  sums[threadIdx.x] = acc;
+  block_sum(sums);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sums[0];
+}
+
+// One block: thread t adds chunks t, t + kThreads, … in order, then the fixed tree.
+__global__ void sum_partials_kernel(const double* partials, long long chunks, double* total) {
+  __shared__ double sums[kThreads];
+  double acc = 0.0;
+  for (long long c = threadIdx.x; c < chunks; c += kThreads) acc += partials[c];
+  sums[threadIdx.x] = acc;
+  block_sum(sums);
+  if (threadIdx.x == 0) *total = sums[0];
+}
+
+__global__ void scale_kernel(const MultiTensorSlot* slots, int count, double factor) {
+  const MultiTensorSlot s = slot_of_chunk(slots, count, blockIdx.x);
+  const long long begin = (blockIdx.x - s.first_chunk) * kChunk;
+  const long long end = min(static_cast<long long>(s.n), begin + kChunk);
+  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x)
+    s.grad[i] = __double2float_rn(__dmul_rn(static_cast<double>(s.grad[i]), factor));
+}
+
+// Copies the slot table (with first_chunk filled in) to the start of the workspace; returns the chunk count.
+long long upload_table(const MultiTensorSlot* slots, int64_t count, void* workspace) {
+  HGRN_CHECK(count > 0 && count <= 0x7fffffff, "multi-tensor launch: bad slot count ", count);
+  std::vector<MultiTensorSlot> table(slots, slots + count);
+  long long chunks = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    table[i].first_chunk = chunks;
+    chunks += (slots[i].n + kChunk - 1) / kChunk;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(workspace, table.data(), table.size() * sizeof(MultiTensorSlot),
+                             cudaMemcpyHostToDevice, cuda_stream()));
+  // The table is pageable host memory freed on return: the copy must be done with it first. The optimiser has
+  // just waited for the gradient norm anyway, so this wait costs next to nothing.
+  CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+  HGRN_CHECK(chunks <= 0x7fffffffLL, "multi-tensor launch: ", chunks, " chunks exceed the launch grid");
+  return chunks;
+}
+
+double* partials_of(void* workspace, int64_t count) {
+  return reinterpret_cast<double*>(static_cast<char*>(workspace) + table_bytes(count));
+}
+
+}  // namespace
+
+size_t cuda_multi_tensor_workspace_bytes(int64_t count, int64_t elements) {
+  // Each slot rounds up to at most one extra chunk; one more double holds the total.
+  const size_t max_chunks = static_cast<size_t>(elements / kChunk + count);
+  return table_bytes(count) + (max_chunks + 1) * sizeof(double);
+}
+
+void cuda_adamw_update(const MultiTensorSlot* slots, int64_t count, void* workspace, double lr, double beta1,
+                       double beta2, double eps, double decay_factor, double bias_correction1,
+                       double bias_correction2) {
+  if (count == 0) return;
+  const long long chunks = upload_table(slots, count, workspace);
+  if (chunks == 0) return;
+  const AdamWArgs args{lr, beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, decay_factor, bias_correction1,
+                       bias_correction2};
+  adamw_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, cuda_stream()>>>(
+      static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), args);
+  CUDA_CHECK_LAUNCH("adamw");
+}
+
+double cuda_grad_sum_of_squares(const MultiTensorSlot* slots, int64_t count, void* workspace) {
+  if (count == 0) return 0.0;
+  const long long chunks = upload_table(slots, count, workspace);
+  if (chunks == 0) return 0.0;
+  double* partials = partials_of(workspace, count);
+  double* total = partials + chunks;
+  sum_of_squares_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, cuda_stream()>>>(
+      static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), partials);
+  CUDA_CHECK_LAUNCH("grad_sum_of_squares");
+  sum_partials_kernel<<<1, kThreads, 0, cuda_stream()>>>(partials, chunks, total);
+  CUDA_CHECK_LAUNCH("grad_sum_of_squares_total");
+  double host = 0.0;
+  CUDA_CHECK(cudaMemcpyAsync(&host, total, sizeof host, cudaMemcpyDeviceToHost, cuda_stream()));
+  CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+  return host;
+}
+
+void cuda_scale_grads(const MultiTensorSlot* slots, int64_t count, void* workspace, double factor) {
+  if (count == 0) return;
+  const long long chunks = upload_table(slots, count, workspace);
+  if (chunks == 0) return;
+  scale_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, cuda_stream()>>>(
+      static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), factor);
+  CUDA_CHECK_LAUNCH("scale_grads");
+}
+
+}  // namespace hgrn

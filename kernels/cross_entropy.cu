@@ -1,0 +1,239 @@
+// cross_entropy.cu: the CUDA cross-entropy (cross_entropy.h).
+// Forward: one block per row reads the row once; each thread keeps an online (max, sum of exp(x - max), first
+// argmax) over its strided elements, in fp32 whatever the logits' dtype, so no fp32 copy of the logits is made; the
+// block merges the threads' states in a fixed tree. Per-row losses land in an fp32 buffer that a single block sums
+// in a fixed order (no atomics), so the loss is bitwise reproducible. The log-sum-exp per row is kept for the
+// backward, which recomputes softmax from the logits instead of storing it.
+#include <algorithm>
+#include <climits>
+
+#include "cross_entropy.h"
+#include "cuda_check.h"
+#include "cuda_context.h"
+#include "dtype_cuda.cuh"
+
+namespace hgrn {
+
+namespace {
+
+// Per-row status, summed into the counts by the reduction.
+enum RowStatus : int32_t { kIgnored = 0, kWrong = 1, kCorrect = 2, kBadTarget = 3 };
+
+constexpr int kReduceThreads = 1024;
+
+template <typename F>
+void with_target_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::I32: f(int32_t{}); break;
+    case DType::I64: f(int64_t{}); break;
+    default: throw Error(detail::concat("cross_entropy: targets must be int32 or int64, got ", dtype_name(dtype)));
+  }
+}
+
+// (max, sum of exp(x - max), index of the first maximal x) over a set of logits; the empty set is (-inf, 0, INT_MAX).
+struct SoftmaxState {
+  float max;
+  float sum;
+  int index;
+};
+
+__device__ __forceinline__ SoftmaxState merge(const SoftmaxState& a, const SoftmaxState& b) {
+  SoftmaxState r;
+  r.max = fmaxf(a.max, b.max);
+  // An empty side contributes nothing (and must not compute exp(-inf - -inf) = NaN).
+  const float sa = a.max == -INFINITY ? 0.0f : a.sum * expf(a.max - r.max);
+  const float sb = b.max == -INFINITY ? 0.0f : b.sum * expf(b.max - r.max);
+  r.sum = sa + sb;
+  r.index = (b.max > a.max || (b.max == a.max && b.index < a.index)) ? b.index : a.index;
+  return r;
+}
+
+__device__ __forceinline__ SoftmaxState shfl_down(const SoftmaxState& s, int offset) {
+  return {__shfl_down_sync(0xffffffffu, s.max, offset), __shfl_down_sync(0xffffffffu, s.sum, offset),
+          __shfl_down_sync(0xffffffffu, s.index, offset)};
+}
+
+struct RowTotals {
+  float loss;
+  long long targets;
+  long long correct;
+  long long first_bad;  // LLONG_MAX: none
+};
+
+__device__ __forceinline__ RowTotals merge(const RowTotals& a, const RowTotals& b) {
+  return {a.loss + b.loss, a.targets + b.targets, a.correct + b.correct,
+          a.first_bad < b.first_bad ? a.first_bad : b.first_bad};
+}
+
+__device__ __forceinline__ RowTotals shfl_down(const RowTotals& t, int offset) {
+  return {__shfl_down_sync(0xffffffffu, t.loss, offset), __shfl_down_sync(0xffffffffu, t.targets, offset),
+          __shfl_down_sync(0xffffffffu, t.correct, offset), __shfl_down_sync(0xffffffffu, t.first_bad, offset)};
+}
+
+// The block's merged state, valid in thread 0. Every thread of the block must call it; blockDim.x a multiple of 32.
+// The tree is fixed by the block size alone, so the result does not depend on scheduling.
+template <typename S>
+__device__ S block_merge(S v) {
+  __shared__ S partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int offset = 16; offset > 0; offset /= 2) v = merge(v, shfl_down(v, offset));
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    // Lanes past the last warp repeat warp 0's value: merging it in twice is never needed, so they sit out below.
+    v = partial[lane < warps ? lane : 0];
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const S other = shfl_down(v, offset);
+      if (lane + offset < warps) v = merge(v, other);
+    }
+  }
+  return v;
+}
+
+template <typename act_t, typename T>
+__global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targets, long long vocab,
+                                             long long ignore_index, float* row_loss, float* log_sum_exp,
+                                             int32_t* row_target, int32_t* row_status) {
+  const long long r = blockIdx.x;
+  const long long t = static_cast<long long>(targets[r]);
+  const bool ignored = t == ignore_index, bad = !ignored && (t < 0 || t >= vocab);
+  if (ignored || bad) {  // the same for every thread of the block: they all leave together
+    if (threadIdx.x == 0) {
+      row_loss[r] = 0.0f;
+      log_sum_exp[r] = 0.0f;
+      row_target[r] = -1;
+      row_status[r] = bad ? kBadTarget : kIgnored;
+    }
+    return;
+  }
+  const act_t* x = logits + r * vocab;
+  SoftmaxState s{-INFINITY, 0.0f, INT_MAX};
+  // Each thread visits its indices in increasing order, so a strict > keeps its first maximal logit.
+  for (long long v = threadIdx.x; v < vocab; v += blockDim.x) {
+    const float xv = load_f(x[v]);
+    if (xv > s.max) {
+      s.sum = s.sum * expf(s.max - xv) + 1.0f;
+      s.max = xv;
+      s.index = static_cast<int>(v);
+    } else {
+      s.sum += expf(xv - s.max);
+    }
+  }
+  s = block_merge(s);
+  if (threadIdx.x == 0) {
+    const float lse = s.max + logf(s.sum);
+    row_loss[r] = lse - load_f(x[t]);
+    log_sum_exp[r] = lse;
+    row_target[r] = static_cast<int32_t>(t);
+    row_status[r] = s.index == t ? kCorrect : kWrong;
+  }
+}
+
+// One block: thread i sums rows i, i + blockDim, ... in order, then the fixed tree; thread 0 writes the mean.
+__global__ void cross_entropy_reduce_kernel(const float* row_loss, const int32_t* row_status, long long rows,
+                                            float* loss, long long* counts) {
+  RowTotals acc{0.0f, 0, 0, LLONG_MAX};
+  for (long long r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int32_t status = row_status[r];
+    acc.loss += row_loss[r];
+    acc.targets += status == kWrong || status == kCorrect;
+    acc.correct += status == kCorrect;
+    if (status == kBadTarget && r < acc.first_bad) acc.first_bad = r;
+  }
+  acc = block_merge(acc);
+  if (threadIdx.x == 0) {
+    loss[0] = acc.targets > 0 ? acc.loss / static_cast<float>(acc.targets) : 0.0f;
+    counts[0] = acc.targets;
+    counts[1] = acc.correct;
+    counts[2] = acc.first_bad == LLONG_MAX ? -1 : acc.first_bad;
+  }
+}
+
+template <typename act_t>
+__global__ void cross_entropy_backward_kernel(const act_t* logits, const float* log_sum_exp, const int32_t* row_target,
+                                              const float* dloss, float num_targets, act_t* dlogits,
+                                              long long vocab) {
+  const long long r = blockIdx.x;
+  const long long t = row_target[r];
+  if (t < 0) return;
+  const float scale = dloss[0] / num_targets;  // as the CPU: (dloss / count) * p
+  const float lse = log_sum_exp[r];
+  const act_t* x = logits + r * vocab;
+  act_t* dx = dlogits + r * vocab;
+  for (long long v = threadIdx.x; v < vocab; v += blockDim.x) {
+    float g = load_f(dx[v]) + scale * expf(load_f(x[v]) - lse);
+    if (v == t) g -= scale;
+    dx[v] = store_f<act_t>(g);
+  }
+}
+
+// Threads per row: enough to cover a small vocab in one sweep, at most 512 for the long rows of a real vocab.
+int row_threads(int64_t vocab) {
+  return static_cast<int>(std::min<int64_t>(512, std::max<int64_t>(32, (vocab + 31) / 32 * 32)));
+}
+
+size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+// Scratch layout: row_loss [rows] fp32 | row_status [rows] int32 | counts [3] int64.
+size_t cross_entropy_scratch_bytes(int64_t rows) {
+  return 2 * align_up(static_cast<size_t>(rows) * 4) + 3 * sizeof(long long);
+}
+
+CrossEntropyCounts cross_entropy_forward_cuda(const void* logits, DType logits_dtype, const void* targets,
+                                              DType targets_dtype, int64_t rows, int64_t vocab, int64_t ignore_index,
+                                              float* loss, float* log_sum_exp, int32_t* row_target, void* scratch) {
+  HGRN_CHECK(vocab > 0 && vocab < (int64_t{1} << 31), "cross_entropy: vocab size ", vocab, " out of range");
+  HGRN_CHECK(rows < (int64_t{1} << 31), "cross_entropy: ", rows, " rows exceed the grid");
+  char* ws = static_cast<char*>(scratch);
+  auto* row_loss = reinterpret_cast<float*>(ws);
+  auto* row_status = reinterpret_cast<int32_t*>(ws + align_up(static_cast<size_t>(rows) * 4));
+  auto* counts = reinterpret_cast<long long*>(ws + 2 * align_up(static_cast<size_t>(rows) * 4));
+  if (rows > 0) {
+    with_target_type(targets_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      HGRN_CUDA_DISPATCH_ACT(logits_dtype, "cross_entropy", [&] {
+        cross_entropy_forward_kernel<act_t, T><<<static_cast<unsigned>(rows), row_threads(vocab), 0, cuda_stream()>>>(
+            static_cast<const act_t*>(logits), static_cast<const T*>(targets), vocab, ignore_index, row_loss,
+            log_sum_exp, row_target, row_status);
+      });
+    });
+    CUDA_CHECK_LAUNCH("cross_entropy_forward");
+  }
+  cross_entropy_reduce_kernel<<<1, kReduceThreads, 0, cuda_stream()>>>(row_loss, row_status, rows, loss, counts);
+  CUDA_CHECK_LAUNCH("cross_entropy_reduce");
+
+  long long host[3] = {0, 0, -1};
+  CUDA_CHECK(cudaMemcpyAsync(host, counts, sizeof host, cudaMemcpyDeviceToHost, cuda_stream()));
+  CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+  CrossEntropyCounts result;
+  result.num_targets = host[0];
+  result.num_correct = host[1];
+  result.bad_row = host[2];
+  if (result.bad_row >= 0) {  // the error path only: fetch the offending target itself
+    with_target_type(targets_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T value{};
+      CUDA_CHECK(cudaMemcpyAsync(&value, static_cast<const T*>(targets) + result.bad_row, sizeof value,
+                                 cudaMemcpyDeviceToHost, cuda_stream()));
+      CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+      result.bad_target = static_cast<int64_t>(value);
+    });
+  }
+  return result;
+}
+
+void cross_entropy_backward_cuda(const void* logits, DType logits_dtype, const float* log_sum_exp,
+                                 const int32_t* row_target, const float* dloss, int64_t num_targets, void* dlogits,
+                                 int64_t rows, int64_t vocab) {
+  if (rows == 0 || num_targets == 0) return;
+  HGRN_CUDA_DISPATCH_ACT(logits_dtype, "cross_entropy backward", [&] {
+    cross_entropy_backward_kernel<act_t><<<static_cast<unsigned>(rows), row_threads(vocab), 0, cuda_stream()>>>(
+        static_cast<const act_t*>(logits), log_sum_exp, row_target, dloss, static_cast<float>(num_targets),
+        static_cast<act_t*>(dlogits), vocab);
+  });
+  CUDA_CHECK_LAUNCH("cross_entropy_backward");
+}
+
+}  // namespace hgrn

@@ -1,0 +1,31 @@
+// dtype_cuda.cuh: the element types kernels compute on (fp32, bf16 activations) and the dispatch from hgrn::DType.
+// Arithmetic is always fp32: a bf16 element is widened on load and rounded (to nearest even) on store.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace hgrn {
+
+__device__ __forceinline__ float load_f(float x) { return x; }
+__device__ __forceinline__ float load_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T store_f(float x);
+template <> __device__ __forceinline__ float store_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 store_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+}  // namespace hgrn
+
+// Calls the lambda with act_t = float or __nv_bfloat16 for the activation dtype (fp32 or bf16).
+#define HGRN_CUDA_DISPATCH_ACT(dtype, NAME, ...)                                                        \
+  [&] {                                                                                                \
+    switch (dtype) {                                                                                   \
+      case ::hgrn::DType::F32: { using act_t = float; return __VA_ARGS__(); }                         \
+      case ::hgrn::DType::BF16: { using act_t = __nv_bfloat16; return __VA_ARGS__(); }                \
+      default:                                                                                         \
+        throw ::hgrn::Error(std::string(NAME) + ": no CUDA kernel for dtype " +                        \
+                            ::hgrn::dtype_name(dtype) + " (GPU activations are fp32 or bf16)");        \
+    }                                                                                                  \
+  }()

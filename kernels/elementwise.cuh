@@ -1,0 +1,56 @@
+// elementwise.cuh: what the elementwise kernels (elementwise.cu, activations.cu) share: 16-byte packed loads and
+// stores of act-dtype elements (widened to fp32), and a launch that runs a kernel packed over the aligned bulk of an
+// array and unpacked over what is left, so odd sizes and unaligned views still work.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "cuda_context.h"
+#include "dtype_cuda.cuh"
+
+namespace hgrn {
+
+// V elements of T moved as one aligned unit: V = 16 / sizeof(T) compiles to a single 128-bit load or store.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// Pack i of p (elements [i·V, i·V + V)) widened to fp32.
+template <int V, typename T>
+__device__ __forceinline__ void load_pack(const T* p, long long i, float (&out)[V]) {
+  const Pack<T, V> pk = reinterpret_cast<const Pack<T, V>*>(p)[i];
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = load_f(pk.v[k]);
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void store_pack(T* p, long long i, const float (&in)[V]) {
+  Pack<T, V> pk;
+#pragma unroll
+  for (int k = 0; k < V; ++k) pk.v[k] = store_f<T>(in[k]);
+  reinterpret_cast<Pack<T, V>*>(p)[i] = pk;
+}
+
+// The grid-stride loop over packs every elementwise kernel runs.
+#define HGRN_FOR_EACH_PACK(i, packs)                                                         \
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (packs); \
+       i += (long long)gridDim.x * blockDim.x)
+
+constexpr int kElementwiseThreads = 256;
+
+// Splits n elements of T into a packed bulk and an unpacked tail and calls
+// launch(std::integral_constant<int, V>{}, first_element, packs) for each non-empty part. Packing needs every
+// (non-null) pointer 16-byte aligned; otherwise everything runs unpacked.
+template <typename T, typename Launch>
+void launch_packed(int64_t n, std::initializer_list<const void*> pointers, Launch&& launch) {
+  constexpr int V = 16 / sizeof(T);
+  bool aligned = true;
+  for (const void* p : pointers) aligned = aligned && (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0);
+  const int64_t bulk = aligned ? n / V * V : 0;
+  if (bulk > 0) launch(std::integral_constant<int, V>{}, int64_t{0}, bulk / V);
+  if (n > bulk) launch(std::integral_constant<int, 1>{}, bulk, n - bulk);
+}
+
+}  // namespace hgrn

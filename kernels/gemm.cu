@@ -1,0 +1,125 @@
+// gemm.cu: cuda_gemm (gemm.h) on cuBLASLt. Row-major C = op(A)·op(B) is computed as the column-major product
+// Cᵀ = op(B)ᵀ·op(A)ᵀ, which needs no data movement: a row-major [r, c] matrix is a column-major [c, r] one.
+// The algorithm for each distinct problem (shapes, strides, dtypes, beta) is chosen once by cuBLASLt's heuristic and
+// cached: a training step repeats the same few dozen GEMMs, and the heuristic query costs more than a small GEMM.
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "cuda_check.h"
+#include "cuda_context.h"
+#include "gemm.h"
+
+namespace hgrn {
+
+namespace {
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    default: throw Error(std::string("cuda_gemm: no GPU GEMM for dtype ") + dtype_name(d) + " (fp32 or bf16)");
+  }
+}
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool>;
+
+Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+               DType ab_dtype, DType c_dtype, bool accumulate) {
+  Plan p;
+  const cudaDataType_t ab = cuda_type(ab_dtype), ct = cuda_type(c_dtype);
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // Column-major operands: first = B (op(B)ᵀ is [n, k]), second = A (op(A)ᵀ is [k, m]).
+  cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
+  // Stored shapes (column-major rows x cols) of the first and second operand.
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, trans_b ? k : n, trans_b ? n : k, ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, trans_a ? m : k, trans_a ? k : m, lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, n, m, ldc));
+
+  size_t workspace_bytes = 0;
+  cublaslt_workspace(&workspace_bytes);
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                    sizeof workspace_bytes));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  HGRN_CHECK(found > 0, "cuBLASLt has no algorithm for a ", m, "x", n, "x", k, " GEMM (", dtype_name(ab_dtype), " -> ",
+             dtype_name(c_dtype), ", accumulate ", accumulate, ")");
+  p.algo = result.algo;
+  return p;
+}
+}  // namespace
+
+void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+               const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // cuBLASLt rejects k = 0; the product is empty, so C = beta·C
+    HGRN_CHECK(beta == 0.0f || beta == 1.0f, "cuda_gemm: k = 0 with beta ", beta);
+    if (beta == 0.0f)
+      for (int64_t r = 0; r < m; ++r)
+        CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(c) + r * ldc * dtype_size(c_dtype), 0, n * dtype_size(c_dtype),
+                                   cuda_stream()));
+    return;
+  }
+  static std::mutex mutex;
+  static std::map<Key, Plan>* plans = new std::map<Key, Plan>();  // never destroyed, like the handle it uses
+  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_dtype), static_cast<int>(c_dtype),
+                beta != 0.0f};
+  const Plan* plan;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = plans->find(key);
+    if (it == plans->end())
+      it = plans->emplace(key, make_plan(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, c_dtype, beta != 0.0f))
+               .first;
+    plan = &it->second;
+  }
+  size_t workspace_bytes = 0;
+  void* workspace = cublaslt_workspace(&workspace_bytes);
+  CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan->op, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c, c,
+                              plan->c, &plan->algo, workspace, workspace_bytes, cuda_stream()));
+}
+
+}  // namespace hgrn
+
+namespace hgrn {
+
+double measure_bf16_gemm_tflops() {
+  const int64_t n = 8192;
+  void *a = nullptr, *c = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&a, n * n * 2, cuda_stream()));  // A serves as both operands; values do not matter
+  CUDA_CHECK(cudaMallocAsync(&c, n * n * 4, cuda_stream()));
+  CUDA_CHECK(cudaMemsetAsync(a, 0, n * n * 2, cuda_stream()));
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  double best_ms = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    CUDA_CHECK(cudaEventRecord(start, cuda_stream()));
+    cuda_gemm(false, true, n, n, n, 1.0f, a, n, a, n, DType::BF16, 0.0f, c, n, DType::F32);
+    CUDA_CHECK(cudaEventRecord(stop, cuda_stream()));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (rep > 0 && ms < best_ms) best_ms = ms;  // rep 0 warms up (clocks, heuristic)
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  CUDA_CHECK(cudaFreeAsync(a, cuda_stream()));
+  CUDA_CHECK(cudaFreeAsync(c, cuda_stream()));
+  CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+  return 2.0 * n * n * n / (best_ms * 1e-3) / 1e12;
+}
+
+}  // namespace hgrn

@@ -1,0 +1,22 @@
+// gemm.h: the GPU matrix multiply every projection uses, through cuBLASLt (tensor cores for bf16, fp32 accumulate).
+#pragma once
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace hgrn {
+
+// Row-major, the same contract as gemm_cpu: C[m, n] = alpha · op(A) · op(B) + beta · C, where op(A) is [m, k]
+// (A is stored [m, k] with leading dimension lda, or [k, m] when trans_a) and op(B) is [k, n] (stored [k, n], or
+// [n, k] when trans_b). A and B share ab_dtype (fp32 or bf16); C is fp32 or bf16. Accumulation is always fp32:
+// fp32 inputs use true fp32 (no TF32), so the fp32 GPU path stays comparable to the CPU reference.
+void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+               const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype);
+
+}  // namespace hgrn
+
+namespace hgrn {
+// The GPU's measured bf16 tensor-core throughput (TFLOP/s): the best of a few 8192³ GEMMs (fp32 accumulate).
+// The denominator of the MFU the trainer and `hgrn bench` print: measured, not the datasheet's figure.
+double measure_bf16_gemm_tflops();
+}  // namespace hgrn

@@ -1,0 +1,941 @@
+// hgru2_recurrence.cu: the chunkwise HGRU2/GLA recurrence on the GPU (spec 7.1–7.3), forward and backward, held to the
+// CPU chunk form in src/ops/hgru2_recurrence.cpp (same stages, same gate-gradient bookkeeping).
+//
+// Work is split as fla splits it:
+//   state_pass   (B·H, K-tiles, V-tiles; sequential over chunks): the states S^(c) entering every chunk, and in
+//                reverse the state gradients dS_e^(c). Both are "M ← Diag(e^{G_L}) M + Xᵀ Y" over the chunks.
+//   fwd_output   (B·H, chunk): the intra-chunk scores A and o = s·(q ⊙ e^G) S^(c) + A v.
+//   bwd_dv       (B·H, chunk): dv = Aᵀ dO + (k ⊙ e^{G_L − G}) dS_e, and dA = s·dO vᵀ.
+//   bwd_dqk      (B·H, chunk, K-tile): intra and inter dq, dk, and dg.
+// Every chunk-sized product is a 64×64×64 block product on shared-memory tiles (block_mma): tensor cores (wmma, bf16
+// in, fp32 accumulate) for bf16 activations, plain fp32 FMAs for fp32 ones (TF32 would miss the fp32 tolerance). The
+// products that need more precision than bf16 (the scores A and the intra-chunk dq, dk from dA) are fp32 SIMT in both.
+// K and V are processed in tiles of 64 (zero-padded); rows past the end of a partial chunk are zero with g = 0, so
+// the cumulative gate is flat there and row 63 holds G_L.
+//
+// Numerics (spec 10.1): the gate cumsum restarts every chunk and is fp32; every exponent is a difference <= 0
+// (reference rows: the first row of a query sub-chunk, the last row of a key sub-chunk, or the chunk's last row);
+// diagonal 16×16 blocks are element-wise and only ever form j <= i, so no e^{positive} (and no 0·inf) exists.
+// Determinism: no atomics; every sum has a fixed order, so results are bitwise reproducible.
+//
+// Memory: the per-chunk states are fp32 [B·H, NT, K, V] (not bf16 as in fla); the forward's are dropped after the
+// output kernel and the backward recomputes them (one more state pass) rather than keeping them across the step.
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cuda_check.h"
+#include "cuda_context.h"
+#include "dtype_cuda.cuh"
+#include "hgru2_recurrence.h"
+
+namespace hgrn {
+
+namespace {
+
+constexpr int kChunk = 64;  // BT
+constexpr int kSub = 16;    // BC: sub-chunk (diagonal block) size
+constexpr int kTile = 64;   // K and V tile width
+constexpr int kThreads = 256;
+constexpr int kMaxKey = 256;
+constexpr int kLdF = kTile + 1;  // fp32 tiles read by SIMT code: the odd stride makes column walks conflict-free
+
+// Shared-tile strides. bf16 tiles feed wmma, whose leading dimensions must be multiples of 8 (bf16) or 4 (fp32)
+// elements; the padding breaks up bank conflicts.
+template <typename In> struct TileLd;
+template <> struct TileLd<float> {
+  static constexpr int in = kTile + 1;   // operand tiles
+  static constexpr int acc = kTile + 1;  // fp32 product tiles
+  static constexpr int pad = 1;          // extra columns of full-K operand buffers
+};
+template <> struct TileLd<__nv_bfloat16> {
+  static constexpr int in = kTile + 8;
+  static constexpr int acc = kTile + 4;
+  static constexpr int pad = 8;
+};
+
+// Carves a dynamic shared-memory block into 128-byte-aligned arrays. With a null base it only measures (the host uses
+// it to size the launch with the very code the kernel uses to lay out its memory).
+struct Carver {
+  char* base;
+  size_t off = 0;
+  __host__ __device__ explicit Carver(void* b) : base(static_cast<char*>(b)) {}
+  template <typename T>
+  __host__ __device__ T* take(size_t count) {
+    off = (off + 127) & ~static_cast<size_t>(127);
+    T* p = base ? reinterpret_cast<T*>(base + off) : nullptr;
+    off += count * sizeof(T);
+    return p;
+  }
+};
+
+struct Dims {
+  int T, H, K, V, NT;  // NT = number of chunks
+  int nk, nv;          // K-tiles, V-tiles
+  int key_pad;         // nk·64
+};
+
+// Offset of row t of head h of batch b in a [B, T, H·width] tensor.
+__device__ __forceinline__ int64_t row_offset(const Dims& d, int b, int t, int h, int width) {
+  return ((static_cast<int64_t>(b) * d.T + t) * d.H + h) * width;
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Tile movement. Every helper is called by all threads of the block.
+
+// One thread's share of a 64×64 tile in registers: column threadIdx.x % 64, rows threadIdx.x / 64 + 4i (i < 16), so
+// a warp touches 32 consecutive columns of one row. Global loads go through registers in two phases (fetch, then
+// commit to shared memory): a loop that stored each loaded value straight away would wait out one memory latency per
+// element, since the compiler cannot move a load past a store that might alias it. Fetching early also lets a kernel
+// overlap the next chunk's loads with the current chunk's work.
+struct TileRegs {
+  float x[16];
+  __device__ static int col() { return threadIdx.x & 63; }
+  __device__ static int row(int i) { return (threadIdx.x >> 6) + 4 * i; }
+  // x = src[r·stride + c] for r < rows, c < cols, and 0 elsewhere (padding of partial chunks and tiles); all zero when
+  // src is null (an absent gradient).
+  template <typename Src>
+  __device__ void fetch(const Src* src, int64_t stride, int rows, int cols) {
+    const int c = col();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int r = row(i);
+      x[i] = (src && r < rows && c < cols) ? load_f(src[r * stride + c]) : 0.f;
+    }
+  }
+  template <typename Dst>
+  __device__ void commit(Dst* dst, int ld) const {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) dst[row(i) * ld + col()] = store_f<Dst>(x[i]);
+  }
+};
+
+template <typename Dst, typename Src>
+__device__ void load_tile(Dst* dst, int ld, const Src* src, int64_t stride, int rows, int cols) {
+  TileRegs t;
+  t.fetch(src, stride, rows, cols);
+  t.commit(dst, ld);
+}
+
+// dst[r·stride + c] (+)= src[r][c] for r < rows, c < cols.
+template <typename Dst>
+__device__ void store_tile(Dst* dst, int64_t stride, const float* src, int ld, int rows, int cols, bool accumulate) {
+  TileRegs old;
+  if (accumulate) old.fetch(dst, stride, rows, cols);
+  const int c = TileRegs::col();
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int r = TileRegs::row(i);
+    if (r < rows && c < cols) dst[r * stride + c] = store_f<Dst>(src[r * ld + c] + (accumulate ? old.x[i] : 0.f));
+  }
+}
+
+template <typename T>
+__device__ void zero_tile(T* dst, int ld) {
+  for (int idx = threadIdx.x; idx < kTile * kTile; idx += kThreads) dst[(idx >> 6) * ld + (idx & 63)] = store_f<T>(0.f);
+}
+
+// In-place chunk-local cumulative sum down the 64 rows of an fp32 [64][ld] tile: four 16-row segments are scanned in
+// parallel, then offset by the totals of the segments before them. The result is still non-increasing in the row
+// (rounding is monotone and each segment's last row equals the next segment's offset), so every G_i − G_j with
+// i >= j stays <= 0. `seg` is [4][64] shared scratch.
+__device__ void chunk_cumsum(float* G, int ld, float* seg) {
+  const int c = threadIdx.x & 63, s = threadIdx.x >> 6;
+  float run = 0.f;
+  for (int r = s * kSub; r < (s + 1) * kSub; ++r) {
+    run += G[r * ld + c];
+    G[r * ld + c] = run;
+  }
+  seg[s * 64 + c] = run;
+  __syncthreads();
+  if (s > 0) {
+    float prefix = 0.f;
+    for (int s2 = 0; s2 < s; ++s2) prefix += seg[s2 * 64 + c];
+    for (int r = s * kSub; r < (s + 1) * kSub; ++r) G[r * ld + c] += prefix;
+  }
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// C[64][64] (fp32, shared, ldc) += op(A) · op(B) over a depth of 64, operands in shared memory.
+// A is [64 rows][64 depth] row-major, or with A_COL stored depth-major as [64 depth][64 rows];
+// B is [64 depth][64 cols] row-major, or with B_COL stored as [64 cols][64 depth].
+
+// fp32: each thread owns a 4×4 micro-tile spread with stride 16, so a warp's reads are broadcasts or consecutive.
+template <bool A_COL, bool B_COL>
+__device__ void block_mma(float* C, int ldc, const float* A, int lda, const float* B, int ldb) {
+  const int tr = threadIdx.x >> 4, tc = threadIdx.x & 15;
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = C[(tr + 16 * i) * ldc + tc + 16 * j];
+#pragma unroll 4
+  for (int d = 0; d < kTile; ++d) {
+    float a[4], b[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = A_COL ? A[d * lda + tr + 16 * i] : A[(tr + 16 * i) * lda + d];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) b[j] = B_COL ? B[(tc + 16 * j) * ldb + d] : B[d * ldb + tc + 16 * j];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) C[(tr + 16 * i) * ldc + tc + 16 * j] = acc[i][j];
+}
+
+// bf16: tensor cores. Warp w owns the 16×32 strip (row block w/2, column blocks 2(w%2), 2(w%2)+1).
+template <bool A_COL, bool B_COL>
+__device__ void block_mma(float* C, int ldc, const __nv_bfloat16* A, int lda, const __nv_bfloat16* B, int ldb) {
+  namespace wmma = nvcuda::wmma;
+  using ALayout = std::conditional_t<A_COL, wmma::col_major, wmma::row_major>;
+  using BLayout = std::conditional_t<B_COL, wmma::col_major, wmma::row_major>;
+  const int warp = threadIdx.x >> 5;
+  const int m0 = (warp >> 1) * 16, n0 = (warp & 1) * 32;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[2];
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, ALayout> a;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, BLayout> b;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(c[j], C + m0 * ldc + n0 + 16 * j, ldc, wmma::mem_row_major);
+#pragma unroll
+  for (int d = 0; d < kTile; d += 16) {
+    wmma::load_matrix_sync(a, A_COL ? A + d * lda + m0 : A + m0 * lda + d, lda);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int n = n0 + 16 * j;
+      wmma::load_matrix_sync(b, B_COL ? B + n * ldb + d : B + d * ldb + n, ldb);
+      wmma::mma_sync(c[j], a, b, c[j]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(C + m0 * ldc + n0 + 16 * j, c[j], ldc, wmma::mem_row_major);
+}
+
+// O[64][64] += Σ_kt X[:, kt·64 : kt·64+64] · state[kt-tile rows][v0 .. v0+64) for one chunk's fp32 [K][V] state (or
+// state gradient); X is a full-K operand buffer [64][ldx]. Y is a shared operand tile used as staging; the next
+// K-tile is fetched while the current one is multiplied. Starts and ends with a barrier.
+template <typename In>
+__device__ void accumulate_state_product(float* O, const In* X, int ldx, const float* state, const Dims& d, int v0,
+                                         In* Y) {
+  const int vcols = min(kTile, d.V - v0);
+  TileRegs next;
+  auto fetch = [&](int kt) {
+    const int k0 = kt * kTile;
+    next.fetch(state + static_cast<int64_t>(k0) * d.V + v0, d.V, min(kTile, d.K - k0), vcols);
+  };
+  fetch(0);
+  for (int kt = 0; kt < d.nk; ++kt) {
+    __syncthreads();
+    next.commit(Y, TileLd<In>::in);
+    __syncthreads();
+    if (kt + 1 < d.nk) fetch(kt + 1);
+    block_mma<false, false>(O, TileLd<In>::acc, X + kt * kTile, ldx, Y, TileLd<In>::in);
+  }
+  __syncthreads();
+}
+
+// Row-major (i, j) of the t-th entry of a 16×16 lower triangle (j <= i), t < 136.
+__device__ __forceinline__ void triangle_entry(int t, int& i, int& j) {
+  int r = static_cast<int>((sqrtf(8.f * t + 1.f) - 1.f) * 0.5f);
+  if ((r + 1) * (r + 2) / 2 <= t) ++r;
+  if (r * (r + 1) / 2 > t) --r;
+  i = r;
+  j = t - r * (r + 1) / 2;
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// State pass (spec 7.2 step 1 forward, 7.3 step 2 in reverse). One block per (K-tile, V-tile, pair), sequential over
+// chunks; M is the block's fp32 [64][64] tile of the running matrix:
+//   forward: M = S, stored[c] = S^(c) before chunk c, M ← Diag(e^{G_L}) M + (x ⊙ e^{G_L − G})ᵀ y with x = k, y = v;
+//   reverse: M = dS, stored[c] = dS_e^(c) before chunk c, M ← Diag(e^{G_L}) M + (s·x ⊙ e^{G})ᵀ y with x = q, y = dO.
+// At the end the forward writes the final state, the reverse adds dS0 into the initial state's gradient.
+struct StatePassParams {
+  const void* x;        // k or q
+  const void* y;        // v or dO (null: zero)
+  const float* g;
+  const float* init;    // S0 or dS_T (null: zero)
+  float* stored;        // [B·H][NT][K][V]
+  float* final_out;     // forward: the final state (written); null otherwise
+  float* final_acc;     // reverse: the initial state's gradient (+=); null when not wanted
+  float x_scale;
+  Dims d;
+};
+
+template <typename In>
+__host__ __device__ size_t state_pass_smem(void* base, float** G, float** seg, In** X, In** Y, float** M) {
+  Carver c(base);
+  *G = c.take<float>(kChunk * kLdF);
+  *seg = c.take<float>(4 * 64);
+  *X = c.take<In>(kChunk * TileLd<In>::in);
+  *Y = c.take<In>(kChunk * TileLd<In>::in);
+  *M = c.take<float>(kTile * TileLd<In>::acc);
+  return c.off;
+}
+
+template <typename In, bool REVERSE>
+__global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams p) {
+  extern __shared__ __align__(128) char smem[];
+  float *G, *seg, *M;
+  In *X, *Y;
+  state_pass_smem<In>(smem, &G, &seg, &X, &Y, &M);
+  constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
+  const Dims& d = p.d;
+  const int k0 = blockIdx.x * kTile, v0 = blockIdx.y * kTile, pair = blockIdx.z;
+  const int b = pair / d.H, h = pair % d.H;
+  const int krows = min(kTile, d.K - k0), vcols = min(kTile, d.V - v0);
+  const In* x = static_cast<const In*>(p.x);
+  const In* y = static_cast<const In*>(p.y);
+  const int64_t state_off = static_cast<int64_t>(pair) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0;
+
+  const int64_t key_stride = static_cast<int64_t>(d.H) * d.K, value_stride = static_cast<int64_t>(d.H) * d.V;
+  load_tile(M, ldc, p.init ? p.init + state_off : static_cast<const float*>(nullptr), d.V, krows, vcols);
+
+  // The chunk's g, x and y tiles are fetched into registers one chunk ahead, so their latency hides behind the
+  // current chunk's work.
+  TileRegs g_next, x_next, y_next;
+  auto fetch = [&](int step) {
+    const int c = REVERSE ? d.NT - 1 - step : step;
+    const int t0 = c * kChunk, n = min(kChunk, d.T - t0);
+    g_next.fetch(p.g + row_offset(d, b, t0, h, d.K) + k0, key_stride, n, krows);
+    x_next.fetch(x + row_offset(d, b, t0, h, d.K) + k0, key_stride, n, krows);
+    y_next.fetch(y ? y + row_offset(d, b, t0, h, d.V) + v0 : y, value_stride, n, vcols);
+  };
+  fetch(0);
+  for (int step = 0; step < d.NT; ++step) {
+    const int c = REVERSE ? d.NT - 1 - step : step;
+    __syncthreads();  // M complete (initial load or the previous chunk's product); X, Y, G free
+    store_tile(p.stored + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0,
+               d.V, M, ldc, krows, vcols, false);
+    g_next.commit(G, kLdF);
+    y_next.commit(Y, ldi);
+    const TileRegs x_cur = x_next;
+    if (step + 1 < d.NT) fetch(step + 1);
+    __syncthreads();
+    chunk_cumsum(G, kLdF, seg);
+    const float* GL = G + (kChunk - 1) * kLdF;
+    const int a = TileRegs::col();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int t = TileRegs::row(i);
+      // Rows past the chunk's end hold x = 0 and G = G_L, so they contribute nothing and no exponent is positive.
+      const float gt = G[t * kLdF + a];
+      const float decay = REVERSE ? expf(gt) : expf(GL[a] - gt);
+      X[t * ldi + a] = store_f<In>(p.x_scale * x_cur.x[i] * decay);
+      M[t * ldc + a] *= expf(GL[t]);  // row t of M (a K index here) decays by e^{G_L[t]}
+    }
+    __syncthreads();
+    block_mma<true, false>(M, ldc, X, ldi, Y, ldi);
+  }
+  __syncthreads();
+  if (p.final_out)
+    store_tile(p.final_out + state_off, d.V, M, ldc, krows, vcols, false);
+  if (p.final_acc)
+    store_tile(p.final_acc + state_off, d.V, M, ldc, krows, vcols, true);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Forward output (spec 7.2 steps 2–3). One block per (chunk, pair):
+//   A_ij = s·Σ_a q_ia k_ja e^{G_ia − G_ja} (j <= i), by K-tiles: diagonal 16×16 blocks element-wise, blocks below them
+//   with the reference row n = G of the query sub-chunk's first row (Q̂ = q ⊙ e^{G_i − n}, K̂ = k ⊙ e^{n − G_j});
+//   o = Q̄ S^(c) + A v with Q̄ = s·q ⊙ e^{G} (rounded to the activation dtype, as fla does, as is A for A·v).
+struct FwdOutputParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const float* g;
+  const float* states;
+  float scale;
+  void* output;
+  float* scores;  // null: not saved
+  Dims d;
+};
+
+template <typename In>
+struct FwdOutputSmem {
+  In* Qb;       // [64][key_pad + pad]: Q̄
+  float* A;     // [64][kLdF]
+  In* Ain;      // [64][ldi]: A in the operand dtype
+  float *q, *k, *G, *Khat, *Qhat, *seg;  // scores phase: [64][kLdF] ×3, [48][kLdF], [16][kLdF], [4][64]
+  In *Y, *W;    // output phase: operand tiles
+  float* O;     // [64][acc]
+  __host__ __device__ static size_t carve(void* base, int key_pad, FwdOutputSmem* s) {
+    Carver c(base);
+    s->Qb = c.take<In>(kChunk * (key_pad + TileLd<In>::pad));
+    s->A = c.take<float>(kChunk * kLdF);
+    s->Ain = c.take<In>(kChunk * TileLd<In>::in);
+    const size_t region = c.off;
+    s->q = c.take<float>(kChunk * kLdF);
+    s->k = c.take<float>(kChunk * kLdF);
+    s->G = c.take<float>(kChunk * kLdF);
+    s->Khat = c.take<float>(48 * kLdF);
+    s->Qhat = c.take<float>(kSub * kLdF);
+    s->seg = c.take<float>(4 * 64);
+    const size_t scores_end = c.off;
+    c.off = region;
+    s->Y = c.take<In>(kChunk * TileLd<In>::in);
+    s->W = c.take<In>(kChunk * TileLd<In>::in);
+    s->O = c.take<float>(kChunk * TileLd<In>::acc);
+    return scores_end > c.off ? scores_end : c.off;
+  }
+};
+
+// Adds one K-tile's share to the scores A (s included). q, k, G: the tile's fp32 rows; Khat, Qhat: scratch.
+__device__ void accumulate_scores(float* A, const float* q, const float* k, const float* G, float* Khat, float* Qhat,
+                                  float scale) {
+  // Diagonal blocks, element-wise: only j <= i is formed, so every exponent is <= 0.
+  for (int e = threadIdx.x; e < 4 * 136; e += kThreads) {
+    int ii, jj;
+    triangle_entry(e % 136, ii, jj);
+    const int i = (e / 136) * kSub + ii, j = (e / 136) * kSub + jj;
+    const float *qi = q + i * kLdF, *kj = k + j * kLdF, *Gi = G + i * kLdF, *Gj = G + j * kLdF;
+    float sum = 0.f;
+    for (int a = 0; a < kTile; ++a) sum = fmaf(qi[a] * kj[a], expf(Gi[a] - Gj[a]), sum);
+    A[i * kLdF + j] += scale * sum;
+  }
+  // Blocks below the diagonal, one query sub-chunk r at a time (its reference row is 16r).
+  for (int r = 1; r < kChunk / kSub; ++r) {
+    const int a0 = r * kSub;
+    const float* ref = G + a0 * kLdF;
+    __syncthreads();  // Khat/Qhat free
+    for (int idx = threadIdx.x; idx < a0 * kTile; idx += kThreads) {
+      const int j = idx >> 6, a = idx & 63;
+      Khat[j * kLdF + a] = k[j * kLdF + a] * expf(ref[a] - G[j * kLdF + a]);
+    }
+    for (int idx = threadIdx.x; idx < kSub * kTile; idx += kThreads) {
+      const int i = idx >> 6, a = idx & 63;
+      Qhat[i * kLdF + a] = q[(a0 + i) * kLdF + a] * expf(G[(a0 + i) * kLdF + a] - ref[a]);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < kSub * a0; e += kThreads) {
+      const int i = e / a0, j = e % a0;
+      const float *qi = Qhat + i * kLdF, *kj = Khat + j * kLdF;
+      float sum = 0.f;
+      for (int a = 0; a < kTile; ++a) sum = fmaf(qi[a], kj[a], sum);
+      A[(a0 + i) * kLdF + j] += scale * sum;
+    }
+  }
+}
+
+template <typename In>
+__global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams p) {
+  extern __shared__ __align__(128) char smem[];
+  FwdOutputSmem<In> s;
+  FwdOutputSmem<In>::carve(smem, p.d.key_pad, &s);
+  constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
+  const Dims& d = p.d;
+  const int ldq = d.key_pad + TileLd<In>::pad;
+  const int c = blockIdx.x, pair = blockIdx.y, b = pair / d.H, h = pair % d.H;
+  const int t0 = c * kChunk, n = min(kChunk, d.T - t0);
+  const int64_t key_stride = static_cast<int64_t>(d.H) * d.K, value_stride = static_cast<int64_t>(d.H) * d.V;
+  const In* q = static_cast<const In*>(p.q) + row_offset(d, b, t0, h, d.K);
+  const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
+  const float* g = p.g + row_offset(d, b, t0, h, d.K);
+
+  zero_tile(s.A, kLdF);
+  for (int kt = 0; kt < d.nk; ++kt) {
+    const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
+    __syncthreads();  // the previous tile's readers are done
+    TileRegs gr, qr, kr;
+    gr.fetch(g + k0, key_stride, n, kcols);
+    qr.fetch(q + k0, key_stride, n, kcols);
+    kr.fetch(k + k0, key_stride, n, kcols);
+    gr.commit(s.G, kLdF);
+    qr.commit(s.q, kLdF);
+    kr.commit(s.k, kLdF);
+    __syncthreads();
+    chunk_cumsum(s.G, kLdF, s.seg);
+    for (int idx = threadIdx.x; idx < kChunk * kTile; idx += kThreads) {
+      const int t = idx >> 6, a = idx & 63;
+      s.Qb[t * ldq + k0 + a] = store_f<In>(p.scale * s.q[t * kLdF + a] * expf(s.G[t * kLdF + a]));
+    }
+    accumulate_scores(s.A, s.q, s.k, s.G, s.Khat, s.Qhat, p.scale);
+  }
+  __syncthreads();
+  if (p.scores) {
+    float* dst = p.scores + (static_cast<int64_t>(pair) * d.NT + c) * kChunk * kChunk;
+    store_tile(dst, kChunk, s.A, kLdF, kChunk, kChunk, false);
+  }
+  for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += kThreads)
+    s.Ain[(idx >> 6) * ldi + (idx & 63)] = store_f<In>(s.A[(idx >> 6) * kLdF + (idx & 63)]);
+
+  const float* state = p.states + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V;
+  In* out = static_cast<In*>(p.output) + row_offset(d, b, t0, h, d.V);
+  const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
+  for (int vt = 0; vt < d.nv; ++vt) {
+    const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
+    __syncthreads();  // scores-phase buffers (aliased) and the previous tile's store are done
+    zero_tile(s.O, ldc);
+    TileRegs w;
+    w.fetch(v + v0, value_stride, n, vcols);  // arrives during the state product
+    accumulate_state_product(s.O, s.Qb, ldq, state, d, v0, s.Y);
+    w.commit(s.W, ldi);
+    __syncthreads();
+    block_mma<false, false>(s.O, ldc, s.Ain, ldi, s.W, ldi);
+    __syncthreads();
+    store_tile(out + v0, value_stride, s.O, ldc, n, vcols, false);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Backward dv and dA (spec 7.3 steps 3–4). One block per (chunk, pair):
+//   dv_j = Σ_{t >= j} A_tj dO_t + (k_j ⊙ e^{G_L − G_j}) dS_e,   dA_tj = s·dO_t · v_j (j <= t), saved for bwd_dqk.
+struct BwdDvParams {
+  const void* k;
+  const void* v;
+  const float* g;
+  const void* d_output;  // null: zero
+  const float* d_states;
+  const float* scores;
+  float scale;
+  void* dv;              // null: not wanted
+  float* d_scores;
+  Dims d;
+};
+
+template <typename In>
+struct BwdDvSmem {
+  In* X;       // [64][key_pad + pad]: k ⊙ e^{G_L − G}
+  In* Ain;     // [64][ldi]: A (read transposed)
+  float* dA;   // [64][acc]
+  float *G, *seg;
+  In *Y, *dO, *Vt;
+  float* O;
+  __host__ __device__ static size_t carve(void* base, int key_pad, BwdDvSmem* s) {
+    Carver c(base);
+    s->X = c.take<In>(kChunk * (key_pad + TileLd<In>::pad));
+    s->Ain = c.take<In>(kChunk * TileLd<In>::in);
+    s->dA = c.take<float>(kChunk * TileLd<In>::acc);
+    const size_t region = c.off;
+    s->G = c.take<float>(kChunk * kLdF);
+    s->seg = c.take<float>(4 * 64);
+    const size_t prologue_end = c.off;
+    c.off = region;
+    s->Y = c.take<In>(kChunk * TileLd<In>::in);
+    s->dO = c.take<In>(kChunk * TileLd<In>::in);
+    s->Vt = c.take<In>(kChunk * TileLd<In>::in);
+    s->O = c.take<float>(kChunk * TileLd<In>::acc);
+    return prologue_end > c.off ? prologue_end : c.off;
+  }
+};
+
+template <typename In>
+__global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
+  extern __shared__ __align__(128) char smem[];
+  BwdDvSmem<In> s;
+  BwdDvSmem<In>::carve(smem, p.d.key_pad, &s);
+  constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
+  const Dims& d = p.d;
+  const int ldx = d.key_pad + TileLd<In>::pad;
+  const int c = blockIdx.x, pair = blockIdx.y, b = pair / d.H, h = pair % d.H;
+  const int t0 = c * kChunk, n = min(kChunk, d.T - t0);
+  const int64_t key_stride = static_cast<int64_t>(d.H) * d.K, value_stride = static_cast<int64_t>(d.H) * d.V;
+  const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
+  const float* g = p.g + row_offset(d, b, t0, h, d.K);
+
+  for (int kt = 0; kt < d.nk; ++kt) {
+    const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
+    __syncthreads();
+    TileRegs gr, kr;
+    gr.fetch(g + k0, key_stride, n, kcols);
+    kr.fetch(k + k0, key_stride, n, kcols);
+    gr.commit(s.G, kLdF);
+    __syncthreads();
+    chunk_cumsum(s.G, kLdF, s.seg);
+    const int a = TileRegs::col();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int t = TileRegs::row(i);
+      s.X[t * ldx + k0 + a] = store_f<In>(kr.x[i] * expf(s.G[(kChunk - 1) * kLdF + a] - s.G[t * kLdF + a]));
+    }
+  }
+  const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
+  load_tile(s.Ain, ldi, p.scores + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
+  zero_tile(s.dA, ldc);
+
+  const float* d_state = p.d_states + chunk_index * d.K * d.V;
+  const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
+  const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
+  In* dv = p.dv ? static_cast<In*>(p.dv) + row_offset(d, b, t0, h, d.V) : nullptr;
+  for (int vt = 0; vt < d.nv; ++vt) {
+    const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
+    __syncthreads();
+    zero_tile(s.O, ldc);
+    TileRegs dor, vr;  // arrive during the state product
+    dor.fetch(d_out ? d_out + v0 : d_out, value_stride, n, vcols);
+    vr.fetch(v + v0, value_stride, n, vcols);
+    accumulate_state_product(s.O, s.X, ldx, d_state, d, v0, s.Y);
+    dor.commit(s.dO, ldi);
+    vr.commit(s.Vt, ldi);
+    __syncthreads();
+    block_mma<true, false>(s.O, ldc, s.Ain, ldi, s.dO, ldi);    // Aᵀ dO
+    block_mma<false, true>(s.dA, ldc, s.dO, ldi, s.Vt, ldi);    // dO vᵀ
+    __syncthreads();
+    if (dv) store_tile(dv + v0, value_stride, s.O, ldc, n, vcols, true);
+  }
+  __syncthreads();
+  float* dA_out = p.d_scores + chunk_index * kChunk * kChunk;
+  for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += kThreads) {
+    const int i = idx >> 6, j = idx & 63;
+    dA_out[idx] = j <= i ? p.scale * s.dA[i * ldc + j] : 0.f;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Backward dq, dk, dg (spec 7.3 steps 5–6), one block per (K-tile, chunk, pair). As in the CPU reference, dq and dk are
+// first formed without their gate-independent terms (the diagonal scores' dA_ii, the last row's dk_inter_L), dg is the
+// reverse cumulative sum of q ⊙ dq − k ⊙ dk plus d_last, and the held-back terms are added afterwards: they would
+// otherwise cancel only up to an O(1)·eps residue that swamps a dg made tiny by strong decay.
+//   inter: dq_t += s·e^{G_t} ⊙ (dO_t S_pᵀ);  dk_inter_j = e^{G_L − G_j} ⊙ (v_j dS_eᵀ)
+//   intra: dq_i += Σ_{j<i} dA_ij k_j ⊙ e^{G_i − G_j};  dk_j += Σ_{i>j} dA_ij q_i ⊙ e^{G_i − G_j}
+//   d_last = e^{G_L} ⊙ rowsum(S_p ⊙ dS_e) + Σ_{j<L} k_j ⊙ dk_inter_j
+// Off-diagonal intra blocks: dq uses the first row of the query sub-chunk as reference, dk the last row of the key
+// sub-chunk (spec 7.3 step 5).
+struct BwdDqkParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const float* g;
+  const void* d_output;  // null: zero
+  const float* states;
+  const float* d_states;
+  const float* d_scores;
+  float scale;
+  void* dq;
+  void* dk;
+  float* dg;
+  Dims d;
+};
+
+template <typename In>
+struct BwdDqkSmem {
+  float *q, *k, *G;   // [64][kLdF]
+  float *Pq, *Pk;     // [64][acc]: dq and dk under construction
+  float *seg, *rowsum, *dlast_part, *dk_last, *d_last;  // [4][64], [64], [4][64], [64], [64]
+  In *dO, *Vt, *Sp, *dS;       // inter phase operand tiles
+  float *dA, *Khat, *Qchk;     // intra phase: [64][kLdF], [48][kLdF], [48][kLdF]
+  __host__ __device__ static size_t carve(void* base, BwdDqkSmem* s) {
+    Carver c(base);
+    s->q = c.take<float>(kChunk * kLdF);
+    s->k = c.take<float>(kChunk * kLdF);
+    s->G = c.take<float>(kChunk * kLdF);
+    s->Pq = c.take<float>(kChunk * TileLd<In>::acc);
+    s->Pk = c.take<float>(kChunk * TileLd<In>::acc);
+    s->seg = c.take<float>(4 * 64);
+    s->rowsum = c.take<float>(64);
+    s->dlast_part = c.take<float>(4 * 64);
+    s->dk_last = c.take<float>(64);
+    s->d_last = c.take<float>(64);
+    const size_t region = c.off;
+    s->dO = c.take<In>(kChunk * TileLd<In>::in);
+    s->Vt = c.take<In>(kChunk * TileLd<In>::in);
+    s->Sp = c.take<In>(kTile * TileLd<In>::in);
+    s->dS = c.take<In>(kTile * TileLd<In>::in);
+    const size_t inter_end = c.off;
+    c.off = region;
+    s->dA = c.take<float>(kChunk * kLdF);
+    s->Khat = c.take<float>(48 * kLdF);
+    s->Qchk = c.take<float>(48 * kLdF);
+    return inter_end > c.off ? inter_end : c.off;
+  }
+};
+
+template <typename In>
+__global__ void __launch_bounds__(kThreads, 2) bwd_dqk_kernel(BwdDqkParams p) {
+  extern __shared__ __align__(128) char smem[];
+  BwdDqkSmem<In> s;
+  BwdDqkSmem<In>::carve(smem, &s);
+  constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
+  const Dims& d = p.d;
+  const int k0 = blockIdx.x * kTile, c = blockIdx.y, pair = blockIdx.z, b = pair / d.H, h = pair % d.H;
+  const int kcols = min(kTile, d.K - k0);
+  const int t0 = c * kChunk, n = min(kChunk, d.T - t0), last = n - 1;
+  const int64_t key_stride = static_cast<int64_t>(d.H) * d.K, value_stride = static_cast<int64_t>(d.H) * d.V;
+  const int64_t key_off = row_offset(d, b, t0, h, d.K) + k0;
+  const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
+
+  {
+    TileRegs gr, qr, kr;
+    gr.fetch(p.g + key_off, key_stride, n, kcols);
+    qr.fetch(static_cast<const In*>(p.q) + key_off, key_stride, n, kcols);
+    kr.fetch(static_cast<const In*>(p.k) + key_off, key_stride, n, kcols);
+    gr.commit(s.G, kLdF);
+    qr.commit(s.q, kLdF);
+    kr.commit(s.k, kLdF);
+  }
+  zero_tile(s.Pq, ldc);
+  zero_tile(s.Pk, ldc);
+  __syncthreads();
+  chunk_cumsum(s.G, kLdF, s.seg);
+
+  // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) from the fp32 values.
+  // The next V-tile's operands are fetched while the current one is multiplied.
+  const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
+  const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
+  const float* state = p.states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
+  const float* d_state = p.d_states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
+  TileRegs dor, vr, spr, dsr;
+  auto fetch = [&](int vt) {
+    const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
+    dor.fetch(d_out ? d_out + v0 : d_out, value_stride, n, vcols);
+    vr.fetch(v + v0, value_stride, n, vcols);
+    spr.fetch(state + v0, d.V, kcols, vcols);
+    dsr.fetch(d_state + v0, d.V, kcols, vcols);
+  };
+  fetch(0);
+  float prod[16];  // this thread's column of S_p ⊙ dS_e summed over the V-tiles, rows TileRegs::row(i)
+#pragma unroll
+  for (int i = 0; i < 16; ++i) prod[i] = 0.f;
+  for (int vt = 0; vt < d.nv; ++vt) {
+    __syncthreads();
+    dor.commit(s.dO, ldi);
+    vr.commit(s.Vt, ldi);
+    spr.commit(s.Sp, ldi);
+    dsr.commit(s.dS, ldi);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) prod[i] = fmaf(spr.x[i], dsr.x[i], prod[i]);
+    __syncthreads();
+    if (vt + 1 < d.nv) fetch(vt + 1);
+    block_mma<false, true>(s.Pq, ldc, s.dO, ldi, s.Sp, ldi);
+    block_mma<false, true>(s.Pk, ldc, s.Vt, ldi, s.dS, ldi);
+  }
+  // Row sums across the 64 columns: within the warp (32 columns), then the two warps of a row set, in fixed order.
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    float x = prod[i];
+    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    if ((threadIdx.x & 31) == 0) s.seg[((threadIdx.x >> 5) & 1) * 64 + TileRegs::row(i)] = x;
+  }
+  __syncthreads();  // inter tiles done: the region now holds the intra-phase buffers
+  if (threadIdx.x < 64) s.rowsum[threadIdx.x] = s.seg[threadIdx.x] + s.seg[64 + threadIdx.x];
+  load_tile(s.dA, kLdF, p.d_scores + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
+
+  // From here each thread owns column a of rows rg, rg + 4, ..., rg + 60 of Pq and Pk.
+  const int a = threadIdx.x & 63, rg = threadIdx.x >> 6;
+  const float GL = s.G[(kChunk - 1) * kLdF + a];
+  float dl = 0.f;
+  for (int i = rg; i < kChunk; i += 4) {
+    const float gi = s.G[i * kLdF + a];
+    s.Pq[i * ldc + a] *= p.scale * expf(gi);
+    const float dk_inter = expf(GL - gi) * s.Pk[i * ldc + a];
+    if (i == last) {
+      s.dk_last[a] = dk_inter;
+      s.Pk[i * ldc + a] = 0.f;
+    } else {
+      s.Pk[i * ldc + a] = dk_inter;
+      dl = fmaf(s.k[i * kLdF + a], dk_inter, dl);
+    }
+  }
+  s.dlast_part[rg * 64 + a] = dl;
+  __syncthreads();  // dA loaded
+
+  // Intra, diagonal blocks: strictly j < i (the j = i terms are held back).
+  for (int i = rg; i < kChunk; i += 4) {
+    const int blk0 = i & ~(kSub - 1);
+    const float gi = s.G[i * kLdF + a];
+    float accq = 0.f, acck = 0.f;
+    for (int j = blk0; j < i; ++j)  // i as the query row
+      accq = fmaf(s.dA[i * kLdF + j] * s.k[j * kLdF + a], expf(gi - s.G[j * kLdF + a]), accq);
+    for (int r = i + 1; r < blk0 + kSub; ++r)  // i as the key row
+      acck = fmaf(s.dA[r * kLdF + i] * s.q[r * kLdF + a], expf(s.G[r * kLdF + a] - gi), acck);
+    s.Pq[i * ldc + a] += accq;
+    s.Pk[i * ldc + a] += acck;
+  }
+  // Intra, blocks below the diagonal. Round r: query sub-chunk r against keys j < 16r (reference G_{16r}), and key
+  // sub-chunk r − 1 against queries i >= 16r (reference G_{16r − 1}).
+  for (int r = 1; r < kChunk / kSub; ++r) {
+    const int a0 = r * kSub;
+    __syncthreads();  // Khat/Qchk free
+    for (int idx = threadIdx.x; idx < a0 * kTile; idx += kThreads) {
+      const int j = idx >> 6, col = idx & 63;
+      s.Khat[j * kLdF + col] = s.k[j * kLdF + col] * expf(s.G[a0 * kLdF + col] - s.G[j * kLdF + col]);
+    }
+    for (int idx = threadIdx.x; idx < (kChunk - a0) * kTile; idx += kThreads) {
+      const int i = idx >> 6, col = idx & 63;
+      s.Qchk[i * kLdF + col] =
+          s.q[(a0 + i) * kLdF + col] * expf(s.G[(a0 + i) * kLdF + col] - s.G[(a0 - 1) * kLdF + col]);
+    }
+    __syncthreads();
+    for (int i = a0 + rg; i < a0 + kSub; i += 4) {
+      float sum = 0.f;
+      for (int j = 0; j < a0; ++j) sum = fmaf(s.dA[i * kLdF + j], s.Khat[j * kLdF + a], sum);
+      s.Pq[i * ldc + a] += expf(s.G[i * kLdF + a] - s.G[a0 * kLdF + a]) * sum;
+    }
+    for (int j = a0 - kSub + rg; j < a0; j += 4) {
+      float sum = 0.f;
+      for (int i = a0; i < kChunk; ++i) sum = fmaf(s.dA[i * kLdF + j], s.Qchk[(i - a0) * kLdF + a], sum);
+      s.Pk[j * ldc + a] += expf(s.G[(a0 - 1) * kLdF + a] - s.G[j * kLdF + a]) * sum;
+    }
+  }
+  if (threadIdx.x < 64) {
+    float total = expf(GL) * s.rowsum[a];
+    for (int part = 0; part < 4; ++part) total += s.dlast_part[part * 64 + a];
+    s.d_last[a] = total;
+  }
+  __syncthreads();
+
+  // dg: reverse cumulative sum of q ⊙ dq − k ⊙ dk plus d_last, by 16-row segments (thread: segment rg, column a);
+  // the running sums go into G, which is no longer needed.
+  const int r_lo = rg * kSub, r_hi = r_lo + kSub;
+  float run = 0.f;
+  for (int i = r_hi - 1; i >= r_lo; --i) {
+    run += s.q[i * kLdF + a] * s.Pq[i * ldc + a] - s.k[i * kLdF + a] * s.Pk[i * ldc + a];
+    s.G[i * kLdF + a] = run;
+  }
+  s.seg[rg * 64 + a] = run;
+  __syncthreads();
+  float suffix = s.d_last[a];
+  for (int later = 3; later > rg; --later) suffix += s.seg[later * 64 + a];
+
+  // Accumulate into the gradients: all old values are loaded before anything is stored (see TileRegs).
+  const int rows = a < kcols ? max(0, min(r_hi, n) - r_lo) : 0;
+  In* dq = p.dq ? static_cast<In*>(p.dq) + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
+  In* dk = p.dk ? static_cast<In*>(p.dk) + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
+  float* dg = p.dg ? p.dg + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
+  float old_q[kSub], old_k[kSub], old_g[kSub];
+#pragma unroll
+  for (int i = 0; i < kSub; ++i) {
+    const bool in = i < rows;
+    old_q[i] = in && dq ? load_f(dq[i * key_stride]) : 0.f;
+    old_k[i] = in && dk ? load_f(dk[i * key_stride]) : 0.f;
+    old_g[i] = in && dg ? dg[i * key_stride] : 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < kSub; ++i) {
+    if (i >= rows) break;
+    const int r = r_lo + i;
+    const float diag = s.dA[r * kLdF + r];
+    if (dq) dq[i * key_stride] = store_f<In>(old_q[i] + s.Pq[r * ldc + a] + diag * s.k[r * kLdF + a]);
+    if (dk) {
+      float val = s.Pk[r * ldc + a] + diag * s.q[r * kLdF + a];
+      if (r == last) val += s.dk_last[a];
+      dk[i * key_stride] = store_f<In>(old_k[i] + val);
+    }
+    if (dg) dg[i * key_stride] = old_g[i] + s.G[r * kLdF + a] + suffix;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Host side.
+
+Dims make_dims(const Hgru2CudaShape& shape) {
+  HGRN_CHECK(shape.batch > 0 && shape.time > 0 && shape.heads > 0 && shape.key_dim > 0 && shape.value_dim > 0,
+             "hgru2 CUDA: empty shape");
+  HGRN_CHECK(shape.key_dim <= kMaxKey, "hgru2 CUDA: key dim ", shape.key_dim, " > ", kMaxKey, " is not supported");
+  HGRN_CHECK(shape.batch * shape.heads <= 65535, "hgru2 CUDA: batch·heads ", shape.batch * shape.heads,
+             " exceeds the grid limit 65535");
+  HGRN_CHECK((shape.time + kChunk - 1) / kChunk <= 65535 && shape.value_dim < (int64_t{1} << 20),
+             "hgru2 CUDA: sequence or value dim too large (at most 65535 chunks of 64)");
+  Dims d;
+  d.T = static_cast<int>(shape.time);
+  d.H = static_cast<int>(shape.heads);
+  d.K = static_cast<int>(shape.key_dim);
+  d.V = static_cast<int>(shape.value_dim);
+  d.NT = (d.T + kChunk - 1) / kChunk;
+  d.nk = (d.K + kTile - 1) / kTile;
+  d.nv = (d.V + kTile - 1) / kTile;
+  d.key_pad = d.nk * kTile;
+  return d;
+}
+
+// Launches `kernel` with `bytes` of dynamic shared memory (raising the kernel's limit past the 48 KB default once).
+template <typename... Args>
+void launch(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, Args... args) {
+  static_assert(sizeof...(Args) == 1, "one parameter struct");
+  const size_t optin = cuda_device_properties().sharedMemPerBlockOptin;
+  HGRN_CHECK(bytes <= optin, "hgru2 CUDA: ", name, " needs ", bytes, " bytes of shared memory, the device has ", optin);
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  kernel<<<grid, kThreads, bytes, cuda_stream()>>>(args...);
+  CUDA_CHECK_LAUNCH(name);
+}
+
+// The launches of one dtype. Grids: state pass (K-tiles, V-tiles, pairs); per-chunk kernels (chunks, pairs), and
+// bwd_dqk (K-tiles, chunks, pairs).
+template <typename In>
+struct Launcher {
+  const Dims d;
+  const unsigned pairs;
+
+  void state_pass(bool reverse, const StatePassParams& p) const {
+    float *G, *seg, *M;
+    In *X, *Y;
+    const size_t bytes = state_pass_smem<In>(nullptr, &G, &seg, &X, &Y, &M);
+    const dim3 grid(d.nk, d.nv, pairs);
+    if (reverse)
+      launch(state_pass_kernel<In, true>, grid, bytes, "hgru2_state_pass_reverse", p);
+    else
+      launch(state_pass_kernel<In, false>, grid, bytes, "hgru2_state_pass", p);
+  }
+  void fwd_output(const FwdOutputParams& p) const {
+    FwdOutputSmem<In> s;
+    launch(fwd_output_kernel<In>, dim3(d.NT, pairs), FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s),
+           "hgru2_fwd_output", p);
+  }
+  void bwd_dv(const BwdDvParams& p) const {
+    BwdDvSmem<In> s;
+    launch(bwd_dv_kernel<In>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s), "hgru2_bwd_dv", p);
+  }
+  void bwd_dqk(const BwdDqkParams& p) const {
+    BwdDqkSmem<In> s;
+    launch(bwd_dqk_kernel<In>, dim3(d.nk, d.NT, pairs), BwdDqkSmem<In>::carve(nullptr, &s), "hgru2_bwd_dqk", p);
+  }
+};
+
+template <typename In>
+void forward_impl(const Dims& d, unsigned pairs, const Hgru2CudaForwardArgs& a) {
+  const Launcher<In> launcher{d, pairs};
+  StatePassParams sp{a.k, a.v, a.g, a.initial_state, a.states, a.final_state, nullptr, 1.0f, d};
+  launcher.state_pass(false, sp);
+  launcher.fwd_output(FwdOutputParams{a.q, a.k, a.v, a.g, a.states, a.scale, a.output, a.scores, d});
+}
+
+template <typename In>
+void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a) {
+  const Launcher<In> launcher{d, pairs};
+  const bool need_dqk = a.dq || a.dk || a.dg;
+  if (need_dqk) {  // S^(c), recomputed: only dq, dk and dg read them
+    StatePassParams sp{a.k, a.v, a.g, a.initial_state, a.states, nullptr, nullptr, 1.0f, d};
+    launcher.state_pass(false, sp);
+  }
+  StatePassParams dsp{a.q, a.d_output, a.g, a.d_final_state, a.d_states, nullptr, a.d_initial_state, a.scale, d};
+  launcher.state_pass(true, dsp);
+  if (need_dqk || a.dv)
+    launcher.bwd_dv(BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.scale, a.dv, a.d_scores, d});
+  if (need_dqk)
+    launcher.bwd_dqk(BwdDqkParams{a.q, a.k, a.v, a.g, a.d_output, a.states, a.d_states, a.d_scores, a.scale, a.dq,
+                                  a.dk, a.dg, d});
+}
+
+}  // namespace
+
+int64_t hgru2_cuda_states_elements(const Hgru2CudaShape& s) {
+  return s.batch * s.heads * ((s.time + kChunk - 1) / kChunk) * s.key_dim * s.value_dim;
+}
+
+int64_t hgru2_cuda_scores_elements(const Hgru2CudaShape& s) {
+  return s.batch * s.heads * ((s.time + kChunk - 1) / kChunk) * kChunk * kChunk;
+}
+
+void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs& args) {
+  const Dims d = make_dims(shape);
+  HGRN_CHECK(args.q && args.k && args.v && args.g && args.output && args.final_state && args.states,
+             "hgru2_cuda_forward: missing tensor");
+  const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
+  HGRN_CUDA_DISPATCH_ACT(args.act, "hgru2_cuda_forward", [&] { forward_impl<act_t>(d, pairs, args); });
+}
+
+void hgru2_cuda_backward(const Hgru2CudaShape& shape, const Hgru2CudaBackwardArgs& args) {
+  const Dims d = make_dims(shape);
+  HGRN_CHECK(args.q && args.k && args.v && args.g && args.scores && args.d_states && args.d_scores,
+             "hgru2_cuda_backward: missing tensor");
+  HGRN_CHECK(args.states || !(args.dq || args.dk || args.dg), "hgru2_cuda_backward: dq, dk, dg need the states buffer");
+  const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
+  HGRN_CUDA_DISPATCH_ACT(args.act, "hgru2_cuda_backward", [&] { backward_impl<act_t>(d, pairs, args); });
+}
+
+}  // namespace hgrn

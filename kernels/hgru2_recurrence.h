@@ -1,0 +1,63 @@
+// hgru2_recurrence.h: the HGRU2 (= gated linear attention) chunkwise recurrence on the GPU, forward and backward
+// (spec section 7): S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t, o_t = s·q_t S_t, per (batch, head), in chunks of 64 steps.
+// q, k: [B, T, H·K] and v: [B, T, H·V] in the activation dtype (fp32 or bf16, all three the same); g: [B, T, H·K] fp32
+// (log forget gate, <= 0); states fp32 [B, H, K, V]; output [B, T, H·V] in the activation dtype. K <= 256, any V.
+// The caller provides the scratch buffers (sizes below), so that all memory goes through hgrn's allocator.
+#pragma once
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace hgrn {
+
+struct Hgru2CudaShape {
+  int64_t batch = 0, time = 0, heads = 0, key_dim = 0, value_dim = 0;
+};
+
+// The chunk length of the CUDA kernels (fixed; the last chunk may be partial).
+constexpr int64_t kHgru2CudaChunk = 64;
+// fp32 elements of the per-chunk state buffer: B·H·NT·K·V (NT = ceil(T / 64)).
+int64_t hgru2_cuda_states_elements(const Hgru2CudaShape& shape);
+// fp32 elements of a per-chunk 64×64 score buffer (A in the forward, dA in the backward): B·H·NT·64·64.
+int64_t hgru2_cuda_scores_elements(const Hgru2CudaShape& shape);
+
+struct Hgru2CudaForwardArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType act = DType::F32;               // dtype of q, k, v and output
+  const float* g = nullptr;
+  const float* initial_state = nullptr;  // null: S_0 = 0
+  float scale = 1.0f;
+  void* output = nullptr;
+  float* final_state = nullptr;
+  float* scores = nullptr;  // null, or the scores buffer: receives every chunk's A (s included) for the backward
+  float* states = nullptr;  // scratch: the states buffer
+};
+void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs& args);
+
+struct Hgru2CudaBackwardArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType act = DType::F32;
+  const float* g = nullptr;
+  const float* initial_state = nullptr;  // null: S_0 = 0
+  float scale = 1.0f;
+  const float* scores = nullptr;         // the forward's A
+  const void* d_output = nullptr;        // null: the output's gradient is zero (act dtype otherwise)
+  const float* d_final_state = nullptr;  // null: zero
+  // Accumulated (+=); null where that gradient is not wanted.
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  float* dg = nullptr;
+  float* d_initial_state = nullptr;
+  // Scratch: two states buffers (the recomputed states and the state gradients) and one scores buffer (dA).
+  float* states = nullptr;
+  float* d_states = nullptr;
+  float* d_scores = nullptr;
+};
+void hgru2_cuda_backward(const Hgru2CudaShape& shape, const Hgru2CudaBackwardArgs& args);
+
+}  // namespace hgrn

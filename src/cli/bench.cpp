@@ -1,0 +1,95 @@
+// bench.cpp: `hgrn bench --config FILE` (training steps) and `hgrn bench --recurrence B,T,H,K,V` (the recurrence
+// alone): a table on stdout and, with --json, the same numbers as JSON.
+#include "cli/bench.h"
+
+#include <fstream>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "train/bench.h"
+#include "train/trainer.h"
+
+namespace hgrn::cli {
+
+CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Time whole training steps of a config (median of device-synchronised steps), or the HGRU2 recurrence "
+               "alone; prints a table, --json writes it");
+  bench->add_option("-c,--config", args.config.config_path, "YAML config whose model, batch and sequence to time")
+      ->type_name("FILE");
+  bench->add_option("-s,--set", args.config.overrides, "Override a config key (KEY=VALUE, repeatable)")
+      ->type_name("KEY=VALUE")
+      ->expected(1)
+      ->take_all();
+  bench->add_option("--recurrence", args.recurrence, "Time the recurrence alone at this shape")
+      ->type_name("B,T,H,K,V")
+      ->delimiter(',')
+      ->expected(5);
+  bench->add_option("--dtype", args.dtype, "Recurrence: q/k/v dtype (g is always fp32)")
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
+  bench->add_option("--device", args.device, "Recurrence: auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  bench->add_option("--warmup", args.warmup, "Untimed steps (or calls) first")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  bench->add_option("--steps", args.steps, "Timed training steps")->check(CLI::PositiveNumber)->capture_default_str();
+  bench->add_option("--iters", args.iters, "Timed recurrence calls")->check(CLI::PositiveNumber)->capture_default_str();
+  bench->add_option("--json", args.json_path, "Also write the results as JSON to this file")->type_name("FILE");
+  bench->footer(
+      "Examples:\n"
+      "  hgrn bench --config configs/hgrn2-385m.yaml              # tokens/s, MFU, peak memory\n"
+      "  hgrn bench --config configs/hgrn2-150m.yaml --steps 10 --json bench-150m.json\n"
+      "  hgrn bench --recurrence 8,2048,8,128,128                 # the peer's recurrence shape");
+  return bench;
+}
+
+int run_bench_command(const BenchArgs& args, std::ostream& out) {
+  const bool steps = !args.config.config_path.empty();
+  if (steps == !args.recurrence.empty())
+    throw Error("hgrn bench: give either --config FILE (training steps) or --recurrence B,T,H,K,V, not both or none");
+  nlohmann::json json;
+  out << std::fixed;
+  if (steps) {
+    const Config config = load_config(args.config.config_path, args.config.overrides);
+    const StepBench r = bench_training_steps(config, args.warmup, args.steps, out);
+    out << std::setprecision(1) << "\n| config | device | params | tokens/step | step ms (median) | tokens/s | MFU | "
+        << "peak GiB |\n|---|---|---|---|---|---|---|---|\n| " << config.source << " | " << r.device_name << " | "
+        << r.params / 1e6 << "M | " << r.tokens_per_step << " | " << std::setprecision(2) << r.median_ms << " | "
+        << std::setprecision(0) << r.tokens_per_s << " | " << std::setprecision(1) << 100 * r.mfu << "% | "
+        << std::setprecision(2) << r.peak_memory_gib << " |\n";
+    out << "model " << r.model_tflops << " TFLOP/s against a measured bf16 GEMM peak of " << r.gpu_peak_tflops
+        << " TFLOP/s; step times min " << r.min_ms << " / max " << r.max_ms << " ms; loss " << r.first_loss << " -> "
+        << r.last_loss << "\n";
+    json = {{"kind", "training_step"}, {"config", config.source}, {"device", r.device_name}, {"params", r.params},
+            {"tokens_per_step", r.tokens_per_step}, {"warmup", r.warmup}, {"steps", r.steps},
+            {"median_ms", r.median_ms}, {"min_ms", r.min_ms}, {"max_ms", r.max_ms}, {"tokens_per_s", r.tokens_per_s},
+            {"peak_memory_gib", r.peak_memory_gib}, {"gpu_peak_tflops", r.gpu_peak_tflops},
+            {"model_tflops", r.model_tflops}, {"mfu", r.mfu}, {"first_loss", r.first_loss},
+            {"last_loss", r.last_loss}, {"precision", config.training.precision}};
+  } else {
+    const Device device = resolve_device(args.device);
+    const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;
+    HGRN_CHECK(dtype == DType::F32 || device == Device::CUDA, "hgrn bench: bf16 needs the GPU (use --dtype fp32)");
+    const auto& s = args.recurrence;
+    for (int64_t x : s) HGRN_CHECK(x > 0, "hgrn bench --recurrence: B,T,H,K,V must be positive");
+    const RecurrenceBench r = bench_recurrence(s[0], s[1], s[2], s[3], s[4], dtype, device, args.warmup, args.iters);
+    const double gbps = r.bytes_forward / (r.forward_ms * 1e-3) / 1e9;
+    out << std::setprecision(3) << "| B | T | H | K | V | dtype | forward ms | forward+backward ms | forward GB/s |\n"
+        << "|---|---|---|---|---|---|---|---|---|\n| " << r.B << " | " << r.T << " | " << r.H << " | " << r.K << " | "
+        << r.V << " | " << r.dtype << " | " << r.forward_ms << " | " << r.forward_backward_ms << " | "
+        << std::setprecision(0) << gbps << " |\n";
+    json = {{"kind", "recurrence"}, {"B", r.B}, {"T", r.T}, {"H", r.H}, {"K", r.K}, {"V", r.V}, {"dtype", r.dtype},
+            {"device", device_name(device)}, {"forward_ms", r.forward_ms},
+            {"forward_backward_ms", r.forward_backward_ms}, {"forward_min_bytes", r.bytes_forward}};
+  }
+  if (!args.json_path.empty()) {
+    std::ofstream f(args.json_path);
+    f << json.dump(2) << "\n";
+    HGRN_CHECK(f.good(), "hgrn bench: cannot write ", args.json_path);
+  }
+  return kExitOk;
+}
+
+}  // namespace hgrn::cli

@@ -1,0 +1,19 @@
+// bench.h: `hgrn bench`: time training steps of a config, or the HGRU2 recurrence alone (train/bench.h).
+#pragma once
+#include "cli/common.h"
+
+namespace hgrn::cli {
+
+struct BenchArgs {
+  ConfigArgs config;
+  std::vector<int64_t> recurrence;  // B, T, H, K, V
+  std::string dtype = "bf16";
+  std::string device = "auto";
+  int64_t warmup = 5, steps = 20, iters = 50;
+  std::string json_path;
+};
+
+CLI::App* add_bench_command(CLI::App& app, BenchArgs& args);
+int run_bench_command(const BenchArgs& args, std::ostream& out);
+
+}  // namespace hgrn::cli

@@ -1,0 +1,149 @@
+// bench.cpp: the timing loops of `hgrn bench` (bench.h). Step timings use the host clock around device-synchronised
+// steps (what a user's wall clock sees, launch gaps included); the median is reported because the first steps after
+// warm-up and the occasional allocator or clock hiccup make the mean drift.
+#include "train/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/rng.h"
+#include "model/flops.h"
+#include "model/hgrn2.h"
+#include "ops/hgru2_recurrence.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/gemm.h"
+#endif
+
+namespace hgrn {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+// The same batch every step: random ids drawn once (the peer's method), next-token targets.
+class RandomTokens : public BatchSource {
+ public:
+  RandomTokens(int64_t vocab, int64_t seq_len, int64_t batch, uint64_t seed) {
+    Rng rng(seed);
+    batch_ = TokenBatch{Tensor::empty({batch, seq_len}, DType::I32), Tensor::empty({batch, seq_len}, DType::I32)};
+    std::vector<int32_t> stream(static_cast<size_t>(seq_len + 1));
+    for (int64_t b = 0; b < batch; ++b) {
+      for (auto& t : stream) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+      for (int64_t t = 0; t < seq_len; ++t) {
+        batch_.inputs.data<int32_t>()[b * seq_len + t] = stream[t];
+        batch_.targets.data<int32_t>()[b * seq_len + t] = stream[t + 1];
+      }
+    }
+  }
+  TokenBatch next_batch(int64_t) override { return batch_; }
+  uint64_t cursor() const override { return 0; }
+  void set_cursor(uint64_t) override {}
+
+ private:
+  TokenBatch batch_;
+};
+
+double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+}  // namespace
+
+StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t steps, std::ostream& log) {
+  const TrainingConfig& tc = config.training;
+  const Device device = resolve_device(tc.device);
+  const DType act = activation_dtype(tc.precision, device);
+  StepBench r;
+  r.device_name = device == Device::CUDA ? cuda_device_name() : "cpu";
+#ifdef HGRN_WITH_CUDA
+  if (device == Device::CUDA) r.gpu_peak_tflops = measure_bf16_gemm_tflops();
+#endif
+  Rng init_rng(tc.seed);
+  Hgrn2Model model(config.model, init_rng, DType::F32);
+  model.to_device(device, act);
+  model.set_recompute(tc.recompute);
+  AdamW optimizer(make_param_groups(model.parameters(), tc.decay_embeddings),
+                  AdamWConfig{tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay});
+  const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act == DType::BF16 ? 2 : 4);
+  r.params = cost.params_total;
+  r.tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * config.data.seq_len;
+  r.warmup = warmup;
+  r.steps = steps;
+  RandomTokens data(config.model.vocab_size, config.data.seq_len, tc.micro_batch_size, tc.seed + 1);
+  log << "bench: " << r.params << " parameters, " << r.tokens_per_step << " tokens per step, " << dtype_name(act)
+      << " activations on " << r.device_name << "; " << warmup << " warm-up + " << steps << " timed steps\n";
+  std::vector<double> times;
+  for (int64_t s = 0; s < warmup + steps; ++s) {
+    if (s == warmup) cuda_reset_peak_memory();
+    const Clock::time_point t0 = Clock::now();
+    const StepResult step = training_step(model, optimizer, data, tc, tc.lr);
+    device_synchronize();
+    const double dt = seconds(t0);
+    if (s == 0) r.first_loss = step.loss;
+    r.last_loss = step.loss;
+    if (s >= warmup) times.push_back(dt);
+    log << "  step " << s + 1 << (s < warmup ? " (warm-up)" : "") << ": " << dt * 1e3 << " ms, loss " << step.loss
+        << "\n";
+  }
+  r.median_ms = median(times) * 1e3;
+  r.min_ms = times.empty() ? 0 : *std::min_element(times.begin(), times.end()) * 1e3;
+  r.max_ms = times.empty() ? 0 : *std::max_element(times.begin(), times.end()) * 1e3;
+  r.tokens_per_s = r.median_ms > 0 ? static_cast<double>(r.tokens_per_step) / (r.median_ms * 1e-3) : 0;
+  r.peak_memory_gib = static_cast<double>(cuda_memory_stats().peak_in_use_bytes) / (1u << 30);
+  r.model_tflops = cost.flops_per_token_train * r.tokens_per_s / 1e12;
+  r.mfu = r.gpu_peak_tflops > 0 ? r.model_tflops / r.gpu_peak_tflops : 0;
+  return r;
+}
+
+RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, DType dtype, Device device,
+                                 int64_t warmup, int64_t iters) {
+  RecurrenceBench r{B, T, H, K, V, dtype_name(dtype)};
+  Rng rng(7);
+  auto random = [&](const Shape& shape, double scale, double offset, DType d) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.set_item(i, offset + scale * rng.normal());
+    return on_device(d == DType::F32 ? t : t.to(d), device);
+  };
+  Tensor g_host = Tensor::empty({B, T, H * K}, DType::F32);  // log forget gates: logsigmoid of N(2, 1) logits
+  for (int64_t i = 0; i < g_host.numel(); ++i) {
+    const double u = 2.0 + rng.normal();
+    g_host.set_item(i, -std::log1p(std::exp(-u)));
+  }
+  Var q = make_var(random({B, T, H * K}, 1.0, 0.0, dtype), true), k = make_var(random({B, T, H * K}, 0.1, 0.1, dtype), true);
+  Var v = make_var(random({B, T, H * V}, 1.0, 0.0, dtype), true), g = make_var(on_device(g_host, device), true);
+  Tensor d_out = random({B, T, H * V}, 1.0, 0.0, dtype);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(K));
+  auto time_calls = [&](bool backward) {
+    std::vector<double> per_call;
+    const int64_t group = std::max<int64_t>(1, iters / 5);
+    for (int64_t i = 0; i < warmup + iters; i += (i < warmup ? 1 : group)) {
+      const int64_t n = i < warmup ? 1 : group;
+      device_synchronize();
+      const Clock::time_point t0 = Clock::now();
+      for (int64_t c = 0; c < n; ++c) {
+        Tape tape;
+        tape.set_enabled(backward);
+        for (const Var& x : {q, k, v, g}) x->grad = Tensor();
+        Hgru2Outputs o = hgru2_recurrence(tape, q, k, v, g, nullptr, H, scale, RecurrenceMode::Chunk);
+        if (backward) tape.backward(o.output, d_out);
+      }
+      device_synchronize();
+      if (i >= warmup) per_call.push_back(seconds(t0) / static_cast<double>(n));
+    }
+    return median(per_call) * 1e3;
+  };
+  r.forward_ms = time_calls(false);
+  r.forward_backward_ms = time_calls(true);
+  const double act_bytes = static_cast<double>(dtype_size(dtype));
+  r.bytes_forward = static_cast<double>(B * T * H) * ((2 * K + 2 * V) * act_bytes + K * 4.0);
+  return r;
+}
+
+}  // namespace hgrn

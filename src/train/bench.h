@@ -1,0 +1,38 @@
+// bench.h: `hgrn bench`: timings of whole training steps of a config, and of the HGRU2 recurrence alone.
+// Benchmarks, not tests: the numbers go to docs/benchmarks.md with the command, GPU and commit.
+#pragma once
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "config/config.h"
+#include "core/tensor.h"
+
+namespace hgrn {
+
+struct StepBench {
+  std::string device_name;
+  int64_t params = 0, tokens_per_step = 0, warmup = 0, steps = 0;
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  double tokens_per_s = 0;        // tokens_per_step / median step time
+  double peak_memory_gib = 0;     // high-water mark of hgrn's GPU tensors over the timed steps (0 on the CPU)
+  double gpu_peak_tflops = 0;     // measured bf16 GEMM rate (0 on the CPU)
+  double model_tflops = 0;        // HGRN2 training FLOPs (recurrence included) per second
+  double mfu = 0;                 // model_tflops / gpu_peak_tflops
+  double first_loss = 0, last_loss = 0;
+};
+// Times `warmup` + `steps` training steps (training_step, the loop's own) of the config's model on uniformly random
+// tokens fixed for the run (as the peer's benchmark does), each step device-synchronised; reports the median.
+StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t steps, std::ostream& log);
+
+struct RecurrenceBench {
+  int64_t B = 0, T = 0, H = 0, K = 0, V = 0;
+  std::string dtype;
+  double forward_ms = 0, forward_backward_ms = 0;  // medians over groups of calls, per call
+  double bytes_forward = 0;                          // bytes the forward must read and write at least
+};
+// Times the recurrence op (q, k, v in `dtype`, fp32 g) on `device`: forward alone, and forward + backward.
+RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, DType dtype, Device device,
+                                 int64_t warmup, int64_t iters);
+
+}  // namespace hgrn

@@ -1,0 +1,254 @@
+// test_cross_entropy_cuda.cpp: the CUDA cross-entropy against an fp64 reference (loss, target and correct counts,
+// accumulated dlogits with a non-unit dloss) for fp32 and bf16 logits, odd row counts, small and real vocab sizes
+// and ignored rows; ties and extreme logits; bitwise reproducibility; logits past 2^31 elements; target errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "gpu_test.h"
+#include "gradcheck.h"
+#include "ops/cross_entropy.h"
+
+namespace hgrn {
+namespace {
+
+using testing::expect_close;
+using testing::random_tensor;
+using testing::round_through;
+using testing::to_gpu;
+
+constexpr int64_t kIgnore = -100;
+
+struct Reference {
+  double loss = 0;
+  int64_t num_targets = 0, num_correct = 0;
+  Tensor dlogits;  // g0 + (softmax - onehot) * dloss / num_targets on counted rows
+};
+
+// Everything in fp64 from the values the GPU sees; argmax is the first maximal logit, as the CPU op defines it.
+Reference reference(const Tensor& logits, const std::vector<int64_t>& targets, double dloss, const Tensor& g0) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  const std::vector<double> x = logits.to_double_vector();
+  std::vector<double> g = g0.to_double_vector();
+  std::vector<double> lse(static_cast<size_t>(rows), 0.0);
+  Reference ref;
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] == kIgnore) continue;
+    const double* row = x.data() + r * vocab;
+    int64_t argmax = 0;
+    for (int64_t v = 1; v < vocab; ++v)
+      if (row[v] > row[argmax]) argmax = v;
+    double sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - row[argmax]);
+    lse[r] = row[argmax] + std::log(sum);
+    total += lse[r] - row[targets[r]];
+    ref.num_targets += 1;
+    ref.num_correct += argmax == targets[r];
+  }
+  ref.loss = ref.num_targets > 0 ? total / static_cast<double>(ref.num_targets) : 0.0;
+  if (ref.num_targets > 0) {
+    const double scale = dloss / static_cast<double>(ref.num_targets);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (targets[r] == kIgnore) continue;
+      for (int64_t v = 0; v < vocab; ++v)
+        g[r * vocab + v] += scale * (std::exp(x[r * vocab + v] - lse[r]) - (v == targets[r] ? 1.0 : 0.0));
+    }
+  }
+  ref.dlogits = Tensor::from_vector(g, logits.shape());
+  return ref;
+}
+
+Tensor targets_tensor(const std::vector<int64_t>& targets, DType dtype) {
+  return Tensor::from_vector(targets, {static_cast<int64_t>(targets.size())}).to(dtype);
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double v : t.to_double_vector()) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.dtype() == hb.dtype() && ha.shape() == hb.shape() && std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+}
+
+// Runs the GPU op on (logits, targets) with an existing gradient g0 and dloss 0.7, and checks it against the
+// fp64 reference. The logits and g0 passed in are already rounded through `act`.
+void check_against_reference(const Tensor& logits, const std::vector<int64_t>& targets, const Tensor& g0, DType act,
+                             DType target_dtype) {
+  const double dloss = 0.7;
+  const Reference ref = reference(logits, targets, dloss, g0);
+  Tape tape;
+  Var lg = make_var(to_gpu(logits, act), true, "logits");
+  lg->grad = to_gpu(g0, act);
+  CrossEntropyResult r = cross_entropy(tape, lg, targets_tensor(targets, target_dtype).to(Device::CUDA), kIgnore);
+  EXPECT_EQ(r.loss->value.dim(), 0);
+  EXPECT_EQ(r.loss->value.dtype(), DType::F32);
+  EXPECT_EQ(r.loss->value.device(), Device::CUDA);
+  EXPECT_EQ(r.num_targets, ref.num_targets);
+  EXPECT_EQ(r.num_correct, ref.num_correct);
+  // Per-row fp32 log-sum-exp (rows of ~10) and an fp32 sum over rows: ~1e-7 relative.
+  expect_close(r.loss->value, Tensor::full({}, ref.loss, DType::F64), 1e-5, 1e-5 * std::max(1.0, ref.loss), "loss");
+  tape.backward(r.loss, Tensor::full({}, dloss, DType::F32));
+  const double scale = max_abs(ref.dlogits);
+  if (act == DType::F32)  // fp32 exp and one fused add per element
+    expect_close(lg->grad, ref.dlogits, 1e-5, 1e-5 * scale, "dlogits");
+  else  // the result is stored in bf16: 2^-9 relative rounding per element
+    expect_close(lg->grad, ref.dlogits, 1e-2, 1e-2 * scale, "dlogits");
+}
+
+TEST(CrossEntropyCuda, MatchesFp64Reference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t rows, vocab;
+  };
+  const Case cases[] = {{1, 41}, {63, 5003}, {65, 41}, {2047, 5003}, {63, 50304}, {2047, 41}, {65, 50304}};
+  Rng rng(201);
+  for (const Case& c : cases) {
+    for (DType act : {DType::F32, DType::BF16}) {
+      const DType target_dtype = c.rows % 2 ? DType::I64 : DType::I32;
+      SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " vocab " << c.vocab << " " << dtype_name(act)
+                                        << " targets " << dtype_name(target_dtype));
+      Tensor logits = random_tensor(rng, {c.rows, c.vocab}, 3.0);
+      std::vector<int64_t> targets(static_cast<size_t>(c.rows));
+      for (int64_t r = 0; r < c.rows; ++r) {
+        targets[r] = c.rows > 1 && r % 5 == 2 ? kIgnore : static_cast<int64_t>(rng.below(c.vocab));
+        if (targets[r] != kIgnore && r % 3 == 0)  // a third of the rows predicted right, so num_correct is tested
+          logits.set_item(r * c.vocab + targets[r], logits.item(r * c.vocab + targets[r]) + 12.0);
+      }
+      targets.back() = c.vocab - 1;  // the last class, at the end of the last row
+      const Tensor x = round_through(logits, act);
+      // An existing gradient of the size of the softmax terms, so that accumulation (+=) is checked too.
+      const Tensor g0 = round_through(random_tensor(rng, {c.rows, c.vocab}, 1.0 / (c.vocab * c.rows)), act);
+      check_against_reference(x, targets, g0, act, target_dtype);
+    }
+  }
+}
+
+TEST(CrossEntropyCuda, TiesAndExtremeLogits) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Tensor logits = Tensor::from_vector<double>({1000, -1000, 0, 0,   // target 1: loss 2000
+                                               0, 999, 0, 0,        // target 0: loss ~999, no overflow
+                                               2, 5, 5, 1,          // target 2: tied with 1, which comes first: wrong
+                                               2, 5, 5, 1,          // target 1: the first maximal logit: right
+                                               3, 3, 3, 3,          // target 0: all tied: right, loss log 4
+                                               9, 9, 9, 9},         // ignored
+                                              {6, 4});
+  const std::vector<int64_t> targets = {1, 0, 2, 1, 0, kIgnore};
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(act));
+    const Tensor x = round_through(logits, act);
+    check_against_reference(x, targets, Tensor::zeros({6, 4}, DType::F64), act, DType::I64);
+    Tape tape;
+    CrossEntropyResult r = cross_entropy(tape, make_var(to_gpu(x, act)), targets_tensor(targets, DType::I32).to(Device::CUDA));
+    EXPECT_EQ(r.num_targets, 5);
+    EXPECT_EQ(r.num_correct, 2);
+  }
+}
+
+TEST(CrossEntropyCuda, AllRowsIgnoredGivesZeroLossAndZeroGradient) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(202);
+  for (DType act : {DType::F32, DType::BF16}) {
+    Tape tape;
+    Var lg = make_var(to_gpu(random_tensor(rng, {65, 41}), act), true, "logits");
+    CrossEntropyResult r = cross_entropy(
+        tape, lg, targets_tensor(std::vector<int64_t>(65, kIgnore), DType::I32).to(Device::CUDA), kIgnore);
+    EXPECT_EQ(r.num_targets, 0);
+    EXPECT_EQ(r.num_correct, 0);
+    EXPECT_EQ(r.loss->value.to(Device::CPU).item(), 0.0);
+    tape.backward(r.loss);
+    ASSERT_TRUE(lg->grad.defined());
+    expect_close(lg->grad, Tensor::zeros({65, 41}, DType::F64), 0.0, 0.0, "dlogits");  // exactly zero
+  }
+}
+
+TEST(CrossEntropyCuda, BitwiseReproducible) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(203);
+  const int64_t rows = 2047, vocab = 5003;
+  Tensor logits = to_gpu(random_tensor(rng, {rows, vocab}, 3.0), DType::BF16);
+  std::vector<int64_t> t(rows);
+  for (int64_t r = 0; r < rows; ++r) t[r] = r % 7 == 3 ? kIgnore : static_cast<int64_t>(rng.below(vocab));
+  Tensor targets = targets_tensor(t, DType::I64).to(Device::CUDA);
+  Tensor first_loss, first_grad;
+  for (int run = 0; run < 2; ++run) {
+    Tape tape;
+    Var lg = make_var(logits, true, "logits");
+    CrossEntropyResult r = cross_entropy(tape, lg, targets);
+    tape.backward(r.loss);
+    if (run == 0) {
+      first_loss = r.loss->value;
+      first_grad = lg->grad;
+    } else {
+      EXPECT_TRUE(same_bits(r.loss->value, first_loss));
+      EXPECT_TRUE(same_bits(lg->grad, first_grad));
+    }
+  }
+}
+
+// More than 2^31 logits (42700 rows of a 50304 vocab, bf16): any 32-bit index in the kernels would wrap. The rows
+// are constant (cheap to fill and to check: loss log V, gradient (1/V - onehot) / N) except the last, which is random.
+TEST(CrossEntropyCuda, LogitsPast2To31Elements) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const int64_t rows = 42700, vocab = 50304;
+  ASSERT_GT(rows * vocab, int64_t{1} << 31);
+  Rng rng(204);
+  Tensor last = round_through(random_tensor(rng, {1, vocab}, 3.0), DType::BF16);
+  const std::vector<int64_t> last_target = {12345};
+  Tensor logits = Tensor::zeros({rows, vocab}, DType::BF16, Device::CUDA);
+  logits.select_row(rows - 1).copy_from(last.to(DType::BF16).reshape({vocab}));
+  std::vector<int64_t> t(rows, 0);
+  t.back() = last_target[0];
+
+  Tape tape;
+  Var lg = make_var(logits, true, "logits");
+  CrossEntropyResult r = cross_entropy(tape, lg, targets_tensor(t, DType::I32).to(Device::CUDA));
+  const Reference last_ref = reference(last, last_target, 1.0, Tensor::zeros({1, vocab}, DType::F64));
+  EXPECT_EQ(r.num_targets, rows);
+  EXPECT_EQ(r.num_correct, rows - 1 + last_ref.num_correct);  // a constant row's first maximal logit is class 0
+  const double want = ((rows - 1) * std::log(static_cast<double>(vocab)) + last_ref.loss) / rows;
+  // fp32 sums of ~42 rows per thread then a 1024-way tree: ~1e-6 relative.
+  expect_close(r.loss->value, Tensor::full({}, want, DType::F64), 1e-5, 1e-5 * want, "loss");
+  tape.backward(r.loss);
+
+  Tensor constant_row = Tensor::full({vocab}, 1.0 / vocab / rows, DType::F64);
+  constant_row.set_item(0, (1.0 / vocab - 1.0) / rows);
+  // bf16 storage of the gradient: 2^-9 relative per element.
+  for (int64_t row : {int64_t{0}, int64_t{42691}, rows - 2})
+    expect_close(lg->grad.select_row(row), constant_row, 1e-2, 1e-2 / rows, "dlogits constant row");
+  Tensor last_grad = last_ref.dlogits.reshape({vocab});
+  for (int64_t v = 0; v < vocab; ++v) last_grad.set_item(v, last_grad.item(v) / rows);  // dloss / N, not / 1
+  expect_close(lg->grad.select_row(rows - 1), last_grad, 1e-2, 1e-2 * max_abs(last_grad), "dlogits last row");
+}
+
+TEST(CrossEntropyCuda, OutOfRangeTargetIsAnError) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Tape tape;
+  Var lg = make_var(Tensor::zeros({4, 5003}, DType::BF16, Device::CUDA), true, "logits");
+  auto message = [&](const std::vector<int64_t>& targets, DType dtype) -> std::string {
+    try {
+      cross_entropy(tape, lg, targets_tensor(targets, dtype).to(Device::CUDA), kIgnore);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  std::string m = message({1, 5003, kIgnore, 7000}, DType::I32);
+  EXPECT_NE(m.find("target 5003 in row 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("vocab size 5003"), std::string::npos) << m;
+  m = message({kIgnore, kIgnore, 0, -1}, DType::I64);  // -1 is not the ignore_index
+  EXPECT_NE(m.find("target -1 in row 3"), std::string::npos) << m;
+  m = message({0, int64_t{1} << 33, 0, 0}, DType::I64);  // would wrap to 0 as an int32
+  EXPECT_NE(m.find("target 8589934592 in row 1"), std::string::npos) << m;
+  EXPECT_EQ(tape.size(), 0u);
+  // Targets must live with the logits, and match their rows.
+  EXPECT_THROW(cross_entropy(tape, lg, targets_tensor({0, 1, 2, 3}, DType::I32)), Error);
+  EXPECT_THROW(cross_entropy(tape, lg, targets_tensor({0, 1, 2}, DType::I32).to(Device::CUDA)), Error);
+}
+
+}  // namespace
+}  // namespace hgrn

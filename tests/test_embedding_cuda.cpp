@@ -1,0 +1,229 @@
+// test_embedding_cuda.cpp: the CUDA embedding against the fp64 reference (gather and scatter-add with many repeated
+// ids, fp32 and bf16 outputs, odd widths and token counts), bit-for-bit against the CPU op in fp32 (same summation
+// order) and against itself run to run, at a real model's size, and its errors (bad ids, mismatched devices/dtypes).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "gpu_test.h"
+#include "gradcheck.h"
+#include "ops/embedding.h"
+
+namespace hgrn {
+namespace {
+
+using testing::expect_close;
+using testing::random_tensor;
+using testing::round_through;
+using testing::to_gpu;
+
+// Ids with heavy repetition: half come from a few hot tokens (so one weight row sums hundreds of dy rows, as common
+// tokens do in real text), the rest are uniform over the vocab; the first and last ids of the vocab always appear.
+Tensor repeated_ids(Rng& rng, const Shape& shape, int64_t vocab, DType dtype) {
+  Tensor ids = Tensor::empty(shape, dtype);
+  const int64_t hot[] = {0, vocab - 1, 7 % vocab, vocab / 2};
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    ids.set_item(i, static_cast<double>(rng.below(2) ? hot[rng.below(4)] : static_cast<int64_t>(rng.below(vocab))));
+  if (ids.numel() >= 2) {
+    ids.set_item(0, 0);
+    ids.set_item(ids.numel() - 1, static_cast<double>(vocab - 1));
+  }
+  return ids;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.dtype() == hb.dtype() && ha.shape() == hb.shape() && std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+}
+
+struct Case {
+  int64_t vocab, width;
+  Shape ids_shape;
+};
+
+TEST(EmbeddingCuda, MatchesFp64ReferenceWithRepeatedIds) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const Case cases[] = {{41, 96, {1, 1}},       {41, 771, {23, 89}}, {5003, 96, {7, 9}},
+                        {5003, 771, {65}},      {41, 200, {63}},     {5003, 200, {2047}}};
+  Rng rng(101);
+  for (const Case& c : cases) {
+    for (DType act : {DType::F32, DType::BF16}) {
+      const DType id_dtype = c.ids_shape.size() == 2 ? DType::I32 : DType::I64;
+      SCOPED_TRACE(::testing::Message() << "vocab " << c.vocab << " width " << c.width << " ids "
+                                        << shape_str(c.ids_shape) << " " << dtype_name(id_dtype) << " out "
+                                        << dtype_name(act));
+      const int64_t n = shape_numel(c.ids_shape);
+      Tensor w = random_tensor(rng, {c.vocab, c.width}, 1.0, DType::F32).to(DType::F64);  // fp32-exact values
+      Tensor ids = repeated_ids(rng, c.ids_shape, c.vocab, id_dtype);
+      Shape y_shape = c.ids_shape;
+      y_shape.push_back(c.width);
+      Tensor dy = round_through(random_tensor(rng, y_shape), act);           // what a bf16 run sees
+      Tensor g0 = random_tensor(rng, {c.vocab, c.width}, 1.0, DType::F32).to(DType::F64);  // existing gradient
+
+      // fp64 reference: y = W[ids]; dW = g0 + sum over positions of dy.
+      Tensor y_ref = Tensor::empty(y_shape, DType::F64), dw_ref = g0.clone();
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t id = static_cast<int64_t>(ids.item(r));
+        for (int64_t k = 0; k < c.width; ++k) {
+          y_ref.set_item(r * c.width + k, w.item(id * c.width + k));
+          dw_ref.set_item(id * c.width + k, dw_ref.item(id * c.width + k) + dy.item(r * c.width + k));
+        }
+      }
+
+      Tape tape;
+      Var weight = make_var(to_gpu(w, DType::F32), true, "weight");
+      weight->grad = to_gpu(g0, DType::F32);
+      Var y = embedding(tape, weight, ids.to(Device::CUDA), act);
+      EXPECT_EQ(y->value.dtype(), act);
+      EXPECT_EQ(y->value.device(), Device::CUDA);
+      // A gather is exact: the only rounding is the fp32 -> bf16 store, which round_through does the same way.
+      expect_close(y->value, round_through(y_ref, act), 0.0, 0.0, "y");
+      tape.backward(y, to_gpu(dy, act));
+      // dW sums up to ~n/8 + n/vocab rows per token in fp32, in position order: typical error ~1e-7 relative, and
+      // 1e-3 bounds the worst case of ~300 adds of partial sums ~30 at fp32's 6e-8.
+      expect_close(weight->grad, dw_ref, 1e-5, 1e-3, "dweight");
+
+      // The CPU op in fp32 adds the same rows in the same order onto the same start: identical bits.
+      Tape cpu_tape;
+      Var cpu_weight = make_var(w.to(DType::F32), true, "weight");
+      cpu_weight->grad = g0.to(DType::F32);
+      cpu_tape.backward(embedding(cpu_tape, cpu_weight, ids), dy.to(DType::F32));
+      EXPECT_TRUE(same_bits(weight->grad, cpu_weight->grad)) << "dweight differs in bits from the CPU's in-order sum";
+    }
+  }
+}
+
+TEST(EmbeddingCuda, BitwiseReproducible) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(102);
+  const int64_t vocab = 5003, width = 771;
+  Tensor ids = repeated_ids(rng, {3, 683}, vocab, DType::I64).to(Device::CUDA);
+  Tensor w = to_gpu(random_tensor(rng, {vocab, width}), DType::F32);
+  Tensor dy = to_gpu(random_tensor(rng, {3, 683, width}), DType::BF16);
+  Tensor first_y, first_dw;
+  for (int run = 0; run < 2; ++run) {
+    Tape tape;
+    Var weight = make_var(w, true, "weight");  // shares w's storage: the gradient is fresh each run
+    Var y = embedding(tape, weight, ids, DType::BF16);
+    tape.backward(y, dy);
+    if (run == 0) {
+      first_y = y->value;
+      first_dw = weight->grad;
+    } else {
+      EXPECT_TRUE(same_bits(y->value, first_y));
+      EXPECT_TRUE(same_bits(weight->grad, first_dw));
+    }
+  }
+}
+
+// A model's real shape: 16 x 2048 tokens of a 50304-token vocab, D 768, bf16 activations; checked bit for bit
+// against the CPU op (the fp64 comparisons above cover the arithmetic; this covers grid sizes and the sort at scale).
+TEST(EmbeddingCuda, RealModelSizeMatchesCpuBitForBit) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const int64_t vocab = 50304, width = 768, batch = 16, seq = 2048;
+  // Cheap deterministic values (an LCG) instead of 63M normal draws.
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<float>(static_cast<int64_t>(state >> 40) - (int64_t{1} << 23)) / static_cast<float>(1 << 23);
+  };
+  std::vector<float> wv(static_cast<size_t>(vocab * width)), dyv(static_cast<size_t>(batch * seq * width));
+  for (float& v : wv) v = next();
+  for (float& v : dyv) v = static_cast<float>(bf16(next()));  // bf16-exact, so the GPU's dy equals the CPU's
+  std::vector<int32_t> idv(static_cast<size_t>(batch * seq));
+  for (int32_t& id : idv) {  // Zipf-like: low ids far more frequent, like real token frequencies
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    const double u = static_cast<double>(state >> 11) / 9007199254740992.0;
+    id = static_cast<int32_t>(std::min<double>(vocab - 1, std::pow(static_cast<double>(vocab), u) - 1));
+  }
+  Tensor w = Tensor::from_vector(wv, {vocab, width});
+  Tensor dy = Tensor::from_vector(dyv, {batch, seq, width});
+  Tensor ids = Tensor::from_vector(idv, {batch, seq});
+
+  Tape cpu_tape;
+  Var cpu_weight = make_var(w, true, "weight");
+  Var cpu_y = embedding(cpu_tape, cpu_weight, ids);
+  cpu_tape.backward(cpu_y, dy);
+
+  Tape tape;
+  Var weight = make_var(w.to(Device::CUDA), true, "weight");
+  Var y = embedding(tape, weight, ids.to(Device::CUDA), DType::BF16);
+  tape.backward(y, dy.to(DType::BF16).to(Device::CUDA));
+  EXPECT_TRUE(same_bits(y->value, cpu_y->value.to(DType::BF16)));
+  EXPECT_TRUE(same_bits(weight->grad, cpu_weight->grad));
+}
+
+TEST(EmbeddingCuda, WithoutGradientAndWithNoIds) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(103);
+  Tensor w = random_tensor(rng, {41, 96}, 1.0, DType::F32);
+  Var weight = make_var(w.to(Device::CUDA), true, "weight");
+  Tensor ids = Tensor::from_vector<int32_t>({40, 3, 3}, {3});
+  Tape no_grad;
+  no_grad.set_enabled(false);
+  Var y = embedding(no_grad, weight, ids.to(Device::CUDA), DType::F32);
+  EXPECT_FALSE(y->requires_grad);
+  expect_close(y->value, embedding(no_grad, make_var(w), ids)->value, 0.0, 0.0, "y without a tape");  // a gather
+
+  Tape tape;  // zero tokens: an empty output, and a backward that leaves the gradient zero
+  Var empty = embedding(tape, weight, Tensor::empty({0}, DType::I64).to(Device::CUDA), DType::BF16);
+  EXPECT_EQ(empty->value.shape(), (Shape{0, 96}));
+  tape.backward(empty, Tensor::empty({0, 96}, DType::BF16));
+  expect_close(weight->grad, Tensor::zeros({41, 96}, DType::F64), 0.0, 0.0, "dweight of no tokens");
+}
+
+TEST(EmbeddingCuda, OutOfRangeIdIsAnErrorNamingIdAndPosition) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Tape tape;
+  Var weight = make_var(Tensor::zeros({41, 8}, DType::F32, Device::CUDA), true, "weight");
+  auto message = [&](const Tensor& ids) -> std::string {
+    try {
+      embedding(tape, weight, ids.to(Device::CUDA), DType::BF16);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  // The first bad position is reported, whichever thread finds its id first.
+  std::string m = message(Tensor::from_vector<int32_t>({0, 3, 41, 2, -1, 41}, {2, 3}));
+  EXPECT_NE(m.find("id 41 at position 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("vocab size 41"), std::string::npos) << m;
+  m = message(Tensor::from_vector<int64_t>({5, -1}, {2}));
+  EXPECT_NE(m.find("id -1 at position 1"), std::string::npos) << m;
+  m = message(Tensor::from_vector<int64_t>({int64_t{1} << 40}, {1}));  // would wrap to 0 as an int32
+  EXPECT_NE(m.find("id 1099511627776 at position 0"), std::string::npos) << m;
+  std::vector<int32_t> many(5000, 1);
+  many[4321] = 1000;
+  m = message(Tensor::from_vector<int32_t>(many, {5000}));
+  EXPECT_NE(m.find("id 1000 at position 4321"), std::string::npos) << m;
+  EXPECT_EQ(tape.size(), 0u);
+}
+
+TEST(EmbeddingCuda, RejectsMismatchedDevicesAndDtypes) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Tape tape;
+  Var weight = make_var(Tensor::zeros({5, 2}, DType::F32, Device::CUDA), true, "weight");
+  Tensor ids = Tensor::from_vector<int32_t>({0, 1}, {2});
+  EXPECT_THROW(embedding(tape, weight, ids, DType::F32), Error);                          // ids on the CPU
+  EXPECT_THROW(embedding(tape, weight, ids.to(Device::CUDA), DType::F64), Error);         // not an activation dtype
+  Var bf16_weight = make_var(Tensor::zeros({5, 2}, DType::BF16, Device::CUDA), true, "w");  // parameters are fp32
+  EXPECT_THROW(embedding(tape, bf16_weight, ids.to(Device::CUDA), DType::BF16), Error);
+}
+
+TEST(EmbeddingCuda, CpuOutputDtypeMustBeTheWeightDtype) {  // runs without a GPU too
+  Tape tape;
+  Var weight = make_var(Tensor::zeros({5, 2}, DType::F64), true, "weight");
+  Tensor ids = Tensor::from_vector<int32_t>({0, 4}, {2});
+  EXPECT_EQ(embedding(tape, weight, ids, DType::F64)->value.dtype(), DType::F64);
+  try {
+    embedding(tape, weight, ids, DType::F32);
+    FAIL() << "a fp32 output from a fp64 CPU weight was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be the weight's"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hgrn

@@ -1,0 +1,311 @@
+// test_hgru2_recurrence_cuda.cpp: the CUDA HGRU2 recurrence (kernels/hgru2_recurrence.cu) against the CPU chunk form
+// in fp64, computed from the very values the GPU sees (q, k, v, dO rounded through the activation dtype; g, S0, dS_T
+// through fp32): outputs and every gradient, for sequence lengths around the 64-step chunk (1, 15, 63, 64, 65, 200,
+// 2047), key/value widths that are not multiples of the 64-wide tiles, with and without initial state and final-state
+// gradient, fla's gate regimes and an extreme decay, in fp32 and bf16; plus accumulation into existing gradients,
+// partial gradient requests, and bitwise determinism.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu_test.h"
+#include "gradcheck.h"
+#include "ops/hgru2_recurrence.h"
+
+namespace hgrn {
+namespace {
+
+using testing::compare;
+using testing::random_tensor;
+using testing::round_through;
+using testing::to_gpu;
+using testing::to_host_f64;
+
+struct Sizes {
+  int64_t batch, time, heads, key_dim, value_dim;
+  std::string str() const {
+    return "B=" + std::to_string(batch) + " T=" + std::to_string(time) + " H=" + std::to_string(heads) +
+           " K=" + std::to_string(key_dim) + " V=" + std::to_string(value_dim);
+  }
+};
+
+// fp64 host values of one problem; s0, d_out, d_final may be undefined (absent).
+struct Problem {
+  Tensor q, k, v, g, s0, d_out, d_final;
+};
+
+double log_sigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
+
+// g = logsigmoid(u) / normalizer (fla's gate_logit_normalizer regimes), or with normalizer < 0 an extreme decay
+// g ≈ −20 per step (−20 ± 1, never above 0).
+Tensor make_gate(Rng& rng, const Shape& shape, double normalizer) {
+  Tensor g = Tensor::empty(shape, DType::F64);
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    const double u = rng.normal();
+    g.set_item(i, normalizer > 0 ? log_sigmoid(u) / normalizer : std::min(0.0, -20.0 + 0.5 * u));
+  }
+  return g;
+}
+
+Problem make_problem(Rng& rng, const Sizes& s, bool with_initial, bool with_d_out, bool with_d_final,
+                     double normalizer = 1.0) {
+  const Shape keys{s.batch, s.time, s.heads * s.key_dim}, values{s.batch, s.time, s.heads * s.value_dim};
+  const Shape states{s.batch, s.heads, s.key_dim, s.value_dim};
+  Problem p;
+  p.q = random_tensor(rng, keys);
+  p.k = random_tensor(rng, keys);
+  p.v = random_tensor(rng, values);
+  p.g = make_gate(rng, keys, normalizer);
+  if (with_initial) p.s0 = random_tensor(rng, states);
+  if (with_d_out) p.d_out = random_tensor(rng, values);
+  if (with_d_final) p.d_final = random_tensor(rng, states);
+  return p;
+}
+
+// The values a run with activation dtype `act` actually sees (q, k, v, dO in act; g, S0, dS_T in fp32), in fp64.
+Problem rounded(const Problem& p, DType act) {
+  auto r = [](const Tensor& t, DType dtype) { return t.defined() ? round_through(t, dtype) : Tensor(); };
+  return {r(p.q, act), r(p.k, act), r(p.v, act), r(p.g, DType::F32), r(p.s0, DType::F32), r(p.d_out, act),
+          r(p.d_final, DType::F32)};
+}
+
+struct Result {
+  Tensor output, final_state, dq, dk, dv, dg, ds0;  // fp64 host copies (gradients undefined where none was asked)
+};
+
+// Which inputs ask for a gradient.
+struct Wants {
+  bool q = true, k = true, v = true, g = true, s0 = true;
+};
+
+// Runs the op with inputs on `device` (CUDA: q, k, v, dO in act, the rest fp32; CPU: everything fp64, chunk form with
+// 64-step chunks, the reference) and backpropagates L = <output, dO> + <final_state, dS_T>.
+Result run(const Problem& p, int64_t heads, Device device, DType act, double scale, const Wants& wants = {},
+           const Problem* initial_grads = nullptr, RecurrenceMode mode = RecurrenceMode::Chunk) {
+  const bool gpu = device == Device::CUDA;
+  auto put = [&](const Tensor& t, DType dtype) { return gpu ? to_gpu(t, dtype) : t.clone(); };
+  const DType act_dtype = gpu ? act : DType::F64, f32 = gpu ? DType::F32 : DType::F64;
+  Tape tape;
+  Var q = make_var(put(p.q, act_dtype), wants.q, "q");
+  Var k = make_var(put(p.k, act_dtype), wants.k, "k");
+  Var v = make_var(put(p.v, act_dtype), wants.v, "v");
+  Var g = make_var(put(p.g, f32), wants.g, "g");
+  Var s0 = p.s0.defined() ? make_var(put(p.s0, f32), wants.s0, "s0") : nullptr;
+  if (initial_grads) {  // gradients already there: the backward must add to them
+    q->grad = put(initial_grads->q, act_dtype);
+    k->grad = put(initial_grads->k, act_dtype);
+    v->grad = put(initial_grads->v, act_dtype);
+    g->grad = put(initial_grads->g, f32);
+    if (s0) s0->grad = put(initial_grads->s0, f32);
+  }
+  Hgru2Outputs r = hgru2_recurrence(tape, q, k, v, g, s0, heads, scale, mode, gpu ? 0 : 64);
+  if (r.output->requires_grad) {
+    if (p.d_out.defined()) {
+      if (p.d_final.defined()) r.final_state->grad = put(p.d_final, f32);
+      tape.backward(r.output, put(p.d_out, act_dtype));
+    } else if (p.d_final.defined()) {
+      tape.backward(r.final_state, put(p.d_final, f32));
+    }
+  }
+  auto grad = [](const Var& x) { return x && x->grad.defined() ? to_host_f64(x->grad) : Tensor(); };
+  return {to_host_f64(r.output->value), to_host_f64(r.final_state->value), grad(q), grad(k), grad(v), grad(g),
+          grad(s0)};
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.item(i)));
+  return m;
+}
+
+// Tolerances of one comparison: relative RMS error, and max abs error relative to the reference's largest entry.
+struct Tol {
+  double rel_rms, max_rel;
+};
+
+void expect_matches(const Result& got, const Result& want, Tol tol, const std::string& context,
+                    const Tol* dg_tol = nullptr) {
+  struct Pair {
+    const char* name;
+    const Tensor &got, &want;
+  };
+  const Pair pairs[] = {{"output", got.output, want.output}, {"final_state", got.final_state, want.final_state},
+                        {"dq", got.dq, want.dq},             {"dk", got.dk, want.dk},
+                        {"dv", got.dv, want.dv},             {"dg", got.dg, want.dg},
+                        {"ds0", got.ds0, want.ds0}};
+  for (const Pair& p : pairs) {
+    ASSERT_EQ(p.got.defined(), p.want.defined()) << p.name << ", " << context;
+    if (!p.want.defined()) continue;
+    const Tol t = (dg_tol && std::string(p.name) == "dg") ? *dg_tol : tol;
+    const double scale = std::max(max_abs(p.want), 1e-30);
+    const testing::Discrepancy d =
+        testing::expect_close(p.got, p.want, t.rel_rms, t.max_rel * scale, std::string(p.name) + ", " + context);
+    if (std::getenv("HGRN_TEST_VERBOSE"))
+      std::printf("  %-11s rel_rms %.2e  max_abs/max|ref| %.2e  (%s)\n", p.name, d.rel_rms, d.max_abs / scale,
+                  context.c_str());
+  }
+}
+
+// fp32: the kernel computes in fp32 throughout (no TF32), so it differs from fp64 only by fp32 rounding of O(64)-term
+// sums and of the gate cumsum (|G| up to ~64 steps of decay); ~1e-6 typical.
+constexpr Tol kFp32{1e-5, 1e-4};
+// bf16: every result is stored in bf16 (2^-9 relative rounding) and the tensor-core products take bf16 operands
+// (q ⊙ e^G, k ⊙ e^{G_L − G}, A, the states) as fla's kernel does; fla's test bound is 5e-3 relative RMS.
+constexpr Tol kBf16{5e-3, 3e-2};
+
+Tol tol_for(DType act) { return act == DType::F32 ? kFp32 : kBf16; }
+
+// ---------------------------------------------------------------------------------------------------------------------
+
+TEST(Hgru2RecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
+  HGRN_SKIP_WITHOUT_GPU();
+  // Lengths around the chunk (1, below a sub-chunk, partial, exact, one over) and several chunks; K, V below, at and
+  // above the 64-wide tile (16, 60, 128, 200 with a partial last tile; 32, 40, 96, 128); B·H > 1 throughout.
+  const std::vector<Sizes> shapes{{2, 1, 2, 16, 32},    {2, 15, 2, 16, 32},   {2, 63, 2, 16, 32},
+                                  {2, 64, 2, 16, 32},   {2, 65, 2, 16, 32},   {1, 200, 3, 60, 40},
+                                  {1, 130, 2, 200, 96}, {1, 2047, 2, 128, 128}};
+  const double scale = 0.25;
+  int variant = 0;
+  for (const Sizes& s : shapes) {
+    for (DType act : {DType::F32, DType::BF16}) {
+      // Alternate the initial state and which output gradients flow in, so every combination occurs.
+      const bool with_initial = variant % 2 == 0;
+      const bool with_d_out = variant % 3 != 2, with_d_final = variant % 3 != 1;
+      ++variant;
+      const std::string context = s.str() + " " + dtype_name(act) + " S0=" + std::to_string(with_initial) +
+                                  " dO=" + std::to_string(with_d_out) + " dS_T=" + std::to_string(with_d_final);
+      SCOPED_TRACE(context);
+      Rng rng(1000 + variant);
+      const Problem p = make_problem(rng, s, with_initial, with_d_out, with_d_final);
+      const Result got = run(p, s.heads, Device::CUDA, act, scale);
+      const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, scale);
+      expect_matches(got, want, tol_for(act), context);
+    }
+  }
+}
+
+TEST(Hgru2RecurrenceCuda, GateRegimes) {
+  HGRN_SKIP_WITHOUT_GPU();
+  // fla's gate_logit_normalizer regimes: c = 0.1 (g ≈ −7 per step: strong decay), 1, 10 (g ≈ −0.07: long memory).
+  const Sizes s{2, 200, 2, 60, 40};
+  for (double c : {0.1, 1.0, 10.0}) {
+    for (DType act : {DType::F32, DType::BF16}) {
+      const std::string context = "c=" + std::to_string(c) + " " + dtype_name(act);
+      SCOPED_TRACE(context);
+      Rng rng(2000 + static_cast<uint64_t>(c * 10));
+      const Problem p = make_problem(rng, s, true, true, true, c);
+      const Result got = run(p, s.heads, Device::CUDA, act, 0.3);
+      const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
+      expect_matches(got, want, tol_for(act), context);
+    }
+  }
+}
+
+TEST(Hgru2RecurrenceCuda, ExtremeDecayStaysFiniteAndAccurate) {
+  HGRN_SKIP_WITHOUT_GPU();
+  // g ≈ −20 per step: every decay over more than one step underflows, cumulative gates reach ~−1300 within a chunk.
+  // No NaN/Inf may appear (expect_close fails on any). The outputs and dq, dk, dv are dominated by the undecayed
+  // diagonal terms and keep the usual tolerances. dg consists only of decayed terms (~e^−20 relative to the rest):
+  // its factors e^{G_i − G_j} come from differences of fp32 cumsums of magnitude ~1300, whose rounding (~1e-4
+  // absolute in the exponent) is a ~1e-4 relative error in dg for fp32; fla's kernel has the same. Hence 1e-3.
+  const Sizes s{2, 130, 2, 60, 40};
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(act));
+    Rng rng(3000);
+    const Problem p = make_problem(rng, s, true, true, true, /*normalizer=*/-1);
+    const Result got = run(p, s.heads, Device::CUDA, act, 0.3);
+    const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
+    const Tol dg_tol = act == DType::F32 ? Tol{1e-3, 1e-2} : kBf16;
+    expect_matches(got, want, tol_for(act), std::string("extreme decay ") + dtype_name(act), &dg_tol);
+  }
+}
+
+TEST(Hgru2RecurrenceCuda, AccumulatesIntoExistingGradientsAndHonoursRequests) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const Sizes s{2, 100, 2, 60, 40};
+  const DType act = DType::F32;
+  Rng rng(4000);
+  const Problem p = make_problem(rng, s, true, true, true);
+  // Existing gradients: the backward adds to them (+=), as every hgrn backward does.
+  Problem before = make_problem(rng, s, true, false, false);
+  before.g = random_tensor(rng, p.g.shape());
+  const Problem ref_in = rounded(p, act);
+  const Result want = run(ref_in, s.heads, Device::CPU, DType::F64, 0.3);
+  const Result got = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, &before);
+  auto plus = [](const Tensor& a, const Tensor& b) {
+    Tensor r = a.clone();
+    for (int64_t i = 0; i < r.numel(); ++i) r.set_item(i, a.item(i) + b.item(i));
+    return r;
+  };
+  const Problem before_rounded = rounded(before, act);
+  Result want_sum = want;
+  want_sum.dq = plus(want.dq, before_rounded.q);
+  want_sum.dk = plus(want.dk, before_rounded.k);
+  want_sum.dv = plus(want.dv, before_rounded.v);
+  want_sum.dg = plus(want.dg, round_through(before.g, DType::F32));
+  want_sum.ds0 = plus(want.ds0, before_rounded.s0);
+  expect_matches(got, want_sum, kFp32, "accumulation");
+
+  // Only some inputs want a gradient: the others get none, and the wanted ones are unchanged.
+  for (const Wants& w : {Wants{false, false, true, false, false}, Wants{false, false, false, true, false},
+                         Wants{true, false, false, false, true}, Wants{false, false, false, false, true}}) {
+    const Result part = run(p, s.heads, Device::CUDA, act, 0.3, w);
+    EXPECT_EQ(part.dq.defined(), w.q);
+    EXPECT_EQ(part.dk.defined(), w.k);
+    EXPECT_EQ(part.dv.defined(), w.v);
+    EXPECT_EQ(part.dg.defined(), w.g);
+    EXPECT_EQ(part.ds0.defined(), w.s0);
+    if (w.q) testing::expect_close(part.dq, want.dq, kFp32.rel_rms, kFp32.max_rel * max_abs(want.dq), "dq alone");
+    if (w.v) testing::expect_close(part.dv, want.dv, kFp32.rel_rms, kFp32.max_rel * max_abs(want.dv), "dv alone");
+    if (w.g) testing::expect_close(part.dg, want.dg, kFp32.rel_rms, kFp32.max_rel * max_abs(want.dg), "dg alone");
+    if (w.s0)
+      testing::expect_close(part.ds0, want.ds0, kFp32.rel_rms, kFp32.max_rel * max_abs(want.ds0), "ds0 alone");
+  }
+}
+
+TEST(Hgru2RecurrenceCuda, BitwiseDeterministic) {
+  HGRN_SKIP_WITHOUT_GPU();
+  // No atomics and fixed-order sums: two runs give the same bits; the naive mode runs the same kernels on the GPU.
+  const Sizes s{2, 300, 2, 128, 128};
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(act));
+    Rng rng(5000);
+    const Problem p = make_problem(rng, s, true, true, true);
+    const Result a = run(p, s.heads, Device::CUDA, act, 0.3);
+    const Result b = run(p, s.heads, Device::CUDA, act, 0.3);
+    const Result c = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, nullptr, RecurrenceMode::Naive);
+    for (const Result* other : {&b, &c}) {
+      const Tensor* xs[] = {&a.output, &a.final_state, &a.dq, &a.dk, &a.dv, &a.dg, &a.ds0};
+      const Tensor* ys[] = {&other->output, &other->final_state, &other->dq, &other->dk,
+                            &other->dv,     &other->dg,          &other->ds0};
+      for (int i = 0; i < 7; ++i) {
+        ASSERT_EQ(xs[i]->numel(), ys[i]->numel());
+        EXPECT_EQ(std::memcmp(xs[i]->raw_data(), ys[i]->raw_data(), xs[i]->nbytes()), 0) << "result " << i;
+      }
+    }
+  }
+}
+
+TEST(Hgru2RecurrenceCuda, RejectsWrongDtypes) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Tape tape;
+  const Shape keys{1, 4, 8};
+  auto gpu = [](const Shape& shape, DType dtype) { return make_var(Tensor::zeros(shape, dtype, Device::CUDA)); };
+  // g must be fp32 on the GPU even for bf16 activations.
+  EXPECT_THROW(hgru2_recurrence(tape, gpu(keys, DType::BF16), gpu(keys, DType::BF16), gpu(keys, DType::BF16),
+                                gpu(keys, DType::BF16), nullptr, 2, 1.0, RecurrenceMode::Chunk),
+               Error);
+  // Inputs on different devices.
+  EXPECT_THROW(hgru2_recurrence(tape, gpu(keys, DType::F32), gpu(keys, DType::F32), gpu(keys, DType::F32),
+                                make_var(Tensor::zeros(keys, DType::F32)), nullptr, 2, 1.0, RecurrenceMode::Chunk),
+               Error);
+}
+
+}  // namespace
+}  // namespace hgrn

@@ -1,0 +1,83 @@
+// test_linear_cuda.cpp: the projection on the GPU (cuBLASLt) against the CPU reference in fp64: forward, dx and dW,
+// for fp32 activations and for bf16 activations with an fp32 master weight (the mixed-precision case).
+#include <gtest/gtest.h>
+
+#include "gpu_test.h"
+#include "gradcheck.h"
+#include "ops/linear.h"
+
+namespace hgrn {
+namespace {
+
+using testing::expect_close;
+using testing::random_tensor;
+using testing::round_through;
+using testing::to_gpu;
+
+struct LinearCase {
+  int64_t rows, in, out;
+};
+
+void check_linear(const LinearCase& c, DType act) {
+  SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " in " << c.in << " out " << c.out << " act "
+                                    << dtype_name(act));
+  Rng rng(c.rows * 131 + c.in * 7 + c.out);
+  // The reference sees exactly the values the GPU sees: x and dy rounded through the activation dtype, and for
+  // bf16 activations the weight rounded too (the GEMM runs on the bf16 copy of the fp32 master weight).
+  Tensor x = round_through(random_tensor(rng, {c.rows, c.in}), act);
+  Tensor w = random_tensor(rng, {c.out, c.in}, 0.1);
+  Tensor dy = round_through(random_tensor(rng, {c.rows, c.out}), act);
+  Tensor w_seen = round_through(w, act);
+
+  Tape cpu_tape;
+  Var xc = make_var(x, true), wc = make_var(w_seen, true);
+  Var yc = linear(cpu_tape, xc, wc);
+  cpu_tape.backward(yc, dy);
+
+  Tape gpu_tape;
+  Var xg = make_var(to_gpu(x, act), true), wg = make_var(to_gpu(w, DType::F32), true);
+  Var yg = linear(gpu_tape, xg, wg);
+  ASSERT_EQ(yg->value.dtype(), act);
+  gpu_tape.backward(yg, to_gpu(dy, act));
+  ASSERT_EQ(wg->grad.dtype(), DType::F32) << "weight gradients stay fp32";
+
+  // fp32: true fp32 GEMMs (no TF32) differ from fp64 only by summation order: 1e-5 relative RMS is ~100 ulps.
+  // bf16: inputs are exact in the reference; the error is the bf16 rounding of y and dx (2^-9 relative), so
+  // 1e-2; dW accumulates in fp32 straight into the fp32 gradient, so it stays at the fp32 bound.
+  const double out_tol = act == DType::F32 ? 1e-5 : 1e-2;
+  expect_close(yg->value, yc->value, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(c.in), "y");
+  expect_close(xg->grad, xc->grad, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(c.out), "dx");
+  expect_close(wg->grad, wc->grad, 1e-5, 1e-3 * std::sqrt(c.rows), "dW");
+}
+
+TEST(LinearCuda, MatchesCpuReferenceOnOddShapes) {
+  HGRN_SKIP_WITHOUT_GPU();
+  for (DType act : {DType::F32, DType::BF16})
+    for (LinearCase c : {LinearCase{1, 96, 200}, LinearCase{63, 771, 96}, LinearCase{65, 128, 384},
+                         LinearCase{2047, 200, 771}})
+      check_linear(c, act);
+}
+
+TEST(LinearCuda, BackwardAccumulatesIntoExistingGradients) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(5);
+  Tensor x = random_tensor(rng, {33, 40}, 1.0, DType::F32), w = random_tensor(rng, {24, 40}, 0.2, DType::F32);
+  Tensor dy = random_tensor(rng, {33, 24}, 1.0, DType::F32);
+  Var xg = make_var(x.to(Device::CUDA), true), wg = make_var(w.to(Device::CUDA), true);
+  for (int pass = 0; pass < 2; ++pass) {
+    Tape tape;
+    tape.backward(linear(tape, xg, wg), dy.to(Device::CUDA));
+  }
+  Tape once;
+  Var xc = make_var(x, true), wc = make_var(w, true);
+  once.backward(linear(once, xc, wc), dy);
+  Tensor twice_x = xc->grad.clone(), twice_w = wc->grad.clone();
+  for (int64_t i = 0; i < twice_x.numel(); ++i) twice_x.set_item(i, 2 * twice_x.item(i));
+  for (int64_t i = 0; i < twice_w.numel(); ++i) twice_w.set_item(i, 2 * twice_w.item(i));
+  // Two identical backward passes must sum: fp32 tolerance as above.
+  expect_close(xg->grad, twice_x, 1e-5, 1e-4, "dx after two passes");
+  expect_close(wg->grad, twice_w, 1e-5, 1e-4, "dW after two passes");
+}
+
+}  // namespace
+}  // namespace hgrn

@@ -1,0 +1,248 @@
+// test_optimizer_cuda.cpp: AdamW, gradient-norm clipping and zero_grad on fp32 GPU parameters against the same
+// optimiser on CPU copies (the CPU path is the reference: test_optimizer.cpp checks it against the formula), the
+// checkpoint round trip through CPU tensors, and run-to-run bitwise identity. Skipped (never passed) without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "gpu_test.h"
+#include "gradcheck.h"
+#include "train/optimizer.h"
+
+namespace hgrn {
+namespace {
+
+using testing::expect_close;
+using testing::random_tensor;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+}
+
+double max_abs(const Tensor& t) {
+  Tensor h = testing::to_host_f64(t);
+  double m = 0;
+  for (int64_t i = 0; i < h.numel(); ++i) m = std::max(m, std::fabs(h.item(i)));
+  return m;
+}
+
+// Odd sizes around the kernels' 4096-element chunk: a lone element, a partial chunk, one chunk and a bit, three
+// chunks and a bit; decay alternates; parameter 2 never gets a gradient.
+const std::vector<Shape> kShapes = {{1}, {7}, {40, 25}, {4099}, {3, 4097}, {5, 3}};
+const std::vector<bool> kDecay = {true, false, true, false, true, true};
+constexpr size_t kNoGrad = 2;
+
+struct Params {
+  std::vector<Var> vars;
+  std::vector<ParamRef> refs;
+};
+
+Params make_params(const std::vector<Tensor>& init, Device device) {
+  Params p;
+  for (size_t i = 0; i < init.size(); ++i) {
+    p.vars.push_back(make_var(init[i].to(device), true, "p" + std::to_string(i)));
+    p.refs.push_back({p.vars.back(), kDecay[i]});
+  }
+  return p;
+}
+
+std::vector<Tensor> random_init(Rng& rng) {
+  std::vector<Tensor> init;
+  for (const Shape& s : kShapes) init.push_back(random_tensor(rng, s, 0.5, DType::F32));
+  return init;
+}
+
+// Gradients of very different scales per parameter (1e-3 … 10), the same values for both devices.
+std::vector<Tensor> random_grads(Rng& rng, double scale = 1.0) {
+  std::vector<Tensor> grads;
+  const double scales[] = {1e-3, 10.0, 1.0, 0.1, 2.0, 1e-2};
+  for (size_t i = 0; i < kShapes.size(); ++i) grads.push_back(random_tensor(rng, kShapes[i], scale * scales[i], DType::F32));
+  return grads;
+}
+
+void set_grads(const Params& p, const std::vector<Tensor>& grads) {
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (i != kNoGrad) grad_buffer(p.vars[i]).copy_from(grads[i]);
+}
+
+const AdamWConfig kConfig{0.9, 0.95, 1e-8, 0.1};
+
+// Five steps of clip + AdamW; returns the norms.
+std::vector<double> train(const Params& p, AdamW& opt, uint64_t seed, double max_norm) {
+  Rng rng(seed);
+  std::vector<double> norms;
+  for (int t = 1; t <= 5; ++t) {
+    set_grads(p, random_grads(rng));
+    norms.push_back(clip_grad_norm(p.refs, max_norm));
+    opt.step(3e-2 / t);
+  }
+  return norms;
+}
+
+TEST(OptimizerCuda, AdamWMatchesCpuStepByStep) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(401);
+  const std::vector<Tensor> init = random_init(rng);
+  Params cpu = make_params(init, Device::CPU), gpu = make_params(init, Device::CUDA);
+  AdamW cpu_opt(cpu.refs, kConfig), gpu_opt(gpu.refs, kConfig);
+  EXPECT_EQ(gpu_opt.first_moments()[0].device(), Device::CUDA);
+  EXPECT_EQ(gpu_opt.second_moments()[3].dtype(), DType::F32);
+  bool bitwise = true;
+  for (int t = 1; t <= 5; ++t) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    const std::vector<Tensor> grads = random_grads(rng);
+    set_grads(cpu, grads);
+    set_grads(gpu, grads);
+    const double lr = 3e-2 / t;
+    cpu_opt.step(lr);
+    gpu_opt.step(lr);
+    EXPECT_EQ(gpu_opt.step_count(), t);
+    for (size_t i = 0; i < init.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "param " << i);
+      // The kernel performs the CPU loop's double operations in the same order, each IEEE-rounded (no FMA), so
+      // the results should be the same bits; 1e-6 leaves room for one fp32 ulp should a rounding detail differ,
+      // and stays far below what a wrong formula (bias correction, decay, step count) would give (>= 1e-3).
+      expect_close(gpu.vars[i]->value, cpu.vars[i]->value, 1e-6, 1e-6 * max_abs(cpu.vars[i]->value), "param");
+      expect_close(gpu_opt.first_moments()[i], cpu_opt.first_moments()[i], 1e-6,
+                   1e-6 * max_abs(cpu_opt.first_moments()[i]), "first moment");
+      expect_close(gpu_opt.second_moments()[i], cpu_opt.second_moments()[i], 1e-6,
+                   1e-6 * max_abs(cpu_opt.second_moments()[i]), "second moment");
+      bitwise = bitwise && same_bits(gpu.vars[i]->value, cpu.vars[i]->value) &&
+                same_bits(gpu_opt.first_moments()[i], cpu_opt.first_moments()[i]) &&
+                same_bits(gpu_opt.second_moments()[i], cpu_opt.second_moments()[i]);
+    }
+  }
+  // The parameter without a gradient: untouched (not even decayed), moments still zero.
+  EXPECT_FALSE(gpu.vars[kNoGrad]->grad.defined());
+  EXPECT_TRUE(same_bits(gpu.vars[kNoGrad]->value, init[kNoGrad]));
+  EXPECT_EQ(max_abs(gpu_opt.first_moments()[kNoGrad]), 0.0);
+  EXPECT_EQ(max_abs(gpu_opt.second_moments()[kNoGrad]), 0.0);
+  std::cout << "[   INFO   ] GPU AdamW bitwise equal to the CPU's: " << (bitwise ? "yes" : "no") << "\n";
+}
+
+TEST(OptimizerCuda, ClipGradNormMatchesCpu) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(402);
+  const std::vector<Tensor> init = random_init(rng);
+  Params cpu = make_params(init, Device::CPU), gpu = make_params(init, Device::CUDA);
+  // A large gradient as well, spanning many chunks (the two-level device reduction).
+  Tensor big = random_tensor(rng, {300001}, 0.01, DType::F32);
+  for (Params* p : {&cpu, &gpu}) {
+    const Device device = p == &gpu ? Device::CUDA : Device::CPU;
+    p->vars.push_back(make_var(Tensor::zeros(big.shape(), DType::F32, device), true, "big"));
+    p->refs.push_back({p->vars.back(), true});
+  }
+  for (double max_norm : {0.0, 1e9, 1.0}) {  // off, above the norm (untouched), below it (scaled)
+    SCOPED_TRACE(::testing::Message() << "max_norm " << max_norm);
+    const std::vector<Tensor> grads = random_grads(rng, 3.0);
+    set_grads(cpu, grads);
+    set_grads(gpu, grads);
+    grad_buffer(cpu.vars.back()).copy_from(big);
+    grad_buffer(gpu.vars.back()).copy_from(big);
+    const double cpu_norm = clip_grad_norm(cpu.refs, max_norm);
+    const double gpu_norm = clip_grad_norm(gpu.refs, max_norm);
+    // Both sum fp32 squares in double, in different orders: rounding differences near 1e-16 relative.
+    EXPECT_NEAR(gpu_norm, cpu_norm, 1e-12 * cpu_norm);
+    for (size_t i = 0; i < gpu.vars.size(); ++i) {
+      if (i == kNoGrad) continue;
+      SCOPED_TRACE(::testing::Message() << "param " << i);
+      if (max_norm == 1.0) {
+        // The same scaling arithmetic; the factor may differ in its last double bits (from the norm), which can
+        // move a product across an fp32 rounding boundary: at most one ulp (6e-8 relative).
+        expect_close(gpu.vars[i]->grad, cpu.vars[i]->grad, 1e-6, 1e-6 * max_abs(cpu.vars[i]->grad), "clipped grad");
+      } else {
+        EXPECT_TRUE(same_bits(gpu.vars[i]->grad, cpu.vars[i]->grad)) << "an unclipped gradient must be untouched";
+      }
+    }
+  }
+  EXPECT_FALSE(gpu.vars[kNoGrad]->grad.defined());
+}
+
+TEST(OptimizerCuda, ClipAndStepAreBitwiseReproducible) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(403);
+  const std::vector<Tensor> init = random_init(rng);
+  Params a = make_params(init, Device::CUDA), b = make_params(init, Device::CUDA);
+  AdamW opt_a(a.refs, kConfig), opt_b(b.refs, kConfig);
+  const std::vector<double> norms_a = train(a, opt_a, 77, 0.5);
+  const std::vector<double> norms_b = train(b, opt_b, 77, 0.5);
+  for (size_t t = 0; t < norms_a.size(); ++t)
+    EXPECT_EQ(std::memcmp(&norms_a[t], &norms_b[t], sizeof(double)), 0) << "norm at step " << t + 1;
+  for (size_t i = 0; i < init.size(); ++i) {
+    EXPECT_TRUE(same_bits(a.vars[i]->value, b.vars[i]->value)) << "param " << i;
+    EXPECT_TRUE(same_bits(opt_a.first_moments()[i], opt_b.first_moments()[i])) << "first moment " << i;
+    EXPECT_TRUE(same_bits(opt_a.second_moments()[i], opt_b.second_moments()[i])) << "second moment " << i;
+  }
+}
+
+TEST(OptimizerCuda, LoadStateFromCpuTensorsContinuesIdentically) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(404);
+  const std::vector<Tensor> init = random_init(rng);
+  Params original = make_params(init, Device::CUDA);
+  AdamW opt(original.refs, kConfig);
+  train(original, opt, 5, 0.0);
+  // A checkpoint: parameters and moments copied to the CPU, as the checkpoint writer does.
+  std::vector<Tensor> values, m, v;
+  for (size_t i = 0; i < init.size(); ++i) {
+    values.push_back(original.vars[i]->value.to(Device::CPU));
+    m.push_back(opt.first_moments()[i].to(Device::CPU));
+    v.push_back(opt.second_moments()[i].to(Device::CPU));
+  }
+  Params resumed = make_params(values, Device::CUDA);
+  AdamW resumed_opt(resumed.refs, kConfig);
+  resumed_opt.load_state(m, v, opt.step_count());
+  for (size_t i = 0; i < init.size(); ++i) {
+    EXPECT_EQ(resumed_opt.first_moments()[i].device(), Device::CUDA);
+    EXPECT_EQ(resumed_opt.second_moments()[i].device(), Device::CUDA);
+  }
+  const std::vector<double> norms_a = train(original, opt, 6, 0.7);
+  const std::vector<double> norms_b = train(resumed, resumed_opt, 6, 0.7);
+  EXPECT_EQ(norms_a, norms_b);
+  for (size_t i = 0; i < init.size(); ++i) {
+    EXPECT_TRUE(same_bits(original.vars[i]->value, resumed.vars[i]->value)) << "param " << i;
+    EXPECT_TRUE(same_bits(opt.first_moments()[i], resumed_opt.first_moments()[i])) << "first moment " << i;
+  }
+  // GPU tensors are accepted too (copied, not aliased).
+  std::vector<Tensor> gm, gv;
+  for (size_t i = 0; i < init.size(); ++i) {
+    gm.push_back(opt.first_moments()[i]);
+    gv.push_back(opt.second_moments()[i]);
+  }
+  resumed_opt.load_state(gm, gv, opt.step_count());
+  EXPECT_NE(resumed_opt.first_moments()[0].raw_data(), gm[0].raw_data());
+  EXPECT_TRUE(same_bits(resumed_opt.first_moments()[3], gm[3]));
+}
+
+TEST(OptimizerCuda, ZeroGradKeepsBuffersAndRejectsNonFp32) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(405);
+  const std::vector<Tensor> init = random_init(rng);
+  Params p = make_params(init, Device::CUDA);
+  AdamW opt(p.refs, kConfig);
+  set_grads(p, random_grads(rng));
+  const void* buffer = p.vars[3]->grad.raw_data();
+  opt.zero_grad();
+  EXPECT_EQ(p.vars[3]->grad.raw_data(), buffer);
+  for (size_t i = 0; i < init.size(); ++i)
+    if (i != kNoGrad) EXPECT_EQ(max_abs(p.vars[i]->grad), 0.0) << "param " << i;
+  EXPECT_FALSE(p.vars[kNoGrad]->grad.defined());
+
+  Var bf = make_var(Tensor::zeros({3}, DType::BF16, Device::CUDA), true, "bf");
+  EXPECT_THROW(AdamW({{bf, true}}, kConfig), Error);
+  Var f64 = make_var(Tensor::zeros({3}, DType::F64, Device::CUDA), true, "f64");
+  EXPECT_THROW(AdamW({{f64, true}}, kConfig), Error);
+  // A gradient on the wrong device is a clear error, not a bad pointer in a kernel.
+  Var w = make_var(Tensor::zeros({3}, DType::F32, Device::CUDA), true, "w");
+  AdamW opt_w({{w, true}}, kConfig);
+  w->grad = Tensor::zeros({3}, DType::F32);
+  EXPECT_THROW(opt_w.step(1e-3), Error);
+  EXPECT_THROW(clip_grad_norm(opt_w.params(), 1.0), Error);
+}
+
+}  // namespace
+}  // namespace hgrn
