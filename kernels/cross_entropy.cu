@@ -3,9 +3,13 @@
 // argmax) over its strided elements, in fp32 whatever the logits' dtype, so no fp32 copy of the logits is made; the
 // block merges the threads' states in a fixed tree. Per-row losses land in an fp32 buffer that a single block sums
 // in a fixed order (no atomics), so the loss is bitwise reproducible. The log-sum-exp per row is kept for the
-// backward, which recomputes softmax from the logits instead of storing it.
+// backward, which recomputes softmax from the logits instead of storing it. Both passes move 16 bytes per access
+// where the rows allow it: element-wise bf16 loads left them at a quarter of the memory bandwidth.
 #include <algorithm>
 #include <climits>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "cross_entropy.h"
 #include "cuda_check.h"
@@ -90,7 +94,13 @@ __device__ S block_merge(S v) {
   return v;
 }
 
-template <typename act_t, typename T>
+// VEC consecutive elements moved as one 16-byte access (VEC 1: element by element, for rows that are not aligned).
+template <typename act_t, int VEC>
+struct alignas(sizeof(act_t) * VEC) Pack {
+  act_t v[VEC];
+};
+
+template <typename act_t, int VEC, typename T>
 __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targets, long long vocab,
                                              long long ignore_index, float* row_loss, float* log_sum_exp,
                                              int32_t* row_target, int32_t* row_status) {
@@ -109,14 +119,18 @@ __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targe
   const act_t* x = logits + r * vocab;
   SoftmaxState s{-INFINITY, 0.0f, INT_MAX};
   // Each thread visits its indices in increasing order, so a strict > keeps its first maximal logit.
-  for (long long v = threadIdx.x; v < vocab; v += blockDim.x) {
-    const float xv = load_f(x[v]);
-    if (xv > s.max) {
-      s.sum = s.sum * expf(s.max - xv) + 1.0f;
-      s.max = xv;
-      s.index = static_cast<int>(v);
-    } else {
-      s.sum += expf(xv - s.max);
+  for (long long base = threadIdx.x * VEC; base < vocab; base += blockDim.x * VEC) {
+    const Pack<act_t, VEC> p = *reinterpret_cast<const Pack<act_t, VEC>*>(x + base);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float xv = load_f(p.v[k]);
+      if (xv > s.max) {
+        s.sum = s.sum * expf(s.max - xv) + 1.0f;
+        s.max = xv;
+        s.index = static_cast<int>(base + k);
+      } else {
+        s.sum += expf(xv - s.max);
+      }
     }
   }
   s = block_merge(s);
@@ -149,7 +163,7 @@ __global__ void cross_entropy_reduce_kernel(const float* row_loss, const int32_t
   }
 }
 
-template <typename act_t>
+template <typename act_t, int VEC>
 __global__ void cross_entropy_backward_kernel(const act_t* logits, const float* log_sum_exp, const int32_t* row_target,
                                               const float* dloss, float num_targets, act_t* dlogits,
                                               long long vocab) {
@@ -160,11 +174,30 @@ __global__ void cross_entropy_backward_kernel(const act_t* logits, const float* 
   const float lse = log_sum_exp[r];
   const act_t* x = logits + r * vocab;
   act_t* dx = dlogits + r * vocab;
-  for (long long v = threadIdx.x; v < vocab; v += blockDim.x) {
-    float g = load_f(dx[v]) + scale * expf(load_f(x[v]) - lse);
-    if (v == t) g -= scale;
-    dx[v] = store_f<act_t>(g);
+  for (long long base = threadIdx.x * VEC; base < vocab; base += blockDim.x * VEC) {
+    const Pack<act_t, VEC> xp = *reinterpret_cast<const Pack<act_t, VEC>*>(x + base);
+    Pack<act_t, VEC> dp = *reinterpret_cast<const Pack<act_t, VEC>*>(dx + base);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      float g = load_f(dp.v[k]) + scale * expf(load_f(xp.v[k]) - lse);
+      if (base + k == t) g -= scale;
+      dp.v[k] = store_f<act_t>(g);
+    }
+    *reinterpret_cast<Pack<act_t, VEC>*>(dx + base) = dp;
   }
+}
+
+// Calls f with std::integral_constant<int, VEC>: 16-byte accesses when every row starts 16-byte aligned (the
+// vocab a multiple of the pack and the pointers aligned), else one element at a time.
+template <typename act_t, typename F>
+void with_pack_width(int64_t vocab, std::initializer_list<const void*> pointers, F&& f) {
+  constexpr int kVec = 16 / sizeof(act_t);
+  bool aligned = vocab % kVec == 0;
+  for (const void* p : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  if (aligned)
+    f(std::integral_constant<int, kVec>{});
+  else
+    f(std::integral_constant<int, 1>{});
 }
 
 // Threads per row: enough to cover a small vocab in one sweep, at most 512 for the long rows of a real vocab.
@@ -194,9 +227,12 @@ CrossEntropyCounts cross_entropy_forward_cuda(const void* logits, DType logits_d
     with_target_type(targets_dtype, [&](auto tag) {
       using T = decltype(tag);
       HGRN_CUDA_DISPATCH_ACT(logits_dtype, "cross_entropy", [&] {
-        cross_entropy_forward_kernel<act_t, T><<<static_cast<unsigned>(rows), row_threads(vocab), 0, cuda_stream()>>>(
-            static_cast<const act_t*>(logits), static_cast<const T*>(targets), vocab, ignore_index, row_loss,
-            log_sum_exp, row_target, row_status);
+        with_pack_width<act_t>(vocab, {logits}, [&](auto vec) {
+          cross_entropy_forward_kernel<act_t, vec.value, T>
+              <<<static_cast<unsigned>(rows), row_threads(vocab), 0, cuda_stream()>>>(
+                  static_cast<const act_t*>(logits), static_cast<const T*>(targets), vocab, ignore_index, row_loss,
+                  log_sum_exp, row_target, row_status);
+        });
       });
     });
     CUDA_CHECK_LAUNCH("cross_entropy_forward");
@@ -229,9 +265,12 @@ void cross_entropy_backward_cuda(const void* logits, DType logits_dtype, const f
                                  int64_t rows, int64_t vocab) {
   if (rows == 0 || num_targets == 0) return;
   HGRN_CUDA_DISPATCH_ACT(logits_dtype, "cross_entropy backward", [&] {
-    cross_entropy_backward_kernel<act_t><<<static_cast<unsigned>(rows), row_threads(vocab), 0, cuda_stream()>>>(
-        static_cast<const act_t*>(logits), log_sum_exp, row_target, dloss, static_cast<float>(num_targets),
-        static_cast<act_t*>(dlogits), vocab);
+    with_pack_width<act_t>(vocab, {logits, dlogits}, [&](auto vec) {
+      cross_entropy_backward_kernel<act_t, vec.value>
+          <<<static_cast<unsigned>(rows), row_threads(vocab), 0, cuda_stream()>>>(
+              static_cast<const act_t*>(logits), log_sum_exp, row_target, dloss, static_cast<float>(num_targets),
+              static_cast<act_t*>(dlogits), vocab);
+    });
   });
   CUDA_CHECK_LAUNCH("cross_entropy_backward");
 }

@@ -13,17 +13,21 @@
 // K and V are processed in tiles of 64 (zero-padded); rows past the end of a partial chunk are zero with g = 0, so
 // the cumulative gate is flat there and row 63 holds G_L.
 //
-// Numerics (spec 10.1): the gate cumsum restarts every chunk and is fp32; every exponent is a difference <= 0
-// (reference rows: the first row of a query sub-chunk, the last row of a key sub-chunk, or the chunk's last row);
-// diagonal 16×16 blocks are element-wise and only ever form j <= i, so no e^{positive} (and no 0·inf) exists.
+// Numerics (spec 10.1): the gate cumsum restarts every chunk and is fp32, in base 2 (G·log2 e, decays by the hardware
+// exp2, as fla does); every exponent is a difference <= 0 (reference rows: the first row of a query sub-chunk, the
+// last row of a key sub-chunk, or the chunk's last row); diagonal 16×16 blocks are element-wise and only ever form
+// j <= i, so no e^{positive} (and no 0·inf) exists.
 // Determinism: no atomics; every sum has a fixed order, so results are bitwise reproducible.
 //
 // Memory: the per-chunk states are fp32 [B·H, NT, K, V] (not bf16 as in fla); the forward's are dropped after the
 // output kernel and the backward recomputes them (one more state pass) rather than keeping them across the step.
+// The backward's scratch: the recomputed states, the state gradients (both B·H·NT·K·V fp32) and dA (B·H·NT·64·64
+// fp32); the forward keeps A (B·H·NT·64·64 fp32) for the backward.
 #include <cuda_bf16.h>
 #include <mma.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda_check.h"
@@ -46,7 +50,7 @@ constexpr int kLdF = kTile + 1;  // fp32 tiles read by SIMT code: the odd stride
 // elements; the padding breaks up bank conflicts.
 template <typename In> struct TileLd;
 template <> struct TileLd<float> {
-  static constexpr int in = kTile + 1;   // operand tiles
+  static constexpr int in = kTile + 4;   // operand tiles (rows of whole 16-byte units, for cp.async)
   static constexpr int acc = kTile + 1;  // fp32 product tiles
   static constexpr int pad = 1;          // extra columns of full-K operand buffers
 };
@@ -88,8 +92,8 @@ __device__ __forceinline__ int64_t row_offset(const Dims& d, int b, int t, int h
 // One thread's share of a 64×64 tile in registers: column threadIdx.x % 64, rows threadIdx.x / 64 + 4i (i < 16), so
 // a warp touches 32 consecutive columns of one row. Global loads go through registers in two phases (fetch, then
 // commit to shared memory): a loop that stored each loaded value straight away would wait out one memory latency per
-// element, since the compiler cannot move a load past a store that might alias it. Fetching early also lets a kernel
-// overlap the next chunk's loads with the current chunk's work.
+// element, since the compiler cannot move a load past a store that might alias it. (Loads into registers do not
+// overlap a __syncthreads: the barrier waits for them. Staging ahead across barriers uses cp.async, below.)
 struct TileRegs {
   float x[16];
   __device__ static int col() { return threadIdx.x & 63; }
@@ -137,15 +141,69 @@ __device__ void zero_tile(T* dst, int ld) {
   for (int idx = threadIdx.x; idx < kTile * kTile; idx += kThreads) dst[(idx >> 6) * ld + (idx & 63)] = store_f<T>(0.f);
 }
 
-// In-place chunk-local cumulative sum down the 64 rows of an fp32 [64][ld] tile: four 16-row segments are scanned in
-// parallel, then offset by the totals of the segments before them. The result is still non-increasing in the row
-// (rounding is monotone and each segment's last row equals the next segment's offset), so every G_i − G_j with
-// i >= j stays <= 0. `seg` is [4][64] shared scratch.
+// Asynchronous global → shared tile copies (cp.async, 16 bytes per copy), for the tiles a kernel stages ahead of use.
+// Unlike loads into registers, they are not waited for at every __syncthreads, so they overlap with the work between
+// barriers. A tile is [rows][cols] of a row-major source, zero-filled to 64×64 (cp.async's source size does the
+// padding). Usable when every row start is 16-byte aligned: aligned base, and width and row strides in whole 16 bytes.
+constexpr int kLdS = kTile + 4;  // fp32 staging tiles: 16-byte rows
+
+template <typename T>
+__device__ bool async_copyable(const void* base, int64_t width, int64_t stride, int ld) {
+  constexpr int kVec = 16 / sizeof(T);
+  return base && reinterpret_cast<uintptr_t>(base) % 16 == 0 && width % kVec == 0 && stride % kVec == 0 &&
+         ld % kVec == 0;
+}
+
+// The rare fallback of stage_tile, kept out of line so that its per-element addresses are not hoisted into (and do
+// not take registers from) the caller's main loop.
+template <typename T>
+__device__ __noinline__ void load_tile_uninlined(T* dst, int ld, const T* src, int64_t stride, int rows, int cols) {
+  load_tile(dst, ld, src, stride, rows, cols);
+}
+
+// Stages a tile into dst: by cp.async when `async` (the caller commits and waits), else by plain loads; zeros when
+// src is null.
+template <typename T>
+__device__ void stage_tile(T* dst, int ld, const T* src, int64_t stride, int rows, int cols, bool async) {
+  if (!src || !async) {
+    load_tile_uninlined(dst, ld, src, stride, rows, cols);
+    return;
+  }
+  constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
+  for (int idx = threadIdx.x; idx < kChunk * kPerRow; idx += kThreads) {
+    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+    const int valid = r < rows ? max(0, min(kVec, cols - c)) : 0;
+    const T* from = valid > 0 ? src + r * stride + c : src;
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * ld + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from),
+                 "r"(valid * static_cast<int>(sizeof(T))));
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// 2^x by the hardware's approximate exp2 (relative error ~2^-22, subnormal results flushed to 0): every decay is
+// computed as 2^{(G_i − G_j)·log2 e} from the base-2 cumulative gate, as fla does, one instruction instead of expf's
+// dozen in the element-wise loops.
+__device__ __forceinline__ float exp2_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+
+// In-place chunk-local cumulative sum of g·log2(e) (the base-2 G of spec 7.1) down the 64 rows of an fp32 [64][ld]
+// tile: four 16-row segments are scanned in parallel, then offset by the totals of the segments before them. The
+// result is still non-increasing in the row (rounding is monotone and each segment's last row equals the next
+// segment's offset), so every G_i − G_j with i >= j stays <= 0. `seg` is [4][64] shared scratch.
 __device__ void chunk_cumsum(float* G, int ld, float* seg) {
   const int c = threadIdx.x & 63, s = threadIdx.x >> 6;
   float run = 0.f;
   for (int r = s * kSub; r < (s + 1) * kSub; ++r) {
-    run += G[r * ld + c];
+    run += G[r * ld + c] * kLog2e;
     G[r * ld + c] = run;
   }
   seg[s * 64 + c] = run;
@@ -267,23 +325,34 @@ struct StatePassParams {
   Dims d;
 };
 
+// Shared memory: G, x and y staged for two chunks (the next one arrives by cp.async during the current one), the
+// decayed operand X and the running matrix M.
 template <typename In>
-__host__ __device__ size_t state_pass_smem(void* base, float** G, float** seg, In** X, In** Y, float** M) {
-  Carver c(base);
-  *G = c.take<float>(kChunk * kLdF);
-  *seg = c.take<float>(4 * 64);
-  *X = c.take<In>(kChunk * TileLd<In>::in);
-  *Y = c.take<In>(kChunk * TileLd<In>::in);
-  *M = c.take<float>(kTile * TileLd<In>::acc);
-  return c.off;
-}
+struct StatePassSmem {
+  static constexpr int kGSize = kChunk * kLdS, kInSize = kChunk * TileLd<In>::in;  // one buffer's elements
+  float* G;   // 2 × [64][kLdS]: g, then in place its chunk-local cumsum
+  In* xs;     // 2 × [64][ldi]
+  In* ys;     // 2 × [64][ldi]
+  In* X;      // [64][ldi]
+  float* M;   // [64][acc]
+  float* seg; // [4][64]
+  __host__ __device__ static size_t carve(void* base, StatePassSmem* s) {
+    Carver c(base);
+    s->G = c.take<float>(2 * kGSize);
+    s->xs = c.take<In>(2 * kInSize);
+    s->ys = c.take<In>(2 * kInSize);
+    s->X = c.take<In>(kInSize);
+    s->M = c.take<float>(kTile * TileLd<In>::acc);
+    s->seg = c.take<float>(4 * 64);
+    return c.off;
+  }
+};
 
 template <typename In, bool REVERSE>
 __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams p) {
   extern __shared__ __align__(128) char smem[];
-  float *G, *seg, *M;
-  In *X, *Y;
-  state_pass_smem<In>(smem, &G, &seg, &X, &Y, &M);
+  StatePassSmem<In> s;
+  StatePassSmem<In>::carve(smem, &s);
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
   const int k0 = blockIdx.x * kTile, v0 = blockIdx.y * kTile, pair = blockIdx.z;
@@ -292,51 +361,53 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
   const In* x = static_cast<const In*>(p.x);
   const In* y = static_cast<const In*>(p.y);
   const int64_t state_off = static_cast<int64_t>(pair) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0;
-
   const int64_t key_stride = static_cast<int64_t>(d.H) * d.K, value_stride = static_cast<int64_t>(d.H) * d.V;
-  load_tile(M, ldc, p.init ? p.init + state_off : static_cast<const float*>(nullptr), d.V, krows, vcols);
-
-  // The chunk's g, x and y tiles are fetched into registers one chunk ahead, so their latency hides behind the
-  // current chunk's work.
-  TileRegs g_next, x_next, y_next;
-  auto fetch = [&](int step) {
+  const bool g_async = async_copyable<float>(p.g, d.K, key_stride, kLdS);
+  const bool x_async = async_copyable<In>(x, d.K, key_stride, ldi);
+  const bool y_async = async_copyable<In>(y, d.V, value_stride, ldi);
+  auto stage = [&](int step, int buf) {
     const int c = REVERSE ? d.NT - 1 - step : step;
     const int t0 = c * kChunk, n = min(kChunk, d.T - t0);
-    g_next.fetch(p.g + row_offset(d, b, t0, h, d.K) + k0, key_stride, n, krows);
-    x_next.fetch(x + row_offset(d, b, t0, h, d.K) + k0, key_stride, n, krows);
-    y_next.fetch(y ? y + row_offset(d, b, t0, h, d.V) + v0 : y, value_stride, n, vcols);
+    stage_tile(s.G + buf * s.kGSize, kLdS, p.g + row_offset(d, b, t0, h, d.K) + k0, key_stride, n, krows, g_async);
+    stage_tile(s.xs + buf * s.kInSize, ldi, x + row_offset(d, b, t0, h, d.K) + k0, key_stride, n, krows, x_async);
+    stage_tile(s.ys + buf * s.kInSize, ldi, y ? y + row_offset(d, b, t0, h, d.V) + v0 : y, value_stride, n, vcols, y_async);
+    cp_async_commit();
   };
-  fetch(0);
+
+  load_tile(s.M, ldc, p.init ? p.init + state_off : static_cast<const float*>(nullptr), d.V, krows, vcols);
+  stage(0, 0);
   for (int step = 0; step < d.NT; ++step) {
-    const int c = REVERSE ? d.NT - 1 - step : step;
-    __syncthreads();  // M complete (initial load or the previous chunk's product); X, Y, G free
+    const int c = REVERSE ? d.NT - 1 - step : step, buf = step & 1;
+    __syncthreads();  // M complete; the other buffers are free (the previous chunk is done with them)
+    if (step + 1 < d.NT) {
+      stage(step + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     store_tile(p.stored + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0,
-               d.V, M, ldc, krows, vcols, false);
-    g_next.commit(G, kLdF);
-    y_next.commit(Y, ldi);
-    const TileRegs x_cur = x_next;
-    if (step + 1 < d.NT) fetch(step + 1);
-    __syncthreads();
-    chunk_cumsum(G, kLdF, seg);
-    const float* GL = G + (kChunk - 1) * kLdF;
+               d.V, s.M, ldc, krows, vcols, false);
+    __syncthreads();  // this chunk's tiles have landed
+    float* G = s.G + buf * s.kGSize;
+    chunk_cumsum(G, kLdS, s.seg);
+    const float* GL = G + (kChunk - 1) * kLdS;
+    const In* xs = s.xs + buf * s.kInSize;
     const int a = TileRegs::col();
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const int t = TileRegs::row(i);
       // Rows past the chunk's end hold x = 0 and G = G_L, so they contribute nothing and no exponent is positive.
-      const float gt = G[t * kLdF + a];
-      const float decay = REVERSE ? expf(gt) : expf(GL[a] - gt);
-      X[t * ldi + a] = store_f<In>(p.x_scale * x_cur.x[i] * decay);
-      M[t * ldc + a] *= expf(GL[t]);  // row t of M (a K index here) decays by e^{G_L[t]}
+      const float gt = G[t * kLdS + a];
+      const float decay = REVERSE ? exp2_fast(gt) : exp2_fast(GL[a] - gt);
+      s.X[t * ldi + a] = store_f<In>(p.x_scale * load_f(xs[t * ldi + a]) * decay);
+      s.M[t * ldc + a] *= exp2_fast(GL[t]);  // row t of M (a K index here) decays by e^{G_L[t]}
     }
     __syncthreads();
-    block_mma<true, false>(M, ldc, X, ldi, Y, ldi);
+    block_mma<true, false>(s.M, ldc, s.X, ldi, s.ys + buf * s.kInSize, ldi);
   }
   __syncthreads();
-  if (p.final_out)
-    store_tile(p.final_out + state_off, d.V, M, ldc, krows, vcols, false);
-  if (p.final_acc)
-    store_tile(p.final_acc + state_off, d.V, M, ldc, krows, vcols, true);
+  if (p.final_out) store_tile(p.final_out + state_off, d.V, s.M, ldc, krows, vcols, false);
+  if (p.final_acc) store_tile(p.final_acc + state_off, d.V, s.M, ldc, krows, vcols, true);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -395,7 +466,7 @@ __device__ void accumulate_scores(float* A, const float* q, const float* k, cons
     const int i = (e / 136) * kSub + ii, j = (e / 136) * kSub + jj;
     const float *qi = q + i * kLdF, *kj = k + j * kLdF, *Gi = G + i * kLdF, *Gj = G + j * kLdF;
     float sum = 0.f;
-    for (int a = 0; a < kTile; ++a) sum = fmaf(qi[a] * kj[a], expf(Gi[a] - Gj[a]), sum);
+    for (int a = 0; a < kTile; ++a) sum = fmaf(qi[a] * kj[a], exp2_fast(Gi[a] - Gj[a]), sum);
     A[i * kLdF + j] += scale * sum;
   }
   // Blocks below the diagonal, one query sub-chunk r at a time (its reference row is 16r).
@@ -405,11 +476,11 @@ __device__ void accumulate_scores(float* A, const float* q, const float* k, cons
     __syncthreads();  // Khat/Qhat free
     for (int idx = threadIdx.x; idx < a0 * kTile; idx += kThreads) {
       const int j = idx >> 6, a = idx & 63;
-      Khat[j * kLdF + a] = k[j * kLdF + a] * expf(ref[a] - G[j * kLdF + a]);
+      Khat[j * kLdF + a] = k[j * kLdF + a] * exp2_fast(ref[a] - G[j * kLdF + a]);
     }
     for (int idx = threadIdx.x; idx < kSub * kTile; idx += kThreads) {
       const int i = idx >> 6, a = idx & 63;
-      Qhat[i * kLdF + a] = q[(a0 + i) * kLdF + a] * expf(G[(a0 + i) * kLdF + a] - ref[a]);
+      Qhat[i * kLdF + a] = q[(a0 + i) * kLdF + a] * exp2_fast(G[(a0 + i) * kLdF + a] - ref[a]);
     }
     __syncthreads();
     for (int e = threadIdx.x; e < kSub * a0; e += kThreads) {
@@ -452,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
     chunk_cumsum(s.G, kLdF, s.seg);
     for (int idx = threadIdx.x; idx < kChunk * kTile; idx += kThreads) {
       const int t = idx >> 6, a = idx & 63;
-      s.Qb[t * ldq + k0 + a] = store_f<In>(p.scale * s.q[t * kLdF + a] * expf(s.G[t * kLdF + a]));
+      s.Qb[t * ldq + k0 + a] = store_f<In>(p.scale * s.q[t * kLdF + a] * exp2_fast(s.G[t * kLdF + a]));
     }
     accumulate_scores(s.A, s.q, s.k, s.G, s.Khat, s.Qhat, p.scale);
   }
@@ -551,7 +622,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const int t = TileRegs::row(i);
-      s.X[t * ldx + k0 + a] = store_f<In>(kr.x[i] * expf(s.G[(kChunk - 1) * kLdF + a] - s.G[t * kLdF + a]));
+      s.X[t * ldx + k0 + a] = store_f<In>(kr.x[i] * exp2_fast(s.G[(kChunk - 1) * kLdF + a] - s.G[t * kLdF + a]));
     }
   }
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
@@ -614,15 +685,16 @@ struct BwdDqkParams {
 
 template <typename In>
 struct BwdDqkSmem {
-  float *q, *k, *G;   // [64][kLdF]
+  In *q, *k;          // [64][kLdF], in the activation dtype (exact copies; halves their footprint for bf16)
+  float* G;           // [64][kLdF]
   float *Pq, *Pk;     // [64][acc]: dq and dk under construction
   float *seg, *rowsum, *dlast_part, *dk_last, *d_last;  // [4][64], [64], [4][64], [64], [64]
   In *dO, *Vt, *Sp, *dS;       // inter phase operand tiles
-  float *dA, *Khat, *Qchk;     // intra phase: [64][kLdF], [48][kLdF], [48][kLdF]
+  float *dA, *hat;             // intra phase: [64][kLdF], [48][kLdF] (K̂, then Q̌, of one round)
   __host__ __device__ static size_t carve(void* base, BwdDqkSmem* s) {
     Carver c(base);
-    s->q = c.take<float>(kChunk * kLdF);
-    s->k = c.take<float>(kChunk * kLdF);
+    s->q = c.take<In>(kChunk * kLdF);
+    s->k = c.take<In>(kChunk * kLdF);
     s->G = c.take<float>(kChunk * kLdF);
     s->Pq = c.take<float>(kChunk * TileLd<In>::acc);
     s->Pk = c.take<float>(kChunk * TileLd<In>::acc);
@@ -639,8 +711,7 @@ struct BwdDqkSmem {
     const size_t inter_end = c.off;
     c.off = region;
     s->dA = c.take<float>(kChunk * kLdF);
-    s->Khat = c.take<float>(48 * kLdF);
-    s->Qchk = c.take<float>(48 * kLdF);
+    s->hat = c.take<float>(48 * kLdF);
     return inter_end > c.off ? inter_end : c.off;
   }
 };
@@ -674,25 +745,21 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dqk_kernel(BwdDqkParams p) {
   chunk_cumsum(s.G, kLdF, s.seg);
 
   // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) from the fp32 values.
-  // The next V-tile's operands are fetched while the current one is multiplied.
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
   const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
   const float* state = p.states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   const float* d_state = p.d_states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
-  TileRegs dor, vr, spr, dsr;
-  auto fetch = [&](int vt) {
-    const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
-    dor.fetch(d_out ? d_out + v0 : d_out, value_stride, n, vcols);
-    vr.fetch(v + v0, value_stride, n, vcols);
-    spr.fetch(state + v0, d.V, kcols, vcols);
-    dsr.fetch(d_state + v0, d.V, kcols, vcols);
-  };
-  fetch(0);
   float prod[16];  // this thread's column of S_p ⊙ dS_e summed over the V-tiles, rows TileRegs::row(i)
 #pragma unroll
   for (int i = 0; i < 16; ++i) prod[i] = 0.f;
   for (int vt = 0; vt < d.nv; ++vt) {
-    __syncthreads();
+    const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
+    TileRegs dor, vr, spr, dsr;
+    dor.fetch(d_out ? d_out + v0 : d_out, value_stride, n, vcols);
+    vr.fetch(v + v0, value_stride, n, vcols);
+    spr.fetch(state + v0, d.V, kcols, vcols);
+    dsr.fetch(d_state + v0, d.V, kcols, vcols);
+    __syncthreads();  // the previous tile's products are done
     dor.commit(s.dO, ldi);
     vr.commit(s.Vt, ldi);
     spr.commit(s.Sp, ldi);
@@ -700,7 +767,6 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dqk_kernel(BwdDqkParams p) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) prod[i] = fmaf(spr.x[i], dsr.x[i], prod[i]);
     __syncthreads();
-    if (vt + 1 < d.nv) fetch(vt + 1);
     block_mma<false, true>(s.Pq, ldc, s.dO, ldi, s.Sp, ldi);
     block_mma<false, true>(s.Pk, ldc, s.Vt, ldi, s.dS, ldi);
   }
@@ -721,14 +787,14 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dqk_kernel(BwdDqkParams p) {
   float dl = 0.f;
   for (int i = rg; i < kChunk; i += 4) {
     const float gi = s.G[i * kLdF + a];
-    s.Pq[i * ldc + a] *= p.scale * expf(gi);
-    const float dk_inter = expf(GL - gi) * s.Pk[i * ldc + a];
+    s.Pq[i * ldc + a] *= p.scale * exp2_fast(gi);
+    const float dk_inter = exp2_fast(GL - gi) * s.Pk[i * ldc + a];
     if (i == last) {
       s.dk_last[a] = dk_inter;
       s.Pk[i * ldc + a] = 0.f;
     } else {
       s.Pk[i * ldc + a] = dk_inter;
-      dl = fmaf(s.k[i * kLdF + a], dk_inter, dl);
+      dl = fmaf(load_f(s.k[i * kLdF + a]), dk_inter, dl);
     }
   }
   s.dlast_part[rg * 64 + a] = dl;
@@ -740,9 +806,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dqk_kernel(BwdDqkParams p) {
     const float gi = s.G[i * kLdF + a];
     float accq = 0.f, acck = 0.f;
     for (int j = blk0; j < i; ++j)  // i as the query row
-      accq = fmaf(s.dA[i * kLdF + j] * s.k[j * kLdF + a], expf(gi - s.G[j * kLdF + a]), accq);
+      accq = fmaf(s.dA[i * kLdF + j] * load_f(s.k[j * kLdF + a]), exp2_fast(gi - s.G[j * kLdF + a]), accq);
     for (int r = i + 1; r < blk0 + kSub; ++r)  // i as the key row
-      acck = fmaf(s.dA[r * kLdF + i] * s.q[r * kLdF + a], expf(s.G[r * kLdF + a] - gi), acck);
+      acck = fmaf(s.dA[r * kLdF + i] * load_f(s.q[r * kLdF + a]), exp2_fast(s.G[r * kLdF + a] - gi), acck);
     s.Pq[i * ldc + a] += accq;
     s.Pk[i * ldc + a] += acck;
   }
@@ -750,30 +816,32 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dqk_kernel(BwdDqkParams p) {
   // sub-chunk r − 1 against queries i >= 16r (reference G_{16r − 1}).
   for (int r = 1; r < kChunk / kSub; ++r) {
     const int a0 = r * kSub;
-    __syncthreads();  // Khat/Qchk free
+    __syncthreads();  // hat free
     for (int idx = threadIdx.x; idx < a0 * kTile; idx += kThreads) {
       const int j = idx >> 6, col = idx & 63;
-      s.Khat[j * kLdF + col] = s.k[j * kLdF + col] * expf(s.G[a0 * kLdF + col] - s.G[j * kLdF + col]);
-    }
-    for (int idx = threadIdx.x; idx < (kChunk - a0) * kTile; idx += kThreads) {
-      const int i = idx >> 6, col = idx & 63;
-      s.Qchk[i * kLdF + col] =
-          s.q[(a0 + i) * kLdF + col] * expf(s.G[(a0 + i) * kLdF + col] - s.G[(a0 - 1) * kLdF + col]);
+      s.hat[j * kLdF + col] = load_f(s.k[j * kLdF + col]) * exp2_fast(s.G[a0 * kLdF + col] - s.G[j * kLdF + col]);
     }
     __syncthreads();
     for (int i = a0 + rg; i < a0 + kSub; i += 4) {
       float sum = 0.f;
-      for (int j = 0; j < a0; ++j) sum = fmaf(s.dA[i * kLdF + j], s.Khat[j * kLdF + a], sum);
-      s.Pq[i * ldc + a] += expf(s.G[i * kLdF + a] - s.G[a0 * kLdF + a]) * sum;
+      for (int j = 0; j < a0; ++j) sum = fmaf(s.dA[i * kLdF + j], s.hat[j * kLdF + a], sum);
+      s.Pq[i * ldc + a] += exp2_fast(s.G[i * kLdF + a] - s.G[a0 * kLdF + a]) * sum;
     }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < (kChunk - a0) * kTile; idx += kThreads) {
+      const int i = idx >> 6, col = idx & 63;
+      s.hat[i * kLdF + col] =
+          load_f(s.q[(a0 + i) * kLdF + col]) * exp2_fast(s.G[(a0 + i) * kLdF + col] - s.G[(a0 - 1) * kLdF + col]);
+    }
+    __syncthreads();
     for (int j = a0 - kSub + rg; j < a0; j += 4) {
       float sum = 0.f;
-      for (int i = a0; i < kChunk; ++i) sum = fmaf(s.dA[i * kLdF + j], s.Qchk[(i - a0) * kLdF + a], sum);
-      s.Pk[j * ldc + a] += expf(s.G[(a0 - 1) * kLdF + a] - s.G[j * kLdF + a]) * sum;
+      for (int i = a0; i < kChunk; ++i) sum = fmaf(s.dA[i * kLdF + j], s.hat[(i - a0) * kLdF + a], sum);
+      s.Pk[j * ldc + a] += exp2_fast(s.G[(a0 - 1) * kLdF + a] - s.G[j * kLdF + a]) * sum;
     }
   }
   if (threadIdx.x < 64) {
-    float total = expf(GL) * s.rowsum[a];
+    float total = exp2_fast(GL) * s.rowsum[a];
     for (int part = 0; part < 4; ++part) total += s.dlast_part[part * 64 + a];
     s.d_last[a] = total;
   }
@@ -784,7 +852,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dqk_kernel(BwdDqkParams p) {
   const int r_lo = rg * kSub, r_hi = r_lo + kSub;
   float run = 0.f;
   for (int i = r_hi - 1; i >= r_lo; --i) {
-    run += s.q[i * kLdF + a] * s.Pq[i * ldc + a] - s.k[i * kLdF + a] * s.Pk[i * ldc + a];
+    run += load_f(s.q[i * kLdF + a]) * s.Pq[i * ldc + a] - load_f(s.k[i * kLdF + a]) * s.Pk[i * ldc + a];
     s.G[i * kLdF + a] = run;
   }
   s.seg[rg * 64 + a] = run;
@@ -810,9 +878,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dqk_kernel(BwdDqkParams p) {
     if (i >= rows) break;
     const int r = r_lo + i;
     const float diag = s.dA[r * kLdF + r];
-    if (dq) dq[i * key_stride] = store_f<In>(old_q[i] + s.Pq[r * ldc + a] + diag * s.k[r * kLdF + a]);
+    if (dq) dq[i * key_stride] = store_f<In>(old_q[i] + s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdF + a]));
     if (dk) {
-      float val = s.Pk[r * ldc + a] + diag * s.q[r * kLdF + a];
+      float val = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdF + a]);
       if (r == last) val += s.dk_last[a];
       dk[i * key_stride] = store_f<In>(old_k[i] + val);
     }
@@ -862,9 +930,8 @@ struct Launcher {
   const unsigned pairs;
 
   void state_pass(bool reverse, const StatePassParams& p) const {
-    float *G, *seg, *M;
-    In *X, *Y;
-    const size_t bytes = state_pass_smem<In>(nullptr, &G, &seg, &X, &Y, &M);
+    StatePassSmem<In> s;
+    const size_t bytes = StatePassSmem<In>::carve(nullptr, &s);
     const dim3 grid(d.nk, d.nv, pairs);
     if (reverse)
       launch(state_pass_kernel<In, true>, grid, bytes, "hgru2_state_pass_reverse", p);

@@ -153,11 +153,16 @@ void expect_matches(const Result& got, const Result& want, Tol tol, const std::s
 }
 
 // fp32: the kernel computes in fp32 throughout (no TF32), so it differs from fp64 only by fp32 rounding of O(64)-term
-// sums and of the gate cumsum (|G| up to ~64 steps of decay); ~1e-6 typical.
-constexpr Tol kFp32{1e-5, 1e-4};
+// sums, of the gate cumsum and of the hardware exp2 (~2^-22 relative); measured <= 2.3e-6 rel RMS, 5e-6 max.
+constexpr Tol kFp32{1e-5, 2e-5};
+// fp32 dg under strong decay: dg is made of decayed terms only, whose factors 2^{G_i − G_j} come from differences of
+// fp32 cumsums reaching |G| ~ 500 (c = 0.1) or ~1300 (g ≈ −20) within a chunk; their rounding (~|G|·6e-8 in the
+// exponent) is a relative error of the same size, which fla's kernel shares. Measured 1.1e-5 and 2.4e-5 rel RMS.
+constexpr Tol kFp32StrongDecayDg{1e-4, 2e-4};
 // bf16: every result is stored in bf16 (2^-9 relative rounding) and the tensor-core products take bf16 operands
-// (q ⊙ e^G, k ⊙ e^{G_L − G}, A, the states) as fla's kernel does; fla's test bound is 5e-3 relative RMS.
-constexpr Tol kBf16{5e-3, 3e-2};
+// (q ⊙ e^G, k ⊙ e^{G_L − G}, A, the states) as fla's kernel does; fla's test bound is 5e-3 relative RMS. Measured
+// <= 2.8e-3 rel RMS, 4.3e-3 max.
+constexpr Tol kBf16{5e-3, 1e-2};
 
 Tol tol_for(DType act) { return act == DType::F32 ? kFp32 : kBf16; }
 
@@ -202,7 +207,8 @@ TEST(Hgru2RecurrenceCuda, GateRegimes) {
       const Problem p = make_problem(rng, s, true, true, true, c);
       const Result got = run(p, s.heads, Device::CUDA, act, 0.3);
       const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
-      expect_matches(got, want, tol_for(act), context);
+      const bool strong_fp32 = act == DType::F32 && c < 1;
+      expect_matches(got, want, tol_for(act), context, strong_fp32 ? &kFp32StrongDecayDg : nullptr);
     }
   }
 }
@@ -211,9 +217,8 @@ TEST(Hgru2RecurrenceCuda, ExtremeDecayStaysFiniteAndAccurate) {
   HGRN_SKIP_WITHOUT_GPU();
   // g ≈ −20 per step: every decay over more than one step underflows, cumulative gates reach ~−1300 within a chunk.
   // No NaN/Inf may appear (expect_close fails on any). The outputs and dq, dk, dv are dominated by the undecayed
-  // diagonal terms and keep the usual tolerances. dg consists only of decayed terms (~e^−20 relative to the rest):
-  // its factors e^{G_i − G_j} come from differences of fp32 cumsums of magnitude ~1300, whose rounding (~1e-4
-  // absolute in the exponent) is a ~1e-4 relative error in dg for fp32; fla's kernel has the same. Hence 1e-3.
+  // diagonal terms and keep the usual tolerances; dg (only decayed terms, ~e^−20 relative to the rest) gets
+  // kFp32StrongDecayDg in fp32.
   const Sizes s{2, 130, 2, 60, 40};
   for (DType act : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(act));
@@ -221,7 +226,7 @@ TEST(Hgru2RecurrenceCuda, ExtremeDecayStaysFiniteAndAccurate) {
     const Problem p = make_problem(rng, s, true, true, true, /*normalizer=*/-1);
     const Result got = run(p, s.heads, Device::CUDA, act, 0.3);
     const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
-    const Tol dg_tol = act == DType::F32 ? Tol{1e-3, 1e-2} : kBf16;
+    const Tol dg_tol = act == DType::F32 ? kFp32StrongDecayDg : kBf16;
     expect_matches(got, want, tol_for(act), std::string("extreme decay ") + dtype_name(act), &dg_tol);
   }
 }
