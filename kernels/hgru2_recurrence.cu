@@ -716,8 +716,12 @@ struct BwdDqkSmem {
   }
 };
 
+// Blocks per SM the register budget is set for: two for bf16 (its shared memory, ~108 KB, allows two); fp32 tiles
+// take ~150 KB, so one, with registers to spare.
+template <typename In> constexpr int kDqkBlocksPerSm = std::is_same_v<In, float> ? 1 : 2;
+
 template <typename In>
-__global__ void __launch_bounds__(kThreads, 2) bwd_dqk_kernel(BwdDqkParams p) {
+__global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(BwdDqkParams p) {
   extern __shared__ __align__(128) char smem[];
   BwdDqkSmem<In> s;
   BwdDqkSmem<In>::carve(smem, &s);

@@ -8,6 +8,7 @@
 #include "model/hgrn2.h"
 
 #include <cmath>
+#include <optional>
 
 #include "ops/activations.h"
 #include "ops/elementwise.h"
@@ -85,32 +86,61 @@ void Hgrn2Model::to_device(Device device, DType activation_dtype) {
 // `state` (optional): in, the initial recurrent state (or an undefined Var for zero); out, the final state.
 Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamma, Var* state) const {
   const Layer& p = layers_[l];
-  Var q = silu(tape, linear(tape, x, p.q_proj));
-  Var g = hgrn2_forget_gate(tape, linear(tape, x, p.f_proj), gamma, l);  // fp32 on the GPU (spec 1.3)
-  Var k = input_gate_from_forget(tape, g, activation_dtype_);
-  Var i = linear(tape, x, p.i_proj);
+  Var q, g, k, i;
+  {
+    TraceLayer trace(tape, "q/f/i projections");
+    q = linear(tape, x, p.q_proj);
+    g = linear(tape, x, p.f_proj);
+    i = linear(tape, x, p.i_proj);
+  }
+  {
+    TraceLayer trace(tape, "gates");
+    q = silu(tape, q);
+    g = hgrn2_forget_gate(tape, g, gamma, l);  // fp32 on the GPU (spec 1.3)
+    k = input_gate_from_forget(tape, g, activation_dtype_);
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim()));  // fla's default GLA scale K^-1/2
   // As fla: the step-by-step form for short sequences (T <= 64, also in training), else the configured mode.
   // Both compute the same function; the choice is about speed.
   const int64_t seq_len = x->value.size(1);
   const RecurrenceMode mode =
       config_.attn_mode == "chunk" && seq_len > 64 ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
-  Hgru2Outputs r = hgru2_recurrence(tape, q, k, i, g, state ? *state : nullptr, config_.heads(), scale, mode);
+  Hgru2Outputs r;
+  {
+    TraceLayer trace(tape, "recurrence");
+    r = hgru2_recurrence(tape, q, k, i, g, state ? *state : nullptr, config_.heads(), scale, mode);
+  }
   if (state) *state = r.final_state;
+  TraceLayer trace(tape, "g_norm + o_proj");
   return linear(tape, rmsnorm(tape, r.output, p.g_norm, kOutputNormEps), p.o_proj);
 }
 
 // GatedMLP: down(silu(gate(x)) * up(x)).
 Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
   const Layer& p = layers_[l];
-  return linear(tape, swiglu(tape, linear(tape, x, p.gate_proj), linear(tape, x, p.up_proj)), p.down_proj);
+  Var gate, up, hidden;
+  {
+    TraceLayer trace(tape, "mlp gate/up projections");
+    gate = linear(tape, x, p.gate_proj);
+    up = linear(tape, x, p.up_proj);
+  }
+  {
+    TraceLayer trace(tape, "swiglu");
+    hidden = swiglu(tape, gate, up);
+  }
+  TraceLayer trace(tape, "mlp down projection");
+  return linear(tape, hidden, p.down_proj);
 }
 
 Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states) const {
   HGRN_CHECK(input_ids.dim() == 2, "model input must be token ids [batch, seq], got ", shape_str(input_ids.shape()));
   if (recurrent_states) recurrent_states->resize(config_.num_hidden_layers);
   const Tensor ids = on_device(input_ids, device_);
-  Var h = embedding(tape, embeddings_, ids, activation_dtype_);
+  Var h;
+  {
+    TraceLayer trace(tape, "embedding");
+    h = embedding(tape, embeddings_, ids, activation_dtype_);
+  }
   Var gamma = config_.use_lower_bound ? lower_bound_transform(tape, lower_bounds_) : nullptr;
   Var x = rmsnorm(tape, h, layers_.empty() ? final_norm_ : layers_[0].attn_norm, config_.norm_eps);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
@@ -126,13 +156,17 @@ Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* r
     } else {
       mixed = token_mixer(tape, l, x, gamma, state);
     }
+    std::optional<TraceLayer> norm_trace(std::in_place, tape, "add + rmsnorm");
     AddRmsNormResult r = add_rmsnorm(tape, h, mixed, p.mlp_norm, config_.norm_eps);
+    norm_trace.reset();
     if (recompute_) {
       mlp_out = recompute(tape, {r.normed}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0]); });
     } else {
       mlp_out = mlp(tape, l, r.normed);
     }
+    norm_trace.emplace(tape, "add + rmsnorm");
     r = add_rmsnorm(tape, r.sum, mlp_out, next_norm, config_.norm_eps);
+    norm_trace.reset();
     h = r.sum;
     x = r.normed;
   }
