@@ -29,29 +29,37 @@ __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, long lon
   }
 }
 
+// add_gate / add_up: accumulate into dgate / dup, else overwrite them (a fresh, uninitialised buffer). dgate and dup
+// may alias (swiglu(x, x)): dgate is stored before dup is read, by the same thread, so the second adds to the first.
 template <typename T, int V, bool kHasUp>
-__global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, long long packs) {
+__global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, bool add_gate,
+                                       bool add_up, long long packs) {
   HGRN_FOR_EACH_PACK(i, packs) {
-    float g[V], u[V], d[V], acc[V];
+    float g[V], u[V], d[V], s[V], acc[V];
     load_pack<V>(gate, i, g);
     load_pack<V>(dy, i, d);
     if constexpr (kHasUp) load_pack<V>(up, i, u);
+#pragma unroll
+    for (int k = 0; k < V; ++k) s[k] = stable_sigmoid(g[k]);
     if (dgate) {
-      load_pack<V>(dgate, i, acc);
+      if (add_gate) load_pack<V>(dgate, i, acc);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float s = stable_sigmoid(g[k]);
         float dyu = d[k];
         if constexpr (kHasUp) dyu *= u[k];
-        acc[k] += dyu * s * (1.f + g[k] * (1.f - s));
+        const float v = dyu * s[k] * (1.f + g[k] * (1.f - s[k]));
+        acc[k] = add_gate ? acc[k] + v : v;
       }
       store_pack<V>(dgate, i, acc);
     }
     if constexpr (kHasUp) {
       if (dup) {
-        load_pack<V>(dup, i, acc);
+        if (add_up) load_pack<V>(dup, i, acc);
 #pragma unroll
-        for (int k = 0; k < V; ++k) acc[k] += d[k] * g[k] * stable_sigmoid(g[k]);
+        for (int k = 0; k < V; ++k) {
+          const float v = d[k] * g[k] * s[k];
+          acc[k] = add_up ? acc[k] + v : v;
+        }
         store_pack<V>(dup, i, acc);
       }
     }
@@ -86,8 +94,8 @@ void cuda_swiglu_forward(const void* gate, const void* up, void* y, int64_t n, D
   });
 }
 
-void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n,
-                          DType dtype) {
+void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, bool add_gate,
+                          bool add_up, int64_t n, DType dtype) {
   HGRN_CHECK(up || !dup, "swiglu backward: a gradient for `up` was asked without an `up` input");
   if (n == 0 || (!dgate && !dup)) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu backward", [&] {
@@ -102,7 +110,7 @@ void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void
         swiglu_backward_kernel<act_t, V, decltype(has_up)::value>
             <<<grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
                 g + first, u ? u + first : nullptr, d + first, dg ? dg + first : nullptr, du ? du + first : nullptr,
-                packs);
+                add_gate, add_up, packs);
         CUDA_CHECK_LAUNCH("swiglu_backward");
       });
     });

@@ -9,9 +9,10 @@ namespace hgrn {
 
 // y = silu(gate) ⊙ up, or y = silu(gate) when up is null.
 void cuda_swiglu_forward(const void* gate, const void* up, void* y, int64_t n, DType dtype);
-// Accumulates dgate += ∂y/∂gate · dy and dup += silu(gate) · dy; either may be null (no gradient wanted).
+// dgate (+)= ∂y/∂gate · dy and dup (+)= silu(gate) · dy: add_gate / add_up true accumulates, false overwrites
+// (every element is written). Either may be null (no gradient wanted); they may alias (dgate is written first).
 // up null: the silu backward (dup must be null).
-void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t n,
-                          DType dtype);
+void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, bool add_gate,
+                          bool add_up, int64_t n, DType dtype);
 
 }  // namespace hgrn

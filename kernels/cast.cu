@@ -66,6 +66,10 @@ void cuda_cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int
   CUDA_CHECK_LAUNCH("cast");
 }
 
+void cuda_zero(void* dst, size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cuda_stream()));
+}
+
 void cuda_fill(void* dst, DType dtype, double value, int64_t n) {
   if (n == 0) return;
   with_type(dtype, [&](auto d) {

@@ -13,6 +13,9 @@
 
 namespace hgrn {
 
+void* cuda_alloc(size_t bytes);  // allocator.cu: the caching allocator
+void cuda_free(void* ptr);
+
 namespace {
 cudaDataType_t cuda_type(DType d) {
   switch (d) {
@@ -30,8 +33,39 @@ struct Plan {
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool>;
 
+bool autotune = false;
+
+// Times one algorithm: the median-free best of 3 runs after one warm-up, into a scratch output.
+float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* c_scratch,
+                float beta) {
+  size_t workspace_bytes = 0;
+  void* workspace = cublaslt_workspace(&workspace_bytes);
+  const float alpha = 1.0f;
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  float best = 1e30f;
+  for (int rep = 0; rep < 4; ++rep) {
+    CUDA_CHECK(cudaEventRecord(start, cuda_stream()));
+    cublasStatus_t st = cublasLtMatmul(cublaslt_handle(), p.op, &alpha, b, p.a, a, p.b, &beta, c_scratch, p.c,
+                                       c_scratch, p.c, &algo, workspace, workspace_bytes, cuda_stream());
+    CUDA_CHECK(cudaEventRecord(stop, cuda_stream()));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      best = 1e30f;
+      break;
+    }
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (rep > 0 && ms < best) best = ms;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
 Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-               DType ab_dtype, DType c_dtype, bool accumulate) {
+               DType ab_dtype, DType c_dtype, bool accumulate, const void* a_ptr, const void* b_ptr) {
   Plan p;
   const cudaDataType_t ab = cuda_type(ab_dtype), ct = cuda_type(c_dtype);
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -50,16 +84,31 @@ Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int6
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                                     sizeof workspace_bytes));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[8] = {};
   int found = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.op, p.a, p.b, p.c, p.c, pref, autotune ? 8 : 1,
+                                              results, &found));
   cublasLtMatmulPreferenceDestroy(pref);
   HGRN_CHECK(found > 0, "cuBLASLt has no algorithm for a ", m, "x", n, "x", k, " GEMM (", dtype_name(ab_dtype), " -> ",
              dtype_name(c_dtype), ", accumulate ", accumulate, ")");
-  p.algo = result.algo;
+  p.algo = results[0].algo;
+  if (found > 1) {
+    void* scratch = cuda_alloc(static_cast<size_t>(m) * ldc * dtype_size(c_dtype));
+    float best = 1e30f;
+    for (int i = 0; i < found; ++i) {
+      const float ms = time_algo(p, results[i].algo, a_ptr, b_ptr, scratch, accumulate ? 1.0f : 0.0f);
+      if (ms < best) {
+        best = ms;
+        p.algo = results[i].algo;
+      }
+    }
+    cuda_free(scratch);
+  }
   return p;
 }
 }  // namespace
+
+void set_gemm_autotune(bool enabled) { autotune = enabled; }
 
 void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
                const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype) {
@@ -81,7 +130,8 @@ void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     std::lock_guard<std::mutex> lock(mutex);
     auto it = plans->find(key);
     if (it == plans->end())
-      it = plans->emplace(key, make_plan(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, c_dtype, beta != 0.0f))
+      it = plans
+               ->emplace(key, make_plan(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, c_dtype, beta != 0.0f, a, b))
                .first;
     plan = &it->second;
   }

@@ -19,4 +19,11 @@ namespace hgrn {
 // The GPU's measured bf16 tensor-core throughput (TFLOP/s): the best of a few 8192³ GEMMs (fp32 accumulate).
 // The denominator of the MFU the trainer and `hgrn bench` print: measured, not the datasheet's figure.
 double measure_bf16_gemm_tflops();
+
+// Autotuning: off (the default), each GEMM shape uses cuBLASLt's first heuristic choice, a deterministic choice, so
+// that runs and resumed runs repeat bit for bit. On, the first call of each shape times up to 8 of cuBLASLt's
+// candidate algorithms and keeps the fastest: faster (the heuristic is poor for some shapes, e.g. [32768 x 1024] x
+// [1024 x 1024] on Hopper), but timing noise may pick another algorithm in another process, and algorithms differ in
+// summation order, so results are reproducible only within one process. training.deterministic switches it.
+void set_gemm_autotune(bool enabled);
 }  // namespace hgrn

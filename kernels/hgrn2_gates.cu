@@ -4,24 +4,52 @@
 // evaluate them so that a NaN input propagates exactly as on the CPU instead of being swallowed by fminf/fmaxf.
 // γ's gradient is a sum over all rows: every block of kRowsPerChunk rows writes its own partial sums, then one
 // pass adds the partials in chunk order, so the bits never depend on scheduling (no atomics).
+// The [rows, width] kernels take kVec consecutive channels per thread (16-byte fp32 / 8-byte bf16 accesses) when the
+// width and pointers allow, else one; a thread keeps its channels for all its rows, so γ's logs are taken once per
+// thread instead of per element and no element index is divided by the width.
 #include "hgrn2_gates.h"
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <initializer_list>
+
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
+#include "elementwise.cuh"
 
 namespace hgrn {
 
 namespace {
 
 constexpr int kThreads = 256;
-// The backward's tile: kCols consecutive channels (one warp, coalesced) by kLanes row lanes, each block covering
-// kRowsPerChunk rows. The chunk size fixes the reduction order, so it must not depend on the device.
+// The backward's tile: kCols threads along the channels (one warp, coalesced), each V consecutive channels, by
+// kLanes row lanes, each block covering kRowsPerChunk rows. The chunk size fixes the reduction order, so it must not
+// depend on the device.
 constexpr int kCols = 32;
 constexpr int kLanes = 8;
 constexpr long long kRowsPerChunk = 128;
+constexpr int kVec = 4;
+// The forward's block: kThreads threads over (rows, channel packs); each row lane walks about kForwardRows rows.
+constexpr int kForwardRows = 16;
+
+// kVec when width is a multiple of kVec and every (non-null) pointer is 16-byte aligned, else 1.
+int vec_for(int64_t width, std::initializer_list<const void*> pointers) {
+  if (width % kVec != 0) return 1;
+  for (const void* p : pointers)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  return kVec;
+}
+
+// Calls f(std::integral_constant<int, V>{}) for V = vec (kVec or 1).
+template <typename F>
+void with_vec(int vec, F&& f) {
+  if (vec == kVec)
+    f(std::integral_constant<int, kVec>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
 
 __device__ __forceinline__ float std_min(float a, float b) { return b < a ? b : a; }
 __device__ __forceinline__ float std_max(float a, float b) { return a < b ? b : a; }
@@ -78,83 +106,152 @@ __global__ void lower_bound_backward_kernel(const float* probs, const float* dga
 
 // ---- forget gate ----------------------------------------------------------------------------------------------
 
-// g for one element; bounded is false for layer 0 and for a model without lower bounds.
-__device__ __forceinline__ float forget_gate_value(float x, bool bounded, float gamma) {
+// g for one element; bounded is false for layer 0 and for a model without lower bounds. log_gamma = logf(γ) and
+// log_one_minus_gamma = log1pf(−γ) are the channel's, computed once by the caller.
+__device__ __forceinline__ float forget_gate_value(float x, bool bounded, float gamma, float log_gamma,
+                                                   float log_one_minus_gamma) {
   const float tail = expf(-fabsf(x));
   if (!bounded || gamma == 0.f) return std_min(x, 0.f) - log1pf(tail);
   const float sigmoid_neg = x >= 0.f ? tail / (1.f + tail) : 1.f / (1.f + tail);  // σ(−f̂), relative precision
   const float u = (1.f - gamma) * sigmoid_neg;                                      // 1 − λ
-  const float log_gamma = logf(gamma);
   if (u < 0.5f) return std_max(log1pf(-u), log_gamma);
   const float log_sig = std_min(x, 0.f) - log1pf(tail);
-  return log_add_exp(log_gamma, log1pf(-gamma) + log_sig);
+  return log_add_exp(log_gamma, log_one_minus_gamma + log_sig);
 }
 
-template <typename T>
-__global__ void forget_gate_forward_kernel(const T* f_hat, const float* gamma_row, float* g, long long n,
-                                           long long width) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-    g[i] = forget_gate_value(load_f(f_hat[i]), gamma_row != nullptr, gamma_row ? gamma_row[i % width] : 0.f);
+// Thread (x, y) of a block takes channel pack blockIdx.x·blockDim.x + x (V channels) of rows blockIdx.y·blockDim.y + y,
+// then every gridDim.y·blockDim.y-th row.
+template <typename T, int V>
+__global__ void forget_gate_forward_kernel(const T* __restrict__ f_hat, const float* __restrict__ gamma_row,
+                                           float* __restrict__ g, long long rows, long long width) {
+  const long long pk = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (pk * V >= width) return;
+  float gamma[V], log_gamma[V], log_one_minus_gamma[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) gamma[k] = log_gamma[k] = log_one_minus_gamma[k] = 0.f;
+  if (gamma_row) {
+    load_pack<V>(gamma_row, pk, gamma);
+#pragma unroll
+    for (int k = 0; k < V; ++k) log_gamma[k] = logf(gamma[k]), log_one_minus_gamma[k] = log1pf(-gamma[k]);
+  }
+  const long long stride = (long long)gridDim.y * blockDim.y;
+#pragma unroll 2
+  for (long long r = blockIdx.y * (long long)blockDim.y + threadIdx.y; r < rows; r += stride) {
+    float x[V];
+    load_pack<V>(f_hat + r * width, pk, x);
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      x[k] = forget_gate_value(x[k], gamma_row != nullptr, gamma[k], log_gamma[k], log_one_minus_gamma[k]);
+    store_pack<V>(g + r * width, pk, x);
+  }
 }
 
-// Block (kCols, kLanes) covers channels [blockIdx.y kCols, +kCols) of rows [blockIdx.x kRowsPerChunk, +kRowsPerChunk).
-// partials (null when γ's gradient is not wanted) gets the block's per-channel sum, lanes added in lane order.
-template <typename T>
-__global__ void forget_gate_backward_kernel(const T* f_hat, const float* gamma_row, const float* g, const float* dg,
-                                            T* df_hat, float* partials, long long rows, long long width) {
-  __shared__ float lane_sums[kLanes][kCols];
-  const long long c = (long long)blockIdx.y * kCols + threadIdx.x;
+// Block (kCols, kLanes) covers channels [blockIdx.y kCols V, +kCols V) of rows [blockIdx.x kRowsPerChunk,
+// +kRowsPerChunk). partials (null when γ's gradient is not wanted) gets the block's per-channel sum, lanes added in
+// lane order. add_df: accumulate into df_hat, else overwrite it.
+template <typename T, int V>
+__global__ void forget_gate_backward_kernel(const T* __restrict__ f_hat, const float* __restrict__ gamma_row,
+                                            const float* __restrict__ g, const float* __restrict__ dg,
+                                            T* __restrict__ df_hat, bool add_df, float* __restrict__ partials,
+                                            long long rows, long long width) {
+  __shared__ float lane_sums[kLanes][kCols * V];
+  const long long pk = (long long)blockIdx.y * kCols + threadIdx.x;  // this thread's channel pack
   const long long r_begin = (long long)blockIdx.x * kRowsPerChunk;
   const long long r_end = min(rows, r_begin + kRowsPerChunk);
-  float acc = 0.f;
-  if (c < width) {
-    const float log_one_minus_gamma = gamma_row ? log1pf(-gamma_row[c]) : 0.f;
+  float acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = 0.f;
+  if (pk * V < width) {
+    float log_one_minus_gamma[V];
+    if (gamma_row) {
+      load_pack<V>(gamma_row, pk, log_one_minus_gamma);
+#pragma unroll
+      for (int k = 0; k < V; ++k) log_one_minus_gamma[k] = log1pf(-log_one_minus_gamma[k]);
+    }
     for (long long r = r_begin + threadIdx.y; r < r_end; r += kLanes) {
-      const long long i = r * width + c;
-      const float x = load_f(f_hat[i]);
-      // log σ(x) and log σ(−x) share the one transcendental tail, and exp is only taken of −|x|.
-      const float tail = log1pf(expf(-fabsf(x)));
-      const float ls_x = std_min(x, 0.f) - tail, ls_minus_x = std_min(-x, 0.f) - tail;
-      const float d = dg[i];
-      if (!gamma_row) {
-        if (df_hat) df_hat[i] = store_f<T>(load_f(df_hat[i]) + d * expf(ls_minus_x));
-        continue;
+      const long long base = r * width;
+      float x[V], d[V], gi[V], df[V];
+      load_pack<V>(f_hat + base, pk, x);
+      load_pack<V>(dg + base, pk, d);
+      if (gamma_row) load_pack<V>(g + base, pk, gi);
+      if (df_hat && add_df) load_pack<V>(df_hat + base, pk, df);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        // log σ(x) and log σ(−x) share the one transcendental tail, and exp is only taken of −|x|.
+        const float tail = log1pf(expf(-fabsf(x[k])));
+        const float ls_x = std_min(x[k], 0.f) - tail, ls_minus_x = std_min(-x[k], 0.f) - tail;
+        float v;
+        if (!gamma_row) {
+          v = d[k] * expf(ls_minus_x);
+        } else {
+          v = d[k] * expf(log_one_minus_gamma[k] + ls_x - gi[k] + ls_minus_x);
+          acc[k] += d[k] * expf(ls_minus_x - gi[k]);
+        }
+        df[k] = add_df ? df[k] + v : v;
       }
-      const float gi = g[i];
-      if (df_hat) df_hat[i] = store_f<T>(load_f(df_hat[i]) + d * expf(log_one_minus_gamma + ls_x - gi + ls_minus_x));
-      acc += d * expf(ls_minus_x - gi);
+      if (df_hat) store_pack<V>(df_hat + base, pk, df);
     }
   }
   if (!partials) return;  // the same for every thread of the block, so no thread misses the barrier below
-  lane_sums[threadIdx.y][threadIdx.x] = acc;
+#pragma unroll
+  for (int k = 0; k < V; ++k) lane_sums[threadIdx.y][threadIdx.x * V + k] = acc[k];
   __syncthreads();
-  if (threadIdx.y == 0 && c < width) {
-    float s = 0.f;
-    for (int lane = 0; lane < kLanes; ++lane) s += lane_sums[lane][threadIdx.x];
-    partials[blockIdx.x * width + c] = s;
+  if (threadIdx.y == 0 && pk * V < width) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float s = 0.f;
+      for (int lane = 0; lane < kLanes; ++lane) s += lane_sums[lane][threadIdx.x * V + k];
+      partials[blockIdx.x * width + pk * V + k] = s;
+    }
   }
 }
 
+// dgamma_row[c] += Σ_chunks partials[chunk, c]. Block (kCols, kLanes): lane y sums chunks y, y + kLanes, … in order
+// (many loads in flight rather than one thread walking every chunk), then lane 0 adds the lanes in lane order.
 __global__ void add_chunk_partials_kernel(const float* partials, float* dgamma_row, long long chunks, long long width) {
-  for (long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x; c < width; c += (long long)gridDim.x * blockDim.x) {
-    float s = 0.f;
-    for (long long k = 0; k < chunks; ++k) s += partials[k * width + c];
-    dgamma_row[c] += s;
+  __shared__ float lane_sums[kLanes][kCols + 1];
+  const long long c = blockIdx.x * (long long)kCols + threadIdx.x;
+  float s = 0.f;
+  if (c < width)
+    for (long long k = threadIdx.y; k < chunks; k += kLanes) s += partials[k * width + c];
+  lane_sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < width) {
+    float total = 0.f;
+    for (int lane = 0; lane < kLanes; ++lane) total += lane_sums[lane][threadIdx.x];
+    dgamma_row[c] += total;
   }
 }
 
 // ---- input gate -------------------------------------------------------------------------------------------------
 
-template <typename G, typename K>
-__global__ void input_gate_forward_kernel(const G* g, K* k, long long n) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-    k[i] = store_f<K>(-expm1f(load_f(g[i])));
+template <typename G, typename K, int V>
+__global__ void input_gate_forward_kernel(const G* __restrict__ g, K* __restrict__ k, long long packs) {
+  HGRN_FOR_EACH_PACK(i, packs) {
+    float v[V];
+    load_pack<V>(g, i, v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = -expm1f(v[j]);
+    store_pack<V>(k, i, v);
+  }
 }
 
-template <typename G, typename K>
-__global__ void input_gate_backward_kernel(const G* g, const K* dk, G* dg, long long n) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-    dg[i] = store_f<G>(load_f(dg[i]) - expf(load_f(g[i])) * load_f(dk[i]));
+// add_dg: dg += −exp(g) dk, else dg = 0 − exp(g) dk (the bits of adding to a zero fill, signed zeros included).
+template <typename G, typename K, int V>
+__global__ void input_gate_backward_kernel(const G* __restrict__ g, const K* __restrict__ dk, G* __restrict__ dg,
+                                           bool add_dg, long long packs) {
+  HGRN_FOR_EACH_PACK(i, packs) {
+    float gv[V], dkv[V], acc[V];
+    load_pack<V>(g, i, gv);
+    load_pack<V>(dk, i, dkv);
+    if (add_dg) load_pack<V>(dg, i, acc);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float v = expf(gv[j]) * dkv[j];
+      acc[j] = (add_dg ? acc[j] : 0.f) - v;
+    }
+    store_pack<V>(dg, i, acc);
+  }
 }
 
 long long row_chunks(int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk; }
@@ -178,11 +275,19 @@ void cuda_lower_bound_backward(const float* probs, const float* dgamma, float* d
 
 void cuda_forget_gate_forward(const void* f_hat, DType f_dtype, const float* gamma_row, float* g, int64_t rows,
                               int64_t width) {
-  const long long n = rows * width;
-  if (n == 0) return;
-  HGRN_CUDA_DISPATCH_ACT(f_dtype, "hgrn2_forget_gate", [&] {
-    forget_gate_forward_kernel<act_t><<<grid_for(n, kThreads), kThreads, 0, cuda_stream()>>>(
-        static_cast<const act_t*>(f_hat), gamma_row, g, n, width);
+  if (rows * width == 0) return;
+  with_vec(vec_for(width, {f_hat, gamma_row, g}), [&](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    const long long packs = width / V;
+    const int tx = static_cast<int>(std::min<long long>(kThreads, (packs + 31) / 32 * 32)), ty = kThreads / tx;
+    const long long row_blocks = (rows + (long long)ty * kForwardRows - 1) / ((long long)ty * kForwardRows);
+    const long long col_blocks = (packs + tx - 1) / tx;
+    HGRN_CHECK(col_blocks <= 0x7fffffffLL, "hgrn2_forget_gate: width ", width, " exceeds the launch grid");
+    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(std::min<long long>(row_blocks, 65535)));
+    HGRN_CUDA_DISPATCH_ACT(f_dtype, "hgrn2_forget_gate", [&] {
+      forget_gate_forward_kernel<act_t, V><<<grid, dim3(tx, ty), 0, cuda_stream()>>>(
+          static_cast<const act_t*>(f_hat), gamma_row, g, rows, width);
+    });
   });
   CUDA_CHECK_LAUNCH("forget_gate_forward");
 }
@@ -190,23 +295,30 @@ void cuda_forget_gate_forward(const void* f_hat, DType f_dtype, const float* gam
 int64_t cuda_forget_gate_backward_workspace(int64_t rows, int64_t width) { return row_chunks(rows) * width; }
 
 void cuda_forget_gate_backward(const void* f_hat, DType f_dtype, const float* gamma_row, const float* g,
-                               const float* dg, void* df_hat, float* dgamma_row, float* workspace, int64_t rows,
-                               int64_t width) {
+                               const float* dg, void* df_hat, bool add_df, float* dgamma_row, float* workspace,
+                               int64_t rows, int64_t width) {
   if (rows * width == 0 || (!df_hat && !dgamma_row)) return;
   HGRN_CHECK(!dgamma_row || (gamma_row && workspace), "cuda_forget_gate_backward: dgamma_row needs gamma_row and a workspace");
-  const long long chunks = row_chunks(rows), col_tiles = (width + kCols - 1) / kCols;
-  HGRN_CHECK(col_tiles <= 65535 && chunks <= 0x7fffffffLL, "hgrn2_forget_gate backward: [", rows, ", ", width,
-             "] exceeds the launch grid");
-  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(col_tiles)), block(kCols, kLanes);
   float* partials = dgamma_row ? workspace : nullptr;
-  HGRN_CUDA_DISPATCH_ACT(f_dtype, "hgrn2_forget_gate backward", [&] {
-    forget_gate_backward_kernel<act_t><<<grid, block, 0, cuda_stream()>>>(
-        static_cast<const act_t*>(f_hat), gamma_row, g, dg, static_cast<act_t*>(df_hat), partials, rows, width);
+  const long long chunks = row_chunks(rows);
+  with_vec(vec_for(width, {f_hat, gamma_row, g, dg, df_hat, partials}), [&](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    const long long col_tiles = (width / V + kCols - 1) / kCols;
+    HGRN_CHECK(col_tiles <= 65535 && chunks <= 0x7fffffffLL, "hgrn2_forget_gate backward: [", rows, ", ", width,
+               "] exceeds the launch grid");
+    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(col_tiles)), block(kCols, kLanes);
+    HGRN_CUDA_DISPATCH_ACT(f_dtype, "hgrn2_forget_gate backward", [&] {
+      forget_gate_backward_kernel<act_t, V><<<grid, block, 0, cuda_stream()>>>(
+          static_cast<const act_t*>(f_hat), gamma_row, g, dg, static_cast<act_t*>(df_hat), add_df, partials, rows,
+          width);
+    });
   });
   CUDA_CHECK_LAUNCH("forget_gate_backward");
   if (!dgamma_row) return;
-  add_chunk_partials_kernel<<<grid_for(width, kThreads), kThreads, 0, cuda_stream()>>>(partials, dgamma_row, chunks,
-                                                                                       width);
+  const long long col_blocks = (width + kCols - 1) / kCols;
+  HGRN_CHECK(col_blocks <= 0x7fffffffLL, "hgrn2_forget_gate backward: width ", width, " exceeds the launch grid");
+  add_chunk_partials_kernel<<<static_cast<unsigned>(col_blocks), dim3(kCols, kLanes), 0, cuda_stream()>>>(
+      partials, dgamma_row, chunks, width);
   CUDA_CHECK_LAUNCH("forget_gate_dgamma_reduce");
 }
 
@@ -215,23 +327,32 @@ void cuda_input_gate_forward(const void* g, DType g_dtype, void* k, DType k_dtyp
   HGRN_CUDA_DISPATCH_ACT(g_dtype, "input_gate_from_forget", [&] {
     using G = act_t;
     HGRN_CUDA_DISPATCH_ACT(k_dtype, "input_gate_from_forget", [&] {
-      input_gate_forward_kernel<G, act_t><<<grid_for(n, kThreads), kThreads, 0, cuda_stream()>>>(
-          static_cast<const G*>(g), static_cast<act_t*>(k), n);
+      // Packs of kVec (float's 16 bytes) for both dtypes; the alignment check is the stricter fp32 one.
+      launch_packed<float>(n, {g, k}, [&](auto vec, int64_t first, int64_t packs) {
+        constexpr int V = decltype(vec)::value;
+        input_gate_forward_kernel<G, act_t, V><<<grid_for(packs, kThreads), kThreads, 0, cuda_stream()>>>(
+            static_cast<const G*>(g) + first, static_cast<act_t*>(k) + first, packs);
+        CUDA_CHECK_LAUNCH("input_gate_forward");
+      });
     });
   });
-  CUDA_CHECK_LAUNCH("input_gate_forward");
 }
 
-void cuda_input_gate_backward(const void* g, DType g_dtype, const void* dk, DType k_dtype, void* dg, int64_t n) {
+void cuda_input_gate_backward(const void* g, DType g_dtype, const void* dk, DType k_dtype, void* dg, bool add_dg,
+                              int64_t n) {
   if (n == 0) return;
   HGRN_CUDA_DISPATCH_ACT(g_dtype, "input_gate_from_forget backward", [&] {
     using G = act_t;
     HGRN_CUDA_DISPATCH_ACT(k_dtype, "input_gate_from_forget backward", [&] {
-      input_gate_backward_kernel<G, act_t><<<grid_for(n, kThreads), kThreads, 0, cuda_stream()>>>(
-          static_cast<const G*>(g), static_cast<const act_t*>(dk), static_cast<G*>(dg), n);
+      launch_packed<float>(n, {g, dk, dg}, [&](auto vec, int64_t first, int64_t packs) {
+        constexpr int V = decltype(vec)::value;
+        input_gate_backward_kernel<G, act_t, V><<<grid_for(packs, kThreads), kThreads, 0, cuda_stream()>>>(
+            static_cast<const G*>(g) + first, static_cast<const act_t*>(dk) + first, static_cast<G*>(dg) + first,
+            add_dg, packs);
+        CUDA_CHECK_LAUNCH("input_gate_backward");
+      });
     });
   });
-  CUDA_CHECK_LAUNCH("input_gate_backward");
 }
 
 }  // namespace hgrn

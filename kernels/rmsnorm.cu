@@ -1,14 +1,17 @@
 // rmsnorm.cu: RMSNorm and add + RMSNorm forward and backward (rmsnorm.h), llm.c-style.
-// Forward and the input gradient take one block per row: a row (width <= a few thousand) fits a block's loop, and
-// its two statistics (Σx², Σ dy·w·x̂) are block reductions. The weight gradient Σ_rows dy ⊙ x̂ is a column sum over
-// all rows; instead of atomics it is summed in fixed chunks of rows into an fp32 scratch [chunks, width] and then
-// over the chunks in order, so its bits depend only on the shape, not on scheduling or the GPU model.
+// Rows up to kWarpMaxWidth wide (the model's D) take one warp per row with the row held in registers as 16-byte
+// packs: one pass over the inputs, the row statistics (Σx², Σ dy·w·x̂) are warp shuffles, and the backward folds the
+// weight gradient into the same pass (a lane owns the same columns in every row, so it sums dy ⊙ x̂ in registers).
+// Other widths or unaligned views take one block per row (loops, block reductions) and a separate weight-gradient
+// pass. Either way the weight gradient Σ_rows dy ⊙ x̂ is summed without atomics, in fixed chunks of rows into an fp32
+// scratch [chunks, width] and then over the chunks in order, so its bits depend only on the shape and path taken.
 #include <algorithm>
 
 #include "core/tensor.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
+#include "elementwise.cuh"
 #include "rmsnorm.h"
 
 namespace hgrn {
@@ -63,9 +66,11 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* delta, T* sum, const
 
 // g = s · (dy ⊙ w − x̂ · mean(dy ⊙ w ⊙ x̂)) + dsum per row, accumulated into dx0 and dx1 (either may be null; they may
 // alias, as when add_rmsnorm's residual and delta are one tensor: each element's two updates come from one thread).
+// add0/add1: accumulate into dx0/dx1, else overwrite them.
 template <typename T>
 __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const float* rstd, const T* dy,
-                                           const T* dsum, T* dx0, T* dx1, long long rows, int width) {
+                                           const T* dsum, T* dx0, T* dx1, bool add0, bool add1, long long rows,
+                                           int width) {
   __shared__ float warp_sums[32];
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
     const long long base = row * width;
@@ -81,8 +86,8 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const flo
       float g = 0.f;
       if (dy) g = s * (load_f(dy[base + c]) * (w ? w[c] : 1.f) - load_f(x[base + c]) * s * mean_dot);
       if (dsum) g += load_f(dsum[base + c]);
-      if (dx0) dx0[base + c] = store_f<T>(load_f(dx0[base + c]) + g);
-      if (dx1) dx1[base + c] = store_f<T>(load_f(dx1[base + c]) + g);
+      if (dx0) dx0[base + c] = store_f<T>(add0 ? load_f(dx0[base + c]) + g : g);
+      if (dx1) dx1[base + c] = store_f<T>(add1 ? load_f(dx1[base + c]) + g : g);
     }
   }
 }
@@ -117,13 +122,270 @@ __global__ void rmsnorm_dw_partial_kernel(const T* x, const float* rstd, const T
   }
 }
 
-// The second pass: dw[c] += Σ_chunks partial[chunk, c], chunks in order.
+// The second pass: dw[c] += Σ_chunks partial[chunk, c]. Block (kDwColumns, kFinalLanes): lane y sums chunks y,
+// y + kFinalLanes, … in order (many loads in flight instead of one thread walking every chunk), then lane 0 adds
+// the lanes' sums in lane order.
+constexpr int kFinalLanes = 16;
 __global__ void rmsnorm_dw_finalize_kernel(const float* partial, float* dw, long long chunks, int width) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= width) return;
+  __shared__ float lane_sums[kFinalLanes][kDwColumns + 1];
+  const int c = blockIdx.x * kDwColumns + threadIdx.x;
   float total = 0.f;
-  for (long long k = 0; k < chunks; ++k) total += partial[k * width + c];
-  dw[c] += total;
+  if (c < width)
+    for (long long k = threadIdx.y; k < chunks; k += kFinalLanes) total += partial[k * width + c];
+  lane_sums[threadIdx.y][threadIdx.x] = total;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < width) {
+    float sum = 0.f;
+    for (int lane = 0; lane < kFinalLanes; ++lane) sum += lane_sums[lane][threadIdx.x];
+    dw[c] += sum;
+  }
+}
+
+// ---- one warp per row (width <= kWarpMaxWidth, width a multiple of the pack, 16-byte aligned) -------------------
+// Lane l holds packs l, l + 32, …, l + 32 (P − 1) of its row (coalesced: a warp's p-th access is 512 contiguous
+// bytes); packs past the row's end are skipped. Inputs stay in registers as packs (bf16 takes half the registers).
+constexpr int kWarpMaxWidth = 1024;
+constexpr int kRowWarps = 8;          // warps per block
+constexpr int kWarpChunkRows = 64;    // rows per backward block: the weight gradient's chunk (fixes its bits)
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <int V>
+__device__ __forceinline__ void unpack(const Pack<float, V>& pk, float (&out)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = pk.v[k];
+}
+template <int V>
+__device__ __forceinline__ void unpack(const Pack<__nv_bfloat16, V>& pk, float (&out)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = load_f(pk.v[k]);
+}
+
+// V fp32 values of an fp32 array starting at element first (a multiple of 4, 16-byte aligned): V / 4 float4 loads.
+template <int V>
+__device__ __forceinline__ void load_f32(const float* p, long long first, float (&out)[V]) {
+#pragma unroll
+  for (int q = 0; q < V / 4; ++q) {
+    const float4 f = reinterpret_cast<const float4*>(p + first)[q];
+    out[4 * q] = f.x, out[4 * q + 1] = f.y, out[4 * q + 2] = f.z, out[4 * q + 3] = f.w;
+  }
+}
+
+// The weight's pack pk (V values), all ones without a weight.
+template <int V>
+__device__ __forceinline__ void load_weight(const float* w, int pk, float (&out)[V]) {
+  if (w) {
+    load_f32<V>(w, (long long)pk * V, out);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = 1.f;
+  }
+}
+
+// Forward: rows grid-stride over all warps of the grid. add_rmsnorm (delta non-null) rounds x + delta to T, stores
+// it to sum and normalises the rounded value, as the block kernel does.
+template <typename T, int P>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    rmsnorm_forward_warp_kernel(const T* x, const T* delta, T* sum, const float* w, T* y, float* rstd, long long rows,
+                                int width, float eps) {
+  constexpr int V = 16 / sizeof(T);
+  using PackT = Pack<T, V>;
+  const int lane = threadIdx.x % 32;
+  const int row_packs = width / V;
+  const long long warps = (long long)gridDim.x * kRowWarps;
+  for (long long row = blockIdx.x * (long long)kRowWarps + threadIdx.x / 32; row < rows; row += warps) {
+    const long long base = row * width;  // a multiple of V: every row starts on a pack
+    const PackT* xr = reinterpret_cast<const PackT*>(x + base);
+    float v[P][V];
+    float sum_sq = 0.f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int pk = p * 32 + lane;
+      if (pk >= row_packs) continue;
+      if (delta) {
+        float a[V], b[V];
+        unpack(xr[pk], a);
+        unpack(reinterpret_cast<const PackT*>(delta + base)[pk], b);
+        PackT s;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          s.v[k] = store_f<T>(a[k] + b[k]);
+          v[p][k] = load_f(s.v[k]);
+        }
+        reinterpret_cast<PackT*>(sum + base)[pk] = s;
+      } else {
+        unpack(xr[pk], v[p]);
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum_sq += v[p][k] * v[p][k];
+    }
+    const float s = 1.f / sqrtf(warp_sum(sum_sq) / (float)width + eps);
+    if (lane == 0) rstd[row] = s;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int pk = p * 32 + lane;
+      if (pk >= row_packs) continue;
+      float wv[V];
+      if (w) load_f32<V>(w, (long long)pk * V, wv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        v[p][k] *= s;
+        if (w) v[p][k] *= wv[k];
+      }
+      store_pack<V>(y + base, pk, v[p]);
+    }
+  }
+}
+
+// Backward: block b takes rows [b·kWarpChunkRows, +kWarpChunkRows), warp i of them rows i, i + kRowWarps, …; with
+// partial non-null (weight gradient wanted; needs dy) it writes the chunk's Σ dy ⊙ x̂ to partial[b, :], warps added
+// in warp order. dx0 is stored before dx1 is read (one thread per element), so the two may alias.
+template <typename T, int P>
+__global__ void __launch_bounds__(kRowWarps * 32, 2)
+    rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, const T* dsum, T* dx0,
+                                 T* dx1, bool add0, bool add1, float* partial, long long rows, int width) {
+  constexpr int V = 16 / sizeof(T);
+  using PackT = Pack<T, V>;
+  __shared__ __align__(16) float warp_dw[kRowWarps][32 * P * V];  // at most 8 · 1024 floats = 32 KB
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int row_packs = width / V;
+  // Registers bound the occupancy here, so the weight is re-read (from L1) where it is used, and each lane sums its
+  // columns' dy ⊙ x̂ in its warp's row of shared memory (only that lane touches those words until the barrier).
+  float* dw = warp_dw[warp];
+  if (partial)
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int q = 0; q < V / 4; ++q) reinterpret_cast<float4*>(dw + (p * 32 + lane) * V)[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const long long r_begin = blockIdx.x * (long long)kWarpChunkRows;
+  const long long r_end = min(rows, r_begin + kWarpChunkRows);
+  for (long long row = r_begin + warp; row < r_end; row += kRowWarps) {
+    const long long base = row * width;
+    PackT xp[P], dyp[P], dsp[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int pk = p * 32 + lane;
+      if (pk >= row_packs) continue;
+      xp[p] = reinterpret_cast<const PackT*>(x + base)[pk];
+      if (dy) dyp[p] = reinterpret_cast<const PackT*>(dy + base)[pk];
+      if (dsum) dsp[p] = reinterpret_cast<const PackT*>(dsum + base)[pk];
+    }
+    const float s = rstd[row];
+    float mean_dot = 0.f;
+    if (dy) {
+      float dot = 0.f;
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (p * 32 + lane >= row_packs) continue;
+        float xv[V], dv[V], wv[V];
+        unpack(xp[p], xv);
+        unpack(dyp[p], dv);
+        load_weight<V>(w, p * 32 + lane, wv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) dot += dv[k] * wv[k] * xv[k] * s;
+      }
+      mean_dot = warp_sum(dot) / (float)width;
+    }
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int pk = p * 32 + lane;
+      if (pk >= row_packs) continue;
+      float xv[V], g[V];
+      unpack(xp[p], xv);
+      if (dy) {
+        float dv[V], wv[V];
+        unpack(dyp[p], dv);
+        load_weight<V>(w, pk, wv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) g[k] = s * (dv[k] * wv[k] - xv[k] * s * mean_dot);
+        if (partial) {
+          // float4 at a time: a lane's V words are contiguous, so scalar accesses would conflict on the banks.
+#pragma unroll
+          for (int q = 0; q < V / 4; ++q) {
+            float4& acc = reinterpret_cast<float4*>(dw + pk * V)[q];
+            float4 t = acc;
+            t.x += dv[4 * q] * xv[4 * q] * s;
+            t.y += dv[4 * q + 1] * xv[4 * q + 1] * s;
+            t.z += dv[4 * q + 2] * xv[4 * q + 2] * s;
+            t.w += dv[4 * q + 3] * xv[4 * q + 3] * s;
+            acc = t;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) g[k] = 0.f;
+      }
+      if (dsum) {
+        float dv[V];
+        unpack(dsp[p], dv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) g[k] += dv[k];
+      }
+      if (dx0) {
+        float out[V];
+        if (add0) load_pack<V>(dx0 + base, pk, out);
+#pragma unroll
+        for (int k = 0; k < V; ++k) out[k] = add0 ? out[k] + g[k] : g[k];
+        store_pack<V>(dx0 + base, pk, out);
+      }
+      if (dx1) {
+        float out[V];
+        if (add1) load_pack<V>(dx1 + base, pk, out);
+#pragma unroll
+        for (int k = 0; k < V; ++k) out[k] = add1 ? out[k] + g[k] : g[k];
+        store_pack<V>(dx1 + base, pk, out);
+      }
+    }
+  }
+  if (!partial) return;  // uniform over the block: no thread skips the barrier
+  __syncthreads();
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    float total = 0.f;
+    for (int i = 0; i < kRowWarps; ++i) total += warp_dw[i][c];
+    partial[blockIdx.x * (long long)width + c] = total;
+  }
+}
+
+// Packs per lane for the warp path, 0 when the row does not qualify. At most 32 elements per lane, to keep the row
+// (and the weight and its gradient) in registers.
+template <typename T>
+int warp_packs(int64_t width, std::initializer_list<const void*> pointers) {
+  constexpr int V = 16 / sizeof(T);
+  if (width > kWarpMaxWidth || width % V != 0) return 0;
+  for (const void* p : pointers)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
+  for (int packs = 1; packs * V <= 32; packs *= 2)
+    if (32 * packs * V >= width) return packs;
+  return 0;
+}
+
+// Calls f(std::integral_constant<int, P>{}) for the P warp_packs chose (1, 2, 4 or 8 with 8 only for fp32).
+template <typename T, typename F>
+void with_packs(int packs, F&& f) {
+  constexpr int V = 16 / sizeof(T);
+  switch (packs) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    default:
+      if constexpr (8 * V <= 32) f(std::integral_constant<int, 8>{});
+      break;
+  }
+}
+
+unsigned warp_row_blocks(int64_t rows) {
+  return static_cast<unsigned>(std::min<int64_t>((rows + kRowWarps - 1) / kRowWarps, int64_t{1} << 20));
+}
+
+// Queues the weight gradient's second pass: dweight += Σ over chunks of partial [chunks, width].
+void finalize_dweight(const float* partial, float* dweight, int64_t chunks, int64_t width) {
+  rmsnorm_dw_finalize_kernel<<<static_cast<unsigned>((width + kDwColumns - 1) / kDwColumns),
+                               dim3(kDwColumns, kFinalLanes), 0, cuda_stream()>>>(partial, dweight, chunks,
+                                                                                  static_cast<int>(width));
+  CUDA_CHECK_LAUNCH("rmsnorm_dw_finalize");
 }
 
 // About 4 elements per thread, whole warps, at most 1024 threads.
@@ -145,29 +407,62 @@ void cuda_rmsnorm_forward(const void* x, const void* delta, void* sum, const flo
   HGRN_CHECK(!delta || sum, "add_rmsnorm: no buffer for the sum");
   if (rows == 0) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm", [&] {
-    rmsnorm_forward_kernel<act_t><<<row_blocks(rows), threads_for_width(width), 0, cuda_stream()>>>(
-        static_cast<const act_t*>(x), static_cast<const act_t*>(delta), static_cast<act_t*>(sum), weight,
-        static_cast<act_t*>(y), rstd, rows, static_cast<int>(width), static_cast<float>(eps));
+    const int packs = warp_packs<act_t>(width, {x, delta, sum, weight, y});
+    if (packs > 0) {
+      with_packs<act_t>(packs, [&](auto p) {
+        rmsnorm_forward_warp_kernel<act_t, decltype(p)::value>
+            <<<warp_row_blocks(rows), kRowWarps * 32, 0, cuda_stream()>>>(
+                static_cast<const act_t*>(x), static_cast<const act_t*>(delta), static_cast<act_t*>(sum), weight,
+                static_cast<act_t*>(y), rstd, rows, static_cast<int>(width), static_cast<float>(eps));
+      });
+    } else {
+      rmsnorm_forward_kernel<act_t><<<row_blocks(rows), threads_for_width(width), 0, cuda_stream()>>>(
+          static_cast<const act_t*>(x), static_cast<const act_t*>(delta), static_cast<act_t*>(sum), weight,
+          static_cast<act_t*>(y), rstd, rows, static_cast<int>(width), static_cast<float>(eps));
+    }
     CUDA_CHECK_LAUNCH("rmsnorm_forward");
   });
 }
 
 void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, const void* dsum,
-                           void* dx0, void* dx1, float* dweight, int64_t rows, int64_t width, DType dtype) {
+                           void* dx0, void* dx1, bool add0, bool add1, float* dweight, int64_t rows, int64_t width,
+                           DType dtype) {
   check_width(width, "rmsnorm backward");
   if (rows == 0) return;
+  const bool want_dx = (dx0 || dx1) && (dy || dsum), want_dw = dweight && dy;
+  if (!want_dx && !want_dw) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm backward", [&] {
     const act_t* xt = static_cast<const act_t*>(x);
     const act_t* dyt = static_cast<const act_t*>(dy);
-    if ((dx0 || dx1) && (dy || dsum)) {
+    const int packs = warp_packs<act_t>(width, {x, weight, dy, dsum, dx0, dx1});
+    if (packs > 0) {
+      // One pass for both gradients; the chunk partials of dweight go to a scratch summed by finalize_dweight.
+      const int64_t chunks = (rows + kWarpChunkRows - 1) / kWarpChunkRows;
+      HGRN_CHECK(chunks <= 0x7fffffffLL, "rmsnorm backward: ", rows, " rows exceed the launch grid");
+      // Freed at the end of this scope but reused only by work queued after these kernels (one stream).
+      Tensor partial;
+      if (want_dw) partial = Tensor::empty({chunks, width}, DType::F32, Device::CUDA);
+      float* partial_data = want_dw ? static_cast<float*>(partial.raw_data()) : nullptr;
+      with_packs<act_t>(packs, [&](auto p) {
+        rmsnorm_backward_warp_kernel<act_t, decltype(p)::value>
+            <<<static_cast<unsigned>(chunks), kRowWarps * 32, 0, cuda_stream()>>>(
+                xt, weight, rstd, dyt,
+                want_dx ? static_cast<const act_t*>(dsum) : nullptr, want_dx ? static_cast<act_t*>(dx0) : nullptr,
+                want_dx ? static_cast<act_t*>(dx1) : nullptr, add0, add1, partial_data, rows,
+                static_cast<int>(width));
+      });
+      CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
+      if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);
+      return;
+    }
+    if (want_dx) {
       rmsnorm_backward_dx_kernel<act_t><<<row_blocks(rows), threads_for_width(width), 0, cuda_stream()>>>(
           xt, weight, rstd, dyt, static_cast<const act_t*>(dsum), static_cast<act_t*>(dx0), static_cast<act_t*>(dx1),
-          rows, static_cast<int>(width));
+          add0, add1, rows, static_cast<int>(width));
       CUDA_CHECK_LAUNCH("rmsnorm_backward_dx");
     }
-    if (dweight && dy) {
+    if (want_dw) {
       const int64_t chunks = (rows + kDwChunkRows - 1) / kDwChunkRows;
-      // Freed at the end of this scope but reused only by work queued after these kernels (one stream).
       Tensor partial = Tensor::empty({chunks, width}, DType::F32, Device::CUDA);
       float* partial_data = static_cast<float*>(partial.raw_data());
       const dim3 grid(static_cast<unsigned>((width + kDwColumns - 1) / kDwColumns),
@@ -175,9 +470,7 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
       rmsnorm_dw_partial_kernel<act_t><<<grid, dim3(kDwColumns, kDwGroups), 0, cuda_stream()>>>(
           xt, rstd, dyt, partial_data, rows, static_cast<int>(width), chunks);
       CUDA_CHECK_LAUNCH("rmsnorm_dw_partial");
-      rmsnorm_dw_finalize_kernel<<<grid_for(width, 256), 256, 0, cuda_stream()>>>(partial_data, dweight, chunks,
-                                                                                    static_cast<int>(width));
-      CUDA_CHECK_LAUNCH("rmsnorm_dw_finalize");
+      finalize_dweight(partial_data, dweight, chunks, width);
     }
   });
 }

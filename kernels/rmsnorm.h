@@ -15,10 +15,13 @@ void cuda_rmsnorm_forward(const void* x, const void* delta, void* sum, const flo
                           int64_t rows, int64_t width, double eps, DType dtype);
 
 // The backward, with x the tensor that was normalised (add_rmsnorm: the saved sum). With g = dsum + ∂y/∂x · dy,
-// accumulates dx0 += g and dx1 += g (add_rmsnorm: the residual's and the delta's gradients; each may be null) and
-// dweight += Σ_rows dy ⊙ x̂ (fp32; null for none). dy null: no gradient reached y (g = dsum, dweight untouched);
-// dsum null: no extra gradient. dweight is reduced in a fixed order (no atomics): bits repeat run to run.
+// writes dx0 (+)= g and dx1 (+)= g (add_rmsnorm: the residual's and the delta's gradients; each may be null): add0 /
+// add1 true accumulates, false overwrites every element (a fresh buffer). dx0 and dx1 may alias (one tensor as both
+// inputs): dx0 is written first, so pass add1 = true then. dweight += Σ_rows dy ⊙ x̂ (fp32; null for none; always
+// accumulated). dy null: no gradient reached y (g = dsum, dweight untouched); dsum null: no extra gradient. dweight
+// is reduced in a fixed order (no atomics): bits repeat run to run.
 void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, const void* dsum,
-                           void* dx0, void* dx1, float* dweight, int64_t rows, int64_t width, DType dtype);
+                           void* dx0, void* dx1, bool add0, bool add1, float* dweight, int64_t rows, int64_t width,
+                           DType dtype);
 
 }  // namespace hgrn

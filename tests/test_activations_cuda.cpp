@@ -42,20 +42,23 @@ TEST(SiluCuda, MatchesCpuReference) {
   Rng rng(201);
   for (DType dtype : {DType::F32, DType::BF16}) {
     for (Shape2 s : kShapes) {
-      SCOPED_TRACE(case_name(dtype, s));
-      Tensor x = rounded(rng, {s.rows, s.width}, 3.0, dtype), dy = rounded(rng, {s.rows, s.width}, 1.0, dtype);
-      Tensor dx0 = rounded(rng, {s.rows, s.width}, 0.5, dtype);
-      Tape ref_tape, tape;
-      Var rx = make_var(x, true, "x");
-      rx->grad = dx0.clone();
-      Var ry = silu(ref_tape, rx);
-      ref_tape.backward(ry, dy);
-      Var gx = make_var(to_gpu(x, dtype), true, "x");
-      gx->grad = to_gpu(dx0, dtype);
-      Var gy = silu(tape, gx);
-      tape.backward(gy, to_gpu(dy, dtype));
-      expect_close(gy->value, ry->value, rel_tol(dtype), abs_tol(dtype), "silu y");
-      expect_close(gx->grad, rx->grad, rel_tol(dtype), abs_tol(dtype), "silu dx");
+      // seeded: dx accumulates onto an existing gradient; otherwise the GPU overwrites a fresh, poisoned buffer.
+      for (bool seeded : {true, false}) {
+        SCOPED_TRACE(case_name(dtype, s) + (seeded ? " seeded" : " fresh"));
+        Tensor x = rounded(rng, {s.rows, s.width}, 3.0, dtype), dy = rounded(rng, {s.rows, s.width}, 1.0, dtype);
+        Tensor dx0 = rounded(rng, {s.rows, s.width}, 0.5, dtype);
+        Tape ref_tape, tape;
+        Var rx = make_var(x, true, "x");
+        if (seeded) rx->grad = dx0.clone();
+        Var ry = silu(ref_tape, rx);
+        ref_tape.backward(ry, dy);
+        Var gx = make_var(to_gpu(x, dtype), true, "x");
+        if (seeded) gx->grad = to_gpu(dx0, dtype);
+        Var gy = silu(tape, gx);
+        tape.backward(gy, to_gpu(dy, dtype));
+        expect_close(gy->value, ry->value, rel_tol(dtype), abs_tol(dtype), "silu y");
+        expect_close(gx->grad, rx->grad, rel_tol(dtype), abs_tol(dtype), "silu dx");
+      }
     }
   }
 }
@@ -148,7 +151,24 @@ TEST(AddCuda, MatchesCpuReference) {
   }
 }
 
-// x + x and a reshape in the graph: every gradient path accumulates on the GPU.
+// swiglu(x, x): both contributions land in one buffer, the first overwriting the fresh gradient, the second adding.
+TEST(SwigluCuda, SharedInput) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(206);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor x = rounded(rng, {65, 200}, 3.0, dtype), dy = rounded(rng, {65, 200}, 1.0, dtype);
+    Tape ref_tape, tape;
+    Var rx = make_var(x, true, "x");
+    ref_tape.backward(swiglu(ref_tape, rx, rx), dy);
+    Var gx = make_var(to_gpu(x, dtype), true, "x");
+    tape.backward(swiglu(tape, gx, gx), to_gpu(dy, dtype));
+    // As MatchesCpuReference; bf16 rounds the first contribution before adding the second (one more 2^-9).
+    expect_close(gx->grad, rx->grad, rel_tol(dtype), abs_tol(dtype), "d swiglu(x, x)");
+  }
+}
+
+// x + x and a reshape in the graph: the first gradient path copies into the fresh buffer, the others accumulate.
 TEST(AddCuda, SharedInputAndReshapeGradients) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(205);

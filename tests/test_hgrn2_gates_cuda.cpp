@@ -181,6 +181,35 @@ TEST(Hgrn2GatesCuda, ForgetGateExtremeInputsStayFiniteAndAccurate) {
   }
 }
 
+// The GPU overwrites a gradient it reaches first (the other tests) and accumulates onto one that exists: seed f̂'s
+// gradient and compare with the CPU.
+TEST(Hgrn2GatesCuda, ForgetGateAccumulatesOntoExistingGradient) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(306);
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (int64_t width : {200, 771}) {  // the 4-channel packs and the one-channel path
+      SCOPED_TRACE(::testing::Message() << dtype_name(act) << ", F " << width);
+      const Shape shape{65, width};
+      const Tensor f_hat = round_through(random_tensor(rng, shape, 3.0), act);
+      const Tensor gamma = random_gamma(rng, 5, width);
+      const Tensor seed = f32_exact(random_tensor(rng, shape));
+      const Tensor df0 = round_through(random_tensor(rng, shape, 0.5), act);
+      GateResult res[2];
+      for (int gpu : {0, 1}) {
+        GateResult& r = res[gpu];
+        r.f_hat = make_var(gpu ? to_gpu(f_hat, act) : f_hat.clone(), true, "f_hat");
+        r.f_hat->grad = gpu ? to_gpu(df0, act) : df0.clone();
+        r.gamma = make_var(gpu ? to_gpu(gamma, DType::F32) : gamma.clone(), true, "gamma");
+        Tape tape;
+        r.g = hgrn2_forget_gate(tape, r.f_hat, r.gamma, 3);
+        tape.backward(r.g, gpu ? to_gpu(seed, DType::F32) : seed);
+      }
+      const double df_tol = act == DType::F32 ? 1e-5 : 1e-2;  // as ForgetGateMatchesCpuFp64
+      expect_close(res[1].f_hat->grad, res[0].f_hat->grad, df_tol, df_tol * max_abs(res[0].f_hat->grad), "df_hat");
+    }
+  }
+}
+
 // ---- input_gate_from_forget ---------------------------------------------------------------------------------------
 
 TEST(Hgrn2GatesCuda, InputGateMatchesCpuFp64) {

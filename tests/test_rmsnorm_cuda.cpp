@@ -224,23 +224,30 @@ TEST(RmsNormCuda, GradientsAreBitwiseDeterministic) {
   }
 }
 
-// A large case (rows = 16 sequences of 2048 tokens, D = 2048) against the reference, for the weight gradient whose
-// reduction depth grows with rows.
+// A large case (rows = 16 sequences of 2048 tokens) against the reference, for the weight gradient whose
+// reduction depth grows with rows: width 771 takes the block-per-row kernels, 1024 (the model's D) the fused
+// warp-per-row backward. x's gradient starts undefined (the GPU overwrites a fresh buffer) or x is frozen.
 TEST(RmsNormCuda, ManyRowsWeightGradient) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(106);
-  const int64_t rows = 16 * 2048 + 3, width = 771;
-  Tensor x = round_through(testing::random_tensor(rng, {rows, width}), DType::BF16);
-  Tensor w = round_through(testing::random_tensor(rng, {width}), DType::F32);
-  Tensor dy = round_through(testing::random_tensor(rng, {rows, width}), DType::BF16);
-  Tape ref_tape;
-  Var rx = make_var(x, false, "x"), rw = make_var(w, true, "weight");
-  ref_tape.backward(rmsnorm(ref_tape, rx, rw, kEps), dy);
-  Tape tape;
-  Var gx = make_var(to_gpu(x, DType::BF16), false, "x"), gw = make_var(to_gpu(w, DType::F32), true, "weight");
-  tape.backward(rmsnorm(tape, gx, gw, kEps), to_gpu(dy, DType::BF16));
-  // fp32 sums of ~33k exact products: rounding grows ~sqrt(rows)·2^-24 relative; sums reach ~600.
-  expect_close(gw->grad, rw->grad, 1e-5, 1e-2, "dweight over 32771 rows");
+  for (int64_t width : {771, 1024}) {
+    for (bool x_grad : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "width " << width << (x_grad ? ", dx" : ", x frozen"));
+      const int64_t rows = 16 * 2048 + 3;
+      Tensor x = round_through(testing::random_tensor(rng, {rows, width}), DType::BF16);
+      Tensor w = round_through(testing::random_tensor(rng, {width}), DType::F32);
+      Tensor dy = round_through(testing::random_tensor(rng, {rows, width}), DType::BF16);
+      Tape ref_tape;
+      Var rx = make_var(x, x_grad, "x"), rw = make_var(w, true, "weight");
+      ref_tape.backward(rmsnorm(ref_tape, rx, rw, kEps), dy);
+      Tape tape;
+      Var gx = make_var(to_gpu(x, DType::BF16), x_grad, "x"), gw = make_var(to_gpu(w, DType::F32), true, "weight");
+      tape.backward(rmsnorm(tape, gx, gw, kEps), to_gpu(dy, DType::BF16));
+      // fp32 sums of ~33k exact products: rounding grows ~sqrt(rows)·2^-24 relative; sums reach ~600.
+      expect_close(gw->grad, rw->grad, 1e-5, 1e-2, "dweight over 32771 rows");
+      if (x_grad) expect_close(gx->grad, rx->grad, act_rel(DType::BF16), act_abs(DType::BF16), "dx");
+    }
+  }
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "config/config.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
@@ -54,7 +56,7 @@ TEST(Training, GradientAccumulationEqualsOneLargeBatch) {
 }
 
 TEST(Training, ShortMqarRunLearns) {
-  const std::string run_dir = ::testing::TempDir() + "/hgrn-short-run";
+  const std::string run_dir = ::testing::TempDir() + "/hgrn-short-run-" + std::to_string(getpid());
   std::filesystem::remove_all(run_dir);
   // The default config's task, shrunk so that recall is learned in seconds: 2 pairs over 8 keys and 8 values.
   Config config = parse_config(R"(
@@ -102,7 +104,7 @@ logging: {log_interval: 100}
 }
 
 std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/" + name;
+  const std::string dir = ::testing::TempDir() + "/" + name + "-" + std::to_string(getpid());  // parallel runs do not collide
   std::filesystem::remove_all(dir);
   return dir;
 }
@@ -185,7 +187,7 @@ namespace {
 TEST(Training, InitFromAnHfDirectoryStartsFromThoseWeights) {
   // A run that learned the task, exported like `hgrn export --format hf`, starts a new run: that run's first loss is
   // the trained model's, not a fresh initialisation's.
-  const std::string base = ::testing::TempDir() + "/hgrn-init-from";
+  const std::string base = ::testing::TempDir() + "/hgrn-init-from-" + std::to_string(getpid());
   std::filesystem::remove_all(base);
   const std::string task = R"(
 model: {hidden_size: 64, num_hidden_layers: 2, expand_ratio: 16, vocab_size: 17}

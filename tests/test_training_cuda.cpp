@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "config/config.h"
 #include "gpu_test.h"
 #include "train/trainer.h"
@@ -17,7 +19,7 @@ void expect_bitwise_resume(const std::string& device, const std::string& precisi
 namespace {
 
 TrainingSummary short_run(const std::string& device, const std::string& precision) {
-  const std::string run_dir = ::testing::TempDir() + "/hgrn-gpu-run-" + device + "-" + precision;
+  const std::string run_dir = ::testing::TempDir() + "/hgrn-gpu-run-" + device + "-" + precision + "-" + std::to_string(getpid());
   std::filesystem::remove_all(run_dir);
   const Config config = parse_config(R"(
 model: {hidden_size: 64, num_hidden_layers: 2, expand_ratio: 16, vocab_size: 17}

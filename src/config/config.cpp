@@ -109,6 +109,7 @@ std::vector<Field> config_fields(Config& c) {
       {"training.weight_decay", &t.weight_decay},
       {"training.decay_embeddings", &t.decay_embeddings},
       {"training.recompute", &t.recompute},
+      {"training.deterministic", &t.deterministic},
       {"training.beta1", &t.beta1},
       {"training.beta2", &t.beta2},
       {"training.adam_eps", &t.adam_eps},

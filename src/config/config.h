@@ -73,6 +73,7 @@ struct TrainingConfig {
   double decay_fraction = 0.2;     // wsd: the last fraction of steps that decays
   double weight_decay = 0.1;
   bool decay_embeddings = false;   // embeddings (and a tied lm_head) in the decayed group?
+  bool deterministic = true;       // GPU: bitwise-reproducible runs (no GEMM autotuning); false is faster
   bool recompute = false;          // recompute each token mixer and MLP in the backward instead of keeping activations
   double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
   double grad_clip = 1.0;          // global gradient-norm clip; 0 disables

@@ -16,6 +16,12 @@ Tensor& grad_buffer(const Var& v) {
   return v->grad;
 }
 
+Tensor& grad_buffer_for_write(const Var& v, bool* accumulate) {
+  *accumulate = v->grad.defined();
+  if (!*accumulate) v->grad = Tensor::empty(v->value.shape(), v->value.dtype(), v->value.device());
+  return v->grad;
+}
+
 void Tape::record(std::function<void()> backward_fn) {
   if (enabled_) backward_fns_.push_back(std::move(backward_fn));
 }

@@ -17,12 +17,21 @@ struct Variable {
   Tensor grad;  // undefined until a gradient flows in; parameters keep theirs across micro-batches until zero_grad
   bool requires_grad = false;
   std::string name;
+  // GPU mixed precision: the bf16 copy of an fp32 weight that GEMMs read, made on first use and kept until the
+  // value changes. Whoever changes `value` (the optimiser, loading weights) must reset it: invalidate_compute_copy.
+  Tensor compute_copy;
+  void invalidate_compute_copy() { compute_copy = Tensor(); }
 };
 using Var = std::shared_ptr<Variable>;
 
 Var make_var(Tensor value, bool requires_grad = false, std::string name = {});
 // The gradient buffer of v, allocated as zeros (same shape, dtype, device as the value) on first use.
 Tensor& grad_buffer(const Var& v);
+// The gradient buffer of v for a kernel that writes every element: allocated uninitialised on first use
+// (*accumulate = false: the caller must overwrite every element), else the existing buffer (*accumulate = true: the
+// caller must add into it). Saves the zero fill and its read-back on the GPU. Two writes into one Var's buffer by one
+// op (a tensor passed as two inputs) must ask twice, in the order they write: the second call says accumulate.
+Tensor& grad_buffer_for_write(const Var& v, bool* accumulate);
 // True when v exists and wants a gradient.
 inline bool wants_grad(const Var& v) { return v && v->requires_grad; }
 

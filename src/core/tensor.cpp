@@ -196,7 +196,12 @@ void Tensor::zero() {
     std::memset(raw_data(), 0, nbytes());
     return;
   }
+#ifdef HGRN_WITH_CUDA
+  HGRN_CHECK(is_contiguous(), "zero on the GPU needs a contiguous tensor");
+  cuda_zero(raw_data(), nbytes());  // a memset: all-zero bytes are 0 in every dtype
+#else
   fill(0.0);
+#endif
 }
 
 double Tensor::item(int64_t i) const {

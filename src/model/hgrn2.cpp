@@ -67,6 +67,7 @@ void Hgrn2Model::load_parameters(const std::vector<std::pair<std::string, Tensor
                ", the model expects ", shape_str(param->value.shape()));
     // Convert on the host first: a dtype-converting copy does not cross devices.
     param->value.copy_from(tensor.dtype() == param->value.dtype() ? tensor : tensor.to(param->value.dtype()));
+    param->invalidate_compute_copy();
   }
 }
 
@@ -77,6 +78,7 @@ void Hgrn2Model::to_device(Device device, DType activation_dtype) {
              ": bf16 activations need the GPU");
   for (auto& [spec, var] : params_)
     if (var->value.device() != device) var->value = var->value.to(device);
+  for (auto& [spec, var] : params_) var->invalidate_compute_copy();
   device_ = device;
   activation_dtype_ = activation_dtype;
 }

@@ -75,21 +75,31 @@ static void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y) {
   });
 }
 
-// silu (up and dup null) or swiglu backward on gate's device; dgate and dup are accumulated into when non-null.
-static void swiglu_backward(const Tensor& gate, const Tensor* up, const Tensor& dy, Tensor* dgate, Tensor* dup) {
+// silu (up and dup null) or swiglu backward on gate's device into the gradients of gate_var and up_var (each when it
+// wants one; up_var null for silu). The CPU accumulates into grad_buffer; the GPU overwrites a gradient it sees first
+// (grad_buffer_for_write: no zero fill), asking for gate's buffer before up's, the order the kernel writes them in,
+// so that swiglu(x, x) adds the second contribution to the first.
+static void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy) {
+  const Tensor& gate = gate_var->value;
+  const Tensor* up = up_var ? &up_var->value : nullptr;
   HGRN_CHECK(dy.dtype() == gate.dtype() && dy.device() == gate.device() && dy.numel() == gate.numel() &&
                  dy.is_contiguous(),
              "silu/swiglu backward: the output gradient does not match the ", dtype_name(gate.dtype()), " input");
   const int64_t n = gate.numel();
   if (gate.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-    cuda_swiglu_backward(gate.raw_data(), up ? up->raw_data() : nullptr, dy.raw_data(),
-                         dgate ? dgate->raw_data() : nullptr, dup ? dup->raw_data() : nullptr, n, gate.dtype());
+    bool add_gate = false, add_up = false;
+    void* dgate = wants_grad(gate_var) ? grad_buffer_for_write(gate_var, &add_gate).raw_data() : nullptr;
+    void* dup = wants_grad(up_var) ? grad_buffer_for_write(up_var, &add_up).raw_data() : nullptr;
+    cuda_swiglu_backward(gate.raw_data(), up ? up->raw_data() : nullptr, dy.raw_data(), dgate, dup, add_gate, add_up,
+                         n, gate.dtype());
     return;
 #else
     throw Error("silu/swiglu backward: this hgrn was built without CUDA");
 #endif
   }
+  Tensor* dgate = wants_grad(gate_var) ? &grad_buffer(gate_var) : nullptr;
+  Tensor* dup = wants_grad(up_var) ? &grad_buffer(up_var) : nullptr;
   HGRN_DISPATCH_FLOAT(gate.dtype(), up ? "swiglu backward" : "silu backward", [&] {
     if (up)
       swiglu_backward_cpu(gate.data<scalar_t>(), up->data<scalar_t>(), dy.data<scalar_t>(),
@@ -107,7 +117,7 @@ Var silu(Tape& tape, const Var& x) {
   if (!out->requires_grad) return out;
   tape.record([x, out] {
     if (!out->grad.defined()) return;
-    swiglu_backward(x->value, nullptr, out->grad, &grad_buffer(x), nullptr);
+    swiglu_backward(x, nullptr, out->grad);
   });
   return out;
 }
@@ -126,8 +136,7 @@ Var swiglu(Tape& tape, const Var& gate, const Var& up) {
   if (!out->requires_grad) return out;
   tape.record([gate, up, out] {
     if (!out->grad.defined()) return;
-    swiglu_backward(gate->value, &up->value, out->grad, wants_grad(gate) ? &grad_buffer(gate) : nullptr,
-                    wants_grad(up) ? &grad_buffer(up) : nullptr);
+    swiglu_backward(gate, up, out->grad);
   });
   return out;
 }

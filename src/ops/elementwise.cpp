@@ -37,6 +37,25 @@ static void accumulate(Tensor& dst, const Tensor& src) {
   });
 }
 
+// v's gradient += g. On the GPU a gradient seen for the first time is copied instead of added to a zero fill: one
+// copy in place of a fill, a read and a write. (add(x, x) asks twice: the second call accumulates onto the copy.)
+static void pass_gradient(const Var& v, const Tensor& g) {
+  if (g.device() == Device::CUDA) {
+    bool add_into = false;
+    Tensor& dst = grad_buffer_for_write(v, &add_into);
+    if (add_into) {
+      accumulate(dst, g);
+    } else {
+      HGRN_CHECK(dst.dtype() == g.dtype() && dst.numel() == g.numel() && g.is_contiguous(),
+                 "accumulate: gradient ", dtype_name(g.dtype()), " ", shape_str(g.shape()), " does not match ",
+                 dtype_name(dst.dtype()), " ", shape_str(dst.shape()));
+      dst.copy_from(g.reshape(dst.shape()));
+    }
+    return;
+  }
+  accumulate(grad_buffer(v), g);
+}
+
 Var add(Tape& tape, const Var& a, const Var& b) {
   HGRN_CHECK(a && b, "add: input is null");
   const Tensor& av = a->value;
@@ -63,7 +82,7 @@ Var add(Tape& tape, const Var& a, const Var& b) {
   tape.record([a, b, out] {
     if (!out->grad.defined()) return;
     for (const Var& v : {a, b})
-      if (wants_grad(v)) accumulate(grad_buffer(v), out->grad);
+      if (wants_grad(v)) pass_gradient(v, out->grad);
   });
   return out;
 }
@@ -73,7 +92,7 @@ Var reshape(Tape& tape, const Var& x, const Shape& shape) {
   if (!out->requires_grad) return out;
   tape.record([x, out] {
     if (!out->grad.defined()) return;
-    accumulate(grad_buffer(x), out->grad.reshape(x->value.shape()));
+    pass_gradient(x, out->grad.reshape(x->value.shape()));
   });
   return out;
 }

@@ -271,9 +271,13 @@ Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t la
       Tensor workspace;
       if (dgamma_row)
         workspace = Tensor::empty({cuda_forget_gate_backward_workspace(rows, width)}, DType::F32, Device::CUDA);
+      // f̂'s gradient is overwritten when this is the first to reach it (no zero fill); γ's row always accumulates
+      // (each layer adds its own row of the one [L, D] buffer).
+      bool add_df = false;
+      void* df_hat = wants_grad(f_hat) ? grad_buffer_for_write(f_hat, &add_df).raw_data() : nullptr;
       cuda_forget_gate_backward(f_hat->value.raw_data(), f_hat->value.dtype(), gamma_row, out->value.data<float>(),
-                                out->grad.data<float>(), wants_grad(f_hat) ? grad_buffer(f_hat).raw_data() : nullptr,
-                                dgamma_row, dgamma_row ? workspace.data<float>() : nullptr, rows, width);
+                                out->grad.data<float>(), df_hat, add_df, dgamma_row,
+                                dgamma_row ? workspace.data<float>() : nullptr, rows, width);
       return;
 #else
       throw Error("hgrn2_forget_gate: this hgrn was built without CUDA");
@@ -336,8 +340,10 @@ Var input_gate_from_forget(Tape& tape, const Var& g, DType out_dtype) {
     if (!out->grad.defined()) return;
     if (out->grad.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-      cuda_input_gate_backward(g->value.raw_data(), g->value.dtype(), out->grad.raw_data(), out->grad.dtype(),
-                               grad_buffer(g).raw_data(), n);
+      bool add_dg = false;
+      void* dg = grad_buffer_for_write(g, &add_dg).raw_data();  // overwritten when this is the first to reach it
+      cuda_input_gate_backward(g->value.raw_data(), g->value.dtype(), out->grad.raw_data(), out->grad.dtype(), dg,
+                               add_dg, n);
       return;
 #else
       throw Error("input_gate_from_forget: this hgrn was built without CUDA");

@@ -1,8 +1,8 @@
 // linear.cpp: forward y = x·Wᵀ and backward dx += dy·W, dW += dyᵀ·x; on the CPU through the CPU GEMM (OpenBLAS),
 // on the GPU through cuBLASLt.
 // Mixed precision on the GPU: the weight is an fp32 master parameter while x may be bf16. Then the weight is cast to
-// bf16 once per call and that copy feeds both the forward GEMM and the backward dx GEMM (it is kept with the tape,
-// 2 bytes per weight); dW is produced by a bf16 x bf16 GEMM that accumulates in fp32 straight into the fp32 gradient,
+// bf16 once per optimiser step (Variable::compute_copy, 2 bytes per weight) and that copy feeds the forward GEMM
+// and the backward dx GEMM of every use; dW is produced by a bf16 x bf16 GEMM that accumulates in fp32 straight into the fp32 gradient,
 // so the weight gradient is never rounded to bf16.
 #include "ops/linear.h"
 
@@ -50,7 +50,9 @@ Var linear(Tape& tape, const Var& x, const Var& weight) {
   const bool cast_weight = xv.device() == Device::CUDA && xv.dtype() == DType::BF16 && wv.dtype() == DType::F32;
   HGRN_CHECK(cast_weight || xv.dtype() == wv.dtype(), "linear: input is ", dtype_name(xv.dtype()), ", weight is ",
              dtype_name(wv.dtype()));
-  const Tensor w_compute = cast_weight ? wv.to(DType::BF16) : wv;
+  // The cast happens once per weight update, not once per use (the copy is dropped when the optimiser steps).
+  if (cast_weight && !weight->compute_copy.defined()) weight->compute_copy = wv.to(DType::BF16);
+  const Tensor w_compute = cast_weight ? weight->compute_copy : wv;
   const int64_t rows = xv.numel() / in;
   Shape out_shape = xv.shape();
   out_shape.back() = out_features;

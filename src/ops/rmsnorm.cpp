@@ -115,26 +115,45 @@ static void norm_forward(const Tensor& x, const Tensor* delta, Tensor* sum, cons
   });
 }
 
-// The backward on x's device (see rmsnorm_backward_cpu for what each pointer means; every gradient has x's dtype
-// except dw, which has the weight's).
+// The backward on x's device into the gradients of in0 and in1 (rmsnorm's x, or add_rmsnorm's residual and
+// delta; each only when it wants one, in1 null for rmsnorm) and of the weight when dw_wanted (see
+// rmsnorm_backward_cpu for the maths; every gradient has x's dtype except dw, which has the weight's). The CPU
+// accumulates into grad_buffer. The GPU overwrites an input gradient it sees first (grad_buffer_for_write: no zero
+// fill to write and read back), asking for in0's buffer before in1's, the order the kernel writes them in, so that
+// add_rmsnorm(x, x) adds the second contribution onto the first. dw always accumulates (a parameter gradient).
 static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd, const Tensor* dy,
-                          const Tensor* dsum, Tensor* dx0, Tensor* dx1, Tensor* dw, int64_t rows, int64_t width) {
-  for (const Tensor* g : {dy, dsum, static_cast<const Tensor*>(dx0), static_cast<const Tensor*>(dx1)})
+                          const Tensor* dsum, const Var& in0, const Var& in1, bool dw_wanted, int64_t rows,
+                          int64_t width) {
+  const auto check_grad = [&](const Tensor* g) {
     HGRN_CHECK(!g || (g->dtype() == x.dtype() && g->device() == x.device() && g->numel() == x.numel() &&
                       g->is_contiguous()),
                "rmsnorm backward: a gradient does not match the ", dtype_name(x.dtype()), " input");
+  };
+  check_grad(dy);
+  check_grad(dsum);
   const Tensor* w = weight ? &weight->value : nullptr;
   if (x.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
+    bool add0 = false, add1 = false;
+    Tensor* dx0 = wants_grad(in0) ? &grad_buffer_for_write(in0, &add0) : nullptr;
+    Tensor* dx1 = wants_grad(in1) ? &grad_buffer_for_write(in1, &add1) : nullptr;
+    Tensor* dw = dw_wanted ? &grad_buffer(weight) : nullptr;
+    check_grad(dx0);
+    check_grad(dx1);
     cuda_rmsnorm_backward(x.raw_data(), w ? w->data<float>() : nullptr, rstd.data<float>(),
                           dy ? dy->raw_data() : nullptr, dsum ? dsum->raw_data() : nullptr,
-                          dx0 ? dx0->raw_data() : nullptr, dx1 ? dx1->raw_data() : nullptr,
+                          dx0 ? dx0->raw_data() : nullptr, dx1 ? dx1->raw_data() : nullptr, add0, add1,
                           dw ? dw->data<float>() : nullptr, rows, width, x.dtype());
     return;
 #else
     throw Error("rmsnorm: this hgrn was built without CUDA");
 #endif
   }
+  Tensor* dx0 = wants_grad(in0) ? &grad_buffer(in0) : nullptr;
+  Tensor* dx1 = wants_grad(in1) ? &grad_buffer(in1) : nullptr;
+  Tensor* dw = dw_wanted ? &grad_buffer(weight) : nullptr;
+  check_grad(dx0);
+  check_grad(dx1);
   HGRN_DISPATCH_FLOAT(x.dtype(), "rmsnorm backward", [&] {
     rmsnorm_backward_cpu(x.data<scalar_t>(), w ? w->data<scalar_t>() : nullptr, rstd.data<scalar_t>(),
                          dy ? dy->data<scalar_t>() : nullptr, dsum ? dsum->data<scalar_t>() : nullptr,
@@ -159,8 +178,7 @@ Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps) {
   if (!out->requires_grad) return out;
   tape.record([x, weight, out, rstd, rows, width] {
     if (!out->grad.defined()) return;
-    norm_backward(x->value, weight, rstd, &out->grad, nullptr, wants_grad(x) ? &grad_buffer(x) : nullptr, nullptr,
-                  wants_grad(weight) ? &grad_buffer(weight) : nullptr, rows, width);
+    norm_backward(x->value, weight, rstd, &out->grad, nullptr, x, nullptr, wants_grad(weight), rows, width);
   });
   return out;
 }
@@ -189,9 +207,7 @@ AddRmsNormResult add_rmsnorm(Tape& tape, const Var& residual, const Var& delta, 
     const Tensor* dy = normed->grad.defined() ? &normed->grad : nullptr;
     const Tensor* dsum = sum_out->grad.defined() ? &sum_out->grad : nullptr;
     if (!dy && !dsum) return;
-    norm_backward(sum_out->value, weight, rstd, dy, dsum, wants_grad(residual) ? &grad_buffer(residual) : nullptr,
-                  wants_grad(delta) ? &grad_buffer(delta) : nullptr,
-                  dy && wants_grad(weight) ? &grad_buffer(weight) : nullptr, rows, width);
+    norm_backward(sum_out->value, weight, rstd, dy, dsum, residual, delta, dy && wants_grad(weight), rows, width);
   });
   return {sum_out, normed};
 }

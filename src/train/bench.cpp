@@ -69,6 +69,9 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   Hgrn2Model model(config.model, init_rng, DType::F32);
   model.to_device(device, act);
   model.set_recompute(tc.recompute);
+#ifdef HGRN_WITH_CUDA
+  set_gemm_autotune(device == Device::CUDA && !tc.deterministic);
+#endif
   AdamW optimizer(make_param_groups(model.parameters(), tc.decay_embeddings),
                   AdamWConfig{tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay});
   const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act == DType::BF16 ? 2 : 4);

@@ -131,6 +131,7 @@ void AdamW::step(double lr) {
     const ParamRef& ref = params_[i];
     if (!ref.param->grad.defined()) continue;
     check_grad_matches(ref, i);
+    ref.param->invalidate_compute_copy();
     Tensor& p = ref.param->value;
     if (p.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA

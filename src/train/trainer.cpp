@@ -168,6 +168,9 @@ TrainingSummary train(const Config& config, std::ostream& log) {
   Hgrn2Model model(config.model, init_rng, DType::F32);  // initialised on the CPU: the same weights on any device
   model.to_device(device, act_dtype);
   model.set_recompute(tc.recompute);
+#ifdef HGRN_WITH_CUDA
+  set_gemm_autotune(device == Device::CUDA && !tc.deterministic);
+#endif
   AdamW optimizer(make_param_groups(model.parameters(), tc.decay_embeddings),
                   AdamWConfig{tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay});
   const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act_dtype == DType::BF16 ? 2 : 4);
