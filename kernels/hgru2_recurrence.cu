@@ -456,19 +456,67 @@ struct FwdOutputSmem {
   }
 };
 
-// Adds one K-tile's share to the scores A (s included). q, k, G: the tile's fp32 rows; Khat, Qhat: scratch.
-__device__ void accumulate_scores(float* A, const float* q, const float* k, const float* G, float* Khat, float* Qhat,
-                                  float scale) {
-  // Diagonal blocks, element-wise: only j <= i is formed, so every exponent is <= 0.
-  for (int e = threadIdx.x; e < 4 * 136; e += kThreads) {
+// The thread's N entries e = threadIdx.x + m·kThreads of the diagonal blocks' lower triangles (4 × 136 entries), as N
+// independent sums side by side (the scores phase is latency bound; each sum keeps its order).
+template <int N>
+__device__ void diagonal_scores(float* A, const float* q, const float* k, const float* G, float scale) {
+  const float *qi[N], *kj[N], *Gi[N], *Gj[N];
+  int out[N];
+  float sum[N];
+#pragma unroll
+  for (int m = 0; m < N; ++m) {
+    const int e = threadIdx.x + m * kThreads;
     int ii, jj;
     triangle_entry(e % 136, ii, jj);
     const int i = (e / 136) * kSub + ii, j = (e / 136) * kSub + jj;
-    const float *qi = q + i * kLdF, *kj = k + j * kLdF, *Gi = G + i * kLdF, *Gj = G + j * kLdF;
-    float sum = 0.f;
-    for (int a = 0; a < kTile; ++a) sum = fmaf(qi[a] * kj[a], exp2_fast(Gi[a] - Gj[a]), sum);
-    A[i * kLdF + j] += scale * sum;
+    qi[m] = q + i * kLdF;
+    kj[m] = k + j * kLdF;
+    Gi[m] = G + i * kLdF;
+    Gj[m] = G + j * kLdF;
+    out[m] = i * kLdF + j;
+    sum[m] = 0.f;
   }
+  for (int a = 0; a < kTile; ++a)
+#pragma unroll
+    for (int m = 0; m < N; ++m) sum[m] = fmaf(qi[m][a] * kj[m][a], exp2_fast(Gi[m][a] - Gj[m][a]), sum[m]);
+#pragma unroll
+  for (int m = 0; m < N; ++m) A[out[m]] += scale * sum[m];
+}
+
+// Round R of the blocks below the diagonal: the 16 × 16R entries of query sub-chunk R against keys j < 16R, R per
+// thread (e = threadIdx.x + m·kThreads), side by side.
+template <int R>
+__device__ void off_diagonal_scores(float* A, const float* Qhat, const float* Khat, float scale) {
+  constexpr int a0 = R * kSub;
+  static_assert(kSub * a0 == R * kThreads, "one entry per thread per 16 keys");
+  const float *qi[R], *kj[R];
+  int out[R];
+  float sum[R];
+#pragma unroll
+  for (int m = 0; m < R; ++m) {
+    const int e = threadIdx.x + m * kThreads, i = e / a0, j = e % a0;
+    qi[m] = Qhat + i * kLdF;
+    kj[m] = Khat + j * kLdF;
+    out[m] = (a0 + i) * kLdF + j;
+    sum[m] = 0.f;
+  }
+  for (int a = 0; a < kTile; ++a)
+#pragma unroll
+    for (int m = 0; m < R; ++m) sum[m] = fmaf(qi[m][a], kj[m][a], sum[m]);
+#pragma unroll
+  for (int m = 0; m < R; ++m) A[out[m]] += scale * sum[m];
+}
+
+// Adds one K-tile's share to the scores A (s included). q, k, G: the tile's fp32 rows; Khat, Qhat: scratch.
+__device__ void accumulate_scores(float* A, const float* q, const float* k, const float* G, float* Khat, float* Qhat,
+                                  float scale) {
+  // Diagonal blocks, element-wise: only j <= i is formed, so every exponent is <= 0. 544 entries: two per thread, a
+  // third for the first warp.
+  static_assert(2 * kThreads <= 4 * 136 && 4 * 136 - 2 * kThreads <= 32, "diagonal entries per thread");
+  if (threadIdx.x < 4 * 136 - 2 * kThreads)
+    diagonal_scores<3>(A, q, k, G, scale);
+  else
+    diagonal_scores<2>(A, q, k, G, scale);
   // Blocks below the diagonal, one query sub-chunk r at a time (its reference row is 16r).
   for (int r = 1; r < kChunk / kSub; ++r) {
     const int a0 = r * kSub;
@@ -483,13 +531,12 @@ __device__ void accumulate_scores(float* A, const float* q, const float* k, cons
       Qhat[i * kLdF + a] = q[(a0 + i) * kLdF + a] * exp2_fast(G[(a0 + i) * kLdF + a] - ref[a]);
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < kSub * a0; e += kThreads) {
-      const int i = e / a0, j = e % a0;
-      const float *qi = Qhat + i * kLdF, *kj = Khat + j * kLdF;
-      float sum = 0.f;
-      for (int a = 0; a < kTile; ++a) sum = fmaf(qi[a], kj[a], sum);
-      A[(a0 + i) * kLdF + j] += scale * sum;
-    }
+    if (r == 1)
+      off_diagonal_scores<1>(A, Qhat, Khat, scale);
+    else if (r == 2)
+      off_diagonal_scores<2>(A, Qhat, Khat, scale);
+    else
+      off_diagonal_scores<3>(A, Qhat, Khat, scale);
   }
 }
 
@@ -804,17 +851,38 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   s.dlast_part[rg * 64 + a] = dl;
   __syncthreads();  // dA loaded
 
-  // Intra, diagonal blocks: strictly j < i (the j = i terms are held back).
-  for (int i = rg; i < kChunk; i += 4) {
-    const int blk0 = i & ~(kSub - 1);
-    const float gi = s.G[i * kLdF + a];
-    float accq = 0.f, acck = 0.f;
-    for (int j = blk0; j < i; ++j)  // i as the query row
-      accq = fmaf(s.dA[i * kLdF + j] * load_f(s.k[j * kLdF + a]), exp2_fast(gi - s.G[j * kLdF + a]), accq);
-    for (int r = i + 1; r < blk0 + kSub; ++r)  // i as the key row
-      acck = fmaf(s.dA[r * kLdF + i] * load_f(s.q[r * kLdF + a]), exp2_fast(s.G[r * kLdF + a] - gi), acck);
-    s.Pq[i * ldc + a] += accq;
-    s.Pk[i * ldc + a] += acck;
+  // Intra, diagonal blocks: strictly j < i (the j = i terms are held back). The thread's rows at the same offset
+  // rg + 4u in the four diagonal blocks have equal trip counts, so their four sums run side by side (independent
+  // chains for the scheduler; each sum keeps its own order).
+  for (int u = 0; u < kSub / 4; ++u) {
+    const int off = rg + 4 * u;  // row offset inside each diagonal block
+    float gi[4], accq[4], acck[4];
+#pragma unroll
+    for (int blk = 0; blk < 4; ++blk) {
+      gi[blk] = s.G[(blk * kSub + off) * kLdF + a];
+      accq[blk] = 0.f;
+      acck[blk] = 0.f;
+    }
+    for (int jj = 0; jj < off; ++jj)  // i = blk·16 + off as the query row, keys j = blk·16 + jj
+#pragma unroll
+      for (int blk = 0; blk < 4; ++blk) {
+        const int i = blk * kSub + off, j = blk * kSub + jj;
+        accq[blk] = fmaf(s.dA[i * kLdF + j] * load_f(s.k[j * kLdF + a]), exp2_fast(gi[blk] - s.G[j * kLdF + a]),
+                         accq[blk]);
+      }
+    for (int rr = off + 1; rr < kSub; ++rr)  // i as the key row, queries r = blk·16 + rr
+#pragma unroll
+      for (int blk = 0; blk < 4; ++blk) {
+        const int i = blk * kSub + off, r = blk * kSub + rr;
+        acck[blk] = fmaf(s.dA[r * kLdF + i] * load_f(s.q[r * kLdF + a]), exp2_fast(s.G[r * kLdF + a] - gi[blk]),
+                         acck[blk]);
+      }
+#pragma unroll
+    for (int blk = 0; blk < 4; ++blk) {
+      const int i = blk * kSub + off;
+      s.Pq[i * ldc + a] += accq[blk];
+      s.Pk[i * ldc + a] += acck[blk];
+    }
   }
   // Intra, blocks below the diagonal. Round r: query sub-chunk r against keys j < 16r (reference G_{16r}), and key
   // sub-chunk r − 1 against queries i >= 16r (reference G_{16r − 1}).
@@ -826,10 +894,18 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
       s.hat[j * kLdF + col] = load_f(s.k[j * kLdF + col]) * exp2_fast(s.G[a0 * kLdF + col] - s.G[j * kLdF + col]);
     }
     __syncthreads();
-    for (int i = a0 + rg; i < a0 + kSub; i += 4) {
-      float sum = 0.f;
-      for (int j = 0; j < a0; ++j) sum = fmaf(s.dA[i * kLdF + j], s.hat[j * kLdF + a], sum);
-      s.Pq[i * ldc + a] += exp2_fast(s.G[i * kLdF + a] - s.G[a0 * kLdF + a]) * sum;
+    {  // the thread's four query rows a0 + rg + 4m side by side: one K̂ read feeds four independent sums
+      float sum[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int j = 0; j < a0; ++j) {
+        const float kh = s.hat[j * kLdF + a];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) sum[m] = fmaf(s.dA[(a0 + rg + 4 * m) * kLdF + j], kh, sum[m]);
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int i = a0 + rg + 4 * m;
+        s.Pq[i * ldc + a] += exp2_fast(s.G[i * kLdF + a] - s.G[a0 * kLdF + a]) * sum[m];
+      }
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < (kChunk - a0) * kTile; idx += kThreads) {
@@ -838,10 +914,18 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
           load_f(s.q[(a0 + i) * kLdF + col]) * exp2_fast(s.G[(a0 + i) * kLdF + col] - s.G[(a0 - 1) * kLdF + col]);
     }
     __syncthreads();
-    for (int j = a0 - kSub + rg; j < a0; j += 4) {
-      float sum = 0.f;
-      for (int i = a0; i < kChunk; ++i) sum = fmaf(s.dA[i * kLdF + j], s.hat[(i - a0) * kLdF + a], sum);
-      s.Pk[j * ldc + a] += exp2_fast(s.G[(a0 - 1) * kLdF + a] - s.G[j * kLdF + a]) * sum;
+    {  // likewise the four key rows a0 − 16 + rg + 4m
+      float sum[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int i = a0; i < kChunk; ++i) {
+        const float qh = s.hat[(i - a0) * kLdF + a];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) sum[m] = fmaf(s.dA[i * kLdF + a0 - kSub + rg + 4 * m], qh, sum[m]);
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int j = a0 - kSub + rg + 4 * m;
+        s.Pk[j * ldc + a] += exp2_fast(s.G[(a0 - 1) * kLdF + a] - s.G[j * kLdF + a]) * sum[m];
+      }
     }
   }
   if (threadIdx.x < 64) {
