@@ -531,12 +531,13 @@ __device__ void accumulate_scores(float* A, const float* q, const float* k, cons
       Qhat[i * kLdF + a] = q[(a0 + i) * kLdF + a] * exp2_fast(G[(a0 + i) * kLdF + a] - ref[a]);
     }
     __syncthreads();
-    if (r == 1)
-      off_diagonal_scores<1>(A, Qhat, Khat, scale);
-    else if (r == 2)
-      off_diagonal_scores<2>(A, Qhat, Khat, scale);
-    else
-      off_diagonal_scores<3>(A, Qhat, Khat, scale);
+    for (int e = threadIdx.x; e < kSub * a0; e += kThreads) {
+      const int i = e / a0, j = e % a0;
+      const float *qi = Qhat + i * kLdF, *kj = Khat + j * kLdF;
+      float sum = 0.f;
+      for (int a = 0; a < kTile; ++a) sum = fmaf(qi[a], kj[a], sum);
+      A[(a0 + i) * kLdF + j] += scale * sum;
+    }
   }
 }
 
@@ -585,14 +586,17 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   const float* state = p.states + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V;
   In* out = static_cast<In*>(p.output) + row_offset(d, b, t0, h, d.V);
   const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
+  // v goes straight to shared memory by cp.async, arriving during the state product without holding registers
+  // across it (the kernel is at its register cap).
+  const bool v_async = async_copyable<In>(v, d.V, value_stride, ldi);
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
     __syncthreads();  // scores-phase buffers (aliased) and the previous tile's store are done
     zero_tile(s.O, ldc);
-    TileRegs w;
-    w.fetch(v + v0, value_stride, n, vcols);  // arrives during the state product
+    stage_tile(s.W, ldi, v + v0, value_stride, n, vcols, v_async);
+    cp_async_commit();
     accumulate_state_product(s.O, s.Qb, ldq, state, d, v0, s.Y);
-    w.commit(s.W, ldi);
+    cp_async_wait<0>();
     __syncthreads();
     block_mma<false, false>(s.O, ldc, s.Ain, ldi, s.W, ldi);
     __syncthreads();
@@ -680,16 +684,18 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
   const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
   In* dv = p.dv ? static_cast<In*>(p.dv) + row_offset(d, b, t0, h, d.V) : nullptr;
+  // dO and v go straight to shared memory by cp.async, arriving during the state product (as in fwd_output).
+  const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
+  const bool v_async = async_copyable<In>(v, d.V, value_stride, ldi);
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
-    __syncthreads();
+    __syncthreads();  // the prologue's buffers (aliased) and the previous tile's products are done
     zero_tile(s.O, ldc);
-    TileRegs dor, vr;  // arrive during the state product
-    dor.fetch(d_out ? d_out + v0 : d_out, value_stride, n, vcols);
-    vr.fetch(v + v0, value_stride, n, vcols);
+    stage_tile(s.dO, ldi, d_out ? d_out + v0 : d_out, value_stride, n, vcols, do_async);
+    stage_tile(s.Vt, ldi, v + v0, value_stride, n, vcols, v_async);
+    cp_async_commit();
     accumulate_state_product(s.O, s.X, ldx, d_state, d, v0, s.Y);
-    dor.commit(s.dO, ldi);
-    vr.commit(s.Vt, ldi);
+    cp_async_wait<0>();
     __syncthreads();
     block_mma<true, false>(s.O, ldc, s.Ain, ldi, s.dO, ldi);    // Aᵀ dO
     block_mma<false, true>(s.dA, ldc, s.dO, ldi, s.Vt, ldi);    // dO vᵀ
@@ -803,20 +809,24 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   float prod[16];  // this thread's column of S_p ⊙ dS_e summed over the V-tiles, rows TileRegs::row(i)
 #pragma unroll
   for (int i = 0; i < 16; ++i) prod[i] = 0.f;
+  // dO and v (copied as they are) go to shared memory by cp.async, saving the registers of two tiles; the states
+  // pass through registers, whose fp32 values also feed the row sums.
+  const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
+  const bool v_async = async_copyable<In>(v, d.V, value_stride, ldi);
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
-    TileRegs dor, vr, spr, dsr;
-    dor.fetch(d_out ? d_out + v0 : d_out, value_stride, n, vcols);
-    vr.fetch(v + v0, value_stride, n, vcols);
+    TileRegs spr, dsr;
     spr.fetch(state + v0, d.V, kcols, vcols);
     dsr.fetch(d_state + v0, d.V, kcols, vcols);
     __syncthreads();  // the previous tile's products are done
-    dor.commit(s.dO, ldi);
-    vr.commit(s.Vt, ldi);
+    stage_tile(s.dO, ldi, d_out ? d_out + v0 : d_out, value_stride, n, vcols, do_async);
+    stage_tile(s.Vt, ldi, v + v0, value_stride, n, vcols, v_async);
+    cp_async_commit();
     spr.commit(s.Sp, ldi);
     dsr.commit(s.dS, ldi);
 #pragma unroll
     for (int i = 0; i < 16; ++i) prod[i] = fmaf(spr.x[i], dsr.x[i], prod[i]);
+    cp_async_wait<0>();
     __syncthreads();
     block_mma<false, true>(s.Pq, ldc, s.dO, ldi, s.Sp, ldi);
     block_mma<false, true>(s.Pk, ldc, s.Vt, ldi, s.dS, ldi);
@@ -853,7 +863,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 
   // Intra, diagonal blocks: strictly j < i (the j = i terms are held back). The thread's rows at the same offset
   // rg + 4u in the four diagonal blocks have equal trip counts, so their four sums run side by side (independent
-  // chains for the scheduler; each sum keeps its own order).
+  // chains for the scheduler; each sum keeps its own order). The loops over the trip count stay rolled: unrolled, the
+  // four chains' operands outgrow the register cap (128, two blocks per SM) and spill.
   for (int u = 0; u < kSub / 4; ++u) {
     const int off = rg + 4 * u;  // row offset inside each diagonal block
     float gi[4], accq[4], acck[4];
@@ -863,6 +874,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
       accq[blk] = 0.f;
       acck[blk] = 0.f;
     }
+#pragma unroll 1
     for (int jj = 0; jj < off; ++jj)  // i = blk·16 + off as the query row, keys j = blk·16 + jj
 #pragma unroll
       for (int blk = 0; blk < 4; ++blk) {
@@ -870,6 +882,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
         accq[blk] = fmaf(s.dA[i * kLdF + j] * load_f(s.k[j * kLdF + a]), exp2_fast(gi[blk] - s.G[j * kLdF + a]),
                          accq[blk]);
       }
+#pragma unroll 1
     for (int rr = off + 1; rr < kSub; ++rr)  // i as the key row, queries r = blk·16 + rr
 #pragma unroll
       for (int blk = 0; blk < 4; ++blk) {
@@ -953,26 +966,32 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   In* dq = p.dq ? static_cast<In*>(p.dq) + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
   In* dk = p.dk ? static_cast<In*>(p.dk) + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
   float* dg = p.dg ? p.dg + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
-  float old_q[kSub], old_k[kSub], old_g[kSub];
+  // Two rounds of 8 rows keep 24 old values live instead of 48 (the kernel is at its register cap).
 #pragma unroll
-  for (int i = 0; i < kSub; ++i) {
-    const bool in = i < rows;
-    old_q[i] = in && dq ? load_f(dq[i * key_stride]) : 0.f;
-    old_k[i] = in && dk ? load_f(dk[i * key_stride]) : 0.f;
-    old_g[i] = in && dg ? dg[i * key_stride] : 0.f;
-  }
+  for (int half = 0; half < kSub; half += kSub / 2) {
+    float old_q[kSub / 2], old_k[kSub / 2], old_g[kSub / 2];
 #pragma unroll
-  for (int i = 0; i < kSub; ++i) {
-    if (i >= rows) break;
-    const int r = r_lo + i;
-    const float diag = s.dA[r * kLdF + r];
-    if (dq) dq[i * key_stride] = store_f<In>(old_q[i] + s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdF + a]));
-    if (dk) {
-      float val = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdF + a]);
-      if (r == last) val += s.dk_last[a];
-      dk[i * key_stride] = store_f<In>(old_k[i] + val);
+    for (int u = 0; u < kSub / 2; ++u) {
+      const int i = half + u;
+      const bool in = i < rows;
+      old_q[u] = in && dq ? load_f(dq[i * key_stride]) : 0.f;
+      old_k[u] = in && dk ? load_f(dk[i * key_stride]) : 0.f;
+      old_g[u] = in && dg ? dg[i * key_stride] : 0.f;
     }
-    if (dg) dg[i * key_stride] = old_g[i] + s.G[r * kLdF + a] + suffix;
+#pragma unroll
+    for (int u = 0; u < kSub / 2; ++u) {
+      const int i = half + u;
+      if (i >= rows) break;
+      const int r = r_lo + i;
+      const float diag = s.dA[r * kLdF + r];
+      if (dq) dq[i * key_stride] = store_f<In>(old_q[u] + s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdF + a]));
+      if (dk) {
+        float val = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdF + a]);
+        if (r == last) val += s.dk_last[a];
+        dk[i * key_stride] = store_f<In>(old_k[u] + val);
+      }
+      if (dg) dg[i * key_stride] = old_g[u] + s.G[r * kLdF + a] + suffix;
+    }
   }
 }
 
