@@ -1,6 +1,7 @@
 // test_model_cuda.cpp: a whole tiny HGRN2 model on the GPU against the CPU reference in fp64: the loss and the
 // gradient of every parameter (lower bounds included), for fp32 and for bf16 mixed-precision activations, over a
-// sequence with a partial last chunk; and the GPU forward + backward giving the same bits on a second run.
+// sequence with a partial last chunk; the GPU forward + backward giving the same bits on a second run and with
+// recomputation.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -52,7 +53,7 @@ struct Models {
 };
 
 // The GPU model (fp32 master weights) and a CPU fp64 model holding exactly the same (fp32-representable) weights.
-Models make_models(DType act, int64_t seq) {
+Models make_models(DType act) {
   const ModelConfig c = small_config();
   Rng rng_a(21), rng_b(21);
   Models m{Hgrn2Model(c, rng_a, DType::F32), Hgrn2Model(c, rng_b, DType::F64)};
@@ -63,7 +64,6 @@ Models make_models(DType act, int64_t seq) {
   for (const auto& [spec, var] : m.gpu.parameters()) weights.emplace_back(spec.name, var->value.to(DType::F64));
   m.cpu.load_parameters(weights, "the GPU model");
   m.gpu.to_device(Device::CUDA, act);
-  (void)seq;
   return m;
 }
 
@@ -77,7 +77,7 @@ Tensor random_ids(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
 void check_model(DType act, double loss_tol, double grad_tol) {
   for (int64_t seq : {33, 130}) {  // step-by-step and chunked forms on the CPU; 130 = two full chunks + 2 tokens
     SCOPED_TRACE(::testing::Message() << dtype_name(act) << " activations, T = " << seq);
-    Models m = make_models(act, seq);
+    Models m = make_models(act);
     const Tensor ids = random_ids(2, seq, small_config().vocab_size, 100 + seq);
     const LossAndGrads gpu = loss_and_grads(m.gpu, ids), cpu = loss_and_grads(m.cpu, ids);
     EXPECT_NEAR(gpu.loss, cpu.loss, loss_tol * std::abs(cpu.loss));
@@ -107,12 +107,29 @@ TEST(ModelCuda, Bf16LossAndEveryGradientMatchTheCpuReference) {
 TEST(ModelCuda, ForwardAndBackwardAreBitwiseDeterministic) {
   HGRN_SKIP_WITHOUT_GPU();
   for (DType act : {DType::F32, DType::BF16}) {
-    Models m = make_models(act, 130);
+    Models m = make_models(act);
     const Tensor ids = random_ids(3, 130, small_config().vocab_size, 9);
     const LossAndGrads a = loss_and_grads(m.gpu, ids), b = loss_and_grads(m.gpu, ids);
     EXPECT_EQ(a.loss, b.loss) << dtype_name(act);
     for (size_t p = 0; p < a.grads.size(); ++p)
       EXPECT_EQ(std::memcmp(a.grads[p].raw_data(), b.grads[p].raw_data(), a.grads[p].nbytes()), 0)
+          << dtype_name(act) << " parameter " << p;
+  }
+}
+
+TEST(ModelCuda, RecomputationGivesTheSameLossAndGradientsBitForBit) {
+  HGRN_SKIP_WITHOUT_GPU();
+  // training.recompute re-runs each token mixer and MLP in the backward: the same deterministic kernels on the same
+  // inputs, so the same bits (as on the CPU, Hgrn2Model.RecomputationGivesTheSameLossAndGradientsBitForBit).
+  for (DType act : {DType::F32, DType::BF16}) {
+    Models m = make_models(act);
+    const Tensor ids = random_ids(2, 130, small_config().vocab_size, 17);
+    const LossAndGrads plain = loss_and_grads(m.gpu, ids);
+    m.gpu.set_recompute(true);
+    const LossAndGrads recomputed = loss_and_grads(m.gpu, ids);
+    EXPECT_EQ(plain.loss, recomputed.loss) << dtype_name(act);
+    for (size_t p = 0; p < plain.grads.size(); ++p)
+      EXPECT_EQ(std::memcmp(plain.grads[p].raw_data(), recomputed.grads[p].raw_data(), plain.grads[p].nbytes()), 0)
           << dtype_name(act) << " parameter " << p;
   }
 }
