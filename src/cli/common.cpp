@@ -24,7 +24,12 @@ std::string version_text() {
 #else
   const char* cuda = "CUDA backend: not compiled in (CPU-only build)";
 #endif
-  return std::string("hgrn ") + HGRN_VERSION + " (git " + HGRN_GIT_COMMIT + ")\n" + cuda;
+#ifdef HGRN_WITH_MPI
+  const char* mpi = "MPI: compiled in (mpirun -np N hgrn train ...)";
+#else
+  const char* mpi = "MPI: not compiled in (single process only)";
+#endif
+  return std::string("hgrn ") + HGRN_VERSION + " (git " + HGRN_GIT_COMMIT + ")\n" + cuda + "\n" + mpi;
 }
 
 void print_error(const std::string& message) { std::cerr << "hgrn: error: " << message << "\n"; }

@@ -12,9 +12,16 @@
 #include "cli/prepare.h"
 #include "cli/train.h"
 #include "config/config.h"
+#include "dist/world.h"
 
 int main(int argc, char** argv) {
   using namespace hgrn::cli;
+  try {
+    hgrn::init_world(&argc, &argv);  // MPI, when started by mpirun/srun
+  } catch (const std::exception& error) {
+    print_error(error.what());
+    return kExitRuntimeError;
+  }
   CLI::App app{"hgrn: pretrain HGRN2 language models (C++/CUDA).", "hgrn"};
   app.set_version_flag("--version", version_text(), "Print the version, git commit and whether CUDA is compiled in");
   app.require_subcommand(1);

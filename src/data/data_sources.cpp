@@ -33,7 +33,8 @@ std::shared_ptr<const TokenShardReader> open_shard(const Config& config, const s
 std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t seed, int64_t rank,
                                                   int64_t world_size) {
   const DataConfig& d = config.data;
-  if (d.task == "mqar") return std::make_unique<MqarGenerator>(d.mqar, config.model.vocab_size, d.seq_len, seed);
+  if (d.task == "mqar")
+    return std::make_unique<MqarGenerator>(d.mqar, config.model.vocab_size, d.seq_len, seed, rank, world_size);
   WindowSamplerOptions options;
   options.seq_len = d.seq_len;
   options.seed = seed;

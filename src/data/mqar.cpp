@@ -32,8 +32,13 @@ std::vector<int64_t> sample_distinct(Rng& rng, int64_t n, int64_t count) {
 
 }  // namespace
 
-MqarGenerator::MqarGenerator(const MqarConfig& config, int64_t vocab_size, int64_t seq_len, uint64_t seed)
+MqarGenerator::MqarGenerator(const MqarConfig& config, int64_t vocab_size, int64_t seq_len, uint64_t seed,
+                             int64_t rank, int64_t world_size)
     : num_kv_pairs_(config.num_kv_pairs), vocab_size_(vocab_size), seq_len_(seq_len), base_rng_(seed) {
+  HGRN_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "mqar: rank ", rank, " outside a world of ",
+             world_size);
+  rank_ = static_cast<uint64_t>(rank);
+  world_size_ = static_cast<uint64_t>(world_size);
   HGRN_CHECK(num_kv_pairs_ >= 1, "mqar: num_kv_pairs must be at least 1, got ", num_kv_pairs_);
   HGRN_CHECK(vocab_size_ >= 3 && vocab_size_ <= std::numeric_limits<int32_t>::max(),
              "mqar: vocab_size must be in [3, 2^31 - 1] (a filler, a key and a value token), got ", vocab_size_);
@@ -90,7 +95,8 @@ TokenBatch MqarGenerator::next_batch(int64_t batch_size) {
   // Each sequence has its own forked generator, so the rows are independent and can be filled in parallel.
 #pragma omp parallel for schedule(static) if (batch_size * seq_len_ >= (1 << 15))
   for (int64_t b = 0; b < batch_size; ++b)
-    generate_sequence(cursor_ + static_cast<uint64_t>(b), inputs + b * seq_len_, targets + b * seq_len_);
+    generate_sequence((cursor_ + static_cast<uint64_t>(b)) * world_size_ + rank_, inputs + b * seq_len_,
+                      targets + b * seq_len_);
   cursor_ += static_cast<uint64_t>(batch_size);
   return batch;
 }

@@ -35,12 +35,16 @@ constexpr int32_t kMqarFillerToken = 0;
 class MqarGenerator : public BatchSource {
  public:
   // Throws hgrn::Error when the configuration cannot produce valid sequences (see the size rules above).
-  MqarGenerator(const MqarConfig& config, int64_t vocab_size, int64_t seq_len, uint64_t seed);
+  // Data parallelism: rank r of world_size draws stream sequences c * world_size + r for its cursor c = 0, 1, ..., so
+  // the ranks' sequences are disjoint and a step of N ranks x B sequences covers the same sequences as one process
+  // drawing N * B.
+  MqarGenerator(const MqarConfig& config, int64_t vocab_size, int64_t seq_len, uint64_t seed, int64_t rank = 0,
+                int64_t world_size = 1);
 
   // The next batch_size sequences of the stream; advances the cursor by batch_size.
   TokenBatch next_batch(int64_t batch_size) override;
 
-  // The number of sequences drawn so far. set_cursor(c) makes the next batch start with sequence c.
+  // The number of sequences this rank has drawn so far. set_cursor(c) makes the next batch start with its sequence c.
   uint64_t cursor() const override { return cursor_; }
   void set_cursor(uint64_t cursor) override { cursor_ = cursor; }
 
@@ -61,6 +65,7 @@ class MqarGenerator : public BatchSource {
 
   int64_t num_kv_pairs_, num_keys_, num_values_, vocab_size_, seq_len_;
   Rng base_rng_;
+  uint64_t rank_ = 0, world_size_ = 1;
   uint64_t cursor_ = 0;
 };
 

@@ -15,6 +15,7 @@
 #include "core/allocator.h"
 #include "core/format.h"
 #include "core/trace.h"
+#include "dist/world.h"
 #include "data/data_sources.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
@@ -55,6 +56,7 @@ TrainingState capture_state(const Hgrn2Model& model, const AdamW& optimizer, con
   TrainingState s;
   s.step = step;
   s.tokens_seen = tokens_seen;
+  s.world_size = world().size;
   s.data_cursor = data.cursor();
   // Every random stream of a run (initialisation, training data, evaluation data) is derived from the seed by
   // counter-based forks, and the data stream's position is data_cursor: the seed is the whole RNG state to keep.
@@ -119,11 +121,24 @@ StepResult training_step(const Hgrn2Model& model, AdamW& optimizer, BatchSource&
     Tape tape;
     CrossEntropyResult ce = language_model_loss(model, tape, data.next_batch(tc.micro_batch_size));
     // Each micro-batch loss is a mean; the step's loss is their average, so each seeds 1/accum.
-    tape.backward(ce.loss, on_device(Tensor::full({}, 1.0 / static_cast<double>(tc.grad_accum_steps), DType::F32),
-                                     model.device()));
+    // With N ranks each seed is also divided by N, so that summing the ranks' gradients gives the global mean.
+    const double seed = 1.0 / static_cast<double>(tc.grad_accum_steps * world().size);
+    tape.backward(ce.loss, on_device(Tensor::full({}, seed, DType::F32), model.device()));
     r.loss += ce.loss->value.item() / static_cast<double>(tc.grad_accum_steps);
     r.targets += ce.num_targets;
     r.correct += ce.num_correct;
+  }
+  if (world().size > 1) {
+    TraceRange trace("allreduce");
+    std::vector<Tensor*> grads;
+    for (const ParamRef& p : optimizer.params())
+      if (p.param->grad.defined()) grads.push_back(&p.param->grad);
+    allreduce_sum(grads);
+    std::vector<double> totals{r.loss, static_cast<double>(r.targets), static_cast<double>(r.correct)};
+    allreduce_sum(totals);
+    r.loss = totals[0] / world().size;
+    r.targets = static_cast<int64_t>(totals[1]);
+    r.correct = static_cast<int64_t>(totals[2]);
   }
   TraceRange trace("optimizer");
   r.grad_norm = clip_grad_norm(optimizer.params(), tc.grad_clip);
@@ -131,8 +146,14 @@ StepResult training_step(const Hgrn2Model& model, AdamW& optimizer, BatchSource&
   return r;
 }
 
-TrainingSummary train(const Config& config, std::ostream& log) {
+TrainingSummary train(const Config& config, std::ostream& root_log) {
   const TrainingConfig& tc = config.training;
+  // Data parallelism: every rank trains; rank 0 alone prints, writes the run directory and checkpoints.
+  const World& w = world();
+  std::ostringstream discarded;
+  std::ostream& log = w.is_root() ? root_log : discarded;
+  require_same_on_all_ranks("hgrn binary", std::string(HGRN_VERSION) + " " + HGRN_GIT_COMMIT);
+  require_same_on_all_ranks("config", config_to_yaml(config));
   const Clock::time_point start = Clock::now();
 
   // ---- set-up: device, threads, run directory, model, optimiser, data ----
@@ -153,16 +174,23 @@ TrainingSummary train(const Config& config, std::ostream& log) {
   } else {
     log << "cpu with " << omp_get_max_threads() << " threads\n";
   }
+  if (w.size > 1) {
+    HGRN_CHECK(device == Device::CPU, "training.device resolved to cuda with ", w.size, " processes: multi-GPU data "
+               "parallelism (NCCL) is not built yet; set training.device: cpu for multi-process CPU training");
+    log << w.size << " data-parallel ranks (MPI); global batch " << w.size << " x " << tc.micro_batch_size << " x "
+        << tc.grad_accum_steps << " sequences\n";
+  }
   log << "---- resolved config (" << config.source << ") ----\n" << config_to_yaml(config) << "----\n";
 
-  std::filesystem::create_directories(config.logging.run_dir);
-  {
+  std::optional<MetricsFile> metrics;
+  if (w.is_root()) {
+    std::filesystem::create_directories(config.logging.run_dir);
     const std::string path = config.logging.run_dir + "/config.yaml";
     std::ofstream out(path);
     out << config_to_yaml(config);
     HGRN_CHECK(out.good(), "cannot write the resolved config to '", path, "'");
+    metrics.emplace(config.logging.run_dir + "/" + config.logging.metrics_file);
   }
-  MetricsFile metrics(config.logging.run_dir + "/" + config.logging.metrics_file);
 
   Rng init_rng(stream_seed(tc.seed, kInitStream));
   Hgrn2Model model(config.model, init_rng, DType::F32);  // initialised on the CPU: the same weights on any device
@@ -177,7 +205,7 @@ TrainingSummary train(const Config& config, std::ostream& log) {
   log << "model: " << cost.params_total << " parameters, " << cost.flops_per_token_train / 1e6
       << " MFLOP per token (train)\n";
 
-  std::unique_ptr<BatchSource> train_data = make_training_source(config, stream_seed(tc.seed, kTrainDataStream));
+  std::unique_ptr<BatchSource> train_data = make_training_source(config, stream_seed(tc.seed, kTrainDataStream), w.rank, w.size);
   std::unique_ptr<BatchSource> eval_data = make_evaluation_source(config, stream_seed(tc.seed, kEvalDataStream));
   const std::optional<double> chance = chance_accuracy(config);
   if (config.data.task == "mqar")
@@ -195,7 +223,7 @@ TrainingSummary train(const Config& config, std::ostream& log) {
     TrainingState state = load_checkpoint(*path);
     std::vector<std::pair<std::string, Shape>> shapes;
     for (const auto& [spec, var] : model.parameters()) shapes.emplace_back(spec.name, spec.shape);
-    check_checkpoint_compatible(state, model_signature(config.model), 1, shapes, *path);
+    check_checkpoint_compatible(state, model_signature(config.model), w.size, shapes, *path);
     model.load_parameters(state.params, *path);
     optimizer.load_state(std::move(state.adam_m), std::move(state.adam_v), state.adam_step);
     train_data->set_cursor(state.data_cursor);
@@ -212,6 +240,7 @@ TrainingSummary train(const Config& config, std::ostream& log) {
     log << "initialised the weights from " << dir << "\n";
   }
   auto save = [&](int64_t steps_done) {
+    if (!w.is_root()) return;  // the ranks hold identical weights and optimiser state
     const std::string path = save_checkpoint(
         checkpoint_dir, capture_state(model, optimizer, *train_data, config, steps_done, tokens_seen));
     prune_checkpoints(checkpoint_dir, config.checkpoint.keep_last, config.checkpoint.keep_every);
@@ -268,27 +297,32 @@ TrainingSummary train(const Config& config, std::ostream& log) {
         m.peak_memory_gib = static_cast<double>(cuda_memory_stats().peak_in_use_bytes) / (1u << 30);
       }
       log << format_progress_line(m) << std::endl;
-      metrics.append("train", m);
+      if (metrics) metrics->append("train", m);
       summary.final_loss = m.loss;
       interval_start = Clock::now();
       interval_loss = interval_targets = interval_correct = 0;
       interval_steps = 0;
     }
-    if (eval_data && ((tc.eval_interval > 0 && (step + 1) % tc.eval_interval == 0) || last)) {
+    if (eval_data && w.is_root() && ((tc.eval_interval > 0 && (step + 1) % tc.eval_interval == 0) || last)) {
       const EvalResult held_out = evaluate_batches(model, *eval_data, tc.eval_batches, tc.micro_batch_size);
       const double eval_loss = held_out.loss, eval_accuracy = held_out.accuracy;
       log << "eval  " << step + 1 << " | loss " << eval_loss << " | ppl " << std::exp(eval_loss) << " | accuracy "
           << eval_accuracy;
       if (chance) log << " (chance " << *chance << ")";
       log << std::endl;
-      metrics.append_eval(step + 1, eval_loss, eval_accuracy);
+      if (metrics) metrics->append_eval(step + 1, eval_loss, eval_accuracy);
       summary.eval_loss = eval_loss;
       summary.eval_accuracy = eval_accuracy;
     }
-    if ((config.checkpoint.interval > 0 && (step + 1) % config.checkpoint.interval == 0) || last || stop_requested())
+    // A signal may reach only some ranks: all of them stop after the same step if any one was asked to.
+    std::vector<double> stop_votes{stop_requested() ? 1.0 : 0.0};
+    allreduce_sum(stop_votes);
+    const bool stop = stop_votes[0] > 0;
+    if ((config.checkpoint.interval > 0 && (step + 1) % config.checkpoint.interval == 0) || last || stop)
       save(step + 1);
-    if (stop_requested() && !last) {
-      log << "stopped by signal " << stop_signal_number() << " after step " << step + 1 << "; resume with the same "
+    if (stop && !last) {
+      log << "stopped by signal " << (stop_signal_number() ? std::to_string(stop_signal_number()) : "(on another rank)")
+          << " after step " << step + 1 << "; resume with the same "
           << "command (checkpoint.resume: auto)" << std::endl;
       summary.stopped_by_signal = true;
       break;
