@@ -547,3 +547,45 @@ TEST(ConfigErrors, InitFromNeedsAHuggingFaceDirectory) {
 
 }  // namespace
 }  // namespace hgrn
+
+namespace hgrn {
+namespace {
+
+const std::string kModel = "model: {hidden_size: 64, expand_ratio: 16}\n";
+
+TEST(ConfigBatch, GlobalBatchSizeDerivesTheAccumulationStepsPerWorldSize) {
+  const std::string text = kModel + "training: {micro_batch_size: 4, global_batch_size: 32}\n";
+  const Config c = parse_config(text, "batch.yaml");
+  EXPECT_EQ(resolve_batch_for_world(c.training, 1).grad_accum_steps, 8);
+  EXPECT_EQ(resolve_batch_for_world(c.training, 2).grad_accum_steps, 4);
+  EXPECT_EQ(resolve_batch_for_world(c.training, 8).grad_accum_steps, 1);
+  try {
+    resolve_batch_for_world(c.training, 3);  // 32 sequences do not split over 3 ranks x 4
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not split into micro_batch_size (4) x ranks (3)"), std::string::npos)
+        << e.what();
+  }
+  // Unset (0): the accumulation steps are the config's own.
+  EXPECT_EQ(resolve_batch_for_world(parse_config(kModel + "training: {grad_accum_steps: 3}\n", "b.yaml").training, 4)
+                .grad_accum_steps,
+            3);
+}
+
+TEST(ConfigBatch, GlobalBatchSizeWithAccumulationStepsOrNotAMultipleIsRejected) {
+  for (const auto& [text, expected] : std::vector<std::pair<std::string, std::string>>{
+           {kModel + "training: {global_batch_size: 32, grad_accum_steps: 2}\n", "set either global_batch_size"},
+           {kModel + "training: {micro_batch_size: 5, global_batch_size: 32}\n", "expected a multiple of training.micro_batch_size = 5"},
+           {kModel + "training: {global_batch_size: -8}\n", "expected 0 or a positive integer, got -8"}}) {
+    try {
+      parse_config(text, "batch.yaml");
+      FAIL() << "expected a ConfigError for " << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("training.global_batch_size"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hgrn

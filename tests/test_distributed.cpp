@@ -67,11 +67,20 @@ TEST(Distributed, TwoRanksTrainLikeOneProcessWithTheSameGlobalBatch) {
                          " --set logging.run_dir=" + shell_quote(dir / "two"));
   ASSERT_EQ(two.status, 0) << two.err;
   EXPECT_NE(two.out.find("2 data-parallel ranks"), std::string::npos) << two.out;
-  const std::vector<double> a = losses(dir / "one"), b = losses(dir / "two");
+  // training.global_batch_size fixes the global batch instead: 2 ranks x 2 sequences x 2 accumulation steps.
+  auto fixed = run_command(mpirun(2) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=2" +
+                           " --set training.global_batch_size=8 --set logging.run_dir=" + shell_quote(dir / "fixed"));
+  ASSERT_EQ(fixed.status, 0) << fixed.err;
+  EXPECT_NE(fixed.out.find("global batch 2 x 2 x 2 sequences"), std::string::npos) << fixed.out;
+  const std::vector<double> a = losses(dir / "one"), b = losses(dir / "two"), c = losses(dir / "fixed");
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 6u) << "rank 0 alone writes the metrics, once per step";
+  ASSERT_EQ(c.size(), 6u);
   // The gradients are summed in another order (two halves, then MPI's sum): fp32 rounding only, 1e-5 relative.
-  for (size_t s = 0; s < a.size(); ++s) EXPECT_NEAR(b[s], a[s], 1e-5 * a[s]) << "step " << s + 1;
+  for (size_t s = 0; s < a.size(); ++s) {
+    EXPECT_NEAR(b[s], a[s], 1e-5 * a[s]) << "step " << s + 1;
+    EXPECT_NEAR(c[s], a[s], 1e-5 * a[s]) << "step " << s + 1 << " with global_batch_size";
+  }
   const TrainingState ta = load_checkpoint(dir / "one/checkpoints/step_00000006.h5");
   const TrainingState tb = load_checkpoint(dir / "two/checkpoints/step_00000006.h5");
   EXPECT_EQ(ta.world_size, 1);

@@ -100,6 +100,7 @@ std::vector<Field> config_fields(Config& c) {
       {"training.seed", &t.seed},
       {"training.micro_batch_size", &t.micro_batch_size},
       {"training.grad_accum_steps", &t.grad_accum_steps},
+      {"training.global_batch_size", &t.global_batch_size},
       {"training.max_steps", &t.max_steps},
       {"training.lr", &t.lr},
       {"training.min_lr_ratio", &t.min_lr_ratio},
@@ -549,6 +550,14 @@ void ConfigReader::validate() {
                                    "(set training.device to cuda or auto, or precision to fp32)");
   require_positive("training.micro_batch_size", t.micro_batch_size);
   require_positive("training.grad_accum_steps", t.grad_accum_steps);
+  require_non_negative("training.global_batch_size", t.global_batch_size);
+  if (t.global_batch_size > 0 && t.grad_accum_steps != 1)
+    fail_key("training.global_batch_size", "set either global_batch_size (grad_accum_steps then follows from it and "
+                                           "the number of ranks) or grad_accum_steps, not both");
+  if (t.global_batch_size > 0 && t.global_batch_size % t.micro_batch_size != 0)
+    fail_key("training.global_batch_size", "expected a multiple of training.micro_batch_size = " +
+                                               std::to_string(t.micro_batch_size) + ", got " +
+                                               std::to_string(t.global_batch_size));
   require_positive("training.max_steps", t.max_steps);
   require_positive("training.lr", t.lr);
   require_in("training.min_lr_ratio", t.min_lr_ratio, 0.0, false, 1.0, false);
@@ -652,6 +661,18 @@ std::string config_to_yaml(const Config& config) {
     out << std::string(2 * sections.size(), ' ') << leaf_name(field.path) << ": " << format_value(field.ref) << "\n";
   }
   return out.str();
+}
+
+TrainingConfig resolve_batch_for_world(const TrainingConfig& training, int64_t world_size) {
+  TrainingConfig t = training;
+  if (t.global_batch_size > 0) {
+    const int64_t per_step = t.micro_batch_size * world_size;
+    HGRN_CHECK(t.global_batch_size % per_step == 0, "training.global_batch_size = ", t.global_batch_size,
+               " does not split into micro_batch_size (", t.micro_batch_size, ") x ranks (", world_size,
+               ") x accumulation steps: choose a multiple of ", per_step, " or another micro_batch_size");
+    t.grad_accum_steps = t.global_batch_size / per_step;
+  }
+  return t;
 }
 
 }  // namespace hgrn

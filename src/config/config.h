@@ -59,12 +59,19 @@ struct DataConfig {
   bool operator==(const DataConfig&) const = default;
 };
 
+struct TrainingConfig;
+// The training settings a run of `world_size` ranks uses: grad_accum_steps derived from global_batch_size when that
+// is set (an Error when it does not split into micro_batch_size x ranks x steps).
+TrainingConfig resolve_batch_for_world(const TrainingConfig& training, int64_t world_size);
+
 struct TrainingConfig {
   std::string device = "auto";     // auto | cpu | cuda
   std::string precision = "fp32";  // fp32 | bf16 (bf16 needs cuda)
   uint64_t seed = 1234;
   int64_t micro_batch_size = 32;
   int64_t grad_accum_steps = 1;
+  int64_t global_batch_size = 0;   // sequences per optimiser step over all ranks (0: micro x accum x ranks);
+                                   // when set, grad_accum_steps is derived from it and the number of ranks
   int64_t max_steps = 1000;
   double lr = 3e-3;
   double min_lr_ratio = 0.1;       // the schedule's floor, as a fraction of lr

@@ -147,9 +147,9 @@ StepResult training_step(const Hgrn2Model& model, AdamW& optimizer, BatchSource&
 }
 
 TrainingSummary train(const Config& config, std::ostream& root_log) {
-  const TrainingConfig& tc = config.training;
   // Data parallelism: every rank trains; rank 0 alone prints, writes the run directory and checkpoints.
   const World& w = world();
+  const TrainingConfig tc = resolve_batch_for_world(config.training, w.size);
   std::ostringstream discarded;
   std::ostream& log = w.is_root() ? root_log : discarded;
   require_same_on_all_ranks("hgrn binary", std::string(HGRN_VERSION) + " " + HGRN_GIT_COMMIT);
@@ -249,7 +249,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   TrainingSummary summary;
   summary.tokens_seen = tokens_seen;
   summary.chance_accuracy = chance.value_or(0.0);
-  const int64_t tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * config.data.seq_len;
+  const int64_t tokens_per_step = w.size * tc.micro_batch_size * tc.grad_accum_steps * config.data.seq_len;
   const Clock::time_point loop_start = Clock::now();
   Clock::time_point interval_start = loop_start;
   double interval_loss = 0, interval_targets = 0, interval_correct = 0;
