@@ -28,9 +28,10 @@ using testing::shell_quote;
   } while (0)
 
 // mpirun as root (CI containers) needs --allow-run-as-root; --oversubscribe lets 2 ranks share fewer cores.
-std::string mpirun(int ranks) {
-  return "OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " +
-         shell_quote(testing::hgrn_binary());
+// `wrapper` goes between the environment and mpirun (e.g. "timeout 120").
+std::string mpirun(int ranks, const std::string& wrapper = "") {
+  return "OMP_NUM_THREADS=1 " + wrapper + " mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) +
+         " " + shell_quote(testing::hgrn_binary());
 }
 
 std::string write_config(const testing::ScratchDir& dir) {
@@ -124,6 +125,36 @@ TEST(Distributed, TwoRankRunResumesBitwiseAndRefusesAnotherWorldSize) {
   auto single = run_hgrn({"train", "-c", config, "--set", "logging.run_dir=" + dir / "straight"});
   EXPECT_NE(single.status, 0);
   EXPECT_NE(single.err.find("world"), std::string::npos) << single.err;
+}
+
+TEST(Distributed, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  const std::string config = write_config(dir), run = dir / "killed";
+  // A long 2-rank run; once it is training, SIGKILL rank 1 (found by the launcher's rank variable in its
+  // environment) and time how long the job takes to end: the surviving rank must not hang in its all-reduce.
+  const std::string script =
+      mpirun(2, "timeout 120") + " train -c " + shell_quote(config) +
+      " --set training.micro_batch_size=4 --set training.max_steps=1000000" +
+      " --set logging.run_dir=" + shell_quote(run) + " > " + shell_quote(dir / "log.txt") + " 2>&1 & job=$!\n" +
+      "for i in $(seq 300); do [ -s " + shell_quote(run + "/metrics.jsonl") + " ] && break; sleep 0.1; done\n" +
+      "killed=0\n" +
+      "for p in $(pgrep -f " + shell_quote("logging.run_dir=" + run) + "); do\n" +
+      "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -9 $p && killed=1\n" +
+      "done\n" +
+      "[ $killed = 1 ] || { kill $job; echo 'no rank 1 process found to kill'; exit 0; }\n" +
+      "start=$(date +%s%N); wait $job; rc=$?; end=$(date +%s%N)\n" +
+      "echo \"rc=$rc ms=$(( (end - start) / 1000000 ))\"\n";
+  std::ofstream(dir / "kill.sh") << script;
+  auto r = run_command("bash " + shell_quote(dir / "kill.sh"));
+  std::ifstream log_file(dir / "log.txt");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), std::istreambuf_iterator<char>());
+  int rc = -1;
+  long ms = -1;
+  ASSERT_EQ(std::sscanf(r.out.c_str(), "rc=%d ms=%ld", &rc, &ms), 2) << r.out << r.err;
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_LT(ms, 10000) << "the job took " << ms << " ms to end after a rank was killed";
+  EXPECT_NE(log.find("signal 9"), std::string::npos) << "the launcher names the killed rank and signal:\n" << log;
 }
 
 TEST(Distributed, RanksWithDifferentConfigsAreRefused) {
