@@ -35,23 +35,20 @@ using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, 
 
 bool autotune = false;
 
-// Times one algorithm: the median-free best of 3 runs after one warm-up, into a scratch output.
-float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* c_scratch,
-                float beta) {
-  size_t workspace_bytes = 0;
-  void* workspace = cublaslt_workspace(&workspace_bytes);
-  const float alpha = 1.0f;
+// The best time of `reps` runs of launch() on the compute stream, the first run only warming up (clocks, caches,
+// cuBLASLt's own set-up). launch() returns false when it could not run; then the time is "never" (1e30 ms).
+template <typename Launch>
+float best_time_ms(int reps, Launch&& launch) {
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
   float best = 1e30f;
-  for (int rep = 0; rep < 4; ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     CUDA_CHECK(cudaEventRecord(start, cuda_stream()));
-    cublasStatus_t st = cublasLtMatmul(cublaslt_handle(), p.op, &alpha, b, p.a, a, p.b, &beta, c_scratch, p.c,
-                                       c_scratch, p.c, &algo, workspace, workspace_bytes, cuda_stream());
+    const bool ran = launch();
     CUDA_CHECK(cudaEventRecord(stop, cuda_stream()));
     CUDA_CHECK(cudaEventSynchronize(stop));
-    if (st != CUBLAS_STATUS_SUCCESS) {
+    if (!ran) {
       best = 1e30f;
       break;
     }
@@ -62,6 +59,18 @@ float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a, 
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return best;
+}
+
+// Times one algorithm (best of 3 runs after one warm-up) into a scratch output.
+float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* c_scratch,
+                float beta) {
+  size_t workspace_bytes = 0;
+  void* workspace = cublaslt_workspace(&workspace_bytes);
+  const float alpha = 1.0f;
+  return best_time_ms(4, [&] {
+    return cublasLtMatmul(cublaslt_handle(), p.op, &alpha, b, p.a, a, p.b, &beta, c_scratch, p.c, c_scratch, p.c,
+                          &algo, workspace, workspace_bytes, cuda_stream()) == CUBLAS_STATUS_SUCCESS;
+  });
 }
 
 Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
@@ -151,21 +160,10 @@ double measure_bf16_gemm_tflops() {
   CUDA_CHECK(cudaMallocAsync(&a, n * n * 2, cuda_stream()));  // A serves as both operands; values do not matter
   CUDA_CHECK(cudaMallocAsync(&c, n * n * 4, cuda_stream()));
   CUDA_CHECK(cudaMemsetAsync(a, 0, n * n * 2, cuda_stream()));
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  double best_ms = 1e30;
-  for (int rep = 0; rep < 6; ++rep) {
-    CUDA_CHECK(cudaEventRecord(start, cuda_stream()));
+  const double best_ms = best_time_ms(6, [&] {
     cuda_gemm(false, true, n, n, n, 1.0f, a, n, a, n, DType::BF16, 0.0f, c, n, DType::F32);
-    CUDA_CHECK(cudaEventRecord(stop, cuda_stream()));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (rep > 0 && ms < best_ms) best_ms = ms;  // rep 0 warms up (clocks, heuristic)
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+    return true;
+  });
   CUDA_CHECK(cudaFreeAsync(a, cuda_stream()));
   CUDA_CHECK(cudaFreeAsync(c, cuda_stream()));
   CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));

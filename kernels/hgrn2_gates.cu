@@ -17,6 +17,7 @@
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
+#include "chunk_sums.cuh"
 #include "elementwise.cuh"
 
 namespace hgrn {
@@ -206,23 +207,6 @@ __global__ void forget_gate_backward_kernel(const T* __restrict__ f_hat, const f
   }
 }
 
-// dgamma_row[c] += Σ_chunks partials[chunk, c]. Block (kCols, kLanes): lane y sums chunks y, y + kLanes, … in order
-// (many loads in flight rather than one thread walking every chunk), then lane 0 adds the lanes in lane order.
-__global__ void add_chunk_partials_kernel(const float* partials, float* dgamma_row, long long chunks, long long width) {
-  __shared__ float lane_sums[kLanes][kCols + 1];
-  const long long c = blockIdx.x * (long long)kCols + threadIdx.x;
-  float s = 0.f;
-  if (c < width)
-    for (long long k = threadIdx.y; k < chunks; k += kLanes) s += partials[k * width + c];
-  lane_sums[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < width) {
-    float total = 0.f;
-    for (int lane = 0; lane < kLanes; ++lane) total += lane_sums[lane][threadIdx.x];
-    dgamma_row[c] += total;
-  }
-}
-
 // ---- input gate -------------------------------------------------------------------------------------------------
 
 template <typename G, typename K, int V>
@@ -315,11 +299,7 @@ void cuda_forget_gate_backward(const void* f_hat, DType f_dtype, const float* ga
   });
   CUDA_CHECK_LAUNCH("forget_gate_backward");
   if (!dgamma_row) return;
-  const long long col_blocks = (width + kCols - 1) / kCols;
-  HGRN_CHECK(col_blocks <= 0x7fffffffLL, "hgrn2_forget_gate backward: width ", width, " exceeds the launch grid");
-  add_chunk_partials_kernel<<<static_cast<unsigned>(col_blocks), dim3(kCols, kLanes), 0, cuda_stream()>>>(
-      partials, dgamma_row, chunks, width);
-  CUDA_CHECK_LAUNCH("forget_gate_dgamma_reduce");
+  add_chunk_sums<kLanes>(partials, dgamma_row, chunks, width, "forget_gate_dgamma_reduce");
 }
 
 void cuda_input_gate_forward(const void* g, DType g_dtype, void* k, DType k_dtype, int64_t n) {

@@ -11,6 +11,7 @@
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
+#include "chunk_sums.cuh"
 #include "elementwise.cuh"
 #include "rmsnorm.h"
 
@@ -122,24 +123,8 @@ __global__ void rmsnorm_dw_partial_kernel(const T* x, const float* rstd, const T
   }
 }
 
-// The second pass: dw[c] += Σ_chunks partial[chunk, c]. Block (kDwColumns, kFinalLanes): lane y sums chunks y,
-// y + kFinalLanes, … in order (many loads in flight instead of one thread walking every chunk), then lane 0 adds
-// the lanes' sums in lane order.
+// The second pass (dw[c] += Σ_chunks partial[chunk, c]) is chunk_sums.cuh's, with 16 lanes.
 constexpr int kFinalLanes = 16;
-__global__ void rmsnorm_dw_finalize_kernel(const float* partial, float* dw, long long chunks, int width) {
-  __shared__ float lane_sums[kFinalLanes][kDwColumns + 1];
-  const int c = blockIdx.x * kDwColumns + threadIdx.x;
-  float total = 0.f;
-  if (c < width)
-    for (long long k = threadIdx.y; k < chunks; k += kFinalLanes) total += partial[k * width + c];
-  lane_sums[threadIdx.y][threadIdx.x] = total;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < width) {
-    float sum = 0.f;
-    for (int lane = 0; lane < kFinalLanes; ++lane) sum += lane_sums[lane][threadIdx.x];
-    dw[c] += sum;
-  }
-}
 
 // ---- one warp per row (width <= kWarpMaxWidth, width a multiple of the pack, 16-byte aligned) -------------------
 // Lane l holds packs l, l + 32, …, l + 32 (P − 1) of its row (coalesced: a warp's p-th access is 512 contiguous
@@ -382,10 +367,7 @@ unsigned warp_row_blocks(int64_t rows) {
 
 // Queues the weight gradient's second pass: dweight += Σ over chunks of partial [chunks, width].
 void finalize_dweight(const float* partial, float* dweight, int64_t chunks, int64_t width) {
-  rmsnorm_dw_finalize_kernel<<<static_cast<unsigned>((width + kDwColumns - 1) / kDwColumns),
-                               dim3(kDwColumns, kFinalLanes), 0, cuda_stream()>>>(partial, dweight, chunks,
-                                                                                  static_cast<int>(width));
-  CUDA_CHECK_LAUNCH("rmsnorm_dw_finalize");
+  add_chunk_sums<kFinalLanes>(partial, dweight, chunks, width, "rmsnorm_dw_finalize");
 }
 
 // About 4 elements per thread, whole warps, at most 1024 threads.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "gradcheck.h"
+#include "model_fixtures.h"
 #include "model/hgrn2.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
@@ -21,21 +22,8 @@ ModelConfig tiny_config() {
   return c;
 }
 
-Tensor token_ids(Rng& rng, int64_t batch, int64_t seq, int64_t vocab) {
-  Tensor ids = Tensor::empty({batch, seq}, DType::I32);
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(rng.below(vocab));
-  return ids;
-}
-
-// Loss of the model over every position (targets: the next token, last position ignored).
-Var model_loss(const Hgrn2Model& model, Tape& tape, const Tensor& ids) {
-  const int64_t batch = ids.size(0), seq = ids.size(1), vocab = model.config().vocab_size;
-  Tensor targets = Tensor::full({batch * seq}, -100, DType::I32);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t t = 0; t + 1 < seq; ++t) targets.data<int32_t>()[b * seq + t] = ids.data<int32_t>()[b * seq + t + 1];
-  Var logits = model.forward(tape, ids);
-  return cross_entropy(tape, reshape(tape, logits, {batch * seq, vocab}), targets).loss;
-}
+using testing::model_loss;
+using testing::token_ids;
 
 std::vector<Var> parameter_vars(const Hgrn2Model& model) {
   std::vector<Var> vars;

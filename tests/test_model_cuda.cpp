@@ -7,9 +7,8 @@
 #include <cstring>
 
 #include "gpu_test.h"
+#include "model_fixtures.h"
 #include "model/hgrn2.h"
-#include "ops/cross_entropy.h"
-#include "ops/elementwise.h"
 
 namespace hgrn {
 namespace {
@@ -32,16 +31,11 @@ struct LossAndGrads {
   std::vector<Tensor> grads;  // in parameter order
 };
 
-// Loss (next-token, last position ignored) and every parameter gradient; ids on the CPU.
+// Loss and every parameter gradient; ids on the CPU.
 LossAndGrads loss_and_grads(const Hgrn2Model& model, const Tensor& ids) {
-  const int64_t batch = ids.size(0), seq = ids.size(1), vocab = model.config().vocab_size;
-  Tensor targets = Tensor::full({batch * seq}, -100, DType::I32);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t t = 0; t + 1 < seq; ++t) targets.data<int32_t>()[b * seq + t] = ids.data<int32_t>()[b * seq + t + 1];
   for (const auto& [spec, var] : model.parameters()) var->grad = Tensor();
   Tape tape;
-  Var logits = model.forward(tape, ids);
-  Var loss = cross_entropy(tape, reshape(tape, logits, {batch * seq, vocab}), on_device(targets, model.device())).loss;
+  Var loss = testing::model_loss(model, tape, ids);
   tape.backward(loss, on_device(Tensor::full({}, 1.0, loss->value.dtype()), model.device()));
   LossAndGrads r{loss->value.item(), {}};
   for (const auto& [spec, var] : model.parameters()) r.grads.push_back(var->grad.to(Device::CPU));
@@ -69,9 +63,7 @@ Models make_models(DType act) {
 
 Tensor random_ids(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
   Rng rng(seed);
-  Tensor ids = Tensor::empty({batch, seq}, DType::I32);
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(rng.below(vocab));
-  return ids;
+  return testing::token_ids(rng, batch, seq, vocab);
 }
 
 void check_model(DType act, double loss_tol, double grad_tol) {

@@ -8,7 +8,6 @@
 #include "model/hgrn2.h"
 
 #include <cmath>
-#include <optional>
 
 #include "ops/activations.h"
 #include "ops/elementwise.h"
@@ -145,30 +144,29 @@ Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* r
   }
   Var gamma = config_.use_lower_bound ? lower_bound_transform(tape, lower_bounds_) : nullptr;
   Var x = rmsnorm(tape, h, layers_.empty() ? final_norm_ : layers_[0].attn_norm, config_.norm_eps);
+  // A block of the layer, run under recomputation when training.recompute is on.
+  auto block = [&](const std::vector<Var>& inputs, const RecomputedFn& f) {
+    return recompute_ ? recompute(tape, inputs, f) : f(tape, inputs);
+  };
+  // The residual add fused with the norm that follows it.
+  auto residual_norm = [&](const Var& residual, const Var& delta, const Var& weight) {
+    TraceLayer trace(tape, "add + rmsnorm");
+    return add_rmsnorm(tape, residual, delta, weight, config_.norm_eps);
+  };
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& p = layers_[l];
     const Var& next_norm = l + 1 < config_.num_hidden_layers ? layers_[l + 1].attn_norm : final_norm_;
     Var* state = recurrent_states ? &(*recurrent_states)[l] : nullptr;
     TraceLayer trace(tape, "layer " + std::to_string(l));
-    Var mixed, mlp_out;
-    if (recompute_ && !state) {
-      mixed = recompute(tape, {x, gamma}, [this, l](Tape& t, const std::vector<Var>& in) {
-        return token_mixer(t, l, in[0], in[1], nullptr);
-      });
-    } else {
-      mixed = token_mixer(tape, l, x, gamma, state);
-    }
-    std::optional<TraceLayer> norm_trace(std::in_place, tape, "add + rmsnorm");
-    AddRmsNormResult r = add_rmsnorm(tape, h, mixed, p.mlp_norm, config_.norm_eps);
-    norm_trace.reset();
-    if (recompute_) {
-      mlp_out = recompute(tape, {r.normed}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0]); });
-    } else {
-      mlp_out = mlp(tape, l, r.normed);
-    }
-    norm_trace.emplace(tape, "add + rmsnorm");
-    r = add_rmsnorm(tape, r.sum, mlp_out, next_norm, config_.norm_eps);
-    norm_trace.reset();
+    // A carried state flows out of the token mixer, so that call is never recomputed.
+    const Var mixed = state ? token_mixer(tape, l, x, gamma, state)
+                            : block({x, gamma}, [this, l](Tape& t, const std::vector<Var>& in) {
+                                return token_mixer(t, l, in[0], in[1], nullptr);
+                              });
+    AddRmsNormResult r = residual_norm(h, mixed, p.mlp_norm);
+    const Var mlp_out =
+        block({r.normed}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0]); });
+    r = residual_norm(r.sum, mlp_out, next_norm);
     h = r.sum;
     x = r.normed;
   }

@@ -65,15 +65,9 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
 #ifdef HGRN_WITH_CUDA
   if (device == Device::CUDA) r.gpu_peak_tflops = measure_bf16_gemm_tflops();
 #endif
-  Rng init_rng(tc.seed);
-  Hgrn2Model model(config.model, init_rng, DType::F32);
-  model.to_device(device, act);
-  model.set_recompute(tc.recompute);
-#ifdef HGRN_WITH_CUDA
-  set_gemm_autotune(device == Device::CUDA && !tc.deterministic);
-#endif
-  AdamW optimizer(make_param_groups(model.parameters(), tc.decay_embeddings),
-                  AdamWConfig{tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay});
+  const std::unique_ptr<TrainingModel> setup = make_training_model(config, tc.seed, device, act);
+  Hgrn2Model& model = setup->model;
+  AdamW& optimizer = setup->optimizer;
   const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act == DType::BF16 ? 2 : 4);
   r.params = cost.params_total;
   r.tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * config.data.seq_len;

@@ -112,6 +112,21 @@ DType activation_dtype(const std::string& precision, Device device) {
   return DType::BF16;
 }
 
+std::unique_ptr<TrainingModel> make_training_model(const Config& config, uint64_t init_seed, Device device,
+                                                   DType activation_dtype) {
+  const TrainingConfig& tc = config.training;
+  Rng init_rng(init_seed);
+  Hgrn2Model model(config.model, init_rng, DType::F32);
+  model.to_device(device, activation_dtype);
+  model.set_recompute(tc.recompute);
+#ifdef HGRN_WITH_CUDA
+  set_gemm_autotune(device == Device::CUDA && !tc.deterministic);
+#endif
+  auto groups = make_param_groups(model.parameters(), tc.decay_embeddings);
+  return std::unique_ptr<TrainingModel>(new TrainingModel{
+      std::move(model), AdamW(std::move(groups), AdamWConfig{tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay})});
+}
+
 StepResult training_step(const Hgrn2Model& model, AdamW& optimizer, BatchSource& data, const TrainingConfig& tc,
                          double lr) {
   StepResult r;
@@ -192,15 +207,10 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
     metrics.emplace(config.logging.run_dir + "/" + config.logging.metrics_file);
   }
 
-  Rng init_rng(stream_seed(tc.seed, kInitStream));
-  Hgrn2Model model(config.model, init_rng, DType::F32);  // initialised on the CPU: the same weights on any device
-  model.to_device(device, act_dtype);
-  model.set_recompute(tc.recompute);
-#ifdef HGRN_WITH_CUDA
-  set_gemm_autotune(device == Device::CUDA && !tc.deterministic);
-#endif
-  AdamW optimizer(make_param_groups(model.parameters(), tc.decay_embeddings),
-                  AdamWConfig{tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay});
+  const std::unique_ptr<TrainingModel> setup =
+      make_training_model(config, stream_seed(tc.seed, kInitStream), device, act_dtype);
+  Hgrn2Model& model = setup->model;
+  AdamW& optimizer = setup->optimizer;
   const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act_dtype == DType::BF16 ? 2 : 4);
   log << "model: " << cost.params_total << " parameters, " << cost.flops_per_token_train / 1e6
       << " MFLOP per token (train)\n";

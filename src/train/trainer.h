@@ -1,6 +1,7 @@
 // trainer.h: `hgrn train`: the training loop for a resolved config.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <ostream>
 #include <vector>
 
@@ -33,6 +34,16 @@ struct StepResult {
 };
 StepResult training_step(const Hgrn2Model& model, AdamW& optimizer, BatchSource& data, const TrainingConfig& tc,
                          double lr);
+
+// The model (initialised on the CPU from init_seed, so the same weights on any device, then moved to `device` with
+// `activation_dtype` activations) and its AdamW, set up from the training config the way a run uses them
+// (recomputation, GEMM autotuning per training.deterministic): what `hgrn train` and `hgrn bench` share.
+struct TrainingModel {
+  Hgrn2Model model;
+  AdamW optimizer;
+};
+std::unique_ptr<TrainingModel> make_training_model(const Config& config, uint64_t init_seed, Device device,
+                                                   DType activation_dtype);
 
 // The compute device a training.device setting resolves to (auto: the GPU when one is visible) and the activation
 // dtype of a training.precision on that device; both throw a clear Error for an impossible combination.
