@@ -54,9 +54,11 @@ CachingAllocator& allocator() {
 }
 }  // namespace
 
-bool cuda_available() {
+bool cuda_available() { return cuda_device_count() > 0; }
+
+int cuda_device_count() {
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
 void* cuda_alloc(size_t bytes) {

@@ -36,6 +36,11 @@ CudaContext& context() {
 }
 }  // namespace
 
+void cuda_use_device(int index) {
+  HGRN_CHECK(!context_created, "cuda_use_device(", index, ") after the GPU was already in use");
+  CUDA_CHECK(cudaSetDevice(index));
+}
+
 cudaStream_t cuda_stream() { return context().stream; }
 cublasLtHandle_t cublaslt_handle() { return context().lt; }
 void* cublaslt_workspace(size_t* bytes) {

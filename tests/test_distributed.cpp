@@ -1,6 +1,8 @@
-// test_distributed.cpp: multi-process data parallelism through MPI on the CPU (mpirun -np 2): the same loss curve
-// and weights as one process with the same global batch, bitwise resume of a 2-rank run, and refusal when the
-// ranks run different configs. Skipped (not passed) where mpirun is missing or hgrn was built without MPI.
+// test_distributed.cpp: multi-process data parallelism (mpirun): on the CPU through MPI (2 ranks) and, where the
+// machine has several GPUs, through NCCL (2 and 4 ranks): the same loss curve and weights as one process with the
+// same global batch, with and without ZeRO-1; bitwise resume of a multi-rank run; a killed rank ending the run;
+// refusal when the ranks run different configs. Skipped (not passed) where mpirun is missing, hgrn was built
+// without MPI (or NCCL, for the GPU tests), or there are fewer GPUs than ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hgrn_binary.h"
+#include "core/allocator.h"
 #include "io/checkpoint.h"
 #include "scratch_dir.h"
 
@@ -27,24 +30,45 @@ using testing::shell_quote;
       GTEST_SKIP() << "this hgrn was built without MPI (skipped)";                                             \
   } while (0)
 
+#define SKIP_WITHOUT_GPUS(ranks)                                                                              \
+  do {                                                                                                        \
+    SKIP_WITHOUT_MPI();                                                                                       \
+    if (run_hgrn({"--version"}).out.find("NCCL: compiled in") == std::string::npos)                            \
+      GTEST_SKIP() << "this hgrn was built without NCCL (skipped)";                                           \
+    if (cuda_device_count() < (ranks))                                                                        \
+      GTEST_SKIP() << cuda_device_count() << " GPU(s) visible, " << (ranks) << " needed (skipped)";           \
+  } while (0)
+
 // mpirun as root (CI containers) needs --allow-run-as-root; --oversubscribe lets 2 ranks share fewer cores.
 // `wrapper` goes between the environment and mpirun (e.g. "timeout 120").
 std::string mpirun(int ranks, const std::string& wrapper = "") {
-  return "OMP_NUM_THREADS=1 " + wrapper + " mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) +
+  // NVLink multicast (NVLS) stays off: the lent multi-GPU machines do not support it reliably.
+  return "OMP_NUM_THREADS=1 NCCL_NVLS_ENABLE=0 " + wrapper + " mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) +
          " " + shell_quote(testing::hgrn_binary());
 }
 
-std::string write_config(const testing::ScratchDir& dir) {
-  const std::string path = dir / "dp.yaml";
+std::string write_config(const testing::ScratchDir& dir, const std::string& device = "cpu") {
+  const std::string path = dir / ("dp-" + device + ".yaml");
   std::ofstream(path) << R"(
 model: {hidden_size: 32, num_hidden_layers: 2, expand_ratio: 8, vocab_size: 17, intermediate_size: 48}
 data: {task: mqar, seq_len: 16, mqar: {num_kv_pairs: 2}}
-training: {device: cpu, micro_batch_size: 8, max_steps: 6, lr: 0.003, warmup_steps: 2, eval_interval: 0,
-           eval_batches: 1, seed: 3}
+training: {device: )" << device << R"(, micro_batch_size: 8, max_steps: 6, lr: 0.003, warmup_steps: 2,
+           eval_interval: 0, eval_batches: 1, seed: 3}
 checkpoint: {interval: 3, keep_last: 5}
 logging: {log_interval: 1}
 )";
   return path;
+}
+
+// ||a - b|| / ||a|| over a tensor's elements.
+double relative_difference(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.item(i), y = b.item(i);
+    num += (x - y) * (x - y);
+    den += x * x;
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 std::vector<double> losses(const std::string& run_dir) {
@@ -57,57 +81,61 @@ std::vector<double> losses(const std::string& run_dir) {
   return out;
 }
 
-TEST(Distributed, TwoRanksTrainLikeOneProcessWithTheSameGlobalBatch) {
-  SKIP_WITHOUT_MPI();
-  testing::ScratchDir dir;
-  const std::string config = write_config(dir);
+// Trains `config` (8 sequences per step) in one process and with `ranks` ranks of 8/ranks sequences each, with
+// and without ZeRO-1, and compares every step's loss (relative loss_tolerance), the final weights and the final
+// optimiser moments (relative weight_tolerance over each tensor): the gradients are summed in another order (the
+// ranks' partial sums, then the collective's), so they differ by rounding only.
+void expect_ranks_train_like_one_process(const testing::ScratchDir& dir, const std::string& config, int ranks,
+                                         double loss_tolerance, double weight_tolerance) {
   auto one = run_hgrn({"train", "-c", config, "--set", "logging.run_dir=" + dir / "one"});
   ASSERT_EQ(one.status, 0) << one.err;
-  // 2 ranks x 4 sequences: rank r draws MQAR sequences 2c + r, the same 8 per step as the single process.
-  auto two = run_command(mpirun(2) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=4" +
-                         " --set logging.run_dir=" + shell_quote(dir / "two"));
-  ASSERT_EQ(two.status, 0) << two.err;
-  EXPECT_NE(two.out.find("2 data-parallel ranks"), std::string::npos) << two.out;
-  // training.global_batch_size fixes the global batch instead: 2 ranks x 2 sequences x 2 accumulation steps.
-  auto fixed = run_command(mpirun(2) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=2" +
-                           " --set training.global_batch_size=8 --set logging.run_dir=" + shell_quote(dir / "fixed"));
-  ASSERT_EQ(fixed.status, 0) << fixed.err;
-  EXPECT_NE(fixed.out.find("global batch 2 x 2 x 2 sequences"), std::string::npos) << fixed.out;
-  const std::vector<double> a = losses(dir / "one"), b = losses(dir / "two"), c = losses(dir / "fixed");
+  const std::vector<double> a = losses(dir / "one");
   ASSERT_EQ(a.size(), 6u);
-  ASSERT_EQ(b.size(), 6u) << "rank 0 alone writes the metrics, once per step";
-  ASSERT_EQ(c.size(), 6u);
-  // The gradients are summed in another order (two halves, then MPI's sum): fp32 rounding only, 1e-5 relative.
-  for (size_t s = 0; s < a.size(); ++s) {
-    EXPECT_NEAR(b[s], a[s], 1e-5 * a[s]) << "step " << s + 1;
-    EXPECT_NEAR(c[s], a[s], 1e-5 * a[s]) << "step " << s + 1 << " with global_batch_size";
-  }
   const TrainingState ta = load_checkpoint(dir / "one/checkpoints/step_00000006.h5");
-  const TrainingState tb = load_checkpoint(dir / "two/checkpoints/step_00000006.h5");
   EXPECT_EQ(ta.world_size, 1);
-  EXPECT_EQ(tb.world_size, 2);
-  for (size_t p = 0; p < ta.params.size(); ++p) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < ta.params[p].second.numel(); ++i) {
-      const double x = ta.params[p].second.item(i), y = tb.params[p].second.item(i);
-      num += (x - y) * (x - y);
-      den += x * x;
+  for (const bool zero1 : {false, true}) {
+    SCOPED_TRACE(zero1 ? "ZeRO-1" : "plain data parallelism");
+    const std::string run = dir / (zero1 ? "zero1" : "ranks");
+    auto many = run_command(mpirun(ranks) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=" +
+                            std::to_string(8 / ranks) + " --set training.zero1=" + (zero1 ? "true" : "false") +
+                            " --set logging.run_dir=" + shell_quote(run));
+    ASSERT_EQ(many.status, 0) << many.err;
+    EXPECT_NE(many.out.find(std::to_string(ranks) + " data-parallel ranks"), std::string::npos) << many.out;
+    if (zero1) {  // the moments really are sharded: rank 0 keeps about 1/ranks of them
+      const size_t at = many.out.find("ZeRO-1: rank 0 keeps the AdamW moments of ");
+      ASSERT_NE(at, std::string::npos) << many.out;
+      long kept = 0, total = 0;
+      ASSERT_EQ(std::sscanf(many.out.c_str() + at, "ZeRO-1: rank 0 keeps the AdamW moments of %ld of the %ld", &kept,
+                            &total), 2);
+      EXPECT_LE(kept, total / ranks + 64 * 30) << "one share, give or take the 64-element alignment of 22 tensors";
+      EXPECT_GE(kept, total / ranks / 2);
     }
-    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-4) << ta.params[p].first;
+    const std::vector<double> b = losses(run);
+    ASSERT_EQ(b.size(), 6u) << "rank 0 alone writes the metrics, once per step";
+    for (size_t s = 0; s < a.size(); ++s) EXPECT_NEAR(b[s], a[s], loss_tolerance * a[s]) << "step " << s + 1;
+    const TrainingState tb = load_checkpoint(run + "/checkpoints/step_00000006.h5");
+    EXPECT_EQ(tb.world_size, ranks);
+    for (size_t p = 0; p < ta.params.size(); ++p) {
+      EXPECT_LE(relative_difference(ta.params[p].second, tb.params[p].second), weight_tolerance) << ta.params[p].first;
+      // Under ZeRO-1 the moments were gathered from the ranks' shares: every element must be back in place.
+      EXPECT_LE(relative_difference(ta.adam_m[p], tb.adam_m[p]), weight_tolerance) << ta.params[p].first;
+      EXPECT_LE(relative_difference(ta.adam_v[p], tb.adam_v[p]), weight_tolerance) << ta.params[p].first;
+    }
   }
 }
 
-TEST(Distributed, TwoRankRunResumesBitwiseAndRefusesAnotherWorldSize) {
-  SKIP_WITHOUT_MPI();
-  testing::ScratchDir dir;
-  const std::string config = write_config(dir);
-  const std::string two_ranks = mpirun(2) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=4";
-  auto straight = run_command(two_ranks + " --set logging.run_dir=" + shell_quote(dir / "straight"));
+// A `ranks`-rank run (ZeRO-1 or not) stopped at step 3 and resumed continues bit for bit: the same losses and final
+// weights as the straight run; one process refuses the multi-rank checkpoint.
+void expect_multi_rank_resume_is_bitwise(const testing::ScratchDir& dir, const std::string& config, int ranks,
+                                         bool zero1) {
+  const std::string launch = mpirun(ranks) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=" +
+                             std::to_string(8 / ranks) + " --set training.zero1=" + (zero1 ? "true" : "false");
+  auto straight = run_command(launch + " --set logging.run_dir=" + shell_quote(dir / "straight"));
   ASSERT_EQ(straight.status, 0) << straight.err;
-  // A fresh run directory holding only the step-3 checkpoint, resumed by 2 ranks to step 6.
+  // A fresh run directory holding only the step-3 checkpoint, resumed to step 6.
   std::filesystem::create_directories(dir / "resumed/checkpoints");
   std::filesystem::copy_file(dir / "straight/checkpoints/step_00000003.h5", dir / "resumed/checkpoints/step_00000003.h5");
-  auto resumed = run_command(two_ranks + " --set logging.run_dir=" + shell_quote(dir / "resumed"));
+  auto resumed = run_command(launch + " --set logging.run_dir=" + shell_quote(dir / "resumed"));
   ASSERT_EQ(resumed.status, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
   const std::vector<double> a = losses(dir / "straight"), b = losses(dir / "resumed");
@@ -116,21 +144,59 @@ TEST(Distributed, TwoRankRunResumesBitwiseAndRefusesAnotherWorldSize) {
   for (size_t s = 0; s < 3; ++s) EXPECT_EQ(b[s], a[3 + s]) << "step " << 4 + s;
   const TrainingState ta = load_checkpoint(dir / "straight/checkpoints/step_00000006.h5");
   const TrainingState tb = load_checkpoint(dir / "resumed/checkpoints/step_00000006.h5");
-  for (size_t p = 0; p < ta.params.size(); ++p)
+  for (size_t p = 0; p < ta.params.size(); ++p) {
     EXPECT_EQ(std::memcmp(ta.params[p].second.raw_data(), tb.params[p].second.raw_data(),
                           ta.params[p].second.nbytes()),
               0)
         << ta.params[p].first;
-  // One process cannot continue a 2-rank checkpoint: the world size is part of what must match.
+    EXPECT_EQ(std::memcmp(ta.adam_v[p].raw_data(), tb.adam_v[p].raw_data(), ta.adam_v[p].nbytes()), 0)
+        << ta.params[p].first;
+  }
+  // One process cannot continue a multi-rank checkpoint: the world size is part of what must match.
   auto single = run_hgrn({"train", "-c", config, "--set", "logging.run_dir=" + dir / "straight"});
   EXPECT_NE(single.status, 0);
   EXPECT_NE(single.err.find("world"), std::string::npos) << single.err;
 }
 
-TEST(Distributed, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
+TEST(Distributed, TwoRanksTrainLikeOneProcessWithTheSameGlobalBatch) {
   SKIP_WITHOUT_MPI();
   testing::ScratchDir dir;
-  const std::string config = write_config(dir), run = dir / "killed";
+  // fp32 on the CPU: 1e-5 relative on the losses, 1e-4 on weights and moments.
+  expect_ranks_train_like_one_process(dir, write_config(dir), 2, 1e-5, 1e-4);
+}
+
+TEST(Distributed, GlobalBatchSizeFixesTheBatchOverAllRanks) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  const std::string config = write_config(dir);
+  auto one = run_hgrn({"train", "-c", config, "--set", "logging.run_dir=" + dir / "one"});
+  ASSERT_EQ(one.status, 0) << one.err;
+  // training.global_batch_size fixes the global batch: 2 ranks x 2 sequences x 2 accumulation steps.
+  auto fixed = run_command(mpirun(2) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=2" +
+                           " --set training.global_batch_size=8 --set logging.run_dir=" + shell_quote(dir / "fixed"));
+  ASSERT_EQ(fixed.status, 0) << fixed.err;
+  EXPECT_NE(fixed.out.find("global batch 2 x 2 x 2 sequences"), std::string::npos) << fixed.out;
+  const std::vector<double> a = losses(dir / "one"), c = losses(dir / "fixed");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(c.size(), 6u);
+  for (size_t s = 0; s < a.size(); ++s) EXPECT_NEAR(c[s], a[s], 1e-5 * a[s]) << "step " << s + 1;
+}
+
+TEST(Distributed, TwoRankRunResumesBitwiseAndRefusesAnotherWorldSize) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  expect_multi_rank_resume_is_bitwise(dir, write_config(dir), 2, false);
+}
+
+TEST(Distributed, TwoRankZeroOneRunResumesBitwise) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  expect_multi_rank_resume_is_bitwise(dir, write_config(dir), 2, true);
+}
+
+void expect_killed_rank_ends_the_run(const std::string& device) {
+  testing::ScratchDir dir;
+  const std::string config = write_config(dir, device), run = dir / "killed";
   // A long 2-rank run; once it is training, SIGKILL rank 1 (found by the launcher's rank variable in its
   // environment) and time how long the job takes to end: the surviving rank must not hang in its all-reduce.
   const std::string script =
@@ -157,6 +223,11 @@ TEST(Distributed, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
   EXPECT_NE(log.find("signal 9"), std::string::npos) << "the launcher names the killed rank and signal:\n" << log;
 }
 
+TEST(Distributed, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
+  SKIP_WITHOUT_MPI();
+  expect_killed_rank_ends_the_run("cpu");
+}
+
 TEST(Distributed, RanksWithDifferentConfigsAreRefused) {
   SKIP_WITHOUT_MPI();
   testing::ScratchDir dir;
@@ -167,6 +238,38 @@ TEST(Distributed, RanksWithDifferentConfigsAreRefused) {
                        " --set training.lr=0.001");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("rank 1 runs with another config than rank 0"), std::string::npos) << r.err;
+}
+
+// ---- GPUs (NCCL): fp32 with training.deterministic (the default). Losses within 1e-4 relative and weights and
+// moments within 1e-3: the per-rank batches are smaller GEMMs than the single process's, whose cuBLAS algorithms may
+// round differently, on top of the other summation order.
+TEST(DistributedCuda, TwoGpusTrainLikeOneWithAndWithoutZeroOne) {
+  SKIP_WITHOUT_GPUS(2);
+  testing::ScratchDir dir;
+  expect_ranks_train_like_one_process(dir, write_config(dir, "cuda"), 2, 1e-4, 1e-3);
+}
+
+TEST(DistributedCuda, FourGpusTrainLikeOneWithAndWithoutZeroOne) {
+  SKIP_WITHOUT_GPUS(4);
+  testing::ScratchDir dir;
+  expect_ranks_train_like_one_process(dir, write_config(dir, "cuda"), 4, 1e-4, 1e-3);
+}
+
+TEST(DistributedCuda, TwoGpuRunResumesBitwise) {
+  SKIP_WITHOUT_GPUS(2);
+  testing::ScratchDir dir;
+  expect_multi_rank_resume_is_bitwise(dir, write_config(dir, "cuda"), 2, false);
+}
+
+TEST(DistributedCuda, FourGpuZeroOneRunResumesBitwise) {
+  SKIP_WITHOUT_GPUS(4);
+  testing::ScratchDir dir;
+  expect_multi_rank_resume_is_bitwise(dir, write_config(dir, "cuda"), 4, true);
+}
+
+TEST(DistributedCuda, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
+  SKIP_WITHOUT_GPUS(2);
+  expect_killed_rank_ends_the_run("cuda");
 }
 
 }  // namespace

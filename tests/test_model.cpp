@@ -2,6 +2,8 @@
 // included), layer 0 giving no lower-bound gradient, chunkwise vs recurrent equality, and fla's parameter layout.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "gradcheck.h"
 #include "model_fixtures.h"
 #include "model/hgrn2.h"
@@ -76,6 +78,55 @@ TEST(Hgrn2Model, RecomputationGivesTheSameLossAndGradientsBitForBit) {
     }
     EXPECT_EQ(losses[0], losses[1]);
     for (size_t p = 0; p < grads[0].size(); ++p) EXPECT_EQ(grads[0][p], grads[1][p]) << "parameter " << p;
+  }
+}
+
+// Data parallelism starts reducing a group's gradients when the backward reports the group complete: a gradient
+// written after its group's report would be reduced half-done. Snapshot each group's gradients at the report and
+// compare them with the gradients at the end of the backward: they must be equal bit for bit. Also: groups are
+// reported once each, in index order, and cover every parameter exactly once.
+TEST(Hgrn2Model, GradientReadyGroupsAreCompleteWhenReported) {
+  for (int variant = 0; variant < 4; ++variant) {
+    ModelConfig c = tiny_config();
+    c.tie_word_embeddings = variant == 1;
+    c.num_hidden_layers = variant == 2 ? 1 : 3;
+    const bool recompute = variant == 3;
+    SCOPED_TRACE(detail::concat("tied ", c.tie_word_embeddings, ", layers ", c.num_hidden_layers, ", recompute ",
+                                recompute));
+    Rng rng(21);
+    Hgrn2Model model(c, rng, DType::F64);
+    model.set_recompute(recompute);
+    randomise_lower_bounds(model, rng);
+    const std::vector<std::vector<Var>> groups = model.gradient_ready_groups();
+    ASSERT_EQ(groups.size(), static_cast<size_t>(c.num_hidden_layers) + 2);
+    std::map<const Variable*, int> seen;
+    for (const auto& group : groups)
+      for (const Var& v : group) ++seen[v.get()];
+    EXPECT_EQ(seen.size(), model.parameters().size());
+    for (const auto& [spec, var] : model.parameters()) EXPECT_EQ(seen[var.get()], 1) << spec.name;
+
+    std::vector<size_t> reported;
+    std::map<const Variable*, std::vector<double>> at_report;
+    model.set_gradient_ready_hook([&](size_t g) {
+      reported.push_back(g);
+      for (const Var& v : groups.at(g))
+        at_report[v.get()] = v->grad.defined() ? v->grad.to_double_vector() : std::vector<double>{};
+    });
+    for (int pass = 0; pass < 2; ++pass) {  // the second pass accumulates onto the first one's gradients
+      reported.clear();
+      Tape tape;
+      tape.backward(model_loss(model, tape, token_ids(rng, 2, 66, c.vocab_size)));
+      ASSERT_EQ(reported.size(), groups.size());
+      for (size_t g = 0; g < reported.size(); ++g) EXPECT_EQ(reported[g], g);
+      for (const auto& [spec, var] : model.parameters())
+        EXPECT_EQ(at_report.at(var.get()), var->grad.defined() ? var->grad.to_double_vector() : std::vector<double>{})
+            << spec.name << " changed after its group was reported complete";
+    }
+    model.set_gradient_ready_hook(nullptr);
+    Tape eval;
+    eval.set_enabled(false);
+    model.forward(eval, token_ids(rng, 1, 3, c.vocab_size));
+    EXPECT_EQ(eval.size(), 0u) << "no markers without a hook or with the tape off";
   }
 }
 

@@ -231,6 +231,45 @@ TEST(ClipGradNorm, LargeGradientIsDeterministic) {
   for (int k = 0; k < 3; ++k) EXPECT_EQ(clip_grad_norm({{p, true}}, 0.0), first);
 }
 
+// ZeRO-1: two optimisers, each updating one range of the same parameter, do exactly what one optimiser over the
+// whole parameter does; their moments are the ranges' (1-D), load_state takes whole moments and keeps the range,
+// and clipping measures the ranges and adds the parts through total_over_ranks.
+TEST(AdamW, ElementRangesSplitTheUpdateExactly) {
+  AdamWConfig config;
+  const std::vector<double> init = {0.5, -1.25, 2.0, 0.75, -0.1}, grad = {0.3, -0.02, 0.0, 1.5, -0.7};
+  Var whole = param_from(init), split = param_from(init);
+  AdamW full({{whole, true}}, config);
+  AdamW low({{split, true, 0, 2}}, config), high({{split, true, 2, 3}}, config);
+  EXPECT_EQ(low.first_moments()[0].shape(), (Shape{2}));
+  EXPECT_EQ(high.second_moments()[0].shape(), (Shape{3}));
+  for (int step = 0; step < 3; ++step) {
+    set_grad(whole, grad);
+    set_grad(split, grad);
+    const double norm_full = clip_grad_norm(full.params(), 0.5);
+    // Each part measures its own range; total_over_ranks sees the part and returns the sum of both.
+    const double low_part = std::pow(0.3, 2) + std::pow(-0.02, 2);
+    const double high_part = std::pow(1.5, 2) + std::pow(-0.7, 2);
+    double seen_low = -1, seen_high = -1;
+    const double norm_low = clip_grad_norm(low.params(), 0.5, [&](double part) { return (seen_low = part) + high_part; });
+    const double norm_high =
+        clip_grad_norm(high.params(), 0.5, [&](double part) { return low_part + (seen_high = part); });
+    EXPECT_NEAR(seen_low, low_part, 1e-15);
+    EXPECT_NEAR(seen_high, high_part, 1e-15);
+    EXPECT_NEAR(norm_low, norm_full, 1e-12);
+    EXPECT_NEAR(norm_high, norm_full, 1e-12);
+    full.step(1e-2);
+    low.step(1e-2);
+    high.step(1e-2);
+  }
+  for (int64_t i = 0; i < 5; ++i) EXPECT_NEAR(split->value.item(i), whole->value.item(i), 1e-12) << i;  // the norms differ in the last bit
+  // Whole-parameter moments in, the range kept.
+  Tensor m = Tensor::from_vector<double>({1, 2, 3, 4, 5}, {5}), v = Tensor::from_vector<double>({6, 7, 8, 9, 10}, {5});
+  high.load_state({m}, {v}, 3);
+  EXPECT_EQ(high.first_moments()[0].to_double_vector(), (std::vector<double>{3, 4, 5}));
+  EXPECT_EQ(high.second_moments()[0].to_double_vector(), (std::vector<double>{8, 9, 10}));
+  EXPECT_THROW(AdamW({{param_from(init), true, 3, 3}}, config), Error);  // past the end
+}
+
 TEST(MakeParamGroups, AssignsDecayByGroup) {
   std::vector<std::pair<ParamSpec, Var>> named;
   const std::vector<std::pair<ParamGroup, bool>> groups = {

@@ -54,6 +54,19 @@ TEST(Tensor, SelectRowIsAViewAtTheRowOffset) {
   EXPECT_THROW(Tensor::zeros({}, DType::F32).select_row(0), Error);
 }
 
+TEST(Tensor, FlatViewSharesAContiguousRange) {
+  Tensor t = Tensor::from_vector<float>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4});
+  Tensor v = t.select_row(1).flat_view(1, 3);  // elements 5, 6, 7
+  EXPECT_EQ(v.shape(), (Shape{3}));
+  EXPECT_EQ(v.to_double_vector(), (std::vector<double>{5, 6, 7}));
+  EXPECT_EQ(v.data<float>(), t.data<float>() + 5);
+  v.reshape({3, 1}).set_item(2, -7.0);
+  EXPECT_EQ(t.item(7), -7.0);
+  EXPECT_EQ(t.flat_view(12, 0).numel(), 0);
+  EXPECT_THROW(t.flat_view(10, 3), Error);
+  EXPECT_THROW(t.flat_view(-1, 2), Error);
+}
+
 TEST(Tensor, CloneAndConversionsCopy) {
   Tensor t = Tensor::from_vector<float>({1.5f, -2.0f, 3.25f}, {3});
   Tensor c = t.clone();

@@ -5,8 +5,10 @@
 #include <fstream>
 #include <iomanip>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "config/config.h"
+#include "dist/world.h"
 #include "train/bench.h"
 #include "train/trainer.h"
 
@@ -45,7 +47,10 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
   return bench;
 }
 
-int run_bench_command(const BenchArgs& args, std::ostream& out) {
+int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
+  // Under mpirun rank 0 alone reports (the others run the same steps).
+  std::ostringstream discarded;
+  std::ostream& out = world().is_root() ? root_out : discarded;
   const bool steps = !args.config.config_path.empty();
   if (steps == !args.recurrence.empty())
     throw Error("hgrn bench: give either --config FILE (training steps) or --recurrence B,T,H,K,V, not both or none");
@@ -55,7 +60,8 @@ int run_bench_command(const BenchArgs& args, std::ostream& out) {
     const Config config = load_config(args.config.config_path, args.config.overrides);
     const StepBench r = bench_training_steps(config, args.warmup, args.steps, out);
     out << std::setprecision(1) << "\n| config | device | params | tokens/step | step ms (median) | tokens/s | MFU | "
-        << "peak GiB |\n|---|---|---|---|---|---|---|---|\n| " << config.source << " | " << r.device_name << " | "
+        << "peak GiB |\n|---|---|---|---|---|---|---|---|\n| " << config.source << " | "
+        << (r.ranks > 1 ? std::to_string(r.ranks) + " x " : "") << r.device_name << " | "
         << r.params / 1e6 << "M | " << r.tokens_per_step << " | " << std::setprecision(2) << r.median_ms << " | "
         << std::setprecision(0) << r.tokens_per_s << " | " << std::setprecision(1) << 100 * r.mfu << "% | "
         << std::setprecision(2) << r.peak_memory_gib << " |\n";
@@ -67,7 +73,8 @@ int run_bench_command(const BenchArgs& args, std::ostream& out) {
             {"median_ms", r.median_ms}, {"min_ms", r.min_ms}, {"max_ms", r.max_ms}, {"tokens_per_s", r.tokens_per_s},
             {"peak_memory_gib", r.peak_memory_gib}, {"gpu_peak_tflops", r.gpu_peak_tflops},
             {"model_tflops", r.model_tflops}, {"mfu", r.mfu}, {"first_loss", r.first_loss},
-            {"last_loss", r.last_loss}, {"precision", config.training.precision}};
+            {"last_loss", r.last_loss}, {"precision", config.training.precision},
+            {"ranks", r.ranks}, {"zero1", config.training.zero1}};
   } else {
     const Device device = resolve_device(args.device);
     const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;
@@ -84,7 +91,7 @@ int run_bench_command(const BenchArgs& args, std::ostream& out) {
             {"device", device_name(device)}, {"forward_ms", r.forward_ms},
             {"forward_backward_ms", r.forward_backward_ms}, {"forward_min_bytes", r.bytes_forward}};
   }
-  if (!args.json_path.empty()) {
+  if (!args.json_path.empty() && world().is_root()) {
     std::ofstream f(args.json_path);
     f << json.dump(2) << "\n";
     HGRN_CHECK(f.good(), "hgrn bench: cannot write ", args.json_path);

@@ -29,7 +29,12 @@ std::string version_text() {
 #else
   const char* mpi = "MPI: not compiled in (single process only)";
 #endif
-  return std::string("hgrn ") + HGRN_VERSION + " (git " + HGRN_GIT_COMMIT + ")\n" + cuda + "\n" + mpi;
+#ifdef HGRN_WITH_NCCL
+  const char* nccl = "NCCL: compiled in (multi-GPU data parallelism)";
+#else
+  const char* nccl = "NCCL: not compiled in (several ranks train on the CPU only)";
+#endif
+  return std::string("hgrn ") + HGRN_VERSION + " (git " + HGRN_GIT_COMMIT + ")\n" + cuda + "\n" + mpi + "\n" + nccl;
 }
 
 void print_error(const std::string& message) { std::cerr << "hgrn: error: " << message << "\n"; }

@@ -111,6 +111,8 @@ std::vector<Field> config_fields(Config& c) {
       {"training.decay_embeddings", &t.decay_embeddings},
       {"training.recompute", &t.recompute},
       {"training.deterministic", &t.deterministic},
+      {"training.zero1", &t.zero1},
+      {"training.collective_timeout_s", &t.collective_timeout_s},
       {"training.beta1", &t.beta1},
       {"training.beta2", &t.beta2},
       {"training.adam_eps", &t.adam_eps},
@@ -558,6 +560,7 @@ void ConfigReader::validate() {
     fail_key("training.global_batch_size", "expected a multiple of training.micro_batch_size = " +
                                                std::to_string(t.micro_batch_size) + ", got " +
                                                std::to_string(t.global_batch_size));
+  require_positive("training.collective_timeout_s", t.collective_timeout_s);
   require_positive("training.max_steps", t.max_steps);
   require_positive("training.lr", t.lr);
   require_in("training.min_lr_ratio", t.min_lr_ratio, 0.0, false, 1.0, false);

@@ -82,6 +82,9 @@ struct TrainingConfig {
   bool decay_embeddings = false;   // embeddings (and a tied lm_head) in the decayed group?
   bool deterministic = true;       // GPU: bitwise-reproducible runs (no GEMM autotuning); false is faster
   bool recompute = false;          // recompute each token mixer and MLP in the backward instead of keeping activations
+  bool zero1 = false;              // several ranks: shard the optimiser moments across them (ZeRO-1)
+  double collective_timeout_s = 300;  // several GPUs: seconds a gradient/weight collective may take before the run
+                                      // stops with an error (a peer died or hangs)
   double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
   double grad_clip = 1.0;          // global gradient-norm clip; 0 disables
   int64_t threads = 0;             // CPU threads (0: all cores)

@@ -14,6 +14,8 @@ static void cuda_copy(void*, Device, const void*, Device, size_t) {
   throw Error("this hgrn was built without CUDA: use device: cpu");
 }
 bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
+void cuda_use_device(int) { throw Error("this hgrn was built without CUDA: use device: cpu"); }
 CudaMemoryStats cuda_memory_stats() { return {}; }
 void cuda_reset_peak_memory() {}
 void cuda_release_cached_memory() {}

@@ -13,6 +13,10 @@ void device_free(void* ptr, Device device);
 // Copies bytes between any two devices (CPU<->CUDA, CUDA<->CUDA, CPU<->CPU).
 void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 bool cuda_available();  // true when built with CUDA and a GPU is visible
+int cuda_device_count();  // GPUs visible to this process (0 in a CPU-only build)
+// One process per GPU: binds this process to visible GPU `index`. Must come before any other GPU use (an Error
+// otherwise, since the compute stream and cuBLAS handle belong to the device they were made on).
+void cuda_use_device(int index);
 
 // The CUDA caching allocator's counters (kernels/allocator.cu); all zero in a CPU-only build.
 struct CudaMemoryStats {

@@ -109,6 +109,17 @@ Tensor Tensor::select_row(int64_t index) const {
   return t;
 }
 
+Tensor Tensor::flat_view(int64_t begin, int64_t count) const {
+  HGRN_CHECK(is_contiguous(), "flat_view of a non-contiguous tensor");
+  HGRN_CHECK(begin >= 0 && count >= 0 && begin + count <= numel(), "flat_view [", begin, ", ", begin + count,
+             ") out of range for ", numel(), " elements");
+  Tensor t = *this;
+  t.shape_ = {count};
+  t.strides_ = contiguous_strides(t.shape_);
+  t.offset_ = offset_ + begin;
+  return t;
+}
+
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device());
   t.copy_from(*this);

@@ -61,6 +61,8 @@ class Tensor {
   // Views (share storage). reshape needs a contiguous tensor; -1 in one place infers that size.
   Tensor reshape(const Shape& shape) const;
   Tensor select_row(int64_t index) const;  // index into axis 0 of a contiguous tensor: shape[1:]
+  // Elements [begin, begin + count) of a contiguous tensor, flattened: a 1-D view (reshape it for another shape).
+  Tensor flat_view(int64_t begin, int64_t count) const;
 
   // Copies.
   Tensor clone() const;

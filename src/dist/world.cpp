@@ -1,21 +1,17 @@
 // world.cpp: the MPI side of world.h. Everything here is a no-op for a single process, so the same binary runs with
-// and without mpirun. MPI_CHECK turns a failing MPI call into an Error that names the rank and the call.
+// and without mpirun. MPI_CHECK (dist/mpi_check.h) turns a failing MPI call into an Error naming the rank and call.
 #include "dist/world.h"
 
 #include <cstdlib>
-#include <cstring>
 
-#ifdef HGRN_WITH_MPI
-#define OMPI_SKIP_MPICXX 1  // the C API only: the deprecated C++ bindings would need their own library
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
-#endif
+#include "core/check.h"
+#include "dist/mpi_check.h"
 
 namespace hgrn {
 
 namespace {
 World the_world;
-bool mpi_active = false;
+bool mpi_is_active = false;
 
 // The launcher's own environment variables say how many processes it started (OpenMPI, MPICH/Hydra, Slurm/PMIx).
 int launcher_world_size() {
@@ -27,18 +23,6 @@ int launcher_world_size() {
 }
 
 #ifdef HGRN_WITH_MPI
-#define MPI_CHECK(call)                                                                                       \
-  do {                                                                                                        \
-    int rc_ = (call);                                                                                         \
-    if (rc_ != MPI_SUCCESS) {                                                                                 \
-      char msg_[MPI_MAX_ERROR_STRING];                                                                        \
-      int len_ = 0;                                                                                           \
-      MPI_Error_string(rc_, msg_, &len_);                                                                     \
-      throw Error(detail::concat("MPI error on rank ", the_world.rank, " in ", #call, ": ", std::string(msg_, len_), \
-                                 " [", __FILE__, ":", __LINE__, "]"));                                        \
-    }                                                                                                         \
-  } while (0)
-
 void finalize_mpi() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -61,13 +45,14 @@ void init_world(int* argc, char*** argv) {
     int provided = 0;
     MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // errors become Errors naming the call
-    mpi_active = true;
+    mpi_is_active = true;
     std::atexit(finalize_mpi);
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &the_world.rank));
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &the_world.size));
     MPI_Comm node;
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, the_world.rank, MPI_INFO_NULL, &node));
     MPI_CHECK(MPI_Comm_rank(node, &the_world.local_rank));
+    MPI_CHECK(MPI_Comm_size(node, &the_world.local_size));
     MPI_Comm_free(&node);
   }
 #else
@@ -80,36 +65,53 @@ void init_world(int* argc, char*** argv) {
 }
 
 const World& world() { return the_world; }
-
-void allreduce_sum(const std::vector<Tensor*>& tensors) {
-  if (!mpi_active || the_world.size == 1) return;
-#ifdef HGRN_WITH_MPI
-  for (Tensor* t : tensors) {
-    HGRN_CHECK(t->device() == Device::CPU && t->is_contiguous(),
-               "allreduce: multi-process training reduces CPU tensors through MPI; GPU ranks need the NCCL path, "
-               "which this build does not have yet: run one process per GPU only with training.device: cpu");
-    MPI_Datatype type;
-    switch (t->dtype()) {
-      case DType::F32: type = MPI_FLOAT; break;
-      case DType::F64: type = MPI_DOUBLE; break;
-      default: throw Error(std::string("allreduce: no MPI reduction for ") + dtype_name(t->dtype()));
-    }
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t->raw_data(), static_cast<int>(t->numel()), type, MPI_SUM,
-                            MPI_COMM_WORLD));
-  }
-#endif
-}
+bool mpi_active() { return mpi_is_active; }
 
 void allreduce_sum(std::vector<double>& values) {
-  if (!mpi_active || the_world.size == 1) return;
+  if (!mpi_is_active) return;
 #ifdef HGRN_WITH_MPI
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
                           MPI_COMM_WORLD));
 #endif
 }
 
+double sum_in_rank_order(double value) {
+  if (!mpi_is_active) return value;
+  double total = 0;
+#ifdef HGRN_WITH_MPI
+  std::vector<double> all(static_cast<size_t>(the_world.size));
+  MPI_CHECK(MPI_Allgather(&value, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD));
+  for (double v : all) total += v;
+#endif
+  return total;
+}
+
+std::vector<float> gather_to_root(const std::vector<float>& mine) {
+  if (!mpi_is_active) return mine;
+  std::vector<float> all;
+#ifdef HGRN_WITH_MPI
+  HGRN_CHECK(mine.size() <= static_cast<size_t>(INT32_MAX), "gather_to_root: ", mine.size(),
+             " values are more than one MPI message can carry");
+  const int count = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<size_t>(the_world.size)), offsets(counts.size());
+  MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
+  if (the_world.is_root()) {
+    int64_t total = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      HGRN_CHECK(total + counts[r] <= INT32_MAX, "gather_to_root: more than 2^31 values in all");
+      offsets[r] = static_cast<int>(total);
+      total += counts[r];
+    }
+    all.resize(static_cast<size_t>(total));
+  }
+  MPI_CHECK(MPI_Gatherv(mine.data(), count, MPI_FLOAT, all.data(), counts.data(), offsets.data(), MPI_FLOAT, 0,
+                        MPI_COMM_WORLD));
+#endif
+  return all;
+}
+
 void require_same_on_all_ranks(const std::string& what, const std::string& text) {
-  if (!mpi_active || the_world.size == 1) return;
+  if (!mpi_is_active) return;
 #ifdef HGRN_WITH_MPI
   const unsigned long long mine = fingerprint(text);
   std::vector<unsigned long long> all(static_cast<size_t>(the_world.size));

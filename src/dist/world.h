@@ -1,13 +1,10 @@
 // world.h: the data-parallel world of a training run: one process per device, launched by mpirun (or srun), or a
-// single process without any launcher. Holds the rank, the world size and the collectives the trainer needs.
-// This first part runs data parallelism on the CPU through MPI; GPU ranks (NCCL) are refused with a message until
-// the NCCL path exists.
+// single process without any launcher. Holds the rank, the world size and the small host-side collectives the
+// trainer needs (gradients travel through dist/collectives.h: MPI on the CPU, NCCL between GPUs).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include "core/tensor.h"
 
 namespace hgrn {
 
@@ -15,6 +12,7 @@ struct World {
   int rank = 0;
   int size = 1;
   int local_rank = 0;  // rank among the processes of this node (which GPU to use)
+  int local_size = 1;  // processes on this node
   bool is_root() const { return rank == 0; }
 };
 
@@ -23,11 +21,15 @@ struct World {
 // an Error saying so. Call once, first thing in main; finalisation is registered with atexit.
 void init_world(int* argc, char*** argv);
 const World& world();
+// True when MPI was initialised (more than one process).
+bool mpi_active();
 
-// Sums each tensor (CPU fp32/fp64, in place) across all ranks; with one process it does nothing.
-void allreduce_sum(const std::vector<Tensor*>& tensors);
 // Sums `values` in place across all ranks.
 void allreduce_sum(std::vector<double>& values);
+// The sum over all ranks of each rank's `value`, added in rank order: the same bits on every rank and in every run.
+double sum_in_rank_order(double value);
+// Rank 0 receives every rank's `mine`, concatenated in rank order; the other ranks receive an empty vector.
+std::vector<float> gather_to_root(const std::vector<float>& mine);
 // Every rank passes its own text (a config, a version string); all must be equal, else every rank throws an Error
 // that names `what` and the first rank that differs from rank 0.
 void require_same_on_all_ranks(const std::string& what, const std::string& text);

@@ -82,6 +82,27 @@ void Hgrn2Model::to_device(Device device, DType activation_dtype) {
   activation_dtype_ = activation_dtype;
 }
 
+std::vector<std::vector<Var>> Hgrn2Model::gradient_ready_groups() const {
+  const int64_t num_layers = config_.num_hidden_layers;
+  std::vector<std::vector<Var>> groups;
+  groups.push_back(config_.tie_word_embeddings ? std::vector<Var>{} : std::vector<Var>{lm_head_});
+  for (int64_t l = num_layers - 1; l >= 0; --l) {
+    const Layer& p = layers_[l];
+    groups.push_back({p.q_proj, p.f_proj, p.i_proj, p.g_norm, p.o_proj, p.mlp_norm, p.gate_proj, p.up_proj,
+                      p.down_proj, l + 1 < num_layers ? layers_[l + 1].attn_norm : final_norm_});
+  }
+  std::vector<Var> first{embeddings_, num_layers > 0 ? layers_[0].attn_norm : final_norm_};
+  if (lower_bounds_) first.push_back(lower_bounds_);
+  groups.push_back(first);
+  return groups;
+}
+
+// The tape runs closures in reverse: a marker recorded before the ops that use a group's parameters runs after
+// all their backwards.
+void Hgrn2Model::mark_gradients_ready(Tape& tape, size_t group) const {
+  if (gradient_ready_hook_) tape.record([hook = gradient_ready_hook_, group] { hook(group); });
+}
+
 // HGRN2Attention (spec 1.2): q = silu(x Wqᵀ), g = lower-bounded log forget gate of x Wfᵀ, k = 1 - exp(g),
 // i = x Wiᵀ; the HGRU2 recurrence per head; then RMSNorm over all of D and o_proj.
 // `state` (optional): in, the initial recurrent state (or an undefined Var for zero); out, the final state.
@@ -137,6 +158,8 @@ Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* r
   HGRN_CHECK(input_ids.dim() == 2, "model input must be token ids [batch, seq], got ", shape_str(input_ids.shape()));
   if (recurrent_states) recurrent_states->resize(config_.num_hidden_layers);
   const Tensor ids = on_device(input_ids, device_);
+  const size_t num_layers = static_cast<size_t>(config_.num_hidden_layers);
+  mark_gradients_ready(tape, num_layers + 1);  // the embedding, lower bounds and first norm: complete last
   Var h;
   {
     TraceLayer trace(tape, "embedding");
@@ -157,6 +180,7 @@ Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* r
     const Layer& p = layers_[l];
     const Var& next_norm = l + 1 < config_.num_hidden_layers ? layers_[l + 1].attn_norm : final_norm_;
     Var* state = recurrent_states ? &(*recurrent_states)[l] : nullptr;
+    mark_gradients_ready(tape, num_layers - static_cast<size_t>(l));
     TraceLayer trace(tape, "layer " + std::to_string(l));
     // A carried state flows out of the token mixer, so that call is never recomputed.
     const Var mixed = state ? token_mixer(tape, l, x, gamma, state)
@@ -170,6 +194,7 @@ Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* r
     h = r.sum;
     x = r.normed;
   }
+  mark_gradients_ready(tape, 0);
   TraceLayer trace(tape, "lm_head");
   return linear(tape, x, lm_head_);
 }

@@ -1,5 +1,6 @@
 // hgrn2.h: the HGRN2 causal language model (fla's HGRN2ForCausalLM, hgrn-spec.md sections 1, 2, 4 and 6).
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,15 @@ class Hgrn2Model {
   void set_recompute(bool recompute) { recompute_ = recompute; }
   DType activation_dtype() const { return activation_dtype_; }
 
+  // Data parallelism overlaps the gradient reduction with the backward pass. The parameters fall into groups, in the
+  // order their gradients become final during a backward: group 0 is the lm_head (empty when tied), then one group
+  // per layer from the last to the first (its weights, and the next layer's attn_norm or the final norm, which its
+  // residual add feeds), and last the embedding, the lower bounds and the first norm. Every parameter is in exactly
+  // one group. With a hook set, forward records a marker on the tape per group; the backward calls hook(group)
+  // as soon as every gradient of that group is complete (on the GPU: all kernels writing them are queued).
+  std::vector<std::vector<Var>> gradient_ready_groups() const;
+  void set_gradient_ready_hook(std::function<void(size_t group)> hook) { gradient_ready_hook_ = std::move(hook); }
+
   const ModelConfig& config() const { return config_; }
   const std::vector<std::pair<ParamSpec, Var>>& parameters() const { return params_; }
   const Var& parameter(const std::string& name) const;  // throws if the model has no such tensor
@@ -44,11 +54,13 @@ class Hgrn2Model {
   };
   Var token_mixer(Tape& tape, int64_t layer, const Var& x, const Var& gamma, Var* state) const;
   Var mlp(Tape& tape, int64_t layer, const Var& x) const;
+  void mark_gradients_ready(Tape& tape, size_t group) const;
 
   ModelConfig config_;
   Device device_ = Device::CPU;
   DType activation_dtype_ = DType::F32;
   bool recompute_ = false;
+  std::function<void(size_t)> gradient_ready_hook_;
   std::vector<std::pair<ParamSpec, Var>> params_;
   Var embeddings_, lower_bounds_, final_norm_, lm_head_;
   std::vector<Layer> layers_;

@@ -10,6 +10,7 @@
 
 #include "core/allocator.h"
 #include "core/rng.h"
+#include "dist/world.h"
 #include "model/flops.h"
 #include "model/hgrn2.h"
 #include "ops/hgru2_recurrence.h"
@@ -66,21 +67,26 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   if (device == Device::CUDA) r.gpu_peak_tflops = measure_bf16_gemm_tflops();
 #endif
   const std::unique_ptr<TrainingModel> setup = make_training_model(config, tc.seed, device, act);
-  Hgrn2Model& model = setup->model;
-  AdamW& optimizer = setup->optimizer;
   const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act == DType::BF16 ? 2 : 4);
   r.params = cost.params_total;
-  r.tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * config.data.seq_len;
+  // Under mpirun every rank runs the same steps on its own batch (data parallelism, as in training): the tokens
+  // of a step are all ranks' and the GEMM peak is per GPU.
+  r.ranks = world().size;
+  r.tokens_per_step = r.ranks * tc.micro_batch_size * tc.grad_accum_steps * config.data.seq_len;
   r.warmup = warmup;
   r.steps = steps;
-  RandomTokens data(config.model.vocab_size, config.data.seq_len, tc.micro_batch_size, tc.seed + 1);
-  log << "bench: " << r.params << " parameters, " << r.tokens_per_step << " tokens per step, " << dtype_name(act)
-      << " activations on " << r.device_name << "; " << warmup << " warm-up + " << steps << " timed steps\n";
+  RandomTokens data(config.model.vocab_size, config.data.seq_len, tc.micro_batch_size,
+                    tc.seed + 1 + static_cast<uint64_t>(world().rank));
+  log << "bench: " << r.params << " parameters, " << r.tokens_per_step << " tokens per step";
+  if (r.ranks > 1)
+    log << " over " << r.ranks << " data-parallel ranks" << (tc.zero1 ? " (ZeRO-1)" : "");
+  log << ", " << dtype_name(act) << " activations on " << r.device_name << "; " << warmup << " warm-up + " << steps
+      << " timed steps\n";
   std::vector<double> times;
   for (int64_t s = 0; s < warmup + steps; ++s) {
     if (s == warmup) cuda_reset_peak_memory();
     const Clock::time_point t0 = Clock::now();
-    const StepResult step = training_step(model, optimizer, data, tc, tc.lr);
+    const StepResult step = training_step(*setup, data, tc, tc.lr);
     device_synchronize();
     const double dt = seconds(t0);
     if (s == 0) r.first_loss = step.loss;
@@ -95,7 +101,7 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   r.tokens_per_s = r.median_ms > 0 ? static_cast<double>(r.tokens_per_step) / (r.median_ms * 1e-3) : 0;
   r.peak_memory_gib = static_cast<double>(cuda_memory_stats().peak_in_use_bytes) / (1u << 30);
   r.model_tflops = cost.flops_per_token_train * r.tokens_per_s / 1e12;
-  r.mfu = r.gpu_peak_tflops > 0 ? r.model_tflops / r.gpu_peak_tflops : 0;
+  r.mfu = r.gpu_peak_tflops > 0 ? r.model_tflops / (r.gpu_peak_tflops * r.ranks) : 0;
   return r;
 }
 

@@ -13,6 +13,7 @@ namespace hgrn {
 struct StepBench {
   std::string device_name;
   int64_t params = 0, tokens_per_step = 0, warmup = 0, steps = 0;
+  int64_t ranks = 1;              // data-parallel processes (mpirun); tokens and MFU count them all
   double median_ms = 0, min_ms = 0, max_ms = 0;
   double tokens_per_s = 0;        // tokens_per_step / median step time
   double peak_memory_gib = 0;     // high-water mark of hgrn's GPU tensors over the timed steps (0 on the CPU)
@@ -23,6 +24,7 @@ struct StepBench {
 };
 // Times `warmup` + `steps` training steps (training_step, the loop's own) of the config's model on uniformly random
 // tokens fixed for the run (as the peer's benchmark does), each step device-synchronised; reports the median.
+// Under mpirun (several ranks) the steps are data-parallel ones and the figures are the whole job's.
 StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t steps, std::ostream& log);
 
 struct RecurrenceBench {

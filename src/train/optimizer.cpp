@@ -80,6 +80,11 @@ void check_grad_matches(const ParamRef& ref, size_t index) {
              device_name(p.device()), " ", dtype_name(p.dtype()), " ", shape_str(p.shape()));
 }
 
+// The elements of a parameter-shaped tensor that a ParamRef updates (all of them, or its ZeRO-1 range).
+Tensor updated_range(const ParamRef& ref, const Tensor& full) {
+  return ref.count < 0 ? full : full.flat_view(ref.begin, ref.count);
+}
+
 #ifdef HGRN_WITH_CUDA
 // The GPU parameters' part of one multi-tensor launch, and the device scratch the launch needs.
 struct GpuSlots {
@@ -116,8 +121,12 @@ AdamW::AdamW(std::vector<ParamRef> params, AdamWConfig config) : params_(std::mo
     HGRN_CHECK(p.device() == Device::CPU || p.dtype() == DType::F32, "AdamW: parameter ", param_label(ref, i),
                " is ", dtype_name(p.dtype()), " on the GPU, where parameters must be fp32");
     HGRN_CHECK(p.is_contiguous(), "AdamW: parameter ", param_label(ref, i), " is not contiguous");
-    first_moments_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
-    second_moments_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+    HGRN_CHECK(ref.count < 0 || (ref.begin >= 0 && ref.begin + ref.count <= p.numel()), "AdamW: element range [",
+               ref.begin, ", ", ref.begin + ref.count, ") of parameter ", param_label(ref, i), " outside its ",
+               p.numel(), " elements");
+    const Shape moment_shape = ref.count < 0 ? p.shape() : Shape{ref.count};
+    first_moments_.push_back(Tensor::zeros(moment_shape, p.dtype(), p.device()));
+    second_moments_.push_back(Tensor::zeros(moment_shape, p.dtype(), p.device()));
   }
 }
 
@@ -132,11 +141,13 @@ void AdamW::step(double lr) {
     if (!ref.param->grad.defined()) continue;
     check_grad_matches(ref, i);
     ref.param->invalidate_compute_copy();
+    const int64_t n = ref.updated_elements();
+    if (n == 0) continue;
     Tensor& p = ref.param->value;
     if (p.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-      gpu.add({p.data<float>(), ref.param->grad.data<float>(), first_moments_[i].data<float>(),
-               second_moments_[i].data<float>(), p.numel(), ref.decay ? 1 : 0, 0});
+      gpu.add({p.data<float>() + ref.begin, ref.param->grad.data<float>() + ref.begin,
+               first_moments_[i].data<float>(), second_moments_[i].data<float>(), n, ref.decay ? 1 : 0, 0});
       continue;
 #else
       throw Error("AdamW::step: this hgrn was built without CUDA");
@@ -144,9 +155,10 @@ void AdamW::step(double lr) {
     }
     const double decay_factor = ref.decay ? 1.0 - lr * config_.weight_decay : 1.0;
     HGRN_DISPATCH_FLOAT(p.dtype(), "AdamW::step", [&] {
-      adamw_update<scalar_t>(p.data<scalar_t>(), ref.param->grad.data<scalar_t>(), first_moments_[i].data<scalar_t>(),
-                             second_moments_[i].data<scalar_t>(), p.numel(), lr, config_.beta1, config_.beta2,
-                             config_.eps, decay_factor, bias_correction1, bias_correction2);
+      adamw_update<scalar_t>(p.data<scalar_t>() + ref.begin, ref.param->grad.data<scalar_t>() + ref.begin,
+                             first_moments_[i].data<scalar_t>(), second_moments_[i].data<scalar_t>(), n, lr,
+                             config_.beta1, config_.beta2, config_.eps, decay_factor, bias_correction1,
+                             bias_correction2);
     });
   }
 #ifdef HGRN_WITH_CUDA
@@ -183,22 +195,25 @@ void AdamW::load_state(std::vector<Tensor> first_moments, std::vector<Tensor> se
   // Copies onto the parameter's device (a checkpoint's moments arrive on the CPU), so the caller's tensors (e.g.
   // views of a checkpoint buffer) are never written through.
   for (size_t i = 0; i < params_.size(); ++i) {
-    const Device device = params_[i].param->value.device();
-    first_moments_[i] = first_moments[i].to(device);
-    second_moments_[i] = second_moments[i].to(device);
+    const ParamRef& ref = params_[i];
+    const Device device = ref.param->value.device();
+    auto range = [&](const Tensor& full) { return ref.count < 0 ? full : full.flat_view(ref.begin, ref.count); };
+    first_moments_[i] = range(first_moments[i]).to(device);
+    second_moments_[i] = range(second_moments[i]).to(device);
   }
   step_count_ = step_count;
 }
 
-double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm) {
+double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
+                      const std::function<double(double)>& total_over_ranks) {
   double total = 0.0;
   [[maybe_unused]] GpuSlots gpu;
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamRef& ref = params[i];
     HGRN_CHECK(ref.param, "clip_grad_norm: parameter ", param_label(ref, i), " is undefined");
-    if (!ref.param->grad.defined()) continue;
+    if (!ref.param->grad.defined() || ref.updated_elements() == 0) continue;
     check_grad_matches(ref, i);
-    const Tensor& g = ref.param->grad;
+    const Tensor g = updated_range(ref, ref.param->grad);
     if (g.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
       HGRN_CHECK(g.dtype() == DType::F32, "clip_grad_norm: GPU gradient of ", param_label(ref, i), " is ",
@@ -224,14 +239,15 @@ double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm) {
     total += cuda_grad_sum_of_squares(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data());
   }
 #endif
+  if (total_over_ranks) total = total_over_ranks(total);
   const double norm = std::sqrt(total);
   // A non-finite norm is returned unclipped: scaling by max_norm / inf would silently zero the gradients, while
   // the caller can see the inf/nan and skip the step.
   if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {
     const double factor = max_norm / (norm + 1e-6);
     for (const ParamRef& ref : params) {
-      if (!ref.param->grad.defined()) continue;
-      Tensor& g = ref.param->grad;
+      if (!ref.param->grad.defined() || ref.updated_elements() == 0) continue;
+      const Tensor g = updated_range(ref, ref.param->grad);
       if (g.device() == Device::CUDA) continue;  // all GPU gradients at once, below
       HGRN_DISPATCH_FLOAT(g.dtype(), "clip_grad_norm",
                           [&] { scale_in_place(g.data<scalar_t>(), g.numel(), factor); });

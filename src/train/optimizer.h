@@ -6,6 +6,7 @@
 // count or GPU scheduling.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -20,9 +21,13 @@ struct AdamWConfig {
 
 // One optimised parameter. decay=false for norm weights, the lower bounds and (unless the config asks otherwise)
 // the embeddings: shrinking those towards zero changes what the model computes rather than regularising it.
+// ZeRO-1 (sharded optimiser state): a process updates only elements [begin, begin + count) of the flattened
+// parameter and keeps moments for those alone; count -1 (the default) means the whole parameter, count 0 none.
 struct ParamRef {
   Var param;
   bool decay;
+  int64_t begin = 0, count = -1;
+  int64_t updated_elements() const { return count < 0 ? param->value.numel() : count; }
 };
 
 class AdamW {
@@ -42,10 +47,11 @@ class AdamW {
 
   // Optimiser state for checkpoints: one first and one second moment tensor per parameter (same order as
   // params(), on the parameter's device: GPU moments need a copy to the CPU before writing), plus the step count.
+  // A parameter with an element range (ZeRO-1) has 1-D moments of its range's length.
   const std::vector<Tensor>& first_moments() const { return first_moments_; }
   const std::vector<Tensor>& second_moments() const { return second_moments_; }
   // Replaces the state; every tensor must match its parameter's shape and dtype, on any device. The tensors are
-  // copied onto the parameter's device.
+  // copied onto the parameter's device (for a parameter with an element range: that range of them).
   void load_state(std::vector<Tensor> first_moments, std::vector<Tensor> second_moments, int64_t step_count);
 
   const std::vector<ParamRef>& params() const { return params_; }
@@ -61,8 +67,10 @@ class AdamW {
 // The global L2 norm of all defined gradients, accumulated in double in a fixed order (deterministic; GPU
 // gradients are summed on the device and their total added after the CPU ones', one device-to-host copy). If
 // max_norm > 0 and the norm exceeds it, every gradient is scaled by max_norm / (norm + 1e-6). Returns the norm
-// before clipping.
-double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm);
+// before clipping. With element ranges (ZeRO-1) only those elements are measured and scaled, and
+// `total_over_ranks` turns this process's sum of squares into the sum over all ranks' ranges.
+double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
+                      const std::function<double(double)>& total_over_ranks = nullptr);
 
 // ParamRefs for the model's named parameters: Mixer, Mlp and LmHead weights decay; Norm and LowerBound never do;
 // Embedding decays only when decay_embeddings (a tied lm_head is the embedding, so it follows the same switch).

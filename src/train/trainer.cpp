@@ -51,8 +51,10 @@ std::string model_signature(const ModelConfig& m) {
                         " lower_bound=", m.use_lower_bound, " tied=", m.tie_word_embeddings, " master=fp32");
 }
 
-TrainingState capture_state(const Hgrn2Model& model, const AdamW& optimizer, const BatchSource& data,
-                            const Config& config, int64_t step, int64_t tokens_seen) {
+// `adam_m`/`adam_v`: the optimiser moments, whole and on the CPU (DataParallel::gather_moments).
+TrainingState capture_state(const Hgrn2Model& model, std::vector<Tensor> adam_m, std::vector<Tensor> adam_v,
+                            const AdamW& optimizer, const BatchSource& data, const Config& config, int64_t step,
+                            int64_t tokens_seen) {
   TrainingState s;
   s.step = step;
   s.tokens_seen = tokens_seen;
@@ -63,8 +65,8 @@ TrainingState capture_state(const Hgrn2Model& model, const AdamW& optimizer, con
   s.rng = RngState{config.training.seed, 0};
   // Checkpoints are written from host copies (on the CPU these are the tensors themselves).
   for (const auto& [spec, var] : model.parameters()) s.params.emplace_back(spec.name, on_device(var->value, Device::CPU));
-  for (const Tensor& m : optimizer.first_moments()) s.adam_m.push_back(on_device(m, Device::CPU));
-  for (const Tensor& v : optimizer.second_moments()) s.adam_v.push_back(on_device(v, Device::CPU));
+  s.adam_m = std::move(adam_m);
+  s.adam_v = std::move(adam_v);
   s.adam_step = optimizer.step_count();
   s.config_yaml = config_to_yaml(config);
   s.model_signature = model_signature(config.model);
@@ -93,7 +95,16 @@ std::optional<std::string> checkpoint_to_resume(const Config& config, const std:
 // auto: the GPU when there is one. cuda: a GPU or a clear error.
 Device resolve_device(const std::string& device) {
   if (device == "cpu") return Device::CPU;
-  if (cuda_available()) return Device::CUDA;
+  if (cuda_available()) {
+    const World& w = world();
+    if (w.size > 1) {
+      const int gpus = cuda_device_count();
+      HGRN_CHECK(w.local_size <= gpus, w.local_size, " processes on this node share ", gpus, " visible GPU(s): "
+                 "launch at most one process per GPU (mpirun -np ", gpus, " on one node), or set training.device: cpu");
+      cuda_use_device(w.local_rank);
+    }
+    return Device::CUDA;
+  }
   HGRN_CHECK(device == "auto", "training.device is cuda, but ",
 #ifdef HGRN_WITH_CUDA
              "no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)",
@@ -112,52 +123,73 @@ DType activation_dtype(const std::string& precision, Device device) {
   return DType::BF16;
 }
 
-std::unique_ptr<TrainingModel> make_training_model(const Config& config, uint64_t init_seed, Device device,
-                                                   DType activation_dtype) {
-  const TrainingConfig& tc = config.training;
+namespace {
+Hgrn2Model make_model(const Config& config, uint64_t init_seed, Device device, DType activation_dtype) {
   Rng init_rng(init_seed);
   Hgrn2Model model(config.model, init_rng, DType::F32);
   model.to_device(device, activation_dtype);
-  model.set_recompute(tc.recompute);
+  model.set_recompute(config.training.recompute);
 #ifdef HGRN_WITH_CUDA
-  set_gemm_autotune(device == Device::CUDA && !tc.deterministic);
+  set_gemm_autotune(device == Device::CUDA && !config.training.deterministic);
 #endif
-  auto groups = make_param_groups(model.parameters(), tc.decay_embeddings);
-  return std::unique_ptr<TrainingModel>(new TrainingModel{
-      std::move(model), AdamW(std::move(groups), AdamWConfig{tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay})});
+  return model;
+}
+}  // namespace
+
+TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device device, DType activation_dtype)
+    : model(make_model(config, init_seed, device, activation_dtype)),
+      data_parallel(world().size > 1 ? std::make_unique<DataParallel>(
+                                           model, make_param_groups(model.parameters(), config.training.decay_embeddings),
+                                           DataParallelOptions{config.training.zero1,
+                                                               config.training.collective_timeout_s})
+                                     : nullptr),
+      optimizer(data_parallel ? data_parallel->optimizer_params()
+                              : make_param_groups(model.parameters(), config.training.decay_embeddings),
+                AdamWConfig{config.training.beta1, config.training.beta2, config.training.adam_eps,
+                            config.training.weight_decay}) {}
+
+std::unique_ptr<TrainingModel> make_training_model(const Config& config, uint64_t init_seed, Device device,
+                                                   DType activation_dtype) {
+  return std::make_unique<TrainingModel>(config, init_seed, device, activation_dtype);
 }
 
-StepResult training_step(const Hgrn2Model& model, AdamW& optimizer, BatchSource& data, const TrainingConfig& tc,
-                         double lr) {
+StepResult training_step(TrainingModel& setup, BatchSource& data, const TrainingConfig& tc, double lr) {
   StepResult r;
+  AdamW& optimizer = setup.optimizer;
+  DataParallel* dp = setup.data_parallel.get();
   optimizer.zero_grad();
   for (int64_t micro = 0; micro < tc.grad_accum_steps; ++micro) {
     TraceRange trace("micro-batch " + std::to_string(micro));
+    // Several ranks: the last micro-batch's backward reduces each layer's gradients as soon as they are complete.
+    if (dp) dp->reduce_in_next_backward(micro + 1 == tc.grad_accum_steps);
     Tape tape;
-    CrossEntropyResult ce = language_model_loss(model, tape, data.next_batch(tc.micro_batch_size));
+    CrossEntropyResult ce = language_model_loss(setup.model, tape, data.next_batch(tc.micro_batch_size));
     // Each micro-batch loss is a mean; the step's loss is their average, so each seeds 1/accum.
     // With N ranks each seed is also divided by N, so that summing the ranks' gradients gives the global mean.
     const double seed = 1.0 / static_cast<double>(tc.grad_accum_steps * world().size);
-    tape.backward(ce.loss, on_device(Tensor::full({}, seed, DType::F32), model.device()));
+    tape.backward(ce.loss, on_device(Tensor::full({}, seed, DType::F32), setup.model.device()));
     r.loss += ce.loss->value.item() / static_cast<double>(tc.grad_accum_steps);
     r.targets += ce.num_targets;
     r.correct += ce.num_correct;
   }
-  if (world().size > 1) {
-    TraceRange trace("allreduce");
-    std::vector<Tensor*> grads;
-    for (const ParamRef& p : optimizer.params())
-      if (p.param->grad.defined()) grads.push_back(&p.param->grad);
-    allreduce_sum(grads);
+  if (dp) {
+    TraceRange trace("gradient reduction");
+    dp->finish_gradient_reduction();
     std::vector<double> totals{r.loss, static_cast<double>(r.targets), static_cast<double>(r.correct)};
     allreduce_sum(totals);
     r.loss = totals[0] / world().size;
     r.targets = static_cast<int64_t>(totals[1]);
     r.correct = static_cast<int64_t>(totals[2]);
   }
-  TraceRange trace("optimizer");
-  r.grad_norm = clip_grad_norm(optimizer.params(), tc.grad_clip);
-  optimizer.step(lr);
+  {
+    TraceRange trace("optimizer");
+    r.grad_norm = clip_grad_norm(optimizer.params(), tc.grad_clip, dp ? dp->grad_norm_total() : nullptr);
+    optimizer.step(lr);
+  }
+  if (dp) {
+    TraceRange trace("weight all-gather");
+    dp->finish_update();
+  }
   return r;
 }
 
@@ -189,12 +221,10 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   } else {
     log << "cpu with " << omp_get_max_threads() << " threads\n";
   }
-  if (w.size > 1) {
-    HGRN_CHECK(device == Device::CPU, "training.device resolved to cuda with ", w.size, " processes: multi-GPU data "
-               "parallelism (NCCL) is not built yet; set training.device: cpu for multi-process CPU training");
-    log << w.size << " data-parallel ranks (MPI); global batch " << w.size << " x " << tc.micro_batch_size << " x "
-        << tc.grad_accum_steps << " sequences\n";
-  }
+  if (w.size > 1)
+    log << w.size << " data-parallel ranks (" << (device == Device::CUDA ? "NCCL" : "MPI") << (tc.zero1 ? ", ZeRO-1" : "")
+        << "); global batch " << w.size << " x " << tc.micro_batch_size << " x " << tc.grad_accum_steps
+        << " sequences\n";
   log << "---- resolved config (" << config.source << ") ----\n" << config_to_yaml(config) << "----\n";
 
   std::optional<MetricsFile> metrics;
@@ -214,6 +244,12 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act_dtype == DType::BF16 ? 2 : 4);
   log << "model: " << cost.params_total << " parameters, " << cost.flops_per_token_train / 1e6
       << " MFLOP per token (train)\n";
+  if (setup->data_parallel && setup->data_parallel->zero1()) {
+    int64_t kept = 0;
+    for (const ParamRef& ref : optimizer.params()) kept += ref.updated_elements();
+    log << "ZeRO-1: rank 0 keeps the AdamW moments of " << kept << " of the " << cost.params_total
+        << " parameters\n";
+  }
 
   std::unique_ptr<BatchSource> train_data = make_training_source(config, stream_seed(tc.seed, kTrainDataStream), w.rank, w.size);
   std::unique_ptr<BatchSource> eval_data = make_evaluation_source(config, stream_seed(tc.seed, kEvalDataStream));
@@ -250,9 +286,19 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
     log << "initialised the weights from " << dir << "\n";
   }
   auto save = [&](int64_t steps_done) {
-    if (!w.is_root()) return;  // the ranks hold identical weights and optimiser state
+    // The moments, whole, on rank 0 (under ZeRO-1 every rank sends its share); rank 0 alone writes: the ranks
+    // hold identical weights.
+    std::vector<Tensor> adam_m, adam_v;
+    if (setup->data_parallel) {
+      setup->data_parallel->gather_moments(optimizer, &adam_m, &adam_v);
+    } else {
+      for (const Tensor& m : optimizer.first_moments()) adam_m.push_back(on_device(m, Device::CPU));
+      for (const Tensor& v : optimizer.second_moments()) adam_v.push_back(on_device(v, Device::CPU));
+    }
+    if (!w.is_root()) return;
     const std::string path = save_checkpoint(
-        checkpoint_dir, capture_state(model, optimizer, *train_data, config, steps_done, tokens_seen));
+        checkpoint_dir, capture_state(model, std::move(adam_m), std::move(adam_v), optimizer, *train_data, config,
+                                      steps_done, tokens_seen));
     prune_checkpoints(checkpoint_dir, config.checkpoint.keep_last, config.checkpoint.keep_every);
     log << "checkpoint " << path << std::endl;
   };
@@ -272,7 +318,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   // ---- the loop ----
   for (int64_t step = start_step; step < tc.max_steps; ++step) {
     const double lr = learning_rate(tc, step);
-    const StepResult r = training_step(model, optimizer, *train_data, tc, lr);
+    const StepResult r = training_step(*setup, *train_data, tc, lr);
     const double step_loss = r.loss, grad_norm = r.grad_norm;
     const int64_t step_targets = r.targets, step_correct = r.correct;
 

@@ -7,6 +7,7 @@
 
 #include "config/config.h"
 #include "data/batch_source.h"
+#include "dist/data_parallel.h"
 #include "model/hgrn2.h"
 #include "train/optimizer.h"
 
@@ -32,21 +33,24 @@ struct StepResult {
   int64_t targets = 0, correct = 0;
   double grad_norm = 0;  // before clipping
 };
-StepResult training_step(const Hgrn2Model& model, AdamW& optimizer, BatchSource& data, const TrainingConfig& tc,
-                         double lr);
-
 // The model (initialised on the CPU from init_seed, so the same weights on any device, then moved to `device` with
-// `activation_dtype` activations) and its AdamW, set up from the training config the way a run uses them
-// (recomputation, GEMM autotuning per training.deterministic): what `hgrn train` and `hgrn bench` share.
+// `activation_dtype` activations), with several ranks its data parallelism (gradient reduction, ZeRO-1), and its
+// AdamW, set up from the training config the way a run uses them (recomputation, GEMM autotuning per
+// training.deterministic): what `hgrn train` and `hgrn bench` share.
 struct TrainingModel {
+  TrainingModel(const Config& config, uint64_t init_seed, Device device, DType activation_dtype);
   Hgrn2Model model;
+  std::unique_ptr<DataParallel> data_parallel;  // null for a single process
   AdamW optimizer;
 };
+
+StepResult training_step(TrainingModel& setup, BatchSource& data, const TrainingConfig& tc, double lr);
 std::unique_ptr<TrainingModel> make_training_model(const Config& config, uint64_t init_seed, Device device,
                                                    DType activation_dtype);
 
 // The compute device a training.device setting resolves to (auto: the GPU when one is visible) and the activation
-// dtype of a training.precision on that device; both throw a clear Error for an impossible combination.
+// dtype of a training.precision on that device; both throw a clear Error for an impossible combination. With
+// several ranks on the GPU, resolve_device also binds this process to its GPU (its rank on the node).
 Device resolve_device(const std::string& device);
 DType activation_dtype(const std::string& precision, Device device);
 

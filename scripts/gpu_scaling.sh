@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# gpu_scaling.sh: data-parallel scaling of whole training steps on one multi-GPU node: `hgrn bench` of a config
+# at 1, 2, 4, ... GPUs (mpirun, one process per GPU, the same micro-batch per GPU), plain and with ZeRO-1, and the
+# efficiency tokens/s(N) / (N x tokens/s(1)). Builds build-gpu/ like gpu_tests.sh when it is missing.
+# Usage: scripts/gpu_scaling.sh [OUTPUT_DIR] [CONFIG]   (defaults build-gpu/scaling, configs/hgrn2-385m.yaml)
+#   SCALING_GPUS="1 2 4"  BENCH_WARMUP=3  BENCH_STEPS=10  override the GPU counts and step counts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-build-gpu/scaling}
+config=${2:-configs/hgrn2-385m.yaml}
+mkdir -p "$out"
+if [ ! -x build-gpu/hgrn ]; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHGRN_CUDA=ON ${HGRN_CMAKE_ARGS:-}
+  cmake --build build-gpu -j"$(nproc)" --target hgrn
+fi
+gpus=$(nvidia-smi --list-gpus | wc -l)
+counts=${SCALING_GPUS:-$(for n in 1 2 4 8; do [ "$n" -le "$gpus" ] && echo "$n"; done)}
+root_flag=$([ "$(id -u)" -eq 0 ] && echo --allow-run-as-root || true)
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/machine.txt"
+run() {  # run N ZERO1 NAME
+  mpirun $root_flag -np "$1" --bind-to none -x NCCL_NVLS_ENABLE ./build-gpu/hgrn bench --config "$config" \
+    --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-10}" --set training.zero1="$2" --json "$out/$3.json" \
+    > "$out/$3.txt" 2>&1 || { echo "bench $3 failed:"; tail -20 "$out/$3.txt"; }
+}
+for n in $counts; do
+  run "$n" false "gpus$n"
+  [ "$n" -gt 1 ] && run "$n" true "gpus$n-zero1"
+done
+python3 - "$out" $counts <<'PY'
+import json, os, sys
+out, counts = sys.argv[1], [int(c) for c in sys.argv[2:]]
+def load(name):
+    p = os.path.join(out, name + ".json")
+    return json.load(open(p)) if os.path.exists(p) else None
+base = load("gpus1")
+print("| GPUs | ZeRO-1 | tokens/s | per GPU | efficiency | step ms | peak GiB/GPU |")
+print("|---|---|---|---|---|---|---|")
+for n in counts:
+    for z in ([""] if n == 1 else ["", "-zero1"]):
+        r = load(f"gpus{n}{z}")
+        if not r: continue
+        eff = r["tokens_per_s"] / (n * base["tokens_per_s"]) if base else float("nan")
+        print(f"| {n} | {'yes' if z else 'no'} | {r['tokens_per_s']:.0f} | {r['tokens_per_s']/n:.0f} | {100*eff:.1f}% "
+              f"| {r['median_ms']:.1f} | {r['peak_memory_gib']:.2f} |")
+PY

@@ -1,0 +1,34 @@
+// collectives.h: the in-place collectives data parallelism runs over fp32 ranges of its flat gradient and parameter
+// buffers. On the CPU they are MPI calls that complete before returning; between GPUs they are NCCL calls queued on
+// a communication stream of their own, so that they overlap the backward pass on the compute stream.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace hgrn {
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  // The collectives queued next read what the compute stream has queued so far (GPU: an event; CPU: nothing).
+  virtual void after_compute() = 0;
+  // data[0, count): the sum over all ranks, on every rank.
+  virtual void all_reduce_sum(float* data, int64_t count) = 0;
+  // data[0, size * count) in, each rank's share out: data[rank * count, (rank + 1) * count) becomes the sum over
+  // all ranks of that range (the rest of data is left unspecified).
+  virtual void reduce_scatter_sum(float* data, int64_t count) = 0;
+  // Each rank's data[rank * count, (rank + 1) * count) in; every rank ends with all ranks' shares in data.
+  virtual void all_gather(float* data, int64_t count) = 0;
+  // Blocks until every collective queued so far is complete. GPU: polls with a timeout and NCCL's asynchronous error
+  // state, so that a rank that died or hangs ends this one with an Error naming the rank and `what` instead of a
+  // hang; the communicator is aborted first.
+  virtual void wait(const char* what) = 0;
+};
+
+// MPI collectives for CPU tensors, or NCCL ones (communicator bootstrapped through MPI) for GPU tensors. NCCL
+// waits give up after timeout_s seconds.
+std::unique_ptr<Collectives> make_collectives(Device device, double timeout_s);
+
+}  // namespace hgrn

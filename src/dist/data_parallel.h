@@ -1,0 +1,81 @@
+// data_parallel.h: data parallelism over the ranks of world.h: every rank holds the whole model, trains on its
+// own share of the batch, and the gradients are summed across ranks before the update.
+//
+// The parameters and their gradients live in two flat fp32 buffers, laid out bucket by bucket: one bucket per
+// group of Hgrn2Model::gradient_ready_groups(), in the order the backward completes them. During the backward of a
+// step's last micro-batch, each bucket's reduction is queued as soon as the model reports its gradients complete,
+// so that (between GPUs, on NCCL's own stream) it overlaps the backward of the layers before it.
+//
+// ZeRO-1 (training.zero1): instead of an all-reduce, each bucket is reduce-scattered: rank r receives the summed
+// gradients of the r-th 1/N of every bucket, keeps the AdamW moments for that share only, updates that share of
+// the weights, and an all-gather brings every rank the whole updated weights. Deviation from the wording,
+// said here and in the README: the fp32 weights stay whole on every rank (the forward reads them directly, as
+// norm weights and lower bounds and as the source of the bf16 GEMM copies); the optimiser moments, 2/3 of the fp32
+// training state, are what is sharded.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "dist/collectives.h"
+#include "model/hgrn2.h"
+#include "train/optimizer.h"
+
+namespace hgrn {
+
+struct DataParallelOptions {
+  bool zero1 = false;
+  double timeout_s = 300;  // GPU: how long a collective may take before the run gives up on its peers
+};
+
+class DataParallel {
+ public:
+  // Moves the model's parameters (already on their device) into the flat buffers, points every parameter's value
+  // and gradient at its place there, and hooks the model's backward. `params` are the optimiser's parameter groups
+  // (make_param_groups): every model parameter exactly once.
+  DataParallel(Hgrn2Model& model, std::vector<ParamRef> params, const DataParallelOptions& options);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // The parameters this rank's optimiser updates: all of them whole, or (ZeRO-1) each with this rank's range.
+  const std::vector<ParamRef>& optimizer_params() const { return rank_params_; }
+  bool zero1() const { return options_.zero1; }
+
+  // Gradients are reduced in the backward of a step's last micro-batch only (the others accumulate locally): call
+  // with true before that backward and with false before the others.
+  void reduce_in_next_backward(bool reduce);
+  // After the last micro-batch's backward: blocks until every bucket is reduced (see Collectives::wait).
+  void finish_gradient_reduction();
+  // For clip_grad_norm: under ZeRO-1 each rank measures its share; this adds them up (in rank order). Else null.
+  std::function<double(double)> grad_norm_total() const;
+  // After the optimiser step, under ZeRO-1: every rank's updated share to all ranks. A no-op without ZeRO-1.
+  void finish_update();
+  // For checkpoints (a collective: every rank calls it): each parameter's whole first and second moments on the
+  // CPU, on rank 0 (the other ranks receive empty vectors). Without ZeRO-1, host copies of the optimiser's own.
+  void gather_moments(const AdamW& optimizer, std::vector<Tensor>* first, std::vector<Tensor>* second) const;
+
+ private:
+  struct Bucket {
+    int64_t offset = 0, size = 0;  // in the flat buffers; size is a multiple of (ranks x kAlignment)
+  };
+  struct Placement {
+    int64_t offset = 0, numel = 0;
+    size_t bucket = 0;
+  };
+  void on_gradients_ready(size_t group);
+  // The range of each parameter (in params_ order) that `rank` updates under ZeRO-1.
+  std::vector<ParamRef> params_of_rank(int rank) const;
+
+  Hgrn2Model& model_;
+  DataParallelOptions options_;
+  std::unique_ptr<Collectives> collectives_;
+  std::vector<ParamRef> params_, rank_params_;
+  std::vector<Placement> placements_;  // per params_ entry
+  std::vector<Bucket> buckets_;
+  Tensor flat_params_, flat_grads_;
+  bool reduce_ = false;
+  std::vector<bool> queued_;
+};
+
+}  // namespace hgrn

@@ -1,0 +1,120 @@
+// nccl_collectives.cpp: collectives.h between GPUs, through NCCL. The communicator is bootstrapped through MPI
+// (rank 0 makes the unique id and broadcasts it). Collectives run on a communication stream of their own (the
+// device's highest priority, so that they start as soon as their inputs are ready) after an event on the compute
+// stream, which lets the gradient reduction of one layer overlap the backward of the layers before it. wait()
+// polls instead of blocking, so that a dead or stuck peer becomes an Error after the configured timeout.
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "core/check.h"
+#include "dist/collectives.h"
+#include "dist/world.h"
+
+#ifdef HGRN_WITH_NCCL
+#include <nccl.h>
+
+#include "dist/mpi_check.h"
+#include "kernels/cuda_check.h"
+#include "kernels/cuda_context.h"
+
+#define NCCL_CHECK(call)                                                                                           \
+  do {                                                                                                             \
+    ncclResult_t rc_ = (call);                                                                                     \
+    if (rc_ != ncclSuccess && rc_ != ncclInProgress)                                                               \
+      throw ::hgrn::Error(::hgrn::detail::concat("NCCL error on rank ", ::hgrn::world().rank, " in ", #call, ": ", \
+                                                 ncclGetErrorString(rc_), " [", __FILE__, ":", __LINE__,           \
+                                                 "]; NCCL_DEBUG=WARN shows NCCL's own diagnosis"));                \
+  } while (0)
+#endif
+
+namespace hgrn {
+
+#ifdef HGRN_WITH_NCCL
+namespace {
+
+class NcclCollectives : public Collectives {
+ public:
+  explicit NcclCollectives(double timeout_s) : timeout_s_(timeout_s) {
+    const World& w = world();
+    ncclUniqueId id{};
+    if (w.is_root()) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
+    int lowest = 0, highest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, highest));
+    CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    NCCL_CHECK(ncclCommInitRank(&comm_, w.size, id, w.rank));
+  }
+  ~NcclCollectives() override {
+    if (comm_) ncclCommDestroy(comm_);
+    cudaEventDestroy(compute_ready_);
+    cudaEventDestroy(done_);
+    cudaStreamDestroy(stream_);
+  }
+
+  void after_compute() override {
+    CUDA_CHECK(cudaEventRecord(compute_ready_, cuda_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_ready_, 0));
+  }
+  void all_reduce_sum(float* data, int64_t count) override {
+    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat, ncclSum, comm_, stream_));
+  }
+  // In place as NCCL defines it: the receive buffer is the rank's share of the send buffer.
+  void reduce_scatter_sum(float* data, int64_t count) override {
+    NCCL_CHECK(ncclReduceScatter(data, data + world().rank * count, static_cast<size_t>(count), ncclFloat, ncclSum,
+                                 comm_, stream_));
+  }
+  void all_gather(float* data, int64_t count) override {
+    NCCL_CHECK(ncclAllGather(data + world().rank * count, data, static_cast<size_t>(count), ncclFloat, comm_, stream_));
+  }
+
+  void wait(const char* what) override {
+    CUDA_CHECK(cudaEventRecord(done_, stream_));
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t state = cudaEventQuery(done_);
+      if (state == cudaSuccess) return;
+      if (state != cudaErrorNotReady) CUDA_CHECK(state);
+      ncclResult_t async = ncclSuccess;
+      NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      if (async != ncclSuccess && async != ncclInProgress)
+        fail(what, detail::concat("NCCL reports ", ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")"));
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout_s_)
+        fail(what, detail::concat("not complete after ", timeout_s_, " s (training.collective_timeout_s): another "
+                                  "rank has probably died or stopped responding"));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+ private:
+  // Aborting the communicator releases this rank's NCCL kernels, so that the process can exit instead of hanging.
+  [[noreturn]] void fail(const char* what, const std::string& why) {
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw Error(detail::concat("rank ", world().rank, " of ", world().size, ": NCCL ", what, " failed: ", why,
+                               "; the run stops (resume it from its last checkpoint)"));
+  }
+
+  double timeout_s_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t compute_ready_ = nullptr, done_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Collectives> make_nccl_collectives(double timeout_s) {
+  return std::make_unique<NcclCollectives>(timeout_s);
+}
+#else
+std::unique_ptr<Collectives> make_nccl_collectives(double) {
+  throw Error(
+      "multi-GPU training needs NCCL, and this hgrn was built without it: install NCCL (libnccl-dev, or the CUDA "
+      "Toolkit's) and MPI, and rebuild; or train on the CPU with training.device: cpu");
+}
+#endif
+
+}  // namespace hgrn
