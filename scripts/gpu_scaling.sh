@@ -14,7 +14,7 @@ if [ ! -x build-gpu/hgrn ]; then
   cmake --build build-gpu -j"$(nproc)" --target hgrn
 fi
 gpus=$(nvidia-smi --list-gpus | wc -l)
-counts=${SCALING_GPUS:-$(for n in 1 2 4 8; do [ "$n" -le "$gpus" ] && echo "$n"; done)}
+counts=${SCALING_GPUS:-$(for n in 1 2 4 8; do if [ "$n" -le "$gpus" ]; then echo "$n"; fi; done)}
 root_flag=$([ "$(id -u)" -eq 0 ] && echo --allow-run-as-root || true)
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/machine.txt"
@@ -25,7 +25,7 @@ run() {  # run N ZERO1 NAME
 }
 for n in $counts; do
   run "$n" false "gpus$n"
-  [ "$n" -gt 1 ] && run "$n" true "gpus$n-zero1"
+  if [ "$n" -gt 1 ]; then run "$n" true "gpus$n-zero1"; fi
 done
 python3 - "$out" $counts <<'PY'
 import json, os, sys
