@@ -292,7 +292,16 @@ TEST(Checkpoint, WriterKilledAtAnyMomentNeverLeavesAnIncompleteFinalFile) {
 
   Rng delays(5);
   int64_t next_step = 1;
-  for (int round = 0; round < 8; ++round) {
+  // At least 8 rounds, and more (with longer delays) until some save has finished: on a loaded machine a save may
+  // take longer than the first rounds' delays, and a test where every kill lands before the first rename proves
+  // nothing about complete files.
+  auto finished_saves = [&] {
+    int64_t n = 0;
+    for (const auto& entry : fs::directory_iterator(dir.str()))
+      n += checkpoint_step_from_file_name(entry.path().filename().string()) ? 1 : 0;
+    return n;
+  };
+  for (int round = 0; round < 8 || (finished_saves() == 0 && round < 40); ++round) {
     const int64_t first_step = next_step;
     next_step += 1000;
     const pid_t child = ::fork();
@@ -309,7 +318,7 @@ TEST(Checkpoint, WriterKilledAtAnyMomentNeverLeavesAnIncompleteFinalFile) {
       }
       ::_exit(0);
     }
-    ::usleep(static_cast<useconds_t>(2000 + delays.below(40000)));
+    ::usleep(static_cast<useconds_t>(2000 + delays.below(40000) + (round >= 8 ? 50000 * (round - 7) : 0)));
     ::kill(child, SIGKILL);
     int status = 0;
     ASSERT_EQ(::waitpid(child, &status, 0), child);

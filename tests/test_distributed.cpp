@@ -194,38 +194,58 @@ TEST(Distributed, TwoRankZeroOneRunResumesBitwise) {
   expect_multi_rank_resume_is_bitwise(dir, write_config(dir), 2, true);
 }
 
-void expect_killed_rank_ends_the_run(const std::string& device) {
+// A long 2-rank run; once it is training, send `signal` to rank 1 (found by the launcher's rank variable in its
+// environment) and time how long the job takes to end. KILL: the launcher notices the death and stops rank 0.
+// STOP: rank 1 hangs without dying, which no launcher notices; rank 0's watchdog must end it after
+// training.collective_timeout_s (2 s here) instead of waiting in its collective forever. Returns the job's log.
+std::string expect_signalled_rank_ends_the_run(const std::string& device, const std::string& signal, long max_ms) {
   testing::ScratchDir dir;
-  const std::string config = write_config(dir, device), run = dir / "killed";
-  // A long 2-rank run; once it is training, SIGKILL rank 1 (found by the launcher's rank variable in its
-  // environment) and time how long the job takes to end: the surviving rank must not hang in its all-reduce.
+  const std::string config = write_config(dir, device), run = dir / "signalled";
   const std::string script =
       mpirun(2, "timeout 120") + " train -c " + shell_quote(config) +
-      " --set training.micro_batch_size=4 --set training.max_steps=1000000" +
+      " --set training.micro_batch_size=4 --set training.max_steps=1000000 --set training.collective_timeout_s=2" +
       " --set logging.run_dir=" + shell_quote(run) + " > " + shell_quote(dir / "log.txt") + " 2>&1 & job=$!\n" +
       "for i in $(seq 300); do [ -s " + shell_quote(run + "/metrics.jsonl") + " ] && break; sleep 0.1; done\n" +
-      "killed=0\n" +
+      "sent=0\n" +
       "for p in $(pgrep -f " + shell_quote("logging.run_dir=" + run) + "); do\n" +
-      "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -9 $p && killed=1\n" +
+      "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -" + signal +
+      " $p && sent=1\n" +
       "done\n" +
-      "[ $killed = 1 ] || { kill $job; echo 'no rank 1 process found to kill'; exit 0; }\n" +
+      "[ $sent = 1 ] || { kill $job; echo 'no rank 1 process found to signal'; exit 0; }\n" +
       "start=$(date +%s%N); wait $job; rc=$?; end=$(date +%s%N)\n" +
       "echo \"rc=$rc ms=$(( (end - start) / 1000000 ))\"\n";
-  std::ofstream(dir / "kill.sh") << script;
-  auto r = run_command("bash " + shell_quote(dir / "kill.sh"));
+  std::ofstream(dir / "signal.sh") << script;
+  auto r = run_command("bash " + shell_quote(dir / "signal.sh"));
   std::ifstream log_file(dir / "log.txt");
   const std::string log((std::istreambuf_iterator<char>(log_file)), std::istreambuf_iterator<char>());
   int rc = -1;
   long ms = -1;
-  ASSERT_EQ(std::sscanf(r.out.c_str(), "rc=%d ms=%ld", &rc, &ms), 2) << r.out << r.err;
+  EXPECT_EQ(std::sscanf(r.out.c_str(), "rc=%d ms=%ld", &rc, &ms), 2) << r.out << r.err;
   EXPECT_NE(rc, 0) << log;
-  EXPECT_LT(ms, 10000) << "the job took " << ms << " ms to end after a rank was killed";
+  EXPECT_LT(ms, max_ms) << "the job took " << ms << " ms to end after rank 1 got SIG" << signal << "\n" << log;
+  return log;
+}
+
+void expect_killed_rank_ends_the_run(const std::string& device) {
+  const std::string log = expect_signalled_rank_ends_the_run(device, "KILL", 10000);
   EXPECT_NE(log.find("signal 9"), std::string::npos) << "the launcher names the killed rank and signal:\n" << log;
+}
+
+void expect_hung_rank_ends_the_run(const std::string& device) {
+  // 2 s of timeout, the watchdog's 0.1 s tick, then the launcher's clean-up of the stopped rank.
+  const std::string log = expect_signalled_rank_ends_the_run(device, "STOP", 15000);
+  EXPECT_NE(log.find("rank 0 of 2: "), std::string::npos) << log;
+  EXPECT_NE(log.find("for the other ranks (training.collective_timeout_s = 2)"), std::string::npos) << log;
 }
 
 TEST(Distributed, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
   SKIP_WITHOUT_MPI();
   expect_killed_rank_ends_the_run("cpu");
+}
+
+TEST(Distributed, AHungRankMakesTheOthersStopAfterTheCollectiveTimeout) {
+  SKIP_WITHOUT_MPI();
+  expect_hung_rank_ends_the_run("cpu");
 }
 
 TEST(Distributed, RanksWithDifferentConfigsAreRefused) {
@@ -270,6 +290,11 @@ TEST(DistributedCuda, FourGpuZeroOneRunResumesBitwise) {
 TEST(DistributedCuda, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
   SKIP_WITHOUT_GPUS(2);
   expect_killed_rank_ends_the_run("cuda");
+}
+
+TEST(DistributedCuda, AHungRankMakesTheOthersStopAfterTheCollectiveTimeout) {
+  SKIP_WITHOUT_GPUS(2);
+  expect_hung_rank_ends_the_run("cuda");
 }
 
 }  // namespace

@@ -83,11 +83,12 @@ struct TrainingConfig {
   bool deterministic = true;       // GPU: bitwise-reproducible runs (no GEMM autotuning); false is faster
   bool recompute = false;          // recompute each token mixer and MLP in the backward instead of keeping activations
   bool zero1 = false;              // several ranks: shard the optimiser moments across them (ZeRO-1)
-  double collective_timeout_s = 300;  // several GPUs: seconds a gradient/weight collective may take before the run
-                                      // stops with an error (a peer died or hangs)
+  double collective_timeout_s = 600;  // several ranks: seconds a wait on the other ranks (MPI, NCCL) may last before
+                                      // this rank stops with an error (a peer died or hangs); leave room for rank
+                                      // 0's checkpoint writes and evaluations, which the others wait for
   double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
   double grad_clip = 1.0;          // global gradient-norm clip; 0 disables
-  int64_t threads = 0;             // CPU threads (0: all cores)
+  int64_t threads = 0;             // CPU threads (0: all cores, shared out among the ranks on a node)
   int64_t eval_interval = 100;     // steps between evaluations; 0 disables
   int64_t eval_batches = 4;
 

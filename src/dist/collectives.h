@@ -21,14 +21,13 @@ class Collectives {
   virtual void reduce_scatter_sum(float* data, int64_t count) = 0;
   // Each rank's data[rank * count, (rank + 1) * count) in; every rank ends with all ranks' shares in data.
   virtual void all_gather(float* data, int64_t count) = 0;
-  // Blocks until every collective queued so far is complete. GPU: polls with a timeout and NCCL's asynchronous error
-  // state, so that a rank that died or hangs ends this one with an Error naming the rank and `what` instead of a
-  // hang; the communicator is aborted first.
+  // Blocks until every collective queued so far is complete, inside a PeerWait (world.h) named `what`: a hung peer
+  // ends the run after the collective timeout. GPU: an NCCL asynchronous error aborts the communicator and throws
+  // an Error naming the rank and `what`.
   virtual void wait(const char* what) = 0;
 };
 
-// MPI collectives for CPU tensors, or NCCL ones (communicator bootstrapped through MPI) for GPU tensors. NCCL
-// waits give up after timeout_s seconds.
-std::unique_ptr<Collectives> make_collectives(Device device, double timeout_s);
+// MPI collectives for CPU tensors, or NCCL ones (communicator bootstrapped through MPI) for GPU tensors.
+std::unique_ptr<Collectives> make_collectives(Device device);
 
 }  // namespace hgrn

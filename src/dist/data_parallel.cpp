@@ -21,7 +21,7 @@ DataParallel::DataParallel(Hgrn2Model& model, std::vector<ParamRef> params, cons
     : model_(model), options_(options), params_(std::move(params)) {
   const World& w = world();
   const Device device = model.device();
-  collectives_ = make_collectives(device, options.timeout_s);
+  collectives_ = make_collectives(device);
 
   // Which optimiser parameter each model Var is, then the layout: the groups in backward order, one bucket each.
   std::map<const Variable*, size_t> index_of;

@@ -25,7 +25,6 @@ namespace hgrn {
 
 struct DataParallelOptions {
   bool zero1 = false;
-  double timeout_s = 300;  // GPU: how long a collective may take before the run gives up on its peers
 };
 
 class DataParallel {

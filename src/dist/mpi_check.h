@@ -1,5 +1,6 @@
-// mpi_check.h: MPI_CHECK, which turns a failing MPI call into an Error that names the rank and the call. Include only
-// under HGRN_WITH_MPI; the C API alone (the deprecated C++ bindings would need their own library).
+// mpi_check.h: MPI_CHECK, which turns a failing MPI call into an Error that names the rank and the call, and runs it
+// inside a PeerWait (world.h), so that a call stuck on a hung peer ends the run after the collective timeout.
+// Include only under HGRN_WITH_MPI; the C API alone (the deprecated C++ bindings would need their own library).
 #pragma once
 #ifdef HGRN_WITH_MPI
 #define OMPI_SKIP_MPICXX 1
@@ -13,6 +14,7 @@
 
 #define MPI_CHECK(call)                                                                                             \
   do {                                                                                                              \
+    ::hgrn::PeerWait peer_wait_(#call);                                                                             \
     int rc_ = (call);                                                                                               \
     if (rc_ != MPI_SUCCESS) {                                                                                       \
       char msg_[MPI_MAX_ERROR_STRING];                                                                              \

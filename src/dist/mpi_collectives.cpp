@@ -10,7 +10,7 @@
 
 namespace hgrn {
 
-std::unique_ptr<Collectives> make_nccl_collectives(double timeout_s);  // nccl_collectives.cpp
+std::unique_ptr<Collectives> make_nccl_collectives();  // nccl_collectives.cpp
 
 namespace {
 
@@ -43,9 +43,9 @@ class MpiCollectives : public Collectives {
 
 }  // namespace
 
-std::unique_ptr<Collectives> make_collectives(Device device, double timeout_s) {
+std::unique_ptr<Collectives> make_collectives(Device device) {
   HGRN_CHECK(mpi_active(), "data-parallel collectives need a run started by mpirun/srun with more than one process");
-  if (device == Device::CUDA) return make_nccl_collectives(timeout_s);
+  if (device == Device::CUDA) return make_nccl_collectives();
 #ifdef HGRN_WITH_MPI
   return std::make_unique<MpiCollectives>();
 #else

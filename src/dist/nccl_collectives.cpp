@@ -2,7 +2,7 @@
 // (rank 0 makes the unique id and broadcasts it). Collectives run on a communication stream of their own (the
 // device's highest priority, so that they start as soon as their inputs are ready) after an event on the compute
 // stream, which lets the gradient reduction of one layer overlap the backward of the layers before it. wait()
-// polls instead of blocking, so that a dead or stuck peer becomes an Error after the configured timeout.
+// polls inside a PeerWait (world.h: the watchdog bounds it) and checks NCCL's asynchronous error state.
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -35,7 +35,7 @@ namespace {
 
 class NcclCollectives : public Collectives {
  public:
-  explicit NcclCollectives(double timeout_s) : timeout_s_(timeout_s) {
+  NcclCollectives() {
     const World& w = world();
     ncclUniqueId id{};
     if (w.is_root()) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -45,6 +45,7 @@ class NcclCollectives : public Collectives {
     CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, highest));
     CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    PeerWait peer_wait("ncclCommInitRank");
     NCCL_CHECK(ncclCommInitRank(&comm_, w.size, id, w.rank));
   }
   ~NcclCollectives() override {
@@ -70,35 +71,28 @@ class NcclCollectives : public Collectives {
     NCCL_CHECK(ncclAllGather(data + world().rank * count, data, static_cast<size_t>(count), ncclFloat, comm_, stream_));
   }
 
+  // The watchdog (world.h) bounds the wait; NCCL's asynchronous errors end it at once.
   void wait(const char* what) override {
     CUDA_CHECK(cudaEventRecord(done_, stream_));
-    const auto start = std::chrono::steady_clock::now();
+    PeerWait peer_wait(what);
     for (;;) {
       const cudaError_t state = cudaEventQuery(done_);
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) CUDA_CHECK(state);
       ncclResult_t async = ncclSuccess;
       NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-      if (async != ncclSuccess && async != ncclInProgress)
-        fail(what, detail::concat("NCCL reports ", ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")"));
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout_s_)
-        fail(what, detail::concat("not complete after ", timeout_s_, " s (training.collective_timeout_s): another "
-                                  "rank has probably died or stopped responding"));
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        const std::string why = detail::concat(ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
+        ncclCommAbort(comm_);  // releases this rank's NCCL kernels, so that the process can exit
+        comm_ = nullptr;
+        throw Error(detail::concat("rank ", world().rank, " of ", world().size, ": NCCL ", what, " failed: ", why,
+                                   "; the run stops (resume it from its last checkpoint)"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
  private:
-  // Aborting the communicator releases this rank's NCCL kernels, so that the process can exit instead of hanging.
-  [[noreturn]] void fail(const char* what, const std::string& why) {
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
-    throw Error(detail::concat("rank ", world().rank, " of ", world().size, ": NCCL ", what, " failed: ", why,
-                               "; the run stops (resume it from its last checkpoint)"));
-  }
-
-  double timeout_s_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr, done_ = nullptr;
@@ -106,11 +100,9 @@ class NcclCollectives : public Collectives {
 
 }  // namespace
 
-std::unique_ptr<Collectives> make_nccl_collectives(double timeout_s) {
-  return std::make_unique<NcclCollectives>(timeout_s);
-}
+std::unique_ptr<Collectives> make_nccl_collectives() { return std::make_unique<NcclCollectives>(); }
 #else
-std::unique_ptr<Collectives> make_nccl_collectives(double) {
+std::unique_ptr<Collectives> make_nccl_collectives() {
   throw Error(
       "multi-GPU training needs NCCL, and this hgrn was built without it: install NCCL (libnccl-dev, or the CUDA "
       "Toolkit's) and MPI, and rebuild; or train on the CPU with training.device: cpu");

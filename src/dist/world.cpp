@@ -2,7 +2,13 @@
 // and without mpirun. MPI_CHECK (dist/mpi_check.h) turns a failing MPI call into an Error naming the rank and call.
 #include "dist/world.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "core/check.h"
 #include "dist/mpi_check.h"
@@ -36,7 +42,50 @@ uint64_t fingerprint(const std::string& text) {
   return h;
 }
 #endif
+// The PeerWait in progress (null: none) and since when, read by the watchdog thread.
+std::atomic<const char*> waiting_on{nullptr};
+std::atomic<long long> waiting_since_ns{0};
+std::atomic<double> peer_timeout_s{0};
+
+long long now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void watchdog() {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const char* what = waiting_on.load();
+    const double waited = static_cast<double>(now_ns() - waiting_since_ns.load()) * 1e-9;
+    if (what && waited > peer_timeout_s.load()) {
+      std::fprintf(stderr,
+                   "hgrn: error: rank %d of %d: %s has waited %.0f s for the other ranks (training.collective_timeout_s "
+                   "= %g): another rank has probably died or stopped responding; stopping this rank (resume the run "
+                   "from its last checkpoint)\n",
+                   the_world.rank, the_world.size, what, waited, peer_timeout_s.load());
+      std::fflush(stderr);
+      _exit(1);  // the main thread is stuck inside MPI or NCCL: no orderly shutdown is possible
+    }
+  }
+}
 }  // namespace
+
+PeerWait::PeerWait(const char* what) : outer_what_(waiting_on.load()), outer_since_ns_(waiting_since_ns.load()) {
+  if (outer_what_) return;  // nested: the outer wait's clock keeps running
+  waiting_since_ns = now_ns();
+  waiting_on = what;
+}
+
+PeerWait::~PeerWait() {
+  waiting_on = outer_what_;
+  waiting_since_ns = outer_since_ns_;
+}
+
+void set_peer_timeout(double seconds) {
+  HGRN_CHECK(seconds > 0, "the collective timeout must be positive, got ", seconds);
+  const bool first = peer_timeout_s.exchange(seconds) == 0;
+  if (first && mpi_is_active) std::thread(watchdog).detach();
+}
 
 void init_world(int* argc, char*** argv) {
   const int launched = launcher_world_size();

@@ -24,6 +24,24 @@ const World& world();
 // True when MPI was initialised (more than one process).
 bool mpi_active();
 
+// Waiting on the other ranks (every MPI call, every NCCL wait) happens inside a PeerWait. Once set_peer_timeout
+// has started the watchdog (several ranks only), a PeerWait that lasts longer than the timeout ends this process:
+// a message naming the rank and `what` on stderr, exit status 1, which makes mpirun stop the other ranks. A dead
+// peer is usually noticed sooner by the launcher; this catches the ones that hang (stopped, deadlocked, cut off),
+// which MPI and NCCL calls would otherwise wait for forever.
+class PeerWait {
+ public:
+  explicit PeerWait(const char* what);
+  ~PeerWait();
+  PeerWait(const PeerWait&) = delete;
+  PeerWait& operator=(const PeerWait&) = delete;
+
+ private:
+  const char* outer_what_;
+  long long outer_since_ns_;
+};
+void set_peer_timeout(double seconds);
+
 // Sums `values` in place across all ranks.
 void allreduce_sum(std::vector<double>& values);
 // The sum over all ranks of each rank's `value`, added in rank order: the same bits on every rank and in every run.

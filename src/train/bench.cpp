@@ -59,6 +59,7 @@ double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Cloc
 
 StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t steps, std::ostream& log) {
   const TrainingConfig& tc = config.training;
+  set_peer_timeout(tc.collective_timeout_s);
   const Device device = resolve_device(tc.device);
   const DType act = activation_dtype(tc.precision, device);
   StepBench r;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -140,8 +141,7 @@ TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device de
     : model(make_model(config, init_seed, device, activation_dtype)),
       data_parallel(world().size > 1 ? std::make_unique<DataParallel>(
                                            model, make_param_groups(model.parameters(), config.training.decay_embeddings),
-                                           DataParallelOptions{config.training.zero1,
-                                                               config.training.collective_timeout_s})
+                                           DataParallelOptions{config.training.zero1})
                                      : nullptr),
       optimizer(data_parallel ? data_parallel->optimizer_params()
                               : make_param_groups(model.parameters(), config.training.decay_embeddings),
@@ -199,6 +199,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   const TrainingConfig tc = resolve_batch_for_world(config.training, w.size);
   std::ostringstream discarded;
   std::ostream& log = w.is_root() ? root_log : discarded;
+  set_peer_timeout(tc.collective_timeout_s);
   require_same_on_all_ranks("hgrn binary", std::string(HGRN_VERSION) + " " + HGRN_GIT_COMMIT);
   require_same_on_all_ranks("config", config_to_yaml(config));
   const Clock::time_point start = Clock::now();
@@ -206,9 +207,14 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   // ---- set-up: device, threads, run directory, model, optimiser, data ----
   const Device device = resolve_device(tc.device);
   const DType act_dtype = activation_dtype(tc.precision, device);
-  if (tc.threads > 0) {
-    omp_set_num_threads(static_cast<int>(tc.threads));
-    gemm_cpu_set_threads(static_cast<int>(tc.threads));
+  // Several ranks on a node share its cores: each one spinning up a thread per core would oversubscribe them.
+  const int threads = tc.threads > 0 ? static_cast<int>(tc.threads)
+                      : w.local_size > 1 && !std::getenv("OMP_NUM_THREADS")
+                          ? std::max(1, omp_get_num_procs() / w.local_size)
+                                         : 0;
+  if (threads > 0) {
+    omp_set_num_threads(threads);
+    gemm_cpu_set_threads(threads);
   }
   log << "hgrn " << HGRN_VERSION << " (git " << HGRN_GIT_COMMIT << ") training on ";
   double gpu_peak_tflops = 0;  // the measured bf16 GEMM rate: the MFU's denominator
@@ -349,7 +355,8 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
       m.eta_s = elapsed / static_cast<double>(step + 1 - start_step) * static_cast<double>(tc.max_steps - step - 1);
       m.tokens_seen = summary.tokens_seen;
       if (device == Device::CUDA) {
-        m.mfu = gpu_peak_tflops > 0 ? cost.flops_per_token_train * m.tokens_per_s / (gpu_peak_tflops * 1e12) : 0;
+        m.mfu = gpu_peak_tflops > 0 ? cost.flops_per_token_train * m.tokens_per_s / (gpu_peak_tflops * 1e12 * w.size)
+                                    : 0;  // tokens/s counts every rank; the peak is one GPU's
         m.peak_memory_gib = static_cast<double>(cuda_memory_stats().peak_in_use_bytes) / (1u << 30);
       }
       log << format_progress_line(m) << std::endl;
