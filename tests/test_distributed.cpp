@@ -197,15 +197,17 @@ TEST(Distributed, TwoRankZeroOneRunResumesBitwise) {
 // A long 2-rank run; once it is training, send `signal` to rank 1 (found by the launcher's rank variable in its
 // environment) and time how long the job takes to end. KILL: the launcher notices the death and stops rank 0.
 // STOP: rank 1 hangs without dying, which no launcher notices; rank 0's watchdog must end it after
-// training.collective_timeout_s (2 s here) instead of waiting in its collective forever. Returns the job's log.
-std::string expect_signalled_rank_ends_the_run(const std::string& device, const std::string& signal, long max_ms) {
+// training.collective_timeout_s instead of waiting in its collective forever. Returns the job's log.
+std::string expect_signalled_rank_ends_the_run(const std::string& device, const std::string& signal, long max_ms,
+                                               int timeout_s) {
   testing::ScratchDir dir;
   const std::string config = write_config(dir, device), run = dir / "signalled";
   const std::string script =
       mpirun(2, "timeout 120") + " train -c " + shell_quote(config) +
-      " --set training.micro_batch_size=4 --set training.max_steps=1000000 --set training.collective_timeout_s=2" +
+       " --set training.micro_batch_size=4 --set training.max_steps=1000000" +
+      " --set training.collective_timeout_s=" + std::to_string(timeout_s) +
       " --set logging.run_dir=" + shell_quote(run) + " > " + shell_quote(dir / "log.txt") + " 2>&1 & job=$!\n" +
-      "for i in $(seq 300); do [ -s " + shell_quote(run + "/metrics.jsonl") + " ] && break; sleep 0.1; done\n" +
+      "for i in $(seq 900); do [ -s " + shell_quote(run + "/metrics.jsonl") + " ] && break; sleep 0.1; done\n" +
       "sent=0\n" +
       "for p in $(pgrep -f " + shell_quote("logging.run_dir=" + run) + "); do\n" +
       "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -" + signal +
@@ -227,15 +229,19 @@ std::string expect_signalled_rank_ends_the_run(const std::string& device, const 
 }
 
 void expect_killed_rank_ends_the_run(const std::string& device) {
-  const std::string log = expect_signalled_rank_ends_the_run(device, "KILL", 10000);
+  const std::string log = expect_signalled_rank_ends_the_run(device, "KILL", 10000, 600);
   EXPECT_NE(log.find("signal 9"), std::string::npos) << "the launcher names the killed rank and signal:\n" << log;
 }
 
-void expect_hung_rank_ends_the_run(const std::string& device) {
-  // 2 s of timeout, the watchdog's 0.1 s tick, then the launcher's clean-up of the stopped rank.
-  const std::string log = expect_signalled_rank_ends_the_run(device, "STOP", 15000);
+// timeout_s: short, but long enough that a loaded machine's slowest ordinary step never reaches it (a GPU rank's
+// first step loads its kernels). The job must end within the timeout, the watchdog's 0.1 s tick and 10 s for the
+// launcher's clean-up of the stopped rank.
+void expect_hung_rank_ends_the_run(const std::string& device, int timeout_s) {
+  const std::string log = expect_signalled_rank_ends_the_run(device, "STOP", 1000L * timeout_s + 10000, timeout_s);
   EXPECT_NE(log.find("rank 0 of 2: "), std::string::npos) << log;
-  EXPECT_NE(log.find("for the other ranks (training.collective_timeout_s = 2)"), std::string::npos) << log;
+  EXPECT_NE(log.find("for the other ranks (training.collective_timeout_s = " + std::to_string(timeout_s) + ")"),
+            std::string::npos)
+      << log;
 }
 
 TEST(Distributed, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
@@ -245,7 +251,7 @@ TEST(Distributed, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
 
 TEST(Distributed, AHungRankMakesTheOthersStopAfterTheCollectiveTimeout) {
   SKIP_WITHOUT_MPI();
-  expect_hung_rank_ends_the_run("cpu");
+  expect_hung_rank_ends_the_run("cpu", 2);
 }
 
 TEST(Distributed, RanksWithDifferentConfigsAreRefused) {
@@ -294,7 +300,7 @@ TEST(DistributedCuda, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
 
 TEST(DistributedCuda, AHungRankMakesTheOthersStopAfterTheCollectiveTimeout) {
   SKIP_WITHOUT_GPUS(2);
-  expect_hung_rank_ends_the_run("cuda");
+  expect_hung_rank_ends_the_run("cuda", 5);
 }
 
 }  // namespace

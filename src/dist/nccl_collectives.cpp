@@ -36,6 +36,8 @@ namespace {
 class NcclCollectives : public Collectives {
  public:
   NcclCollectives() {
+    // The other ranks may still be setting up their GPU: the start-up floor, not the per-step timeout, applies.
+    PeerWait peer_wait("the NCCL communicator set-up", kStartupTimeoutS);
     const World& w = world();
     ncclUniqueId id{};
     if (w.is_root()) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -45,7 +47,6 @@ class NcclCollectives : public Collectives {
     CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, highest));
     CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-    PeerWait peer_wait("ncclCommInitRank");
     NCCL_CHECK(ncclCommInitRank(&comm_, w.size, id, w.rank));
   }
   ~NcclCollectives() override {

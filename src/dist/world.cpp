@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -45,6 +46,7 @@ uint64_t fingerprint(const std::string& text) {
 // The PeerWait in progress (null: none) and since when, read by the watchdog thread.
 std::atomic<const char*> waiting_on{nullptr};
 std::atomic<long long> waiting_since_ns{0};
+std::atomic<double> waiting_floor_s{0};
 std::atomic<double> peer_timeout_s{0};
 
 long long now_ns() {
@@ -57,12 +59,14 @@ void watchdog() {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const char* what = waiting_on.load();
     const double waited = static_cast<double>(now_ns() - waiting_since_ns.load()) * 1e-9;
-    if (what && waited > peer_timeout_s.load()) {
+    const double timeout = std::max(peer_timeout_s.load(), waiting_floor_s.load());
+    if (what && waited > timeout) {
       std::fprintf(stderr,
                    "hgrn: error: rank %d of %d: %s has waited %.0f s for the other ranks (training.collective_timeout_s "
-                   "= %g): another rank has probably died or stopped responding; stopping this rank (resume the run "
+                   "= %g%s): another rank has probably died or stopped responding; stopping this rank (resume the run "
                    "from its last checkpoint)\n",
-                   the_world.rank, the_world.size, what, waited, peer_timeout_s.load());
+                   the_world.rank, the_world.size, what, waited, peer_timeout_s.load(),
+                   timeout > peer_timeout_s.load() ? ", at least 300 during start-up" : "");
       std::fflush(stderr);
       _exit(1);  // the main thread is stuck inside MPI or NCCL: no orderly shutdown is possible
     }
@@ -70,15 +74,18 @@ void watchdog() {
 }
 }  // namespace
 
-PeerWait::PeerWait(const char* what) : outer_what_(waiting_on.load()), outer_since_ns_(waiting_since_ns.load()) {
-  if (outer_what_) return;  // nested: the outer wait's clock keeps running
+PeerWait::PeerWait(const char* what, double min_timeout_s)
+    : outer_what_(waiting_on.load()), outer_since_ns_(waiting_since_ns.load()), outer_floor_s_(waiting_floor_s.load()) {
+  if (outer_what_) return;  // nested: the outer wait's clock and floor hold
   waiting_since_ns = now_ns();
+  waiting_floor_s = min_timeout_s;
   waiting_on = what;
 }
 
 PeerWait::~PeerWait() {
   waiting_on = outer_what_;
   waiting_since_ns = outer_since_ns_;
+  waiting_floor_s = outer_floor_s_;
 }
 
 void set_peer_timeout(double seconds) {
@@ -162,6 +169,7 @@ std::vector<float> gather_to_root(const std::vector<float>& mine) {
 void require_same_on_all_ranks(const std::string& what, const std::string& text) {
   if (!mpi_is_active) return;
 #ifdef HGRN_WITH_MPI
+  PeerWait peer_wait("the start-up check that all ranks run the same binary and config", kStartupTimeoutS);
   const unsigned long long mine = fingerprint(text);
   std::vector<unsigned long long> all(static_cast<size_t>(the_world.size));
   MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, MPI_COMM_WORLD));

@@ -31,7 +31,9 @@ bool mpi_active();
 // which MPI and NCCL calls would otherwise wait for forever.
 class PeerWait {
  public:
-  explicit PeerWait(const char* what);
+  // min_timeout_s: a floor under the timeout for this wait (start-up waits, which include the other ranks' own
+  // set-up, get kStartupTimeoutS).
+  explicit PeerWait(const char* what, double min_timeout_s = 0);
   ~PeerWait();
   PeerWait(const PeerWait&) = delete;
   PeerWait& operator=(const PeerWait&) = delete;
@@ -39,8 +41,10 @@ class PeerWait {
  private:
   const char* outer_what_;
   long long outer_since_ns_;
+  double outer_floor_s_;
 };
 void set_peer_timeout(double seconds);
+constexpr double kStartupTimeoutS = 300;
 
 // Sums `values` in place across all ranks.
 void allreduce_sum(std::vector<double>& values);
