@@ -166,20 +166,25 @@ __global__ void cross_entropy_reduce_kernel(const float* row_loss, const int32_t
 template <typename act_t, int VEC>
 __global__ void cross_entropy_backward_kernel(const act_t* logits, const float* log_sum_exp, const int32_t* row_target,
                                               const float* dloss, float num_targets, act_t* dlogits,
-                                              long long vocab) {
+                                              long long vocab, bool accumulate) {
   const long long r = blockIdx.x;
   const long long t = row_target[r];
-  if (t < 0) return;
+  act_t* dx = dlogits + r * vocab;
+  if (t < 0) {  // an ignored row adds nothing; overwritten, it becomes zeros
+    if (!accumulate)
+      for (long long v = threadIdx.x; v < vocab; v += blockDim.x) dx[v] = store_f<act_t>(0.0f);
+    return;
+  }
   const float scale = dloss[0] / num_targets;  // as the CPU: (dloss / count) * p
   const float lse = log_sum_exp[r];
-  const act_t* x = logits + r * vocab;
-  act_t* dx = dlogits + r * vocab;
+  const act_t* x = logits + r * vocab;  // may be dx itself (overwrite): each element is read before it is written
   for (long long base = threadIdx.x * VEC; base < vocab; base += blockDim.x * VEC) {
     const Pack<act_t, VEC> xp = *reinterpret_cast<const Pack<act_t, VEC>*>(x + base);
-    Pack<act_t, VEC> dp = *reinterpret_cast<const Pack<act_t, VEC>*>(dx + base);
+    Pack<act_t, VEC> dp;
+    if (accumulate) dp = *reinterpret_cast<const Pack<act_t, VEC>*>(dx + base);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      float g = load_f(dp.v[k]) + scale * expf(load_f(xp.v[k]) - lse);
+      float g = (accumulate ? load_f(dp.v[k]) : 0.0f) + scale * expf(load_f(xp.v[k]) - lse);
       if (base + k == t) g -= scale;
       dp.v[k] = store_f<act_t>(g);
     }
@@ -262,14 +267,14 @@ CrossEntropyCounts cross_entropy_forward_cuda(const void* logits, DType logits_d
 
 void cross_entropy_backward_cuda(const void* logits, DType logits_dtype, const float* log_sum_exp,
                                  const int32_t* row_target, const float* dloss, int64_t num_targets, void* dlogits,
-                                 int64_t rows, int64_t vocab) {
+                                 int64_t rows, int64_t vocab, bool accumulate) {
   if (rows == 0 || num_targets == 0) return;
   HGRN_CUDA_DISPATCH_ACT(logits_dtype, "cross_entropy backward", [&] {
     with_pack_width<act_t>(vocab, {logits, dlogits}, [&](auto vec) {
       cross_entropy_backward_kernel<act_t, vec.value>
           <<<static_cast<unsigned>(rows), row_threads(vocab), 0, cuda_stream()>>>(
               static_cast<const act_t*>(logits), log_sum_exp, row_target, dloss, static_cast<float>(num_targets),
-              static_cast<act_t*>(dlogits), vocab);
+              static_cast<act_t*>(dlogits), vocab, accumulate);
     });
   });
   CUDA_CHECK_LAUNCH("cross_entropy_backward");

@@ -27,8 +27,9 @@ size_t cross_entropy_scratch_bytes(int64_t rows);
 
 // dlogits[r, :] += (softmax(logits[r, :]) - onehot(row_target[r])) * dloss[0] / num_targets for every row with
 // row_target[r] >= 0. dlogits in the logits' dtype; dloss: the loss's fp32 gradient, read on the device.
+// accumulate = false overwrites instead (ignored rows become zeros), and then dlogits may be the logits themselves.
 void cross_entropy_backward_cuda(const void* logits, DType logits_dtype, const float* log_sum_exp,
                                  const int32_t* row_target, const float* dloss, int64_t num_targets, void* dlogits,
-                                 int64_t rows, int64_t vocab);
+                                 int64_t rows, int64_t vocab, bool accumulate = true);
 
 }  // namespace hgrn

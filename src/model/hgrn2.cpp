@@ -155,6 +155,12 @@ Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
 }
 
 Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states) const {
+  const Var hidden = forward_hidden(tape, input_ids, recurrent_states);
+  TraceLayer trace(tape, "lm_head");
+  return linear(tape, hidden, lm_head_);
+}
+
+Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states) const {
   HGRN_CHECK(input_ids.dim() == 2, "model input must be token ids [batch, seq], got ", shape_str(input_ids.shape()));
   if (recurrent_states) recurrent_states->resize(config_.num_hidden_layers);
   const Tensor ids = on_device(input_ids, device_);
@@ -194,9 +200,9 @@ Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* r
     h = r.sum;
     x = r.normed;
   }
+  // Whatever uses lm_head next (linear, linear_cross_entropy) is recorded after this marker.
   mark_gradients_ready(tape, 0);
-  TraceLayer trace(tape, "lm_head");
-  return linear(tape, x, lm_head_);
+  return x;
 }
 
 }  // namespace hgrn

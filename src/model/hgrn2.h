@@ -23,6 +23,10 @@ class Hgrn2Model {
   // reads unlimited context: on input, a layer's entry (if defined) is its initial state; on return, every entry
   // holds that layer's final state. Null: every sequence starts from the zero state.
   Var forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr) const;
+  // forward without the LM head: the final normed hidden states [B, T, D], which forward multiplies by lm_head().
+  // Training feeds them to linear_cross_entropy, which never holds the whole batch's logits.
+  Var forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr) const;
+  const Var& lm_head() const { return lm_head_; }  // [vocab, D]; the embedding matrix when tied
 
   // Moves every parameter to `device` (fp32 master weights stay fp32) and sets the dtype activations are computed
   // in: fp32, or bf16 on the GPU (mixed precision: GEMMs on bf16 copies of the weights, fp32 gradients).

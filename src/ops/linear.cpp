@@ -13,11 +13,10 @@
 
 namespace hgrn {
 
-namespace {
 // One dispatch for the three products, so forward and backward cannot disagree about layouts.
-// C[m, n] (+)= op(A)·op(B) with the gemm_cpu contract; on the GPU a and b share `ab` dtype.
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda, const Tensor& b,
-          int64_t ldb, float beta, Tensor& c, int64_t ldc) {
+// On the GPU a and b share one dtype.
+void linear_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,
+                 const Tensor& b, int64_t ldb, float beta, Tensor& c, int64_t ldc) {
   if (c.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
     HGRN_CHECK(a.dtype() == b.dtype(), "linear: GEMM operands are ", dtype_name(a.dtype()), " and ",
@@ -34,13 +33,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Ten
                        static_cast<scalar_t>(beta), c.data<scalar_t>(), ldc);
   });
 }
-}  // namespace
 
-Var linear(Tape& tape, const Var& x, const Var& weight) {
-  const Tensor& xv = x->value;
+Tensor weight_for_input(const Var& weight, const Tensor& xv) {
   const Tensor& wv = weight->value;
   HGRN_CHECK(wv.dim() == 2, "linear: weight must be [out, in], got ", shape_str(wv.shape()));
-  const int64_t in = wv.size(1), out_features = wv.size(0);
+  const int64_t in = wv.size(1);
   HGRN_CHECK(xv.size(-1) == in, "linear: input ", shape_str(xv.shape()), " does not match weight ",
              shape_str(wv.shape()));
   HGRN_CHECK(xv.device() == wv.device(), "linear: input on ", device_name(xv.device()), ", weight on ",
@@ -52,21 +49,27 @@ Var linear(Tape& tape, const Var& x, const Var& weight) {
              dtype_name(wv.dtype()));
   // The cast happens once per weight update, not once per use (the copy is dropped when the optimiser steps).
   if (cast_weight && !weight->compute_copy.defined()) weight->compute_copy = wv.to(DType::BF16);
-  const Tensor w_compute = cast_weight ? weight->compute_copy : wv;
+  return cast_weight ? weight->compute_copy : wv;
+}
+
+Var linear(Tape& tape, const Var& x, const Var& weight) {
+  const Tensor& xv = x->value;
+  const Tensor w_compute = weight_for_input(weight, xv);
+  const int64_t in = w_compute.size(1), out_features = w_compute.size(0);
   const int64_t rows = xv.numel() / in;
   Shape out_shape = xv.shape();
   out_shape.back() = out_features;
   Tensor y = Tensor::empty(out_shape, xv.dtype(), xv.device());
-  gemm(false, true, rows, out_features, in, xv, in, w_compute, in, 0.0f, y, out_features);
+  linear_gemm(false, true, rows, out_features, in, xv, in, w_compute, in, 0.0f, y, out_features);
   Var out = op_output(tape, y, {x, weight});
   if (!out->requires_grad) return out;
   tape.record([x, weight, out, w_compute, rows, in, out_features] {
     if (!out->grad.defined()) return;
     const Tensor& dy = out->grad;
-    if (wants_grad(x)) gemm(false, false, rows, in, out_features, dy, out_features, w_compute, in, 1.0f,
-                            grad_buffer(x), in);
-    if (wants_grad(weight)) gemm(true, false, out_features, in, rows, dy, out_features, x->value, in, 1.0f,
-                                 grad_buffer(weight), in);
+    if (wants_grad(x)) linear_gemm(false, false, rows, in, out_features, dy, out_features, w_compute, in, 1.0f,
+                                   grad_buffer(x), in);
+    if (wants_grad(weight)) linear_gemm(true, false, out_features, in, rows, dy, out_features, x->value, in, 1.0f,
+                                        grad_buffer(weight), in);
   });
   return out;
 }

@@ -6,4 +6,13 @@ namespace hgrn {
 
 Var linear(Tape& tape, const Var& x, const Var& weight);
 
+// The pieces linear is made of, for ops that fuse a projection with what follows it (linear_cross_entropy):
+// The tensor linear's GEMMs read for `weight` when the input is `x`: the weight itself, or, for a bf16 input and an
+// fp32 master weight on the GPU, its bf16 copy (made once per weight update: Variable::compute_copy). Checks that
+// x [..., in] fits weight [out, in] (device, dtype, contiguity).
+Tensor weight_for_input(const Var& weight, const Tensor& x);
+// C[m, n] = op(A)·op(B) + beta·C on the tensors' device, with the gemm_cpu contract (row-major, leading dimensions).
+void linear_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,
+                 const Tensor& b, int64_t ldb, float beta, Tensor& c, int64_t ldc);
+
 }  // namespace hgrn

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# gpu_side_by_side.sh: hgrn and the peer (PyTorch + flash-linear-attention) on the same GPU in one run, for the three
+# peer-baseline configs: `hgrn bench` and tools/peer_bench.py (amp-bf16 and pure-bf16), then a table of tokens/s,
+# peak memory and the ratios. Needs torch (with CUDA) and transformers; fla comes from wheels in FLA_WHEELS
+# (default .whl: flash_linear_attention, fla_core and einops wheels, e.g. fetched on a machine with PyPI by
+#   python3 -m pip download --no-deps --only-binary=:all: flash-linear-attention fla-core einops -d .whl)
+# or from an installed fla. Builds build-gpu/ like gpu_tests.sh when it is missing.
+# Usage: scripts/gpu_side_by_side.sh [OUTPUT_DIR]   (default build-gpu/side-by-side)
+#   MODELS="hgrn2-150m hgrn2-385m hgrn2-1b"  PEER_MODES="amp-bf16 pure-bf16"  BENCH_STEPS=10 (hgrn)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-build-gpu/side-by-side}
+mkdir -p "$out"
+if [ ! -x build-gpu/hgrn ]; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHGRN_CUDA=ON ${HGRN_CMAKE_ARGS:-}
+  cmake --build build-gpu -j"$(nproc)" --target hgrn
+fi
+wheels=${FLA_WHEELS:-.whl}
+if ! python3 -c "import fla" 2>/dev/null; then
+  ls "$wheels"/*.whl >/dev/null 2>&1 || { echo "no fla installed and no wheels in $wheels (see the header)" >&2; exit 1; }
+  python3 -m pip install --quiet --no-deps --no-index --target "$out/pylib" "$wheels"/*.whl
+  export PYTHONPATH="$PWD/$out/pylib${PYTHONPATH:+:$PYTHONPATH}"
+fi
+{
+  echo "commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  python3 -c "import torch, fla; print('torch', torch.__version__, 'fla', getattr(fla, '__version__', '?'))"
+} | tee "$out/machine.txt"
+shape() {  # the peer-baseline shapes: layers hidden batch
+  case "$1" in
+    hgrn2-150m) echo "15 768 16" ;;
+    hgrn2-385m) echo "26 1024 16" ;;
+    hgrn2-1b) echo "18 2048 8" ;;
+  esac
+}
+for model in ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b}; do
+  read -r layers hidden batch <<<"$(shape "$model")"
+  for mode in ${PEER_MODES:-amp-bf16 pure-bf16}; do
+    python3 tools/peer_bench.py --layers "$layers" --hidden "$hidden" --batch "$batch" --mode "$mode" \
+      --json "$out/peer-$model-$mode.json" > "$out/peer-$model-$mode.txt" 2>&1 ||
+      { echo "peer $model $mode failed:"; tail -5 "$out/peer-$model-$mode.txt"; }
+  done
+  ./build-gpu/hgrn bench --config "configs/$model.yaml" --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-10}" \
+    --json "$out/hgrn-$model.json" > "$out/hgrn-$model.txt" 2>&1 || { echo "hgrn $model failed:"; tail -5 "$out/hgrn-$model.txt"; }
+done
+python3 - "$out" ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b} <<'PY'
+import json, os, sys
+out, models = sys.argv[1], sys.argv[2:]
+def load(name):
+    p = os.path.join(out, name + ".json")
+    return json.load(open(p)) if os.path.exists(p) else None
+print("| model | peer amp-bf16 tok/s | peer pure-bf16 tok/s | hgrn tok/s | hgrn / best peer | peer amp GiB | "
+      "hgrn GiB | hgrn / peer amp memory | hgrn MFU |")
+print("|---|---|---|---|---|---|---|---|---|")
+for m in models:
+    amp, pure, h = load(f"peer-{m}-amp-bf16"), load(f"peer-{m}-pure-bf16"), load(f"hgrn-{m}")
+    peers = [r["tokens_per_s"] for r in (amp, pure) if r]
+    best = max(peers) if peers else float("nan")
+    f = lambda r, k, fmt: (fmt % r[k]) if r else "-"
+    print(f"| {m} | {f(amp, 'tokens_per_s', '%.0f')} | {f(pure, 'tokens_per_s', '%.0f')} | "
+          f"{f(h, 'tokens_per_s', '%.0f')} | {h['tokens_per_s'] / best:.2f}x | " if h else f"| {m} | - | - | - | - | ",
+          end="")
+    print(f"{f(amp, 'peak_memory_gib', '%.1f')} | {f(h, 'peak_memory_gib', '%.1f')} | "
+          f"{(h['peak_memory_gib'] / amp['peak_memory_gib']) if (h and amp) else float('nan'):.2f}x | "
+          f"{f(h, 'mfu', '%.3f')} |")
+PY

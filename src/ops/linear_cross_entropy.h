@@ -1,0 +1,23 @@
+// linear_cross_entropy.h: the language-model head and its loss as one op, cross_entropy(x·Wᵀ, targets), that never
+// holds the logits of the whole batch. At 16 x 2048 tokens and a 50k vocabulary the logits and their gradient are
+// 3.3 GB each in bf16; here only one chunk of rows (about 256 MiB of logits) exists at a time.
+//
+// GPU: the forward computes each chunk's logits (GEMM), its log-sum-exp, loss and counts, and drops the logits. The
+// backward computes each chunk's logits again (one more GEMM: the head costs 4 instead of 3 GEMMs), turns them
+// into dlogits in place, then dx += dlogits·W and dW += dlogitsᵀ·x chunk by chunk. The per-row arithmetic is the
+// cross_entropy kernels'; the dW sum over rows is split into chunk sums (deterministic, but not the same rounding as
+// one GEMM over all rows). CPU: the composition linear + cross_entropy, the reference the GPU path is tested against.
+#pragma once
+#include <cstdint>
+
+#include "ops/cross_entropy.h"
+
+namespace hgrn {
+
+// x [..., D]; weight [Vocab, D] (linear's contract: an fp32 master weight serves bf16 inputs through its bf16
+// copy); targets [rows of x] as for cross_entropy. chunk_rows: rows per chunk on the GPU (0: about 256 MiB of
+// logits per chunk).
+CrossEntropyResult linear_cross_entropy(Tape& tape, const Var& x, const Var& weight, const Tensor& targets,
+                                        int64_t ignore_index = -100, int64_t chunk_rows = 0);
+
+}  // namespace hgrn

@@ -1,0 +1,98 @@
+// test_linear_cross_entropy_cuda.cpp: the chunked GPU head + loss against the fp64 CPU composition (linear +
+// cross_entropy) on the values the GPU sees: loss, counts, and the gradients of x and of the fp32 master weight,
+// accumulated onto existing gradients with a non-unit dloss. fp32 and bf16 activations; chunks that do not divide
+// the rows (7 of 50), one row, a vocabulary that is not a multiple of the 16-byte pack (37), the real 50304 in
+// several chunks, ignored rows, and a batch with no target at all.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "gpu_test.h"
+#include "gradcheck.h"
+#include "ops/linear_cross_entropy.h"
+
+namespace hgrn {
+namespace {
+
+using testing::expect_close;
+using testing::round_through;
+using testing::to_gpu;
+
+struct Case {
+  int64_t rows, width, vocab, chunk;
+  int ignored_every;  // every n-th row has no target (0: none)
+};
+
+void check_case(const Case& c, DType act) {
+  SCOPED_TRACE(detail::concat(dtype_name(act), " rows ", c.rows, " D ", c.width, " vocab ", c.vocab, " chunk ",
+                              c.chunk));
+  Rng rng(static_cast<uint64_t>(c.rows * 131 + c.vocab));
+  const Tensor x = round_through(testing::random_tensor(rng, {c.rows, c.width}), act);
+  const Tensor w_master = round_through(testing::random_tensor(rng, {c.vocab, c.width}, 0.3), DType::F32);
+  const Tensor gx0 = round_through(testing::random_tensor(rng, {c.rows, c.width}, 0.01), act);
+  const Tensor gw0 = round_through(testing::random_tensor(rng, {c.vocab, c.width}, 0.01), DType::F32);
+  std::vector<int32_t> target_values;
+  for (int64_t r = 0; r < c.rows; ++r)
+    target_values.push_back(c.ignored_every > 0 && r % c.ignored_every == 0
+                                ? -100
+                                : static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab))));
+  const Tensor targets = Tensor::from_vector(target_values, {c.rows});
+  const double dloss = 0.7;
+
+  // Reference: fp64, with the weight the GPU's GEMMs read (its bf16 copy under bf16 activations).
+  Var rx = make_var(x.clone(), true), rw = make_var(round_through(w_master, act == DType::BF16 ? DType::BF16 : DType::F32), true);
+  rx->grad = gx0.clone();
+  rw->grad = gw0.clone();
+  Tape ref_tape;
+  const CrossEntropyResult ref = linear_cross_entropy(ref_tape, rx, rw, targets);
+  ref_tape.backward(ref.loss, Tensor::full({}, dloss, DType::F64));
+
+  Var gx = make_var(to_gpu(x, act), true), gw = make_var(to_gpu(w_master, DType::F32), true);
+  gx->grad = to_gpu(gx0, act);
+  gw->grad = to_gpu(gw0, DType::F32);
+  Tape tape;
+  const CrossEntropyResult got = linear_cross_entropy(tape, gx, gw, to_gpu(targets, DType::I32), -100, c.chunk);
+  tape.backward(got.loss, to_gpu(Tensor::full({}, dloss, DType::F64), DType::F32));
+
+  EXPECT_EQ(got.num_targets, ref.num_targets);
+  // Logits rounded to bf16 (or fp32) may break a near-tie the other way than fp64.
+  EXPECT_LE(std::abs(got.num_correct - ref.num_correct), act == DType::BF16 ? 2 : 1);
+  // fp32: rounding of the inputs' products only (1e-5); bf16: the logits and dlogits are bf16 (8-bit mantissa), a
+  // few roundings of ~4e-3 each, reviewed at 2e-2 relative RMS.
+  const double tol = act == DType::BF16 ? 2e-2 : 1e-5;
+  const double loss = ref.loss->value.item();
+  EXPECT_NEAR(got.loss->value.item(), loss, (act == DType::BF16 ? 2e-3 : 1e-6) * std::max(1.0, std::fabs(loss)));
+  expect_close(gx->grad, rx->grad, tol, 1.0, "dx");
+  expect_close(gw->grad, rw->grad, tol, 1.0, "dW (fp32 master gradient)");
+}
+
+TEST(LinearCrossEntropyCuda, MatchesTheCpuCompositionOnOddShapes) {
+  HGRN_SKIP_WITHOUT_GPU();
+  for (DType act : {DType::F32, DType::BF16}) {
+    check_case({50, 24, 37, 7, 5}, act);     // 8 chunks, the last of 1 row; scalar (unpacked) vocab path
+    check_case({1, 16, 64, 0, 0}, act);      // one row
+    check_case({130, 40, 1000, 64, 9}, act); // a partial last chunk
+    check_case({300, 64, 50304, 128, 11}, act);  // the real vocabulary in 3 chunks
+  }
+}
+
+TEST(LinearCrossEntropyCuda, NoTargetsGiveZeroLossAndLeaveGradientsAlone) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(3);
+  Var x = make_var(to_gpu(testing::random_tensor(rng, {6, 8}), DType::BF16), true);
+  Var w = make_var(to_gpu(testing::random_tensor(rng, {11, 8}), DType::F32), true);
+  const Tensor gw0 = to_gpu(testing::random_tensor(rng, {11, 8}), DType::F32);
+  w->grad = gw0.clone();
+  Tape tape;
+  const CrossEntropyResult r =
+      linear_cross_entropy(tape, x, w, to_gpu(Tensor::full({6}, -100, DType::I32), DType::I32), -100, 4);
+  EXPECT_EQ(r.num_targets, 0);
+  EXPECT_EQ(r.loss->value.item(), 0.0);
+  tape.backward(r.loss, to_gpu(Tensor::full({}, 1.0, DType::F32), DType::F32));
+  expect_close(w->grad, gw0, 0, 0, "dW untouched");
+  Tape bad;
+  EXPECT_THROW(linear_cross_entropy(bad, x, w, to_gpu(Tensor::full({6}, 11, DType::I32), DType::I32)), Error);
+}
+
+}  // namespace
+}  // namespace hgrn
