@@ -18,8 +18,9 @@ fi
 wheels=${FLA_WHEELS:-.whl}
 if ! python3 -c "import fla" 2>/dev/null; then
   ls "$wheels"/*.whl >/dev/null 2>&1 || { echo "no fla installed and no wheels in $wheels (see the header)" >&2; exit 1; }
-  python3 -m pip install --quiet --no-deps --no-index --target "$out/pylib" "$wheels"/*.whl
-  export PYTHONPATH="$PWD/$out/pylib${PYTHONPATH:+:$PYTHONPATH}"
+  pylib=${TMPDIR:-/tmp}/hgrn-peer-pylib
+  python3 -m pip install --quiet --no-deps --no-index --target "$pylib" "$wheels"/*.whl
+  export PYTHONPATH="$pylib${PYTHONPATH:+:$PYTHONPATH}"
 fi
 {
   echo "commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
