@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# launch_mpi.sh: examples of launching a data-parallel hgrn run (one process per device, MPI).
+# launch_mpi.sh: examples of launching a data-parallel hgrn run (one process per device, MPI); HGRN=PATH picks
+# the binary (default build/hgrn).
 #   scripts/launch_mpi.sh local N CONFIG [--set ...]        one node, N processes
 #   scripts/launch_mpi.sh hostfile FILE N CONFIG [--set ...] several nodes listed in an OpenMPI hostfile
 #                                                           ("node1 slots=4" per line)
@@ -22,6 +23,6 @@ case "${1:-}" in
     exec mpirun $root_flag --hostfile "$file" -np "$n" --bind-to none -x OMP_NUM_THREADS -x NCCL_NVLS_ENABLE \
       "$hgrn" train --config "$config" "$@" ;;
   *)
-    sed -n '2,10p' "$0" >&2
+    sed -n '2,11p' "$0" >&2
     exit 2 ;;
 esac

@@ -43,7 +43,8 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       "Examples:\n"
       "  hgrn bench --config configs/hgrn2-385m.yaml              # tokens/s, MFU, peak memory\n"
       "  hgrn bench --config configs/hgrn2-150m.yaml --steps 10 --json bench-150m.json\n"
-      "  hgrn bench --recurrence 8,2048,8,128,128                 # the peer's recurrence shape");
+      "  hgrn bench --recurrence 8,2048,8,128,128                 # the peer's recurrence shape\n"
+      "  mpirun -np 4 hgrn bench --config configs/hgrn2-385m.yaml # data-parallel steps on 4 GPUs (whole job)");
   return bench;
 }
 
