@@ -182,6 +182,35 @@ TEST(Distributed, GlobalBatchSizeFixesTheBatchOverAllRanks) {
   for (size_t s = 0; s < a.size(); ++s) EXPECT_NEAR(c[s], a[s], 1e-5 * a[s]) << "step " << s + 1;
 }
 
+// ZeRO-1 with gradient accumulation (only the last micro-batch reduces) and tied embeddings (the lm_head group is
+// then empty, the embedding complete only at the very end of the backward): still one process's losses.
+TEST(Distributed, ZeroOneWithAccumulationAndTiedEmbeddingsTrainsLikeOneProcess) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  const std::string config = write_config(dir);
+  const std::string tied = " --set model.tie_word_embeddings=true";
+  auto one = run_hgrn({"train", "-c", config, "--set", "model.tie_word_embeddings=true", "--set",
+                       "logging.run_dir=" + dir / "one"});
+  ASSERT_EQ(one.status, 0) << one.err;
+  auto zero = run_command(mpirun(2) + " train -c " + shell_quote(config) + tied +
+                          " --set training.micro_batch_size=2 --set training.global_batch_size=8" +
+                          " --set training.zero1=true --set logging.run_dir=" + shell_quote(dir / "zero"));
+  ASSERT_EQ(zero.status, 0) << zero.err;
+  EXPECT_NE(zero.out.find("2 data-parallel ranks (MPI, ZeRO-1); global batch 2 x 2 x 2 sequences"),
+            std::string::npos)
+      << zero.out;
+  const std::vector<double> a = losses(dir / "one"), b = losses(dir / "zero");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t s = 0; s < a.size(); ++s) EXPECT_NEAR(b[s], a[s], 1e-5 * a[s]) << "step " << s + 1;
+  const TrainingState ta = load_checkpoint(dir / "one/checkpoints/step_00000006.h5");
+  const TrainingState tb = load_checkpoint(dir / "zero/checkpoints/step_00000006.h5");
+  for (size_t p = 0; p < ta.params.size(); ++p) {
+    EXPECT_LE(relative_difference(ta.params[p].second, tb.params[p].second), 1e-4) << ta.params[p].first;
+    EXPECT_LE(relative_difference(ta.adam_v[p], tb.adam_v[p]), 1e-4) << ta.params[p].first;
+  }
+}
+
 TEST(Distributed, TwoRankRunResumesBitwiseAndRefusesAnotherWorldSize) {
   SKIP_WITHOUT_MPI();
   testing::ScratchDir dir;
