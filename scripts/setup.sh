@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config git libyaml-cpp-dev libcli11-dev libhdf5-dev
-          libopenblas-openmp-dev libgtest-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libzstd-dev libopenmpi-dev openmpi-bin)
+          libopenblas-openmp-dev libgtest-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libzstd-dev zlib1g-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
