@@ -186,7 +186,7 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
     r.grad_norm = clip_grad_norm(optimizer.params(), tc.grad_clip, dp ? dp->grad_norm_total() : nullptr);
     optimizer.step(lr);
   }
-  if (dp) {
+  if (dp && dp->zero1()) {
     TraceRange trace("weight all-gather");
     dp->finish_update();
   }
