@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_tests.sh: on a machine with an NVIDIA GPU and the CUDA Toolkit: builds hgrn with the CUDA backend into
-# build-gpu/ and runs the whole test suite there (GPU tests included; on a machine without a GPU they skip).
+# build-gpu/ and runs the whole test suite there (GPU tests included; on a machine without a GPU they skip; with
+# 2 or 4 GPUs the multi-GPU tests DistributedCuda.* run too, through mpirun with NCCL_NVLS_ENABLE=0).
 # Writes the full log to ${1:-build-gpu/gpu-tests.log} and prints a summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
