@@ -131,14 +131,9 @@ void DataParallel::finish_update() {
 
 void DataParallel::gather_moments(const AdamW& optimizer, std::vector<Tensor>* first,
                                   std::vector<Tensor>* second) const {
+  HGRN_CHECK(options_.zero1, "DataParallel::gather_moments: without ZeRO-1 every rank holds the whole moments");
   first->clear();
   second->clear();
-  if (!options_.zero1) {
-    if (!world().is_root()) return;
-    for (const Tensor& m : optimizer.first_moments()) first->push_back(on_device(m, Device::CPU));
-    for (const Tensor& v : optimizer.second_moments()) second->push_back(on_device(v, Device::CPU));
-    return;
-  }
   // Each rank sends its shares, all first moments then all second ones in parameter order; rank 0 knows every
   // rank's ranges from the layout and puts the pieces back in place.
   std::vector<float> mine;

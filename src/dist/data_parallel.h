@@ -50,8 +50,8 @@ class DataParallel {
   std::function<double(double)> grad_norm_total() const;
   // After the optimiser step, under ZeRO-1: every rank's updated share to all ranks. A no-op without ZeRO-1.
   void finish_update();
-  // For checkpoints (a collective: every rank calls it): each parameter's whole first and second moments on the
-  // CPU, on rank 0 (the other ranks receive empty vectors). Without ZeRO-1, host copies of the optimiser's own.
+  // For checkpoints under ZeRO-1 (a collective: every rank calls it): each parameter's whole first and second
+  // moments on the CPU, on rank 0, assembled from every rank's share (the other ranks receive empty vectors).
   void gather_moments(const AdamW& optimizer, std::vector<Tensor>* first, std::vector<Tensor>* second) const;
 
  private:

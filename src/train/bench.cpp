@@ -67,7 +67,7 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
 #ifdef HGRN_WITH_CUDA
   if (device == Device::CUDA) r.gpu_peak_tflops = measure_bf16_gemm_tflops();
 #endif
-  const std::unique_ptr<TrainingModel> setup = make_training_model(config, tc.seed, device, act);
+  const auto setup = std::make_unique<TrainingModel>(config, tc.seed, device, act);
   const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act == DType::BF16 ? 2 : 4);
   r.params = cost.params_total;
   // Under mpirun every rank runs the same steps on its own batch (data parallelism, as in training): the tokens

@@ -148,11 +148,6 @@ TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device de
                 AdamWConfig{config.training.beta1, config.training.beta2, config.training.adam_eps,
                             config.training.weight_decay}) {}
 
-std::unique_ptr<TrainingModel> make_training_model(const Config& config, uint64_t init_seed, Device device,
-                                                   DType activation_dtype) {
-  return std::make_unique<TrainingModel>(config, init_seed, device, activation_dtype);
-}
-
 StepResult training_step(TrainingModel& setup, BatchSource& data, const TrainingConfig& tc, double lr) {
   StepResult r;
   AdamW& optimizer = setup.optimizer;
@@ -243,8 +238,8 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
     metrics.emplace(config.logging.run_dir + "/" + config.logging.metrics_file);
   }
 
-  const std::unique_ptr<TrainingModel> setup =
-      make_training_model(config, stream_seed(tc.seed, kInitStream), device, act_dtype);
+  const auto setup =
+      std::make_unique<TrainingModel>(config, stream_seed(tc.seed, kInitStream), device, act_dtype);
   Hgrn2Model& model = setup->model;
   AdamW& optimizer = setup->optimizer;
   const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act_dtype == DType::BF16 ? 2 : 4);
@@ -295,9 +290,9 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
     // The moments, whole, on rank 0 (under ZeRO-1 every rank sends its share); rank 0 alone writes: the ranks
     // hold identical weights.
     std::vector<Tensor> adam_m, adam_v;
-    if (setup->data_parallel) {
+    if (setup->data_parallel && setup->data_parallel->zero1()) {
       setup->data_parallel->gather_moments(optimizer, &adam_m, &adam_v);
-    } else {
+    } else if (w.is_root()) {
       for (const Tensor& m : optimizer.first_moments()) adam_m.push_back(on_device(m, Device::CPU));
       for (const Tensor& v : optimizer.second_moments()) adam_v.push_back(on_device(v, Device::CPU));
     }

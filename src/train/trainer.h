@@ -45,8 +45,6 @@ struct TrainingModel {
 };
 
 StepResult training_step(TrainingModel& setup, BatchSource& data, const TrainingConfig& tc, double lr);
-std::unique_ptr<TrainingModel> make_training_model(const Config& config, uint64_t init_seed, Device device,
-                                                   DType activation_dtype);
 
 // The compute device a training.device setting resolves to (auto: the GPU when one is visible) and the activation
 // dtype of a training.precision on that device; both throw a clear Error for an impossible combination. With
