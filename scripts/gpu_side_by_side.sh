@@ -36,10 +36,11 @@ shape() {  # the peer-baseline shapes: layers hidden batch
 }
 for model in ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b}; do
   read -r layers hidden batch <<<"$(shape "$model")"
-  modes=$(echo ${PEER_MODES:-amp-bf16 pure-bf16} | tr ' ' ',')
-  python3 tools/peer_bench.py --layers "$layers" --hidden "$hidden" --batch "$batch" --mode "$modes" \
-    --json "$out/peer-$model-{mode}.json" > "$out/peer-$model.txt" 2>&1 ||
-    { echo "peer $model failed:"; tail -5 "$out/peer-$model.txt"; }
+  for mode in ${PEER_MODES:-amp-bf16 pure-bf16}; do
+    python3 tools/peer_bench.py --layers "$layers" --hidden "$hidden" --batch "$batch" --mode "$mode" \
+      --json "$out/peer-$model-$mode.json" > "$out/peer-$model-$mode.txt" 2>&1 ||
+      { echo "peer $model $mode failed:"; tail -5 "$out/peer-$model-$mode.txt"; }
+  done
   ./build-gpu/hgrn bench --config "configs/$model.yaml" --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-10}" \
     --json "$out/hgrn-$model.json" > "$out/hgrn-$model.txt" 2>&1 || { echo "hgrn $model failed:"; tail -5 "$out/hgrn-$model.txt"; }
 done

@@ -9,8 +9,7 @@ for the run. amp-bf16: fp32 parameters under torch.autocast(bfloat16); pure-bf16
 bf16. 5 warm-up steps, then the mean of 20 timed steps (host clock after cuda.synchronize()); peak memory =
 torch.cuda.max_memory_allocated() over the timed steps.
 
-Usage: peer_bench.py --layers 26 --hidden 1024 --batch 16 --seq 2048 --mode amp-bf16,pure-bf16 [--json FILE]
-(several modes run in one process, which saves Triton compiling the kernels again; FILE may contain {mode})
+Usage: peer_bench.py --layers 26 --hidden 1024 --batch 16 --seq 2048 --mode amp-bf16 [--json FILE]
 """
 import argparse
 import json
@@ -20,14 +19,24 @@ import torch
 from fla.models import HGRN2Config, HGRN2ForCausalLM
 
 
-def bench(a, mode):
-    """One mode's measurement, in this process (Triton's compiled kernels carry over from the previous mode)."""
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--vocab", type=int, default=50304)
+    p.add_argument("--mode", choices=["amp-bf16", "pure-bf16"], default="amp-bf16")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--json", help="also write the result here")
+    a = p.parse_args()
+
     torch.manual_seed(0)
     config = HGRN2Config(hidden_size=a.hidden, num_hidden_layers=a.layers, expand_ratio=128, vocab_size=a.vocab,
                          fuse_cross_entropy=True, fuse_norm=True, fuse_swiglu=True)
-    with torch.device("cuda"):  # initialised on the GPU: a 1B model's CPU initialisation alone takes many seconds
-        model = HGRN2ForCausalLM(config)
-    pure = mode == "pure-bf16"
+    model = HGRN2ForCausalLM(config).cuda()
+    pure = a.mode == "pure-bf16"
     if pure:
         model = model.to(torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
@@ -51,36 +60,16 @@ def bench(a, mode):
         loss = step()
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - t0) / a.steps
-    result = {"kind": "peer_training_step", "mode": mode, "layers": a.layers, "hidden": a.hidden,
-              "batch": a.batch, "seq": a.seq, "params": sum(p.numel() for p in model.parameters()),
-              "step_ms": step_s * 1e3, "tokens_per_s": a.batch * a.seq / step_s,
+    params = sum(p.numel() for p in model.parameters())
+    result = {"kind": "peer_training_step", "mode": a.mode, "layers": a.layers, "hidden": a.hidden,
+              "batch": a.batch, "seq": a.seq, "params": params, "step_ms": step_s * 1e3,
+              "tokens_per_s": a.batch * a.seq / step_s,
               "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30, "last_loss": loss.item(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    del model, optimizer
-    torch.cuda.empty_cache()
-    return result
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layers", type=int, required=True)
-    p.add_argument("--hidden", type=int, required=True)
-    p.add_argument("--batch", type=int, required=True)
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--vocab", type=int, default=50304)
-    p.add_argument("--mode", default="amp-bf16", help="amp-bf16, pure-bf16, or both comma-separated")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--json", help="also write the results here: FILE with {mode} replaced by each mode")
-    a = p.parse_args()
-    for mode in a.mode.split(","):
-        if mode not in ("amp-bf16", "pure-bf16"):
-            p.error(f"--mode: unknown mode {mode!r} (amp-bf16 or pure-bf16)")
-        result = bench(a, mode)
-        print(json.dumps(result), flush=True)
-        if a.json:
-            with open(a.json.replace("{mode}", mode), "w") as f:
-                json.dump(result, f, indent=2)
+    print(json.dumps(result))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":
