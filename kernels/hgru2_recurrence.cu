@@ -81,6 +81,18 @@ struct Dims {
   int key_pad;         // nk·64
 };
 
+// What a per-chunk block (fwd_output, bwd_dv, bwd_dqk) works on: chunk c (rows t0 .. t0+n) of head h of batch b
+// (pair = b·H + h), and the row strides of the [B, T, H·K] and [B, T, H·V] tensors.
+struct ChunkBlock {
+  int c, pair, b, h, t0, n;
+  int64_t key_stride, value_stride;
+};
+__device__ ChunkBlock chunk_block(const Dims& d, int c, int pair) {
+  const int t0 = c * kChunk;
+  return {c, pair, pair / d.H, pair % d.H, t0, min(kChunk, d.T - t0), static_cast<int64_t>(d.H) * d.K,
+          static_cast<int64_t>(d.H) * d.V};
+}
+
 // Offset of row t of head h of batch b in a [B, T, H·width] tensor.
 __device__ __forceinline__ int64_t row_offset(const Dims& d, int b, int t, int h, int width) {
   return ((static_cast<int64_t>(b) * d.T + t) * d.H + h) * width;
@@ -549,9 +561,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
   const int ldq = d.key_pad + TileLd<In>::pad;
-  const int c = blockIdx.x, pair = blockIdx.y, b = pair / d.H, h = pair % d.H;
-  const int t0 = c * kChunk, n = min(kChunk, d.T - t0);
-  const int64_t key_stride = static_cast<int64_t>(d.H) * d.K, value_stride = static_cast<int64_t>(d.H) * d.V;
+  const auto [c, pair, b, h, t0, n, key_stride, value_stride] = chunk_block(d, blockIdx.x, blockIdx.y);
   const In* q = static_cast<const In*>(p.q) + row_offset(d, b, t0, h, d.K);
   const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
@@ -654,9 +664,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
   const int ldx = d.key_pad + TileLd<In>::pad;
-  const int c = blockIdx.x, pair = blockIdx.y, b = pair / d.H, h = pair % d.H;
-  const int t0 = c * kChunk, n = min(kChunk, d.T - t0);
-  const int64_t key_stride = static_cast<int64_t>(d.H) * d.K, value_stride = static_cast<int64_t>(d.H) * d.V;
+  const auto [c, pair, b, h, t0, n, key_stride, value_stride] = chunk_block(d, blockIdx.x, blockIdx.y);
   const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
 
@@ -780,10 +788,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   BwdDqkSmem<In>::carve(smem, &s);
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
-  const int k0 = blockIdx.x * kTile, c = blockIdx.y, pair = blockIdx.z, b = pair / d.H, h = pair % d.H;
-  const int kcols = min(kTile, d.K - k0);
-  const int t0 = c * kChunk, n = min(kChunk, d.T - t0), last = n - 1;
-  const int64_t key_stride = static_cast<int64_t>(d.H) * d.K, value_stride = static_cast<int64_t>(d.H) * d.V;
+  const auto [c, pair, b, h, t0, n, key_stride, value_stride] = chunk_block(d, blockIdx.y, blockIdx.z);
+  const int k0 = blockIdx.x * kTile, kcols = min(kTile, d.K - k0), last = n - 1;
   const int64_t key_off = row_offset(d, b, t0, h, d.K) + k0;
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
 
