@@ -108,18 +108,25 @@ void Hgrn2Model::mark_gradients_ready(Tape& tape, size_t group) const {
 // `state` (optional): in, the initial recurrent state (or an undefined Var for zero); out, the final state.
 Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamma, Var* state) const {
   const Layer& p = layers_[l];
-  Var q, g, k, i;
+  Var q_hat, f_hat, i;
   {
     TraceLayer trace(tape, "q/f/i projections");
-    q = linear(tape, x, p.q_proj);
-    g = linear(tape, x, p.f_proj);
+    q_hat = linear(tape, x, p.q_proj);
+    f_hat = linear(tape, x, p.f_proj);
     i = linear(tape, x, p.i_proj);
   }
+  // q = silu(q̂), g = the lower-bounded log forget gate of f̂ (fp32 on the GPU, spec 1.3) and k = 1 − exp(g).
+  struct Gates {
+    Var q, g, k;
+  };
+  const auto make_gates = [this, l, q_hat, f_hat, gamma](Tape& t) {
+    const Var g = hgrn2_forget_gate(t, f_hat, gamma, l);
+    return Gates{silu(t, q_hat), g, input_gate_from_forget(t, g, activation_dtype_)};
+  };
+  Gates gates;
   {
     TraceLayer trace(tape, "gates");
-    q = silu(tape, q);
-    g = hgrn2_forget_gate(tape, g, gamma, l);  // fp32 on the GPU (spec 1.3)
-    k = input_gate_from_forget(tape, g, activation_dtype_);
+    gates = make_gates(tape);
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim()));  // fla's default GLA scale K^-1/2
   // As fla: the step-by-step form for short sequences (T <= 64, also in training), else the configured mode.
@@ -130,11 +137,22 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   Hgru2Outputs r;
   {
     TraceLayer trace(tape, "recurrence");
-    r = hgru2_recurrence(tape, q, k, i, g, state ? *state : nullptr, config_.heads(), scale, mode);
+    r = hgru2_recurrence(tape, gates.q, gates.k, i, gates.g, state ? *state : nullptr, config_.heads(), scale, mode);
   }
   if (state) *state = r.final_state;
+  // q, g and k (8 bytes per channel and token under bf16) are elementwise functions of q̂ and f̂, which silu and
+  // the forget gate keep for their own backward anyway: recomputed there instead of kept.
+  rematerialize(tape, {gates.q, gates.g, gates.k}, [make_gates](Tape& untaped) {
+    const Gates again = make_gates(untaped);
+    return std::vector<Tensor>{again.q->value, again.g->value, again.k->value};
+  });
   TraceLayer trace(tape, "g_norm + o_proj");
-  return linear(tape, rmsnorm(tape, r.output, p.g_norm, kOutputNormEps), p.o_proj);
+  const Var normed = rmsnorm(tape, r.output, p.g_norm, kOutputNormEps);
+  const Var out = linear(tape, normed, p.o_proj);
+  rematerialize(tape, {normed}, [o = r.output, w = p.g_norm](Tape& untaped) {
+    return std::vector<Tensor>{rmsnorm(untaped, o, w, kOutputNormEps)->value};
+  });
+  return out;
 }
 
 // GatedMLP: down(silu(gate(x)) * up(x)).
@@ -151,7 +169,11 @@ Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
     hidden = swiglu(tape, gate, up);
   }
   TraceLayer trace(tape, "mlp down projection");
-  return linear(tape, hidden, p.down_proj);
+  const Var out = linear(tape, hidden, p.down_proj);
+  // The MLP's widest activation, recomputed from gate and up (which swiglu keeps) in the backward.
+  rematerialize(tape, {hidden},
+                [gate, up](Tape& untaped) { return std::vector<Tensor>{swiglu(untaped, gate, up)->value}; });
+  return out;
 }
 
 Var Hgrn2Model::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states) const {
@@ -182,6 +204,13 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
     TraceLayer trace(tape, "add + rmsnorm");
     return add_rmsnorm(tape, residual, delta, weight, config_.norm_eps);
   };
+  // A block's normalised input x = RMSNorm(h) (add_rmsnorm gives the same bits as rmsnorm of its sum) is not kept
+  // for the block's projections' backward: it is recomputed from h, which the norm's own backward keeps.
+  auto renormalize_in_backward = [&](const Var& normed, const Var& stream, const Var& weight) {
+    rematerialize(tape, {normed}, [stream, weight, eps = config_.norm_eps](Tape& untaped) {
+      return std::vector<Tensor>{rmsnorm(untaped, stream, weight, eps)->value};
+    });
+  };
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& p = layers_[l];
     const Var& next_norm = l + 1 < config_.num_hidden_layers ? layers_[l + 1].attn_norm : final_norm_;
@@ -193,9 +222,11 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
                             : block({x, gamma}, [this, l](Tape& t, const std::vector<Var>& in) {
                                 return token_mixer(t, l, in[0], in[1], nullptr);
                               });
+    renormalize_in_backward(x, h, p.attn_norm);
     AddRmsNormResult r = residual_norm(h, mixed, p.mlp_norm);
     const Var mlp_out =
         block({r.normed}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0]); });
+    renormalize_in_backward(r.normed, r.sum, p.mlp_norm);
     r = residual_norm(r.sum, mlp_out, next_norm);
     h = r.sum;
     x = r.normed;

@@ -18,4 +18,30 @@ Var recompute(Tape& tape, const std::vector<Var>& inputs, RecomputedFn f) {
   return out;
 }
 
+void rematerialize(Tape& tape, const std::vector<Var>& vars, RematerializeFn values) {
+  if (!tape.enabled()) return;
+  std::vector<Shape> shapes;
+  std::vector<DType> dtypes;
+  for (const Var& v : vars) {
+    HGRN_CHECK(v && v->value.defined(), "rematerialize: a value is missing (freed twice?)");
+    shapes.push_back(v->value.shape());
+    dtypes.push_back(v->value.dtype());
+  }
+  for (const Var& v : vars) v->value = Tensor();
+  tape.record([vars, shapes, dtypes, values = std::move(values)] {
+    Tape untaped;
+    untaped.set_enabled(false);
+    std::vector<Tensor> recomputed = values(untaped);
+    HGRN_CHECK(recomputed.size() == vars.size(), "rematerialize: ", recomputed.size(), " values for ", vars.size(),
+               " tensors");
+    for (size_t i = 0; i < vars.size(); ++i) {
+      HGRN_CHECK(recomputed[i].shape() == shapes[i] && recomputed[i].dtype() == dtypes[i],
+                 "rematerialize: tensor ", i, " came back as ", shape_str(recomputed[i].shape()), " ",
+                 dtype_name(recomputed[i].dtype()), ", the forward made ", shape_str(shapes[i]), " ",
+                 dtype_name(dtypes[i]));
+      vars[i]->value = std::move(recomputed[i]);
+    }
+  });
+}
+
 }  // namespace hgrn
