@@ -111,18 +111,23 @@ TEST(ModelCuda, ForwardAndBackwardAreBitwiseDeterministic) {
 
 TEST(ModelCuda, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   HGRN_SKIP_WITHOUT_GPU();
-  // training.recompute re-runs each token mixer and MLP in the backward: the same deterministic kernels on the same
-  // inputs, so the same bits (as on the CPU, Hgrn2Model.RecomputationGivesTheSameLossAndGradientsBitForBit).
+  // training.recompute re-runs each token mixer and MLP in the backward, training.recompute_elementwise the gates,
+  // norms and SwiGLU: the same deterministic kernels on the same inputs, so the same bits as keeping everything
+  // (as on the CPU, Hgrn2Model.RecomputationGivesTheSameLossAndGradientsBitForBit).
   for (DType act : {DType::F32, DType::BF16}) {
     Models m = make_models(act);
     const Tensor ids = random_ids(2, 130, small_config().vocab_size, 17);
+    m.gpu.set_recompute_elementwise(false);
     const LossAndGrads plain = loss_and_grads(m.gpu, ids);
-    m.gpu.set_recompute(true);
-    const LossAndGrads recomputed = loss_and_grads(m.gpu, ids);
-    EXPECT_EQ(plain.loss, recomputed.loss) << dtype_name(act);
-    for (size_t p = 0; p < plain.grads.size(); ++p)
-      EXPECT_EQ(std::memcmp(plain.grads[p].raw_data(), recomputed.grads[p].raw_data(), plain.grads[p].nbytes()), 0)
-          << dtype_name(act) << " parameter " << p;
+    for (int variant = 1; variant < 3; ++variant) {
+      m.gpu.set_recompute_elementwise(true);
+      m.gpu.set_recompute(variant == 2);
+      const LossAndGrads recomputed = loss_and_grads(m.gpu, ids);
+      EXPECT_EQ(plain.loss, recomputed.loss) << dtype_name(act) << " variant " << variant;
+      for (size_t p = 0; p < plain.grads.size(); ++p)
+        EXPECT_EQ(std::memcmp(plain.grads[p].raw_data(), recomputed.grads[p].raw_data(), plain.grads[p].nbytes()), 0)
+            << dtype_name(act) << " variant " << variant << " parameter " << p;
+    }
   }
 }
 

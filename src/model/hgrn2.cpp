@@ -103,6 +103,10 @@ void Hgrn2Model::mark_gradients_ready(Tape& tape, size_t group) const {
   if (gradient_ready_hook_) tape.record([hook = gradient_ready_hook_, group] { hook(group); });
 }
 
+void Hgrn2Model::recompute_in_backward(Tape& tape, const std::vector<Var>& vars, RematerializeFn values) const {
+  if (recompute_elementwise_) rematerialize(tape, vars, std::move(values));
+}
+
 // HGRN2Attention (spec 1.2): q = silu(x Wqᵀ), g = lower-bounded log forget gate of x Wfᵀ, k = 1 - exp(g),
 // i = x Wiᵀ; the HGRU2 recurrence per head; then RMSNorm over all of D and o_proj.
 // `state` (optional): in, the initial recurrent state (or an undefined Var for zero); out, the final state.
@@ -142,14 +146,14 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   if (state) *state = r.final_state;
   // q, g and k (8 bytes per channel and token under bf16) are elementwise functions of q̂ and f̂, which silu and
   // the forget gate keep for their own backward anyway: recomputed there instead of kept.
-  rematerialize(tape, {gates.q, gates.g, gates.k}, [make_gates](Tape& untaped) {
+  recompute_in_backward(tape, {gates.q, gates.g, gates.k}, [make_gates](Tape& untaped) {
     const Gates again = make_gates(untaped);
     return std::vector<Tensor>{again.q->value, again.g->value, again.k->value};
   });
   TraceLayer trace(tape, "g_norm + o_proj");
   const Var normed = rmsnorm(tape, r.output, p.g_norm, kOutputNormEps);
   const Var out = linear(tape, normed, p.o_proj);
-  rematerialize(tape, {normed}, [o = r.output, w = p.g_norm](Tape& untaped) {
+  recompute_in_backward(tape, {normed}, [o = r.output, w = p.g_norm](Tape& untaped) {
     return std::vector<Tensor>{rmsnorm(untaped, o, w, kOutputNormEps)->value};
   });
   return out;
@@ -171,7 +175,7 @@ Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
   TraceLayer trace(tape, "mlp down projection");
   const Var out = linear(tape, hidden, p.down_proj);
   // The MLP's widest activation, recomputed from gate and up (which swiglu keeps) in the backward.
-  rematerialize(tape, {hidden},
+  recompute_in_backward(tape, {hidden},
                 [gate, up](Tape& untaped) { return std::vector<Tensor>{swiglu(untaped, gate, up)->value}; });
   return out;
 }
@@ -207,7 +211,7 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
   // A block's normalised input x = RMSNorm(h) (add_rmsnorm gives the same bits as rmsnorm of its sum) is not kept
   // for the block's projections' backward: it is recomputed from h, which the norm's own backward keeps.
   auto renormalize_in_backward = [&](const Var& normed, const Var& stream, const Var& weight) {
-    rematerialize(tape, {normed}, [stream, weight, eps = config_.norm_eps](Tape& untaped) {
+    recompute_in_backward(tape, {normed}, [stream, weight, eps = config_.norm_eps](Tape& untaped) {
       return std::vector<Tensor>{rmsnorm(untaped, stream, weight, eps)->value};
     });
   };

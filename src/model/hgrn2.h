@@ -9,6 +9,7 @@
 #include "core/autograd.h"
 #include "core/rng.h"
 #include "model/hgrn2_params.h"
+#include "ops/recompute.h"
 
 namespace hgrn {
 
@@ -34,6 +35,8 @@ class Hgrn2Model {
   Device device() const { return device_; }
   // Training with recomputation: each token mixer and MLP keeps only its input and is run again in the backward.
   void set_recompute(bool recompute) { recompute_ = recompute; }
+  // Recompute the outputs of the gates, norms and SwiGLU in the backward instead of keeping them (rematerialize).
+  void set_recompute_elementwise(bool recompute) { recompute_elementwise_ = recompute; }
   DType activation_dtype() const { return activation_dtype_; }
 
   // Data parallelism overlaps the gradient reduction with the backward pass. The parameters fall into groups, in the
@@ -59,11 +62,14 @@ class Hgrn2Model {
   Var token_mixer(Tape& tape, int64_t layer, const Var& x, const Var& gamma, Var* state) const;
   Var mlp(Tape& tape, int64_t layer, const Var& x) const;
   void mark_gradients_ready(Tape& tape, size_t group) const;
+  // rematerialize(tape, vars, values) when recompute_elementwise_ is on; else the values are kept.
+  void recompute_in_backward(Tape& tape, const std::vector<Var>& vars, RematerializeFn values) const;
 
   ModelConfig config_;
   Device device_ = Device::CPU;
   DType activation_dtype_ = DType::F32;
   bool recompute_ = false;
+  bool recompute_elementwise_ = true;
   std::function<void(size_t)> gradient_ready_hook_;
   std::vector<std::pair<ParamSpec, Var>> params_;
   Var embeddings_, lower_bounds_, final_norm_, lm_head_;
