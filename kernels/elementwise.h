@@ -11,5 +11,10 @@ namespace hgrn {
 void cuda_add(const void* a, const void* b, void* y, int64_t n, DType dtype);
 // dst += src.
 void cuda_accumulate(void* dst, const void* src, int64_t n, DType dtype);
+// dst (+)= scale[0] · factor · src: src fp32, dst fp32 or bf16 (dst_dtype), scale one fp32 on the device (an upstream
+// gradient, read there: no host sync); accumulate = false overwrites dst. For a gradient computed before the
+// factor it is scaled by was known (the fused LM head's, which is computed in the forward).
+void cuda_scaled_accumulate(void* dst, DType dst_dtype, const float* src, const float* scale, float factor,
+                            bool accumulate, int64_t n);
 
 }  // namespace hgrn

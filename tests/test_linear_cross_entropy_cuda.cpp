@@ -10,6 +10,9 @@
 #include "gpu_test.h"
 #include "gradcheck.h"
 #include "ops/linear_cross_entropy.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/elementwise.h"
+#endif
 
 namespace hgrn {
 namespace {
@@ -92,6 +95,41 @@ TEST(LinearCrossEntropyCuda, NoTargetsGiveZeroLossAndLeaveGradientsAlone) {
   expect_close(w->grad, gw0, 0, 0, "dW untouched");
   Tape bad;
   EXPECT_THROW(linear_cross_entropy(bad, x, w, to_gpu(Tensor::full({6}, 11, DType::I32), DType::I32)), Error);
+}
+
+// The kernel that scales the head's forward-computed gradient into x's and W's gradients: dst (+)= scale·factor·src
+// against fp64, both dtypes, overwrite and accumulate, odd sizes (the unpacked tail) and a misaligned view (all
+// unpacked). One rounding to the destination dtype: fp32 ~1e-7, bf16 2^-9 relative.
+TEST(ScaledAccumulateCuda, MatchesTheFormulaOnOddSizes) {
+  HGRN_SKIP_WITHOUT_GPU();
+#ifdef HGRN_WITH_CUDA
+  Rng rng(12);
+  const double scale = 0.7, factor = 1.0 / 300;
+  const Tensor scale_gpu = to_gpu(Tensor::full({}, scale, DType::F64), DType::F32);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (int64_t n : {1, 7, 1001, 4096}) {
+      for (int64_t offset : {0, 1}) {
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(detail::concat(dtype_name(dtype), " n ", n, " offset ", offset, " accumulate ", accumulate));
+          const Tensor src = round_through(testing::random_tensor(rng, {offset + n}, 100.0), DType::F32);
+          const Tensor dst0 = round_through(testing::random_tensor(rng, {offset + n}), dtype);
+          Tensor dst = to_gpu(dst0, dtype);
+          const Tensor src_gpu = to_gpu(src, DType::F32);
+          cuda_scaled_accumulate(static_cast<char*>(dst.raw_data()) + offset * dtype_size(dtype), dtype,
+                                 src_gpu.data<float>() + offset, scale_gpu.data<float>(), static_cast<float>(factor),
+                                 accumulate, n);
+          const std::vector<double> got = dst.to(Device::CPU).to_double_vector();
+          const std::vector<double> s = src.to_double_vector(), d0 = dst0.to_double_vector();
+          const double rel = dtype == DType::F32 ? 1e-6 : 4e-3;
+          for (int64_t i = 0; i < offset + n; ++i) {
+            const double want = i < offset ? d0[i] : (accumulate ? d0[i] : 0.0) + scale * factor * s[i];
+            ASSERT_NEAR(got[i], want, rel * (std::fabs(want) + 1e-3)) << "element " << i;
+          }
+        }
+      }
+    }
+  }
+#endif
 }
 
 }  // namespace

@@ -57,6 +57,12 @@ std::string fold_digits(const std::string& name) {
 }
 }  // namespace
 
+void trace_profile_reset() {
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.totals.clear();
+}
+
 void trace_push(const std::string& name) {
 #ifdef HGRN_WITH_CUDA
   nvtxRangePushA(name.c_str());

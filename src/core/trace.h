@@ -10,6 +10,9 @@ namespace hgrn {
 
 void trace_push(const std::string& name);
 void trace_pop();
+// HGRN_PROFILE: forget the totals so far (hgrn bench calls it after the warm-up, whose first step also times the
+// GEMM algorithms, so that the printed breakdown is of steady steps only).
+void trace_profile_reset();
 
 // A range for the lifetime of a scope (a training phase).
 class TraceRange {

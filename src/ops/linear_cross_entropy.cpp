@@ -2,12 +2,12 @@
 #include "ops/linear_cross_entropy.h"
 
 #include <algorithm>
-#include <memory>
 
 #include "ops/elementwise.h"
 #include "ops/linear.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
 #endif
 
 namespace hgrn {
@@ -16,79 +16,84 @@ namespace {
 constexpr int64_t kChunkLogitBytes = 256 << 20;
 
 #ifdef HGRN_WITH_CUDA
-// What the backward needs: per-row log-sum-exp and targets (-1: ignored), the input and weight as the GEMMs read them.
-struct HeadSaved {
-  Tensor log_sum_exp, row_target, x, w;
-  int64_t rows = 0, vocab = 0, width = 0, chunk = 0, num_targets = 0;
-};
-
-// The logits of rows [r0, r0 + n) into `logits` ([n, vocab] at its start).
-void chunk_logits(const HeadSaved& s, int64_t r0, int64_t n, Tensor& logits) {
-  linear_gemm(false, true, n, s.vocab, s.width, s.x.flat_view(r0 * s.width, n * s.width), s.width, s.w, s.width, 0.0f,
-              logits, s.vocab);
-}
-
 CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var& weight, const Tensor& targets,
                                              int64_t ignore_index, int64_t chunk_rows) {
-  auto s = std::make_shared<HeadSaved>();
-  s->w = weight_for_input(weight, x->value);
-  s->vocab = s->w.size(0);
-  s->width = s->w.size(1);
-  s->rows = x->value.numel() / s->width;
-  s->x = x->value.reshape({s->rows, s->width});
-  const DType act = s->x.dtype();
+  const Tensor w = weight_for_input(weight, x->value);
+  const int64_t vocab = w.size(0), width = w.size(1), rows = x->value.numel() / width;
+  const Tensor xr = x->value.reshape({rows, width});
+  const DType act = xr.dtype();
   HGRN_CHECK(targets.defined() && (targets.dtype() == DType::I32 || targets.dtype() == DType::I64) &&
-                 targets.device() == Device::CUDA && targets.is_contiguous() && targets.numel() == s->rows,
-             "linear_cross_entropy: targets must be a contiguous int32/int64 GPU tensor of ", s->rows,
+                 targets.device() == Device::CUDA && targets.is_contiguous() && targets.numel() == rows,
+             "linear_cross_entropy: targets must be a contiguous int32/int64 GPU tensor of ", rows,
              " elements (one per row of x)");
-  const int64_t auto_rows = std::max<int64_t>(1, kChunkLogitBytes / (s->vocab * static_cast<int64_t>(dtype_size(act))));
-  s->chunk = std::min(s->rows, chunk_rows > 0 ? chunk_rows : auto_rows);
-  s->log_sum_exp = Tensor::empty({s->rows}, DType::F32, Device::CUDA);
-  s->row_target = Tensor::empty({s->rows}, DType::I32, Device::CUDA);
-  Tensor logits = Tensor::empty({std::max<int64_t>(s->chunk, 1) * s->vocab}, act, Device::CUDA);
+  const int64_t auto_rows = std::max<int64_t>(1, kChunkLogitBytes / (vocab * static_cast<int64_t>(dtype_size(act))));
+  const int64_t chunk = std::min(rows, chunk_rows > 0 ? chunk_rows : auto_rows);
+  const bool records = tape.enabled() && (wants_grad(x) || wants_grad(weight));
+  // The gradient is computed here, from each chunk's logits while they exist, rather than by computing the logits
+  // again in the backward (one GEMM fewer). The factor dloss / num_targets is not known yet: each chunk's
+  // dlogits = softmax − onehot is unscaled, dx and dW are kept unscaled in fp32, and the backward scales them into
+  // the gradients (one rounding to x's dtype, as a single GEMM would do).
+  const auto fp32_buffer = [](int64_t r, int64_t c) { return Tensor::empty({r, c}, DType::F32, Device::CUDA); };
+  Tensor dx_unscaled = records && wants_grad(x) ? fp32_buffer(rows, width) : Tensor();
+  Tensor dw_unscaled = records && wants_grad(weight) ? fp32_buffer(vocab, width) : Tensor();
+  const Tensor one = records ? on_device(Tensor::full({}, 1.0, DType::F32), Device::CUDA) : Tensor();
+  Tensor log_sum_exp = Tensor::empty({rows}, DType::F32, Device::CUDA);
+  Tensor row_target = Tensor::empty({rows}, DType::I32, Device::CUDA);
+  Tensor logits = Tensor::empty({std::max<int64_t>(chunk, 1) * vocab}, act, Device::CUDA);
   Tensor chunk_loss = Tensor::empty({}, DType::F32, Device::CUDA);
-  Tensor scratch = Tensor::empty({static_cast<int64_t>((cross_entropy_scratch_bytes(s->chunk) + 7) / 8)}, DType::I64,
+  Tensor scratch = Tensor::empty({static_cast<int64_t>((cross_entropy_scratch_bytes(chunk) + 7) / 8)}, DType::I64,
                                  Device::CUDA);
   const char* target_bytes = static_cast<const char*>(targets.raw_data());
   double loss_sum = 0;  // the chunks' summed losses, added in chunk order
-  int64_t num_correct = 0;
-  for (int64_t r0 = 0; r0 < s->rows; r0 += s->chunk) {
-    const int64_t n = std::min(s->chunk, s->rows - r0);
-    chunk_logits(*s, r0, n, logits);
+  int64_t num_targets = 0, num_correct = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    const Tensor x_rows = xr.flat_view(r0 * width, n * width);
+    linear_gemm(false, true, n, vocab, width, x_rows, width, w, width, 0.0f, logits, vocab);
     const CrossEntropyCounts counts = cross_entropy_forward_cuda(
         logits.raw_data(), act, target_bytes + r0 * static_cast<int64_t>(dtype_size(targets.dtype())),
-        targets.dtype(), n, s->vocab, ignore_index, chunk_loss.data<float>(), s->log_sum_exp.data<float>() + r0,
-        s->row_target.data<int32_t>() + r0, scratch.raw_data());
+        targets.dtype(), n, vocab, ignore_index, chunk_loss.data<float>(), log_sum_exp.data<float>() + r0,
+        row_target.data<int32_t>() + r0, scratch.raw_data());
     HGRN_CHECK(counts.bad_row < 0, "cross_entropy: target ", counts.bad_target, " in row ", r0 + counts.bad_row,
-               " is out of range for vocab size ", s->vocab, " (ignore_index is ", ignore_index, ")");
-    s->num_targets += counts.num_targets;
+               " is out of range for vocab size ", vocab, " (ignore_index is ", ignore_index, ")");
+    num_targets += counts.num_targets;
     num_correct += counts.num_correct;
     if (counts.num_targets > 0) loss_sum += chunk_loss.item() * static_cast<double>(counts.num_targets);
+    if (!records) continue;
+    // dlogits (unscaled) in place of the logits, then this chunk's share of dx and of the sum over rows of dW.
+    cross_entropy_backward_cuda(logits.raw_data(), act, log_sum_exp.data<float>() + r0, row_target.data<int32_t>() + r0,
+                                one.data<float>(), /*num_targets=*/1, logits.raw_data(), n, vocab,
+                                /*accumulate=*/false);
+    if (dx_unscaled.defined()) {
+      Tensor dx_rows = dx_unscaled.flat_view(r0 * width, n * width);
+      linear_gemm(false, false, n, width, vocab, logits, vocab, w, width, 0.0f, dx_rows, width);
+    }
+    if (dw_unscaled.defined())
+      linear_gemm(true, false, vocab, width, n, logits, vocab, x_rows, width, r0 == 0 ? 0.0f : 1.0f, dw_unscaled,
+                  width);
   }
-  const double mean = s->num_targets > 0 ? loss_sum / static_cast<double>(s->num_targets) : 0.0;
+  const double mean = num_targets > 0 ? loss_sum / static_cast<double>(num_targets) : 0.0;
   Var out = op_output(tape, on_device(Tensor::full({}, mean, DType::F32), Device::CUDA), {x, weight});
   if (out->requires_grad) {
-    tape.record([x, weight, out, s] {
-      if (!out->grad.defined() || s->num_targets == 0) return;  // no target: zero gradients, nothing to add
-      Tensor chunk = Tensor::empty({s->chunk * s->vocab}, s->x.dtype(), Device::CUDA);
-      Tensor dx = wants_grad(x) ? grad_buffer(x).reshape({s->rows, s->width}) : Tensor();
-      for (int64_t r0 = 0; r0 < s->rows; r0 += s->chunk) {
-        const int64_t n = std::min(s->chunk, s->rows - r0);
-        chunk_logits(*s, r0, n, chunk);
-        cross_entropy_backward_cuda(chunk.raw_data(), chunk.dtype(), s->log_sum_exp.data<float>() + r0,
-                                    s->row_target.data<int32_t>() + r0, out->grad.data<float>(), s->num_targets,
-                                    chunk.raw_data(), n, s->vocab, /*accumulate=*/false);
-        if (dx.defined()) {
-          Tensor dx_rows = dx.flat_view(r0 * s->width, n * s->width);
-          linear_gemm(false, false, n, s->width, s->vocab, chunk, s->vocab, s->w, s->width, 1.0f, dx_rows, s->width);
-        }
-        if (wants_grad(weight))
-          linear_gemm(true, false, s->vocab, s->width, n, chunk, s->vocab, s->x.flat_view(r0 * s->width, n * s->width),
-                      s->width, 1.0f, grad_buffer(weight), s->width);
+    tape.record([x, weight, out, dx_unscaled, dw_unscaled, num_targets] {
+      if (!out->grad.defined() || num_targets == 0) return;  // no target: zero gradients, nothing to add
+      const float per_target = 1.0f / static_cast<float>(num_targets);
+      bool accumulate = false;
+      if (dx_unscaled.defined()) {
+        Tensor& dx = grad_buffer_for_write(x, &accumulate);
+        cuda_scaled_accumulate(dx.raw_data(), dx.dtype(), dx_unscaled.data<float>(), out->grad.data<float>(),
+                               per_target, accumulate, dx.numel());
+      }
+      if (dw_unscaled.defined()) {
+        Tensor& dw = grad_buffer_for_write(weight, &accumulate);
+        HGRN_CHECK(dw.dtype() == DType::F32, "linear_cross_entropy backward: the weight's gradient is ",
+                   dtype_name(dw.dtype()), ", expected fp32");
+        cuda_scaled_accumulate(dw.raw_data(), DType::F32, dw_unscaled.data<float>(), out->grad.data<float>(),
+                               per_target, accumulate, dw.numel());
       }
     });
   }
-  return {out, s->num_targets, num_correct};
+  return {out, num_targets, num_correct};
 }
 #endif
 }  // namespace

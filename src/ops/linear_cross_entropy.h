@@ -2,11 +2,14 @@
 // holds the logits of the whole batch. At 16 x 2048 tokens and a 50k vocabulary the logits and their gradient are
 // 3.3 GB each in bf16; here only one chunk of rows (about 256 MiB of logits) exists at a time.
 //
-// GPU: the forward computes each chunk's logits (GEMM), its log-sum-exp, loss and counts, and drops the logits. The
-// backward computes each chunk's logits again (one more GEMM: the head costs 4 instead of 3 GEMMs), turns them
-// into dlogits in place, then dx += dlogits·W and dW += dlogitsᵀ·x chunk by chunk. The per-row arithmetic is the
-// cross_entropy kernels'; the dW sum over rows is split into chunk sums (deterministic, but not the same rounding as
-// one GEMM over all rows). CPU: the composition linear + cross_entropy, the reference the GPU path is tested against.
+// GPU: the forward computes each chunk's logits (GEMM), its log-sum-exp, loss and counts and, when a backward will
+// run, the gradient as well while the logits exist: dlogits = softmax − onehot in place, then the chunk's rows of
+// dx = dlogits·W and its share of dW = Σ dlogitsᵀ·x, both unscaled and in fp32 (the factor dloss / num_targets is
+// known only in the backward). The backward scales them into x's and the weight's gradients: no logits are ever
+// recomputed, so the head costs 3 GEMMs, as unfused; the price is dx and dW held in fp32 from the forward to the
+// backward (rows·D + Vocab·D floats). The per-row arithmetic is the cross_entropy kernels'; the dW sum over rows is
+// split into chunk sums (deterministic, but not the same rounding as one GEMM over all rows). CPU: the composition
+// linear + cross_entropy, the reference the GPU path is tested against.
 #pragma once
 #include <cstdint>
 

@@ -10,6 +10,7 @@
 
 #include "core/allocator.h"
 #include "core/rng.h"
+#include "core/trace.h"
 #include "dist/world.h"
 #include "model/flops.h"
 #include "model/hgrn2.h"
@@ -85,7 +86,10 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
       << " timed steps\n";
   std::vector<double> times;
   for (int64_t s = 0; s < warmup + steps; ++s) {
-    if (s == warmup) cuda_reset_peak_memory();
+    if (s == warmup) {
+      cuda_reset_peak_memory();
+      trace_profile_reset();
+    }
     const Clock::time_point t0 = Clock::now();
     const StepResult step = training_step(*setup, data, tc, tc.lr);
     device_synchronize();
