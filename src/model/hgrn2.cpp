@@ -107,6 +107,15 @@ void Hgrn2Model::recompute_in_backward(Tape& tape, const std::vector<Var>& vars,
   if (recompute_elementwise_) rematerialize(tape, vars, std::move(values));
 }
 
+// normed = RMSNorm(input) ⊙ weight (add_rmsnorm's output included: the same bits as rmsnorm of its sum) is
+// recomputed from input, which the norm's own backward keeps, instead of being kept for its consumers' backward.
+void Hgrn2Model::renormalize_in_backward(Tape& tape, const Var& normed, const Var& input, const Var& weight,
+                                         double eps) const {
+  recompute_in_backward(tape, {normed}, [input, weight, eps](Tape& untaped) {
+    return std::vector<Tensor>{rmsnorm(untaped, input, weight, eps)->value};
+  });
+}
+
 // HGRN2Attention (spec 1.2): q = silu(x Wqᵀ), g = lower-bounded log forget gate of x Wfᵀ, k = 1 - exp(g),
 // i = x Wiᵀ; the HGRU2 recurrence per head; then RMSNorm over all of D and o_proj.
 // `state` (optional): in, the initial recurrent state (or an undefined Var for zero); out, the final state.
@@ -153,9 +162,7 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   TraceLayer trace(tape, "g_norm + o_proj");
   const Var normed = rmsnorm(tape, r.output, p.g_norm, kOutputNormEps);
   const Var out = linear(tape, normed, p.o_proj);
-  recompute_in_backward(tape, {normed}, [o = r.output, w = p.g_norm](Tape& untaped) {
-    return std::vector<Tensor>{rmsnorm(untaped, o, w, kOutputNormEps)->value};
-  });
+  renormalize_in_backward(tape, normed, r.output, p.g_norm, kOutputNormEps);
   return out;
 }
 
@@ -208,13 +215,6 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
     TraceLayer trace(tape, "add + rmsnorm");
     return add_rmsnorm(tape, residual, delta, weight, config_.norm_eps);
   };
-  // A block's normalised input x = RMSNorm(h) (add_rmsnorm gives the same bits as rmsnorm of its sum) is not kept
-  // for the block's projections' backward: it is recomputed from h, which the norm's own backward keeps.
-  auto renormalize_in_backward = [&](const Var& normed, const Var& stream, const Var& weight) {
-    recompute_in_backward(tape, {normed}, [stream, weight, eps = config_.norm_eps](Tape& untaped) {
-      return std::vector<Tensor>{rmsnorm(untaped, stream, weight, eps)->value};
-    });
-  };
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& p = layers_[l];
     const Var& next_norm = l + 1 < config_.num_hidden_layers ? layers_[l + 1].attn_norm : final_norm_;
@@ -226,11 +226,12 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
                             : block({x, gamma}, [this, l](Tape& t, const std::vector<Var>& in) {
                                 return token_mixer(t, l, in[0], in[1], nullptr);
                               });
-    renormalize_in_backward(x, h, p.attn_norm);
+    // Each block's normalised input is recomputed from the residual stream for its projections' backward.
+    renormalize_in_backward(tape, x, h, p.attn_norm, config_.norm_eps);
     AddRmsNormResult r = residual_norm(h, mixed, p.mlp_norm);
     const Var mlp_out =
         block({r.normed}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0]); });
-    renormalize_in_backward(r.normed, r.sum, p.mlp_norm);
+    renormalize_in_backward(tape, r.normed, r.sum, p.mlp_norm, config_.norm_eps);
     r = residual_norm(r.sum, mlp_out, next_norm);
     h = r.sum;
     x = r.normed;

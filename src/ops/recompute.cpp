@@ -3,6 +3,16 @@
 
 namespace hgrn {
 
+namespace {
+// True while recompute() replays a block for its backward: that backward follows at once, so freeing the block's
+// intermediates there (rematerialize) would only compute them twice.
+thread_local bool replaying = false;
+struct ReplayScope {
+  ReplayScope() { replaying = true; }
+  ~ReplayScope() { replaying = false; }
+};
+}  // namespace
+
 Var recompute(Tape& tape, const std::vector<Var>& inputs, RecomputedFn f) {
   if (!tape.enabled()) return f(tape, inputs);  // evaluation: nothing would be kept anyway
   Tape untaped;
@@ -12,14 +22,18 @@ Var recompute(Tape& tape, const std::vector<Var>& inputs, RecomputedFn f) {
   tape.record([inputs, out, f = std::move(f)] {
     if (!out->grad.defined()) return;
     Tape again;
-    Var y2 = f(again, inputs);
+    Var y2;
+    {
+      ReplayScope scope;
+      y2 = f(again, inputs);
+    }
     if (y2->requires_grad) again.backward(y2, out->grad);
   });
   return out;
 }
 
 void rematerialize(Tape& tape, const std::vector<Var>& vars, RematerializeFn values) {
-  if (!tape.enabled()) return;
+  if (!tape.enabled() || replaying) return;
   std::vector<Shape> shapes;
   std::vector<DType> dtypes;
   for (const Var& v : vars) {

@@ -25,7 +25,8 @@ using RematerializeFn = std::function<std::vector<Tensor>(Tape& untaped)>;
 // Call after the last forward op that reads vars' values has been recorded: frees those values now and records a
 // step that sets them to `values(untaped)` before the backward of any op recorded so far runs, i.e. before any op
 // that used them (or made them) reads them again. `values` must recompute the same tensors (same shapes and dtypes,
-// checked; the same kernels on the same inputs, so the same bits). Does nothing when the tape is disabled.
+// checked; the same kernels on the same inputs, so the same bits). Does nothing when the tape is disabled, nor
+// inside recompute()'s replay of a block (whose backward follows at once: nothing would be saved).
 void rematerialize(Tape& tape, const std::vector<Var>& vars, RematerializeFn values);
 
 }  // namespace hgrn

@@ -197,9 +197,8 @@ void AdamW::load_state(std::vector<Tensor> first_moments, std::vector<Tensor> se
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& ref = params_[i];
     const Device device = ref.param->value.device();
-    auto range = [&](const Tensor& full) { return ref.count < 0 ? full : full.flat_view(ref.begin, ref.count); };
-    first_moments_[i] = range(first_moments[i]).to(device);
-    second_moments_[i] = range(second_moments[i]).to(device);
+    first_moments_[i] = updated_range(ref, first_moments[i]).to(device);
+    second_moments_[i] = updated_range(ref, second_moments[i]).to(device);
   }
   step_count_ = step_count;
 }
