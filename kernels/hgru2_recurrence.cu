@@ -121,10 +121,11 @@ struct TileRegs {
       x[i] = (src && r < rows && c < cols) ? load_f(src[r * stride + c]) : 0.f;
     }
   }
+  // dst[r·ld + (r/16)·skew + c] = x (skew: see ScoreTile).
   template <typename Dst>
-  __device__ void commit(Dst* dst, int ld) const {
+  __device__ void commit(Dst* dst, int ld, int skew = 0) const {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) dst[row(i) * ld + col()] = store_f<Dst>(x[i]);
+    for (int i = 0; i < 16; ++i) dst[row(i) * ld + (row(i) >> 4) * skew + col()] = store_f<Dst>(x[i]);
   }
 };
 
@@ -210,9 +211,11 @@ constexpr float kLog2e = 1.4426950408889634f;
 // In-place chunk-local cumulative sum of g·log2(e) (the base-2 G of spec 7.1) down the 64 rows of an fp32 [64][ld]
 // tile: four 16-row segments are scanned in parallel, then offset by the totals of the segments before them. The
 // result is still non-increasing in the row (rounding is monotone and each segment's last row equals the next
-// segment's offset), so every G_i − G_j with i >= j stays <= 0. `seg` is [4][64] shared scratch.
-__device__ void chunk_cumsum(float* G, int ld, float* seg) {
+// segment's offset), so every G_i − G_j with i >= j stays <= 0. `seg` is [4][64] shared scratch. `skew`: extra
+// elements before each 16-row segment (the skewed layout of fwd_output's scores tiles, see ScoreTile).
+__device__ void chunk_cumsum(float* G, int ld, float* seg, int skew = 0) {
   const int c = threadIdx.x & 63, s = threadIdx.x >> 6;
+  G += s * skew;  // a thread's rows all lie in segment s
   float run = 0.f;
   for (int r = s * kSub; r < (s + 1) * kSub; ++r) {
     run += G[r * ld + c] * kLog2e;
@@ -308,15 +311,6 @@ __device__ void accumulate_state_product(float* O, const In* X, int ldx, const f
     block_mma<false, false>(O, TileLd<In>::acc, X + kt * kTile, ldx, Y, TileLd<In>::in);
   }
   __syncthreads();
-}
-
-// Row-major (i, j) of the t-th entry of a 16×16 lower triangle (j <= i), t < 136.
-__device__ __forceinline__ void triangle_entry(int t, int& i, int& j) {
-  int r = static_cast<int>((sqrtf(8.f * t + 1.f) - 1.f) * 0.5f);
-  if ((r + 1) * (r + 2) / 2 <= t) ++r;
-  if (r * (r + 1) / 2 > t) --r;
-  i = r;
-  j = t - r * (r + 1) / 2;
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -427,6 +421,15 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
 //   A_ij = s·Σ_a q_ia k_ja e^{G_ia − G_ja} (j <= i), by K-tiles: diagonal 16×16 blocks element-wise, blocks below them
 //   with the reference row n = G of the query sub-chunk's first row (Q̂ = q ⊙ e^{G_i − n}, K̂ = k ⊙ e^{n − G_j});
 //   o = Q̄ S^(c) + A v with Q̄ = s·q ⊙ e^{G} (rounded to the activation dtype, as fla does, as is A for A·v).
+// The scores phase's fp32 tiles (q, k and G of one K-tile): row t at t·kLdQ + t/16. A row stride ≡ 4 (mod 32 banks)
+// makes the tensor-core fragment reads (8 rows × 4 columns per warp) conflict-free, and the extra word per 16-row
+// block does the same for the diagonal blocks' reads (4 blocks × 8 column groups per warp).
+struct ScoreTile {
+  static constexpr int ld = kTile + 4;
+  static constexpr int size = kChunk * ld + kChunk / kSub;
+  __device__ static int at(int t, int a) { return t * ld + (t >> 4) + a; }
+};
+
 struct FwdOutputParams {
   const void* q;
   const void* k;
@@ -444,7 +447,7 @@ struct FwdOutputSmem {
   In* Qb;       // [64][key_pad + pad]: Q̄
   float* A;     // [64][kLdF]
   In* Ain;      // [64][ldi]: A in the operand dtype
-  float *q, *k, *G, *Khat, *Qhat, *seg;  // scores phase: [64][kLdF] ×3, [48][kLdF], [16][kLdF], [4][64]
+  float *q, *k, *G, *Khat, *Qhat, *seg;  // scores phase: ScoreTile ×3, [48][kLdF], [16][kLdF] (fp32 only), [4][64]
   In *Y, *W;    // output phase: operand tiles
   float* O;     // [64][acc]
   __host__ __device__ static size_t carve(void* base, int key_pad, FwdOutputSmem* s) {
@@ -453,12 +456,13 @@ struct FwdOutputSmem {
     s->A = c.take<float>(kChunk * kLdF);
     s->Ain = c.take<In>(kChunk * TileLd<In>::in);
     const size_t region = c.off;
-    s->q = c.take<float>(kChunk * kLdF);
-    s->k = c.take<float>(kChunk * kLdF);
-    s->G = c.take<float>(kChunk * kLdF);
-    s->Khat = c.take<float>(48 * kLdF);
-    s->Qhat = c.take<float>(kSub * kLdF);
+    s->q = c.take<float>(ScoreTile::size);
+    s->k = c.take<float>(ScoreTile::size);
+    s->G = c.take<float>(ScoreTile::size);
     s->seg = c.take<float>(4 * 64);
+    constexpr bool kSimtOffDiagonal = std::is_same_v<In, float>;
+    s->Khat = c.take<float>(kSimtOffDiagonal ? 48 * kLdF : 0);
+    s->Qhat = c.take<float>(kSimtOffDiagonal ? kSub * kLdF : 0);
     const size_t scores_end = c.off;
     c.off = region;
     s->Y = c.take<In>(kChunk * TileLd<In>::in);
@@ -468,87 +472,133 @@ struct FwdOutputSmem {
   }
 };
 
-// The thread's N entries e = threadIdx.x + m·kThreads of the diagonal blocks' lower triangles (4 × 136 entries), as N
-// independent sums side by side (the scores phase is latency bound; each sum keeps its order).
-template <int N>
+// Diagonal 16×16 blocks of the scores, element-wise: only j <= i is formed, so every exponent is <= 0.
+// Warp w takes rows w and 15 − w of every block (17 entries; the same work for every warp); lane 4s + b takes block b
+// and the K-tile columns 4s .. 4s+3 and 32+4s .. 32+4s+3. The rows' q and G stay in registers, each key row's k and G
+// are read once for both rows, and each entry's eight per-lane terms are summed in order, then across the eight column
+// groups by a fixed butterfly (bitwise reproducible). Shared reads: 1.5 per exp-and-FMA (4 with one entry a thread).
 __device__ void diagonal_scores(float* A, const float* q, const float* k, const float* G, float scale) {
-  const float *qi[N], *kj[N], *Gi[N], *Gj[N];
-  int out[N];
-  float sum[N];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int b = lane & 3, s = lane >> 2;
+  const int lo = kSub * b + w, hi = kSub * b + kSub - 1 - w;
+  float q_lo[8], g_lo[8], q_hi[8], g_hi[8];
 #pragma unroll
-  for (int m = 0; m < N; ++m) {
-    const int e = threadIdx.x + m * kThreads;
-    int ii, jj;
-    triangle_entry(e % 136, ii, jj);
-    const int i = (e / 136) * kSub + ii, j = (e / 136) * kSub + jj;
-    qi[m] = q + i * kLdF;
-    kj[m] = k + j * kLdF;
-    Gi[m] = G + i * kLdF;
-    Gj[m] = G + j * kLdF;
-    out[m] = i * kLdF + j;
-    sum[m] = 0.f;
+  for (int u = 0; u < 8; ++u) {
+    const int a = 4 * s + (u & 3) + 32 * (u >> 2);
+    q_lo[u] = q[ScoreTile::at(lo, a)];
+    g_lo[u] = G[ScoreTile::at(lo, a)];
+    q_hi[u] = q[ScoreTile::at(hi, a)];
+    g_hi[u] = G[ScoreTile::at(hi, a)];
   }
-  for (int a = 0; a < kTile; ++a)
+  for (int jj = 0; jj < kSub - w; ++jj) {  // key row j = 16b + jj <= hi; also <= lo while jj <= w (warp-uniform)
+    const int j = kSub * b + jj;
+    const bool both = jj <= w;
+    float s_hi = 0.f, s_lo = 0.f;
 #pragma unroll
-    for (int m = 0; m < N; ++m) sum[m] = fmaf(qi[m][a] * kj[m][a], exp2_fast(Gi[m][a] - Gj[m][a]), sum[m]);
+    for (int u = 0; u < 8; ++u) {
+      const int a = 4 * s + (u & 3) + 32 * (u >> 2);
+      const float kj = k[ScoreTile::at(j, a)], gj = G[ScoreTile::at(j, a)];
+      s_hi = fmaf(q_hi[u] * kj, exp2_fast(g_hi[u] - gj), s_hi);
+      if (both) s_lo = fmaf(q_lo[u] * kj, exp2_fast(g_lo[u] - gj), s_lo);
+    }
 #pragma unroll
-  for (int m = 0; m < N; ++m) A[out[m]] += scale * sum[m];
+    for (int m = 4; m < 32; m <<= 1) {
+      s_hi += __shfl_xor_sync(0xffffffffu, s_hi, m);
+      s_lo += __shfl_xor_sync(0xffffffffu, s_lo, m);
+    }
+    if (s == 0) {
+      A[hi * kLdF + j] += scale * s_hi;
+      if (both) A[lo * kLdF + j] += scale * s_lo;
+    }
+  }
 }
 
-// Round R of the blocks below the diagonal: the 16 × 16R entries of query sub-chunk R against keys j < 16R, R per
-// thread (e = threadIdx.x + m·kThreads), side by side.
-template <int R>
-__device__ void off_diagonal_scores(float* A, const float* Qhat, const float* Khat, float scale) {
-  constexpr int a0 = R * kSub;
-  static_assert(kSub * a0 == R * kThreads, "one entry per thread per 16 keys");
-  const float *qi[R], *kj[R];
-  int out[R];
-  float sum[R];
-#pragma unroll
-  for (int m = 0; m < R; ++m) {
-    const int e = threadIdx.x + m * kThreads, i = e / a0, j = e % a0;
-    qi[m] = Qhat + i * kLdF;
-    kj[m] = Khat + j * kLdF;
-    out[m] = (a0 + i) * kLdF + j;
-    sum[m] = 0.f;
-  }
-  for (int a = 0; a < kTile; ++a)
-#pragma unroll
-    for (int m = 0; m < R; ++m) sum[m] = fmaf(qi[m][a], kj[m][a], sum[m]);
-#pragma unroll
-  for (int m = 0; m < R; ++m) A[out[m]] += scale * sum[m];
+// TF32 tensor-core product (mma.sync m16n8k8, fp32 accumulate): c += a·b with a 16×8 row-major and b 8×8 col-major
+// fragments (PTX ISA fragment layouts: lane = 4g + t holds a[g][t], a[g+8][t], a[g][t+4], a[g+8][t+4], b[t][g],
+// b[t+4][g], and c[g][2t], c[g][2t+1], c[g+8][2t], c[g+8][2t+1]).
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t y;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Adds one K-tile's share to the scores A (s included). q, k, G: the tile's fp32 rows; Khat, Qhat: scratch.
+// One 16×16 block below the diagonal, query sub-chunk r against key sub-chunk J < r, by one warp on the tensor cores
+// (TF32): A[16r + i][16J + j] += s·Σ_a Q̂_ia K̂_ja with the reference row n = 16r, Q̂ = q ⊙ e^{G_i − G_n} and
+// K̂ = k ⊙ e^{G_n − G_j} (both exponents <= 0), built straight into the fragments from the tiles. For bf16 activations
+// only: there A only ever enters a product rounded to bf16 (A v, and the backward's Aᵀ dO), and TF32's 2^-11 input
+// rounding stays below that; fp32 activations keep the SIMT rounds (their tolerance needs full fp32).
+__device__ void off_diagonal_block_tf32(float* A, const float* q, const float* k, const float* G, float scale, int r,
+                                        int J) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n = r * kSub, i0 = n + g, i1 = n + g + 8;
+  float acc[2][4] = {};
+#pragma unroll 2
+  for (int a0 = 0; a0 < kTile; a0 += 8) {
+    const int c0 = a0 + t, c1 = a0 + t + 4;
+    const float ref0 = G[ScoreTile::at(n, c0)], ref1 = G[ScoreTile::at(n, c1)];
+    const uint32_t fa[4] = {to_tf32(q[ScoreTile::at(i0, c0)] * exp2_fast(G[ScoreTile::at(i0, c0)] - ref0)),
+                            to_tf32(q[ScoreTile::at(i1, c0)] * exp2_fast(G[ScoreTile::at(i1, c0)] - ref0)),
+                            to_tf32(q[ScoreTile::at(i0, c1)] * exp2_fast(G[ScoreTile::at(i0, c1)] - ref1)),
+                            to_tf32(q[ScoreTile::at(i1, c1)] * exp2_fast(G[ScoreTile::at(i1, c1)] - ref1))};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int j = J * kSub + 8 * nt + g;
+      const uint32_t fb[2] = {to_tf32(k[ScoreTile::at(j, c0)] * exp2_fast(ref0 - G[ScoreTile::at(j, c0)])),
+                              to_tf32(k[ScoreTile::at(j, c1)] * exp2_fast(ref1 - G[ScoreTile::at(j, c1)]))};
+      mma_tf32(acc[nt], fa, fb);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int col = J * kSub + 8 * nt + 2 * t;
+    A[i0 * kLdF + col] += scale * acc[nt][0];
+    A[i0 * kLdF + col + 1] += scale * acc[nt][1];
+    A[i1 * kLdF + col] += scale * acc[nt][2];
+    A[i1 * kLdF + col + 1] += scale * acc[nt][3];
+  }
+}
+
+// Adds one K-tile's share to the scores A ([64][kLdF], s included). q, k, G: the tile's fp32 rows (ScoreTile);
+// Khat, Qhat: scratch of the fp32 path. Diagonal blocks element-wise; the six blocks below them on the tensor cores
+// (bf16 activations: warps 0–5, block (r, J) for warp r(r−1)/2 + J), or for fp32 activations as fp32 SIMT dot products,
+// one query sub-chunk r at a time (reference row 16r).
+template <typename In>
 __device__ void accumulate_scores(float* A, const float* q, const float* k, const float* G, float* Khat, float* Qhat,
                                   float scale) {
-  // Diagonal blocks, element-wise: only j <= i is formed, so every exponent is <= 0. 544 entries: two per thread, a
-  // third for the first warp.
-  static_assert(2 * kThreads <= 4 * 136 && 4 * 136 - 2 * kThreads <= 32, "diagonal entries per thread");
-  if (threadIdx.x < 4 * 136 - 2 * kThreads)
-    diagonal_scores<3>(A, q, k, G, scale);
-  else
-    diagonal_scores<2>(A, q, k, G, scale);
-  // Blocks below the diagonal, one query sub-chunk r at a time (its reference row is 16r).
-  for (int r = 1; r < kChunk / kSub; ++r) {
-    const int a0 = r * kSub;
-    const float* ref = G + a0 * kLdF;
-    __syncthreads();  // Khat/Qhat free
-    for (int idx = threadIdx.x; idx < a0 * kTile; idx += kThreads) {
-      const int j = idx >> 6, a = idx & 63;
-      Khat[j * kLdF + a] = k[j * kLdF + a] * exp2_fast(ref[a] - G[j * kLdF + a]);
+  diagonal_scores(A, q, k, G, scale);
+  if constexpr (std::is_same_v<In, __nv_bfloat16>) {
+    const int w = threadIdx.x >> 5;
+    if (w < 6) {
+      const int r = w == 0 ? 1 : w < 3 ? 2 : 3;
+      off_diagonal_block_tf32(A, q, k, G, scale, r, w - r * (r - 1) / 2);
     }
-    for (int idx = threadIdx.x; idx < kSub * kTile; idx += kThreads) {
-      const int i = idx >> 6, a = idx & 63;
-      Qhat[i * kLdF + a] = q[(a0 + i) * kLdF + a] * exp2_fast(G[(a0 + i) * kLdF + a] - ref[a]);
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < kSub * a0; e += kThreads) {
-      const int i = e / a0, j = e % a0;
-      const float *qi = Qhat + i * kLdF, *kj = Khat + j * kLdF;
-      float sum = 0.f;
-      for (int a = 0; a < kTile; ++a) sum = fmaf(qi[a], kj[a], sum);
-      A[(a0 + i) * kLdF + j] += scale * sum;
+  } else {
+    for (int r = 1; r < kChunk / kSub; ++r) {
+      const int a0 = r * kSub;
+      __syncthreads();  // Khat/Qhat free
+      for (int idx = threadIdx.x; idx < a0 * kTile; idx += kThreads) {
+        const int j = idx >> 6, a = idx & 63;
+        Khat[j * kLdF + a] = k[ScoreTile::at(j, a)] * exp2_fast(G[ScoreTile::at(a0, a)] - G[ScoreTile::at(j, a)]);
+      }
+      for (int idx = threadIdx.x; idx < kSub * kTile; idx += kThreads) {
+        const int i = idx >> 6, a = idx & 63;
+        Qhat[i * kLdF + a] =
+            q[ScoreTile::at(a0 + i, a)] * exp2_fast(G[ScoreTile::at(a0 + i, a)] - G[ScoreTile::at(a0, a)]);
+      }
+      __syncthreads();
+      for (int e = threadIdx.x; e < kSub * a0; e += kThreads) {
+        const int i = e / a0, j = e % a0;
+        const float *qi = Qhat + i * kLdF, *kj = Khat + j * kLdF;
+        float sum = 0.f;
+        for (int a = 0; a < kTile; ++a) sum = fmaf(qi[a], kj[a], sum);
+        A[(a0 + i) * kLdF + j] += scale * sum;
+      }
     }
   }
 }
@@ -574,16 +624,16 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
     gr.fetch(g + k0, key_stride, n, kcols);
     qr.fetch(q + k0, key_stride, n, kcols);
     kr.fetch(k + k0, key_stride, n, kcols);
-    gr.commit(s.G, kLdF);
-    qr.commit(s.q, kLdF);
-    kr.commit(s.k, kLdF);
+    gr.commit(s.G, ScoreTile::ld, 1);
+    qr.commit(s.q, ScoreTile::ld, 1);
+    kr.commit(s.k, ScoreTile::ld, 1);
     __syncthreads();
-    chunk_cumsum(s.G, kLdF, s.seg);
+    chunk_cumsum(s.G, ScoreTile::ld, s.seg, 1);
     for (int idx = threadIdx.x; idx < kChunk * kTile; idx += kThreads) {
       const int t = idx >> 6, a = idx & 63;
-      s.Qb[t * ldq + k0 + a] = store_f<In>(p.scale * s.q[t * kLdF + a] * exp2_fast(s.G[t * kLdF + a]));
+      s.Qb[t * ldq + k0 + a] = store_f<In>(p.scale * s.q[ScoreTile::at(t, a)] * exp2_fast(s.G[ScoreTile::at(t, a)]));
     }
-    accumulate_scores(s.A, s.q, s.k, s.G, s.Khat, s.Qhat, p.scale);
+    accumulate_scores<In>(s.A, s.q, s.k, s.G, s.Khat, s.Qhat, p.scale);
   }
   __syncthreads();
   if (p.scores) {
@@ -744,6 +794,53 @@ struct BwdDqkParams {
   Dims d;
 };
 
+// bwd_dqk's tile strides: q, k and G rows of kLdB (≡ 8 banks mod 32) and dA rows of kLdD (≡ 4): the tensor-core
+// fragments below read 4 rows × 8 columns of q, k, G and 8 rows × 4 columns of dA per warp without bank conflicts.
+constexpr int kLdB = kTile + 8;
+constexpr int kLdD = kTile + 4;
+
+// One job of bwd_dqk's intra products below the diagonal blocks, on the tensor cores (TF32, mma m16n8k8; bf16
+// activations only, as off_diagonal_block_tf32 in the forward): the 16 rows of sub-chunk `blk` and 32 columns
+// (col0 ..) of the K-tile, against the inner rows [inner0, inner1) of the other side:
+//   dq (DK = false): Pq_i += e^{G_i − G_n} Σ_{j in inner} dA_ij k̂_j,  k̂_j = k_j ⊙ e^{G_n − G_j},  n = 16·blk, j < n;
+//   dk (DK = true):  Pk_j += e^{G_n − G_j} Σ_{i in inner} dA_ij q̌_i,  q̌_i = q_i ⊙ e^{G_i − G_n},  n = 16·blk + 15, i > n.
+// Every exponent is <= 0. The operand fragments are built straight from the tiles; TF32's 2^-11 input rounding sits
+// below the bf16 rounding of dq and dk (dg, formed from them in fp32, keeps the bf16 tolerance).
+template <bool DK, typename In>
+__device__ void intra_block_tf32(float* P, int ldp, const float* dA, const In* x, const float* G, int blk, int col0,
+                                 int inner0, int inner1) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int o0 = blk * kSub, n = DK ? o0 + kSub - 1 : o0;
+  float ref[4], acc[4][4] = {};
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) ref[nt] = G[n * kLdB + col0 + 8 * nt + g];
+  for (int i0 = inner0; i0 < inner1; i0 += 8) {
+    // A fragment: rows o0 + g (+8), columns i0 + t (+4) of dA (dq), or of dAᵀ (dk).
+    auto dA_at = [&](int row, int col) { return DK ? dA[col * kLdD + row] : dA[row * kLdD + col]; };
+    const uint32_t fa[4] = {to_tf32(dA_at(o0 + g, i0 + t)), to_tf32(dA_at(o0 + g + 8, i0 + t)),
+                            to_tf32(dA_at(o0 + g, i0 + t + 4)), to_tf32(dA_at(o0 + g + 8, i0 + t + 4))};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int a = col0 + 8 * nt + g;
+      auto hat = [&](int row) {
+        const float e = DK ? G[row * kLdB + a] - ref[nt] : ref[nt] - G[row * kLdB + a];
+        return to_tf32(load_f(x[row * kLdB + a]) * exp2_fast(e));
+      };
+      const uint32_t fb[2] = {hat(i0 + t), hat(i0 + t + 4)};
+      mma_tf32(acc[nt], fa, fb);
+    }
+  }
+  // acc[nt] holds rows o0 + g (+8), columns col0 + 8nt + 2t (+1).
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = o0 + g + 8 * (e >> 1), a = col0 + 8 * nt + 2 * t + (e & 1);
+      const float gr = G[row * kLdB + a], gn = G[n * kLdB + a];
+      P[row * ldp + a] += exp2_fast(DK ? gn - gr : gr - gn) * acc[nt][e];
+    }
+}
+
 template <typename In>
 struct BwdDqkSmem {
   In *q, *k;          // [64][kLdF], in the activation dtype (exact copies; halves their footprint for bf16)
@@ -754,9 +851,9 @@ struct BwdDqkSmem {
   float *dA, *hat;             // intra phase: [64][kLdF], [48][kLdF] (K̂, then Q̌, of one round)
   __host__ __device__ static size_t carve(void* base, BwdDqkSmem* s) {
     Carver c(base);
-    s->q = c.take<In>(kChunk * kLdF);
-    s->k = c.take<In>(kChunk * kLdF);
-    s->G = c.take<float>(kChunk * kLdF);
+    s->q = c.take<In>(kChunk * kLdB);
+    s->k = c.take<In>(kChunk * kLdB);
+    s->G = c.take<float>(kChunk * kLdB);
     s->Pq = c.take<float>(kChunk * TileLd<In>::acc);
     s->Pk = c.take<float>(kChunk * TileLd<In>::acc);
     s->seg = c.take<float>(4 * 64);
@@ -771,8 +868,8 @@ struct BwdDqkSmem {
     s->dS = c.take<In>(kTile * TileLd<In>::in);
     const size_t inter_end = c.off;
     c.off = region;
-    s->dA = c.take<float>(kChunk * kLdF);
-    s->hat = c.take<float>(48 * kLdF);
+    s->dA = c.take<float>(kChunk * kLdD);
+    s->hat = c.take<float>(std::is_same_v<In, float> ? 48 * kLdF : 0);
     return inter_end > c.off ? inter_end : c.off;
   }
 };
@@ -798,14 +895,14 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     gr.fetch(p.g + key_off, key_stride, n, kcols);
     qr.fetch(static_cast<const In*>(p.q) + key_off, key_stride, n, kcols);
     kr.fetch(static_cast<const In*>(p.k) + key_off, key_stride, n, kcols);
-    gr.commit(s.G, kLdF);
-    qr.commit(s.q, kLdF);
-    kr.commit(s.k, kLdF);
+    gr.commit(s.G, kLdB);
+    qr.commit(s.q, kLdB);
+    kr.commit(s.k, kLdB);
   }
   zero_tile(s.Pq, ldc);
   zero_tile(s.Pk, ldc);
   __syncthreads();
-  chunk_cumsum(s.G, kLdF, s.seg);
+  chunk_cumsum(s.G, kLdB, s.seg);
 
   // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) from the fp32 values.
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
@@ -846,14 +943,14 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   }
   __syncthreads();  // inter tiles done: the region now holds the intra-phase buffers
   if (threadIdx.x < 64) s.rowsum[threadIdx.x] = s.seg[threadIdx.x] + s.seg[64 + threadIdx.x];
-  load_tile(s.dA, kLdF, p.d_scores + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
+  load_tile(s.dA, kLdD, p.d_scores + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
 
   // From here each thread owns column a of rows rg, rg + 4, ..., rg + 60 of Pq and Pk.
   const int a = threadIdx.x & 63, rg = threadIdx.x >> 6;
-  const float GL = s.G[(kChunk - 1) * kLdF + a];
+  const float GL = s.G[(kChunk - 1) * kLdB + a];
   float dl = 0.f;
   for (int i = rg; i < kChunk; i += 4) {
-    const float gi = s.G[i * kLdF + a];
+    const float gi = s.G[i * kLdB + a];
     s.Pq[i * ldc + a] *= p.scale * exp2_fast(gi);
     const float dk_inter = exp2_fast(GL - gi) * s.Pk[i * ldc + a];
     if (i == last) {
@@ -861,7 +958,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
       s.Pk[i * ldc + a] = 0.f;
     } else {
       s.Pk[i * ldc + a] = dk_inter;
-      dl = fmaf(load_f(s.k[i * kLdF + a]), dk_inter, dl);
+      dl = fmaf(load_f(s.k[i * kLdB + a]), dk_inter, dl);
     }
   }
   s.dlast_part[rg * 64 + a] = dl;
@@ -876,7 +973,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     float gi[4], accq[4], acck[4];
 #pragma unroll
     for (int blk = 0; blk < 4; ++blk) {
-      gi[blk] = s.G[(blk * kSub + off) * kLdF + a];
+      gi[blk] = s.G[(blk * kSub + off) * kLdB + a];
       accq[blk] = 0.f;
       acck[blk] = 0.f;
     }
@@ -885,7 +982,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 #pragma unroll
       for (int blk = 0; blk < 4; ++blk) {
         const int i = blk * kSub + off, j = blk * kSub + jj;
-        accq[blk] = fmaf(s.dA[i * kLdF + j] * load_f(s.k[j * kLdF + a]), exp2_fast(gi[blk] - s.G[j * kLdF + a]),
+        accq[blk] = fmaf(s.dA[i * kLdD + j] * load_f(s.k[j * kLdB + a]), exp2_fast(gi[blk] - s.G[j * kLdB + a]),
                          accq[blk]);
       }
 #pragma unroll 1
@@ -893,7 +990,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 #pragma unroll
       for (int blk = 0; blk < 4; ++blk) {
         const int i = blk * kSub + off, r = blk * kSub + rr;
-        acck[blk] = fmaf(s.dA[r * kLdF + i] * load_f(s.q[r * kLdF + a]), exp2_fast(s.G[r * kLdF + a] - gi[blk]),
+        acck[blk] = fmaf(s.dA[r * kLdD + i] * load_f(s.q[r * kLdB + a]), exp2_fast(s.G[r * kLdB + a] - gi[blk]),
                          acck[blk]);
       }
 #pragma unroll
@@ -903,47 +1000,64 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
       s.Pk[i * ldc + a] += acck[blk];
     }
   }
-  // Intra, blocks below the diagonal. Round r: query sub-chunk r against keys j < 16r (reference G_{16r}), and key
-  // sub-chunk r − 1 against queries i >= 16r (reference G_{16r − 1}).
-  for (int r = 1; r < kChunk / kSub; ++r) {
-    const int a0 = r * kSub;
-    __syncthreads();  // hat free
-    for (int idx = threadIdx.x; idx < a0 * kTile; idx += kThreads) {
-      const int j = idx >> 6, col = idx & 63;
-      s.hat[j * kLdF + col] = load_f(s.k[j * kLdF + col]) * exp2_fast(s.G[a0 * kLdF + col] - s.G[j * kLdF + col]);
+  // Intra, blocks below the diagonal.
+  if constexpr (std::is_same_v<In, __nv_bfloat16>) {
+    // On the tensor cores, eight jobs of equal depth: warp w does dq (w even) or dk (w odd) for columns 32·((w/2)%2)
+    // onward of sub-chunk 3 (dq; keys 0..47) or 0 (dk; queries 16..63) when w < 4, else of sub-chunks 2 then 1
+    // (dq), 1 then 2 (dk).
+    __syncthreads();  // the diagonal blocks' sums are in Pq and Pk
+    const int w = threadIdx.x >> 5, col0 = 32 * ((w >> 1) & 1);
+    const bool is_dk = w & 1;
+    for (int job = 0; job < (w < 4 ? 1 : 2); ++job) {
+      const int r = w < 4 ? 3 : 2 - job;  // query sub-chunk (dq); the key sub-chunk of dk is 3 − r
+      if (is_dk)
+        intra_block_tf32<true>(s.Pk, ldc, s.dA, s.q, s.G, 3 - r, col0, kSub * (4 - r), kChunk);
+      else
+        intra_block_tf32<false>(s.Pq, ldc, s.dA, s.k, s.G, r, col0, 0, kSub * r);
     }
-    __syncthreads();
-    {  // the thread's four query rows a0 + rg + 4m side by side: one K̂ read feeds four independent sums
-      float sum[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int j = 0; j < a0; ++j) {
-        const float kh = s.hat[j * kLdF + a];
-#pragma unroll
-        for (int m = 0; m < 4; ++m) sum[m] = fmaf(s.dA[(a0 + rg + 4 * m) * kLdF + j], kh, sum[m]);
+  } else {
+    // fp32 SIMT. Round r: query sub-chunk r against keys j < 16r (reference G_{16r}), and key
+    // sub-chunk r − 1 against queries i >= 16r (reference G_{16r − 1}).
+    for (int r = 1; r < kChunk / kSub; ++r) {
+      const int a0 = r * kSub;
+      __syncthreads();  // hat free
+      for (int idx = threadIdx.x; idx < a0 * kTile; idx += kThreads) {
+        const int j = idx >> 6, col = idx & 63;
+        s.hat[j * kLdF + col] = load_f(s.k[j * kLdB + col]) * exp2_fast(s.G[a0 * kLdB + col] - s.G[j * kLdB + col]);
       }
+      __syncthreads();
+      {  // the thread's four query rows a0 + rg + 4m side by side: one K̂ read feeds four independent sums
+        float sum[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int j = 0; j < a0; ++j) {
+          const float kh = s.hat[j * kLdF + a];
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int i = a0 + rg + 4 * m;
-        s.Pq[i * ldc + a] += exp2_fast(s.G[i * kLdF + a] - s.G[a0 * kLdF + a]) * sum[m];
+          for (int m = 0; m < 4; ++m) sum[m] = fmaf(s.dA[(a0 + rg + 4 * m) * kLdD + j], kh, sum[m]);
+        }
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int i = a0 + rg + 4 * m;
+          s.Pq[i * ldc + a] += exp2_fast(s.G[i * kLdB + a] - s.G[a0 * kLdB + a]) * sum[m];
+        }
       }
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < (kChunk - a0) * kTile; idx += kThreads) {
-      const int i = idx >> 6, col = idx & 63;
-      s.hat[i * kLdF + col] =
-          load_f(s.q[(a0 + i) * kLdF + col]) * exp2_fast(s.G[(a0 + i) * kLdF + col] - s.G[(a0 - 1) * kLdF + col]);
-    }
-    __syncthreads();
-    {  // likewise the four key rows a0 − 16 + rg + 4m
-      float sum[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int i = a0; i < kChunk; ++i) {
-        const float qh = s.hat[(i - a0) * kLdF + a];
-#pragma unroll
-        for (int m = 0; m < 4; ++m) sum[m] = fmaf(s.dA[i * kLdF + a0 - kSub + rg + 4 * m], qh, sum[m]);
+      __syncthreads();
+      for (int idx = threadIdx.x; idx < (kChunk - a0) * kTile; idx += kThreads) {
+        const int i = idx >> 6, col = idx & 63;
+        s.hat[i * kLdF + col] =
+            load_f(s.q[(a0 + i) * kLdB + col]) * exp2_fast(s.G[(a0 + i) * kLdB + col] - s.G[(a0 - 1) * kLdB + col]);
       }
+      __syncthreads();
+      {  // likewise the four key rows a0 − 16 + rg + 4m
+        float sum[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int i = a0; i < kChunk; ++i) {
+          const float qh = s.hat[(i - a0) * kLdF + a];
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int j = a0 - kSub + rg + 4 * m;
-        s.Pk[j * ldc + a] += exp2_fast(s.G[(a0 - 1) * kLdF + a] - s.G[j * kLdF + a]) * sum[m];
+          for (int m = 0; m < 4; ++m) sum[m] = fmaf(s.dA[i * kLdD + a0 - kSub + rg + 4 * m], qh, sum[m]);
+        }
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int j = a0 - kSub + rg + 4 * m;
+          s.Pk[j * ldc + a] += exp2_fast(s.G[(a0 - 1) * kLdB + a] - s.G[j * kLdB + a]) * sum[m];
+        }
       }
     }
   }
@@ -959,8 +1073,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   const int r_lo = rg * kSub, r_hi = r_lo + kSub;
   float run = 0.f;
   for (int i = r_hi - 1; i >= r_lo; --i) {
-    run += load_f(s.q[i * kLdF + a]) * s.Pq[i * ldc + a] - load_f(s.k[i * kLdF + a]) * s.Pk[i * ldc + a];
-    s.G[i * kLdF + a] = run;
+    run += load_f(s.q[i * kLdB + a]) * s.Pq[i * ldc + a] - load_f(s.k[i * kLdB + a]) * s.Pk[i * ldc + a];
+    s.G[i * kLdB + a] = run;
   }
   s.seg[rg * 64 + a] = run;
   __syncthreads();
@@ -989,14 +1103,14 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
       const int i = half + u;
       if (i >= rows) break;
       const int r = r_lo + i;
-      const float diag = s.dA[r * kLdF + r];
-      if (dq) dq[i * key_stride] = store_f<In>(old_q[u] + s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdF + a]));
+      const float diag = s.dA[r * kLdD + r];
+      if (dq) dq[i * key_stride] = store_f<In>(old_q[u] + s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdB + a]));
       if (dk) {
-        float val = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdF + a]);
+        float val = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdB + a]);
         if (r == last) val += s.dk_last[a];
         dk[i * key_stride] = store_f<In>(old_k[u] + val);
       }
-      if (dg) dg[i * key_stride] = old_g[u] + s.G[r * kLdF + a] + suffix;
+      if (dg) dg[i * key_stride] = old_g[u] + s.G[r * kLdB + a] + suffix;
     }
   }
 }
