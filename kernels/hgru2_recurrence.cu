@@ -331,8 +331,91 @@ struct StatePassParams {
   Dims d;
 };
 
-// Shared memory: G, x and y staged for two chunks (the next one arrives by cp.async during the current one), the
-// decayed operand X and the running matrix M.
+// The running matrix M of a state-pass block, a 64×64 fp32 tile, in registers: warp w owns rows 16·(w/2) .. +16 and
+// columns 32·(w%2) .. +32, as four 16×8 tensor-core accumulators (PTX m16n8 C layout: lane 4g + t holds rows g and
+// g + 8, columns 2t and 2t + 1 of each). Keeping M on chip spares every chunk a shared-memory round trip of the tile
+// (load and store around the product, another for the row decay, and a read for storing S^(c)).
+struct StateRegs {
+  float c[4][4];  // [n-tile j][element e]: row row(e), column col(j, e)
+  __device__ static int row(int e) {
+    return 16 * (threadIdx.x >> 6) + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1);
+  }
+  __device__ static int col(int j, int e) {
+    return 32 * ((threadIdx.x >> 5) & 1) + 8 * j + 2 * (threadIdx.x & 3) + (e & 1);
+  }
+  // M = src[r·stride + c] for r < rows, c < cols, else 0 (all 0 for a null src).
+  __device__ void load(const float* src, int64_t stride, int rows, int cols) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = row(e), cc = col(j, e);
+        c[j][e] = src && r < rows && cc < cols ? src[r * stride + cc] : 0.f;
+      }
+  }
+  // dst[r·stride + c] (+)= M for r < rows, c < cols.
+  __device__ void store(float* dst, int64_t stride, int rows, int cols, bool accumulate) const {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = row(e), cc = col(j, e);
+        if (r < rows && cc < cols) dst[r * stride + cc] = c[j][e] + (accumulate ? dst[r * stride + cc] : 0.f);
+      }
+  }
+};
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// M += Xᵀ Y over a depth of 64 rows: X, Y are [64][ld] shared tiles whose columns index M's rows and columns.
+// bf16: tensor cores (mma m16n8k16, fp32 accumulate); both operands are depth-major in shared memory, which is what
+// ldmatrix.trans turns into the A (row-major) and B (column-major) fragments. Lane 8i + r addresses row r of 8×8
+// matrix i: A's four are (rows, depth) = (+0, +0), (+8, +0), (+0, +8), (+8, +8); each B pair (+0, +0), (+0 depth +8),
+// then the next n-tile's.
+__device__ void add_product(StateRegs& M, const __nv_bfloat16* X, const __nv_bfloat16* Y, int ld) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, mi = lane >> 3, r = lane & 7;
+  const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);
+#pragma unroll
+  for (int d = 0; d < kChunk; d += 16) {
+    uint32_t a[4];
+    ldmatrix_x4_trans(a, X + (d + 8 * (mi >> 1) + r) * ld + m0 + 8 * (mi & 1));
+#pragma unroll
+    for (int jp = 0; jp < 2; ++jp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, Y + (d + 8 * (mi & 1) + r) * ld + n0 + 16 * jp + 8 * (mi >> 1));
+      mma_bf16(M.c[2 * jp], a, b[0], b[1]);
+      mma_bf16(M.c[2 * jp + 1], a, b[2], b[3]);
+    }
+  }
+}
+// fp32: plain FMAs on the same register layout (TF32 would miss the fp32 tolerance).
+__device__ void add_product(StateRegs& M, const float* X, const float* Y, int ld) {
+  for (int d = 0; d < kChunk; ++d) {
+    const float x0 = X[d * ld + StateRegs::row(0)], x1 = X[d * ld + StateRegs::row(2)];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float y0 = Y[d * ld + StateRegs::col(j, 0)], y1 = Y[d * ld + StateRegs::col(j, 1)];
+      M.c[j][0] = fmaf(x0, y0, M.c[j][0]);
+      M.c[j][1] = fmaf(x0, y1, M.c[j][1]);
+      M.c[j][2] = fmaf(x1, y0, M.c[j][2]);
+      M.c[j][3] = fmaf(x1, y1, M.c[j][3]);
+    }
+  }
+}
+
+// Shared memory: G, x and y staged for two chunks (the next one arrives by cp.async during the current one), and the
+// decayed operand X.
 template <typename In>
 struct StatePassSmem {
   static constexpr int kGSize = kChunk * kLdS, kInSize = kChunk * TileLd<In>::in;  // one buffer's elements
@@ -340,7 +423,6 @@ struct StatePassSmem {
   In* xs;     // 2 × [64][ldi]
   In* ys;     // 2 × [64][ldi]
   In* X;      // [64][ldi]
-  float* M;   // [64][acc]
   float* seg; // [4][64]
   __host__ __device__ static size_t carve(void* base, StatePassSmem* s) {
     Carver c(base);
@@ -348,7 +430,6 @@ struct StatePassSmem {
     s->xs = c.take<In>(2 * kInSize);
     s->ys = c.take<In>(2 * kInSize);
     s->X = c.take<In>(kInSize);
-    s->M = c.take<float>(kTile * TileLd<In>::acc);
     s->seg = c.take<float>(4 * 64);
     return c.off;
   }
@@ -359,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
   extern __shared__ __align__(128) char smem[];
   StatePassSmem<In> s;
   StatePassSmem<In>::carve(smem, &s);
-  constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
+  constexpr int ldi = TileLd<In>::in;
   const Dims& d = p.d;
   const int k0 = blockIdx.x * kTile, v0 = blockIdx.y * kTile, pair = blockIdx.z;
   const int b = pair / d.H, h = pair % d.H;
@@ -380,19 +461,20 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
     cp_async_commit();
   };
 
-  load_tile(s.M, ldc, p.init ? p.init + state_off : static_cast<const float*>(nullptr), d.V, krows, vcols);
+  StateRegs M;
+  M.load(p.init ? p.init + state_off : nullptr, d.V, krows, vcols);
   stage(0, 0);
   for (int step = 0; step < d.NT; ++step) {
     const int c = REVERSE ? d.NT - 1 - step : step, buf = step & 1;
-    __syncthreads();  // M complete; the other buffers are free (the previous chunk is done with them)
+    __syncthreads();  // the other buffers and X are free (the previous chunk is done with them)
     if (step + 1 < d.NT) {
       stage(step + 1, buf ^ 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
-    store_tile(p.stored + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0,
-               d.V, s.M, ldc, krows, vcols, false);
+    M.store(p.stored + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0, d.V,
+            krows, vcols, false);
     __syncthreads();  // this chunk's tiles have landed
     float* G = s.G + buf * s.kGSize;
     chunk_cumsum(G, kLdS, s.seg);
@@ -406,14 +488,21 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
       const float gt = G[t * kLdS + a];
       const float decay = REVERSE ? exp2_fast(gt) : exp2_fast(GL[a] - gt);
       s.X[t * ldi + a] = store_f<In>(p.x_scale * load_f(xs[t * ldi + a]) * decay);
-      s.M[t * ldc + a] *= exp2_fast(GL[t]);  // row t of M (a K index here) decays by e^{G_L[t]}
+    }
+    // Row k of M (a K index) decays by e^{G_L[k]}.
+    const float decay_lo = exp2_fast(GL[StateRegs::row(0)]), decay_hi = exp2_fast(GL[StateRegs::row(2)]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      M.c[j][0] *= decay_lo;
+      M.c[j][1] *= decay_lo;
+      M.c[j][2] *= decay_hi;
+      M.c[j][3] *= decay_hi;
     }
     __syncthreads();
-    block_mma<true, false>(s.M, ldc, s.X, ldi, s.ys + buf * s.kInSize, ldi);
+    add_product(M, s.X, s.ys + buf * s.kInSize, ldi);
   }
-  __syncthreads();
-  if (p.final_out) store_tile(p.final_out + state_off, d.V, s.M, ldc, krows, vcols, false);
-  if (p.final_acc) store_tile(p.final_acc + state_off, d.V, s.M, ldc, krows, vcols, true);
+  if (p.final_out) M.store(p.final_out + state_off, d.V, krows, vcols, false);
+  if (p.final_acc) M.store(p.final_acc + state_off, d.V, krows, vcols, true);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
