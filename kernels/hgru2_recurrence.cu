@@ -19,8 +19,9 @@
 // j <= i, so no e^{positive} (and no 0·inf) exists.
 // Determinism: no atomics; every sum has a fixed order, so results are bitwise reproducible.
 //
-// Memory: the per-chunk states are fp32 [B·H, NT, K, V] (not bf16 as in fla); the forward's are dropped after the
-// output kernel and the backward recomputes them (one more state pass) rather than keeping them across the step.
+// Memory: the per-chunk states are fp32 [B·H, NT, K, V] (not bf16 as in fla's forward: stored as bf16 by scalar
+// stores and read back as such, they measured slower); the forward's are dropped after the output kernel and the
+// backward recomputes them (one more state pass) rather than keeping them across the step.
 // The backward's scratch: the recomputed states, the state gradients (both B·H·NT·K·V fp32) and dA (B·H·NT·64·64
 // fp32); the forward keeps A (B·H·NT·64·64 fp32) for the backward.
 #include <cuda_bf16.h>
@@ -140,12 +141,12 @@ __device__ void load_tile(Dst* dst, int ld, const Src* src, int64_t stride, int 
 template <typename Dst>
 __device__ void store_tile(Dst* dst, int64_t stride, const float* src, int ld, int rows, int cols, bool accumulate) {
   TileRegs old;
-  if (accumulate) old.fetch(dst, stride, rows, cols);
+  old.fetch(accumulate ? dst : nullptr, stride, rows, cols);  // zeros (no reads) when not accumulating
   const int c = TileRegs::col();
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const int r = TileRegs::row(i);
-    if (r < rows && c < cols) dst[r * stride + c] = store_f<Dst>(src[r * ld + c] + (accumulate ? old.x[i] : 0.f));
+    if (r < rows && c < cols) dst[r * stride + c] = store_f<Dst>(src[r * ld + c] + old.x[i]);
   }
 }
 
@@ -293,8 +294,8 @@ __device__ void block_mma(float* C, int ldc, const __nv_bfloat16* A, int lda, co
 // O[64][64] += Σ_kt X[:, kt·64 : kt·64+64] · state[kt-tile rows][v0 .. v0+64) for one chunk's fp32 [K][V] state (or
 // state gradient); X is a full-K operand buffer [64][ldx]. Y is a shared operand tile used as staging; the next
 // K-tile is fetched while the current one is multiplied. Starts and ends with a barrier.
-template <typename In>
-__device__ void accumulate_state_product(float* O, const In* X, int ldx, const float* state, const Dims& d, int v0,
+template <typename In, typename State>
+__device__ void accumulate_state_product(float* O, const In* X, int ldx, const State* state, const Dims& d, int v0,
                                          In* Y) {
   const int vcols = min(kTile, d.V - v0);
   TileRegs next;
@@ -354,13 +355,15 @@ struct StateRegs {
       }
   }
   // dst[r·stride + c] (+)= M for r < rows, c < cols.
-  __device__ void store(float* dst, int64_t stride, int rows, int cols, bool accumulate) const {
+  template <typename Dst>
+  __device__ void store(Dst* dst, int64_t stride, int rows, int cols, bool accumulate) const {
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = row(e), cc = col(j, e);
-        if (r < rows && cc < cols) dst[r * stride + cc] = c[j][e] + (accumulate ? dst[r * stride + cc] : 0.f);
+        if (r < rows && cc < cols)
+          dst[r * stride + cc] = store_f<Dst>(c[j][e] + (accumulate ? load_f(dst[r * stride + cc]) : 0.f));
       }
   }
 };
@@ -765,6 +768,7 @@ struct BwdDvParams {
   const float* scores;
   float scale;
   void* dv;              // null: not wanted
+  bool accumulate_dv;
   float* d_scores;
   Dims d;
 };
@@ -847,7 +851,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
     block_mma<true, false>(s.O, ldc, s.Ain, ldi, s.dO, ldi);    // Aᵀ dO
     block_mma<false, true>(s.dA, ldc, s.dO, ldi, s.Vt, ldi);    // dO vᵀ
     __syncthreads();
-    if (dv) store_tile(dv + v0, value_stride, s.O, ldc, n, vcols, true);
+    if (dv) store_tile(dv + v0, value_stride, s.O, ldc, n, vcols, p.accumulate_dv);
   }
   __syncthreads();
   float* dA_out = p.d_scores + chunk_index * kChunk * kChunk;
@@ -880,6 +884,7 @@ struct BwdDqkParams {
   void* dq;
   void* dk;
   float* dg;
+  bool accumulate_dq, accumulate_dk, accumulate_dg;
   Dims d;
 };
 
@@ -1183,9 +1188,9 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     for (int u = 0; u < kSub / 2; ++u) {
       const int i = half + u;
       const bool in = i < rows;
-      old_q[u] = in && dq ? load_f(dq[i * key_stride]) : 0.f;
-      old_k[u] = in && dk ? load_f(dk[i * key_stride]) : 0.f;
-      old_g[u] = in && dg ? dg[i * key_stride] : 0.f;
+      old_q[u] = in && dq && p.accumulate_dq ? load_f(dq[i * key_stride]) : 0.f;
+      old_k[u] = in && dk && p.accumulate_dk ? load_f(dk[i * key_stride]) : 0.f;
+      old_g[u] = in && dg && p.accumulate_dg ? dg[i * key_stride] : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < kSub / 2; ++u) {
@@ -1288,10 +1293,11 @@ void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a
   StatePassParams dsp{a.q, a.d_output, a.g, a.d_final_state, a.d_states, nullptr, a.d_initial_state, a.scale, d};
   launcher.state_pass(true, dsp);
   if (need_dqk || a.dv)
-    launcher.bwd_dv(BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.scale, a.dv, a.d_scores, d});
+    launcher.bwd_dv(
+        BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.scale, a.dv, a.accumulate_dv, a.d_scores, d});
   if (need_dqk)
     launcher.bwd_dqk(BwdDqkParams{a.q, a.k, a.v, a.g, a.d_output, a.states, a.d_states, a.d_scores, a.scale, a.dq,
-                                  a.dk, a.dg, d});
+                                  a.dk, a.dg, a.accumulate_dq, a.accumulate_dk, a.accumulate_dg, d});
 }
 
 }  // namespace

@@ -47,12 +47,14 @@ struct Hgru2CudaBackwardArgs {
   const float* scores = nullptr;         // the forward's A
   const void* d_output = nullptr;        // null: the output's gradient is zero (act dtype otherwise)
   const float* d_final_state = nullptr;  // null: zero
-  // Accumulated (+=); null where that gradient is not wanted.
+  // Accumulated (+=); null where that gradient is not wanted. A false accumulate_* flag overwrites that gradient
+  // instead (a fresh buffer: spares the caller zero-filling it and the kernels reading it back).
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
   float* dg = nullptr;
   float* d_initial_state = nullptr;
+  bool accumulate_dq = true, accumulate_dk = true, accumulate_dv = true, accumulate_dg = true;
   // Scratch: two states buffers (the recomputed states and the state gradients) and one scores buffer (dA).
   float* states = nullptr;
   float* d_states = nullptr;

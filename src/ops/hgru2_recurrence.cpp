@@ -779,10 +779,11 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
   a.scores = saved_scores.data<float>();
   a.d_output = out->grad.defined() ? out->grad.raw_data() : nullptr;
   a.d_final_state = final_out->grad.defined() ? final_out->grad.data<float>() : nullptr;
-  a.dq = wants_grad(q) ? grad_buffer(q).raw_data() : nullptr;
-  a.dk = wants_grad(k) ? grad_buffer(k).raw_data() : nullptr;
-  a.dv = wants_grad(v) ? grad_buffer(v).raw_data() : nullptr;
-  a.dg = wants_grad(g) ? grad_buffer(g).data<float>() : nullptr;
+  // Gradients that do not exist yet are written, not accumulated (no zero fill, no read-back).
+  a.dq = wants_grad(q) ? grad_buffer_for_write(q, &a.accumulate_dq).raw_data() : nullptr;
+  a.dk = wants_grad(k) ? grad_buffer_for_write(k, &a.accumulate_dk).raw_data() : nullptr;
+  a.dv = wants_grad(v) ? grad_buffer_for_write(v, &a.accumulate_dv).raw_data() : nullptr;
+  a.dg = wants_grad(g) ? grad_buffer_for_write(g, &a.accumulate_dg).data<float>() : nullptr;
   a.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<float>() : nullptr;
   a.states = need_states ? states.data<float>() : nullptr;
   a.d_states = d_states.data<float>();
