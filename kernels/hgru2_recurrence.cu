@@ -7,9 +7,13 @@
 //   fwd_output   (B·H, chunk): the intra-chunk scores A and o = s·(q ⊙ e^G) S^(c) + A v.
 //   bwd_dv       (B·H, chunk): dv = Aᵀ dO + (k ⊙ e^{G_L − G}) dS_e, and dA = s·dO vᵀ.
 //   bwd_dqk      (B·H, chunk, K-tile): intra and inter dq, dk, and dg.
-// Every chunk-sized product is a 64×64×64 block product on shared-memory tiles (block_mma): tensor cores (wmma, bf16
-// in, fp32 accumulate) for bf16 activations, plain fp32 FMAs for fp32 ones (TF32 would miss the fp32 tolerance). The
-// products that need more precision than bf16 (the scores A and the intra-chunk dq, dk from dA) are fp32 SIMT in both.
+// Products, bf16 activations: the state pass keeps its running 64×64 tile in registers as mma.sync accumulators
+// (StateRegs); the other chunk-sized products are 64×64×64 wmma block products on shared-memory tiles (block_mma), bf16
+// in, fp32 accumulate. The intra-chunk products that need more than bf16 inputs (the score blocks below the diagonal,
+// and the intra dq, dk from dA) run on the tensor cores in TF32 (mma.sync m16n8k8, fragments built straight from the
+// fp32 tiles): they only enter results rounded to bf16, below which TF32's 2^-11 input rounding stays. The diagonal
+// 16×16 blocks are element-wise fp32. fp32 activations: every product in plain fp32 FMAs (TF32 would miss the fp32
+// tolerance).
 // K and V are processed in tiles of 64 (zero-padded); rows past the end of a partial chunk are zero with g = 0, so
 // the cumulative gate is flat there and row 63 holds G_L.
 //
