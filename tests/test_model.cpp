@@ -59,18 +59,21 @@ TEST(Hgrn2Model, EveryParameterGradientMatchesFiniteDifferences) {
 
 TEST(Hgrn2Model, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   // training.recompute runs each token mixer and MLP again in the backward, training.recompute_elementwise the
-  // gates, norms and SwiGLU: the same ops on the same inputs, so the same bits as keeping every activation.
-  // Passes: everything kept; elementwise recomputation (the default); both.
+  // gates, norms and SwiGLU, training.recompute_mlp_projections the MLP's gate and up GEMMs: the same ops on the same
+  // inputs, so the same bits as keeping every activation. Passes: everything kept; elementwise recomputation (the
+  // default); elementwise and MLP projections; MLP projections alone; all three.
   for (int64_t seq : {5, 66}) {
     Rng rng(8);
     Hgrn2Model model(tiny_config(), rng, DType::F64);
     randomise_lower_bounds(model, rng);
     Tensor ids = token_ids(rng, 2, seq, tiny_config().vocab_size);
-    std::vector<std::vector<double>> grads[3];
-    double losses[3];
-    for (int pass = 0; pass < 3; ++pass) {
-      model.set_recompute(pass == 2);
-      model.set_recompute_elementwise(pass >= 1);
+    constexpr int kPasses = 5;
+    std::vector<std::vector<double>> grads[kPasses];
+    double losses[kPasses];
+    for (int pass = 0; pass < kPasses; ++pass) {
+      model.set_recompute(pass == 4);
+      model.set_recompute_elementwise(pass == 1 || pass == 2 || pass == 4);
+      model.set_recompute_mlp_projections(pass >= 2);
       for (const Var& v : parameter_vars(model)) v->grad = Tensor();
       Tape tape;
       Var loss = model_loss(model, tape, ids);
@@ -78,7 +81,7 @@ TEST(Hgrn2Model, RecomputationGivesTheSameLossAndGradientsBitForBit) {
       losses[pass] = loss->value.item();
       for (const Var& v : parameter_vars(model)) grads[pass].push_back(v->grad.to_double_vector());
     }
-    for (int pass = 1; pass < 3; ++pass) {
+    for (int pass = 1; pass < kPasses; ++pass) {
       EXPECT_EQ(losses[0], losses[pass]) << "pass " << pass;
       for (size_t p = 0; p < grads[0].size(); ++p)
         EXPECT_EQ(grads[0][p], grads[pass][p]) << "pass " << pass << ", parameter " << p;

@@ -112,16 +112,19 @@ TEST(ModelCuda, ForwardAndBackwardAreBitwiseDeterministic) {
 TEST(ModelCuda, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   HGRN_SKIP_WITHOUT_GPU();
   // training.recompute re-runs each token mixer and MLP in the backward, training.recompute_elementwise the gates,
-  // norms and SwiGLU: the same deterministic kernels on the same inputs, so the same bits as keeping everything
-  // (as on the CPU, Hgrn2Model.RecomputationGivesTheSameLossAndGradientsBitForBit).
+  // norms and SwiGLU, training.recompute_mlp_projections the MLP's gate and up GEMMs: the same deterministic kernels
+  // on the same inputs, so the same bits as keeping everything (as on the CPU,
+  // Hgrn2Model.RecomputationGivesTheSameLossAndGradientsBitForBit). Variants: elementwise; elementwise and full
+  // blocks; elementwise and MLP projections; MLP projections alone.
   for (DType act : {DType::F32, DType::BF16}) {
     Models m = make_models(act);
     const Tensor ids = random_ids(2, 130, small_config().vocab_size, 17);
     m.gpu.set_recompute_elementwise(false);
     const LossAndGrads plain = loss_and_grads(m.gpu, ids);
-    for (int variant = 1; variant < 3; ++variant) {
-      m.gpu.set_recompute_elementwise(true);
+    for (int variant = 1; variant < 5; ++variant) {
+      m.gpu.set_recompute_elementwise(variant <= 3);
       m.gpu.set_recompute(variant == 2);
+      m.gpu.set_recompute_mlp_projections(variant >= 3);
       const LossAndGrads recomputed = loss_and_grads(m.gpu, ids);
       EXPECT_EQ(plain.loss, recomputed.loss) << dtype_name(act) << " variant " << variant;
       for (size_t p = 0; p < plain.grads.size(); ++p)

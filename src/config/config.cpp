@@ -111,6 +111,7 @@ std::vector<Field> config_fields(Config& c) {
       {"training.decay_embeddings", &t.decay_embeddings},
       {"training.recompute", &t.recompute},
       {"training.recompute_elementwise", &t.recompute_elementwise},
+      {"training.recompute_mlp_projections", &t.recompute_mlp_projections},
       {"training.deterministic", &t.deterministic},
       {"training.zero1", &t.zero1},
       {"training.collective_timeout_s", &t.collective_timeout_s},

@@ -184,6 +184,14 @@ Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
   // The MLP's widest activation, recomputed from gate and up (which swiglu keeps) in the backward.
   recompute_in_backward(tape, {hidden},
                 [gate, up](Tape& untaped) { return std::vector<Tensor>{swiglu(untaped, gate, up)->value}; });
+  // gate and up themselves (2 x the MLP width per token), recomputed from x by the same GEMMs: recorded after the
+  // step above, so in the backward they are back before it recomputes `hidden` from them. x is kept, or (an RMSNorm
+  // output) recomputed by a step recorded after this one, which therefore runs first.
+  if (recompute_mlp_projections_)
+    rematerialize(tape, {gate, up}, [this, l, x](Tape& untaped) {
+      const Layer& p = layers_[l];
+      return std::vector<Tensor>{linear(untaped, x, p.gate_proj)->value, linear(untaped, x, p.up_proj)->value};
+    });
   return out;
 }
 

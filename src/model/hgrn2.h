@@ -37,6 +37,8 @@ class Hgrn2Model {
   void set_recompute(bool recompute) { recompute_ = recompute; }
   // Recompute the outputs of the gates, norms and SwiGLU in the backward instead of keeping them (rematerialize).
   void set_recompute_elementwise(bool recompute) { recompute_elementwise_ = recompute; }
+  // Recompute the MLP's gate and up projections (two GEMMs) in the backward instead of keeping them (rematerialize).
+  void set_recompute_mlp_projections(bool recompute) { recompute_mlp_projections_ = recompute; }
   DType activation_dtype() const { return activation_dtype_; }
 
   // Data parallelism overlaps the gradient reduction with the backward pass. The parameters fall into groups, in the
@@ -72,6 +74,7 @@ class Hgrn2Model {
   DType activation_dtype_ = DType::F32;
   bool recompute_ = false;
   bool recompute_elementwise_ = true;
+  bool recompute_mlp_projections_ = false;
   std::function<void(size_t)> gradient_ready_hook_;
   std::vector<std::pair<ParamSpec, Var>> params_;
   Var embeddings_, lower_bounds_, final_norm_, lm_head_;

@@ -131,6 +131,7 @@ Hgrn2Model make_model(const Config& config, uint64_t init_seed, Device device, D
   model.to_device(device, activation_dtype);
   model.set_recompute(config.training.recompute);
   model.set_recompute_elementwise(config.training.recompute_elementwise);
+  model.set_recompute_mlp_projections(config.training.recompute_mlp_projections);
 #ifdef HGRN_WITH_CUDA
   set_gemm_autotune(device == Device::CUDA && !config.training.deterministic);
 #endif
