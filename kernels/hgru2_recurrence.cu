@@ -359,15 +359,13 @@ struct StateRegs {
       }
   }
   // dst[r·stride + c] (+)= M for r < rows, c < cols.
-  template <typename Dst>
-  __device__ void store(Dst* dst, int64_t stride, int rows, int cols, bool accumulate) const {
+  __device__ void store(float* dst, int64_t stride, int rows, int cols, bool accumulate) const {
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = row(e), cc = col(j, e);
-        if (r < rows && cc < cols)
-          dst[r * stride + cc] = store_f<Dst>(c[j][e] + (accumulate ? load_f(dst[r * stride + cc]) : 0.f));
+        if (r < rows && cc < cols) dst[r * stride + cc] = c[j][e] + (accumulate ? dst[r * stride + cc] : 0.f);
       }
   }
 };
