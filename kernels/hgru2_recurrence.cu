@@ -7,9 +7,9 @@
 //   fwd_output   (B·H, chunk): the intra-chunk scores A and o = s·(q ⊙ e^G) S^(c) + A v.
 //   bwd_dv       (B·H, chunk): dv = Aᵀ dO + (k ⊙ e^{G_L − G}) dS_e, and dA = s·dO vᵀ.
 //   bwd_dqk      (B·H, chunk, K-tile): intra and inter dq, dk, and dg.
-// Products, bf16 activations: the state pass keeps its running 64×64 tile in registers as mma.sync accumulators
-// (StateRegs); the other chunk-sized products are 64×64×64 wmma block products on shared-memory tiles (block_mma), bf16
-// in, fp32 accumulate. The intra-chunk products that need more than bf16 inputs (the score blocks below the diagonal,
+// Products, bf16 activations: every chunk-sized product is a 64×64×64 block product (tile_mma) on the tensor cores
+// (mma.sync, bf16 in, fp32 accumulate) with operands in shared memory and the accumulator in registers (WarpTile):
+// the state pass keeps its running tile there across the chunks, and sums over K- or V-tiles stay there too. The intra-chunk products that need more than bf16 inputs (the score blocks below the diagonal,
 // and the intra dq, dk from dA) run on the tensor cores in TF32 (mma.sync m16n8k8, fragments built straight from the
 // fp32 tiles): they only enter results rounded to bf16, below which TF32's 2^-11 input rounding stays. The diagonal
 // 16×16 blocks are element-wise fp32. fp32 activations: every product in plain fp32 FMAs (TF32 would miss the fp32
@@ -29,7 +29,6 @@
 // The backward's scratch: the recomputed states, the state gradients (both B·H·NT·K·V fp32) and dA (B·H·NT·64·64
 // fp32); the forward keeps A (B·H·NT·64·64 fp32) for the backward.
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -51,8 +50,8 @@ constexpr int kThreads = 256;
 constexpr int kMaxKey = 256;
 constexpr int kLdF = kTile + 1;  // fp32 tiles read by SIMT code: the odd stride makes column walks conflict-free
 
-// Shared-tile strides. bf16 tiles feed wmma, whose leading dimensions must be multiples of 8 (bf16) or 4 (fp32)
-// elements; the padding breaks up bank conflicts.
+// Shared-tile strides. bf16 operand tiles are read by ldmatrix, whose rows must start on 16 bytes (strides in
+// multiples of 8 elements); the padding breaks up bank conflicts.
 template <typename In> struct TileLd;
 template <> struct TileLd<float> {
   static constexpr int in = kTile + 4;   // operand tiles (rows of whole 16-byte units, for cp.async)
@@ -237,69 +236,145 @@ __device__ void chunk_cumsum(float* G, int ld, float* seg, int skew = 0) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
-// C[64][64] (fp32, shared, ldc) += op(A) · op(B) over a depth of 64, operands in shared memory.
-// A is [64 rows][64 depth] row-major, or with A_COL stored depth-major as [64 depth][64 rows];
-// B is [64 depth][64 cols] row-major, or with B_COL stored as [64 cols][64 depth].
+// Chunk-sized products: C[64][64] += op(A) · op(B) over a depth of 64, operands in shared memory, the accumulator C in
+// registers (WarpTile), so that a tile accumulated over several products, or carried across chunks (the state pass's
+// running state), never makes a shared-memory round trip. A is [64 rows][64 depth] row-major, or with A_COL stored
+// depth-major as [64 depth][64 rows]; B is [64 depth][64 cols] row-major, or with B_COL stored as [64 cols][64 depth].
 
-// fp32: each thread owns a 4×4 micro-tile spread with stride 16, so a warp's reads are broadcasts or consecutive.
-template <bool A_COL, bool B_COL>
-__device__ void block_mma(float* C, int ldc, const float* A, int lda, const float* B, int ldb) {
-  const int tr = threadIdx.x >> 4, tc = threadIdx.x & 15;
-  float acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = C[(tr + 16 * i) * ldc + tc + 16 * j];
-#pragma unroll 4
-  for (int d = 0; d < kTile; ++d) {
-    float a[4], b[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a[i] = A_COL ? A[d * lda + tr + 16 * i] : A[(tr + 16 * i) * lda + d];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) b[j] = B_COL ? B[(tc + 16 * j) * ldb + d] : B[d * ldb + tc + 16 * j];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+// A 64×64 fp32 tile in registers: warp w owns rows 16·(w/2) .. +16 and columns 32·(w%2) .. +32, as four 16×8
+// tensor-core accumulators (PTX m16n8 C layout: lane 4g + t holds rows g and g + 8, columns 2t and 2t + 1 of each).
+struct WarpTile {
+  float c[4][4];  // [n-tile j][element e]: row row(e), column col(j, e)
+  __device__ static int row(int e) {
+    return 16 * (threadIdx.x >> 6) + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1);
   }
+  __device__ static int col(int j, int e) {
+    return 32 * ((threadIdx.x >> 5) & 1) + 8 * j + 2 * (threadIdx.x & 3) + (e & 1);
+  }
+  __device__ void zero() {
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) C[(tr + 16 * i) * ldc + tc + 16 * j] = acc[i][j];
+      for (int e = 0; e < 4; ++e) c[j][e] = 0.f;
+  }
+  // C = src[r·stride + c] for r < rows, c < cols, else 0 (all 0 for a null src).
+  __device__ void load(const float* src, int64_t stride, int rows, int cols) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = row(e), cc = col(j, e);
+        c[j][e] = src && r < rows && cc < cols ? src[r * stride + cc] : 0.f;
+      }
+  }
+  // dst[r·stride + c] (+)= C for r < rows, c < cols (global memory; the old values are all read before any store).
+  template <typename Dst>
+  __device__ void store(Dst* dst, int64_t stride, int rows, int cols, bool accumulate) const {
+    float old[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = row(e), cc = col(j, e);
+        old[j][e] = accumulate && r < rows && cc < cols ? load_f(dst[r * stride + cc]) : 0.f;
+      }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = row(e), cc = col(j, e);
+        if (r < rows && cc < cols) dst[r * stride + cc] = store_f<Dst>(c[j][e] + old[j][e]);
+      }
+  }
+  // C = src[r·ld + c] (a shared tile).
+  __device__ void load_shared(const float* src, int ld) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[j][e] = src[row(e) * ld + col(j, e)];
+  }
+  // dst[r·ld + c] = C (a shared tile).
+  __device__ void store_shared(float* dst, int ld) const {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[row(e) * ld + col(j, e)] = c[j][e];
+  }
+};
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// bf16: tensor cores. Warp w owns the 16×32 strip (row block w/2, column blocks 2(w%2), 2(w%2)+1).
+// bf16: tensor cores (mma m16n8k16, fp32 accumulate), fragments by ldmatrix: lane 8i + r addresses row r of 8×8
+// stored matrix i. The A fragment's four matrices are (rows, depth) = (+0, +0), (+8, +0), (+0, +8), (+8, +8) of the
+// warp's 16 rows: ldmatrix for a row-major A, ldmatrix.trans for a depth-major one. Each pair of n-tiles takes four
+// B matrices (n-tile, depth) = (+0, +0), (+0, +8), (+8, +0), (+8, +8): ldmatrix.trans for a depth-major B, ldmatrix
+// for a column-stored one. Row strides must be multiples of 8 elements (16-byte rows).
 template <bool A_COL, bool B_COL>
-__device__ void block_mma(float* C, int ldc, const __nv_bfloat16* A, int lda, const __nv_bfloat16* B, int ldb) {
-  namespace wmma = nvcuda::wmma;
-  using ALayout = std::conditional_t<A_COL, wmma::col_major, wmma::row_major>;
-  using BLayout = std::conditional_t<B_COL, wmma::col_major, wmma::row_major>;
-  const int warp = threadIdx.x >> 5;
-  const int m0 = (warp >> 1) * 16, n0 = (warp & 1) * 32;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[2];
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, ALayout> a;
-  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, BLayout> b;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(c[j], C + m0 * ldc + n0 + 16 * j, ldc, wmma::mem_row_major);
+__device__ void tile_mma(WarpTile& C, const __nv_bfloat16* A, int lda, const __nv_bfloat16* B, int ldb) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, mi = lane >> 3, r = lane & 7;
+  const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);
 #pragma unroll
   for (int d = 0; d < kTile; d += 16) {
-    wmma::load_matrix_sync(a, A_COL ? A + d * lda + m0 : A + m0 * lda + d, lda);
+    uint32_t a[4];
+    if constexpr (A_COL)
+      ldmatrix_x4_trans(a, A + (d + 8 * (mi >> 1) + r) * lda + m0 + 8 * (mi & 1));
+    else
+      ldmatrix_x4(a, A + (m0 + 8 * (mi & 1) + r) * lda + d + 8 * (mi >> 1));
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int n = n0 + 16 * j;
-      wmma::load_matrix_sync(b, B_COL ? B + n * ldb + d : B + d * ldb + n, ldb);
-      wmma::mma_sync(c[j], a, b, c[j]);
+    for (int jp = 0; jp < 2; ++jp) {
+      const int n = n0 + 16 * jp;
+      uint32_t b[4];
+      if constexpr (B_COL)
+        ldmatrix_x4(b, B + (n + 8 * (mi >> 1) + r) * ldb + d + 8 * (mi & 1));
+      else
+        ldmatrix_x4_trans(b, B + (d + 8 * (mi & 1) + r) * ldb + n + 8 * (mi >> 1));
+      mma_bf16(C.c[2 * jp], a, b[0], b[1]);
+      mma_bf16(C.c[2 * jp + 1], a, b[2], b[3]);
     }
   }
+}
+// fp32: plain FMAs on the same register layout (TF32 would miss the fp32 tolerance).
+template <bool A_COL, bool B_COL>
+__device__ void tile_mma(WarpTile& C, const float* A, int lda, const float* B, int ldb) {
+  const int r0 = WarpTile::row(0), r1 = WarpTile::row(2);
+  for (int d = 0; d < kTile; ++d) {
+    const float a0 = A_COL ? A[d * lda + r0] : A[r0 * lda + d];
+    const float a1 = A_COL ? A[d * lda + r1] : A[r1 * lda + d];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(C + m0 * ldc + n0 + 16 * j, c[j], ldc, wmma::mem_row_major);
+    for (int j = 0; j < 4; ++j) {
+      const int c0 = WarpTile::col(j, 0), c1 = WarpTile::col(j, 1);
+      const float b0 = B_COL ? B[c0 * ldb + d] : B[d * ldb + c0];
+      const float b1 = B_COL ? B[c1 * ldb + d] : B[d * ldb + c1];
+      C.c[j][0] = fmaf(a0, b0, C.c[j][0]);
+      C.c[j][1] = fmaf(a0, b1, C.c[j][1]);
+      C.c[j][2] = fmaf(a1, b0, C.c[j][2]);
+      C.c[j][3] = fmaf(a1, b1, C.c[j][3]);
+    }
+  }
 }
 
 // O[64][64] += Σ_kt X[:, kt·64 : kt·64+64] · state[kt-tile rows][v0 .. v0+64) for one chunk's fp32 [K][V] state (or
 // state gradient); X is a full-K operand buffer [64][ldx]. Y is a shared operand tile used as staging; the next
 // K-tile is fetched while the current one is multiplied. Starts and ends with a barrier.
 template <typename In, typename State>
-__device__ void accumulate_state_product(float* O, const In* X, int ldx, const State* state, const Dims& d, int v0,
+__device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, const State* state, const Dims& d, int v0,
                                          In* Y) {
   const int vcols = min(kTile, d.V - v0);
   TileRegs next;
@@ -313,7 +388,7 @@ __device__ void accumulate_state_product(float* O, const In* X, int ldx, const S
     next.commit(Y, TileLd<In>::in);
     __syncthreads();
     if (kt + 1 < d.nk) fetch(kt + 1);
-    block_mma<false, false>(O, TileLd<In>::acc, X + kt * kTile, ldx, Y, TileLd<In>::in);
+    tile_mma<false, false>(O, X + kt * kTile, ldx, Y, TileLd<In>::in);
   }
   __syncthreads();
 }
@@ -335,89 +410,6 @@ struct StatePassParams {
   float x_scale;
   Dims d;
 };
-
-// The running matrix M of a state-pass block, a 64×64 fp32 tile, in registers: warp w owns rows 16·(w/2) .. +16 and
-// columns 32·(w%2) .. +32, as four 16×8 tensor-core accumulators (PTX m16n8 C layout: lane 4g + t holds rows g and
-// g + 8, columns 2t and 2t + 1 of each). Keeping M on chip spares every chunk a shared-memory round trip of the tile
-// (load and store around the product, another for the row decay, and a read for storing S^(c)).
-struct StateRegs {
-  float c[4][4];  // [n-tile j][element e]: row row(e), column col(j, e)
-  __device__ static int row(int e) {
-    return 16 * (threadIdx.x >> 6) + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1);
-  }
-  __device__ static int col(int j, int e) {
-    return 32 * ((threadIdx.x >> 5) & 1) + 8 * j + 2 * (threadIdx.x & 3) + (e & 1);
-  }
-  // M = src[r·stride + c] for r < rows, c < cols, else 0 (all 0 for a null src).
-  __device__ void load(const float* src, int64_t stride, int rows, int cols) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = row(e), cc = col(j, e);
-        c[j][e] = src && r < rows && cc < cols ? src[r * stride + cc] : 0.f;
-      }
-  }
-  // dst[r·stride + c] (+)= M for r < rows, c < cols.
-  __device__ void store(float* dst, int64_t stride, int rows, int cols, bool accumulate) const {
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = row(e), cc = col(j, e);
-        if (r < rows && cc < cols) dst[r * stride + cc] = c[j][e] + (accumulate ? dst[r * stride + cc] : 0.f);
-      }
-  }
-};
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// M += Xᵀ Y over a depth of 64 rows: X, Y are [64][ld] shared tiles whose columns index M's rows and columns.
-// bf16: tensor cores (mma m16n8k16, fp32 accumulate); both operands are depth-major in shared memory, which is what
-// ldmatrix.trans turns into the A (row-major) and B (column-major) fragments. Lane 8i + r addresses row r of 8×8
-// matrix i: A's four are (rows, depth) = (+0, +0), (+8, +0), (+0, +8), (+8, +8); each B pair (+0, +0), (+0 depth +8),
-// then the next n-tile's.
-__device__ void add_product(StateRegs& M, const __nv_bfloat16* X, const __nv_bfloat16* Y, int ld) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, mi = lane >> 3, r = lane & 7;
-  const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);
-#pragma unroll
-  for (int d = 0; d < kChunk; d += 16) {
-    uint32_t a[4];
-    ldmatrix_x4_trans(a, X + (d + 8 * (mi >> 1) + r) * ld + m0 + 8 * (mi & 1));
-#pragma unroll
-    for (int jp = 0; jp < 2; ++jp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, Y + (d + 8 * (mi & 1) + r) * ld + n0 + 16 * jp + 8 * (mi >> 1));
-      mma_bf16(M.c[2 * jp], a, b[0], b[1]);
-      mma_bf16(M.c[2 * jp + 1], a, b[2], b[3]);
-    }
-  }
-}
-// fp32: plain FMAs on the same register layout (TF32 would miss the fp32 tolerance).
-__device__ void add_product(StateRegs& M, const float* X, const float* Y, int ld) {
-  for (int d = 0; d < kChunk; ++d) {
-    const float x0 = X[d * ld + StateRegs::row(0)], x1 = X[d * ld + StateRegs::row(2)];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float y0 = Y[d * ld + StateRegs::col(j, 0)], y1 = Y[d * ld + StateRegs::col(j, 1)];
-      M.c[j][0] = fmaf(x0, y0, M.c[j][0]);
-      M.c[j][1] = fmaf(x0, y1, M.c[j][1]);
-      M.c[j][2] = fmaf(x1, y0, M.c[j][2]);
-      M.c[j][3] = fmaf(x1, y1, M.c[j][3]);
-    }
-  }
-}
 
 // Shared memory: G, x and y staged for two chunks (the next one arrives by cp.async during the current one), and the
 // decayed operand X.
@@ -466,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
     cp_async_commit();
   };
 
-  StateRegs M;
+  WarpTile M;  // the running state (or state gradient) tile, kept in registers across the chunks
   M.load(p.init ? p.init + state_off : nullptr, d.V, krows, vcols);
   stage(0, 0);
   for (int step = 0; step < d.NT; ++step) {
@@ -495,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
       s.X[t * ldi + a] = store_f<In>(p.x_scale * load_f(xs[t * ldi + a]) * decay);
     }
     // Row k of M (a K index) decays by e^{G_L[k]}.
-    const float decay_lo = exp2_fast(GL[StateRegs::row(0)]), decay_hi = exp2_fast(GL[StateRegs::row(2)]);
+    const float decay_lo = exp2_fast(GL[WarpTile::row(0)]), decay_hi = exp2_fast(GL[WarpTile::row(2)]);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       M.c[j][0] *= decay_lo;
@@ -504,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
       M.c[j][3] *= decay_hi;
     }
     __syncthreads();
-    add_product(M, s.X, s.ys + buf * s.kInSize, ldi);
+    tile_mma<true, false>(M, s.X, ldi, s.ys + buf * s.kInSize, ldi);  // M += Xᵀ y
   }
   if (p.final_out) M.store(p.final_out + state_off, d.V, krows, vcols, false);
   if (p.final_acc) M.store(p.final_acc + state_off, d.V, krows, vcols, true);
@@ -746,13 +738,16 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
     __syncthreads();  // scores-phase buffers (aliased) and the previous tile's store are done
-    zero_tile(s.O, ldc);
+    WarpTile O;
+    O.zero();
     stage_tile(s.W, ldi, v + v0, value_stride, n, vcols, v_async);
     cp_async_commit();
-    accumulate_state_product(s.O, s.Qb, ldq, state, d, v0, s.Y);
+    accumulate_state_product(O, s.Qb, ldq, state, d, v0, s.Y);
     cp_async_wait<0>();
     __syncthreads();
-    block_mma<false, false>(s.O, ldc, s.Ain, ldi, s.W, ldi);
+    tile_mma<false, false>(O, s.Ain, ldi, s.W, ldi);
+    // Out through shared memory, so that each warp's global stores are whole rows of consecutive elements.
+    O.store_shared(s.O, ldc);
     __syncthreads();
     store_tile(out + v0, value_stride, s.O, ldc, n, vcols, false);
   }
@@ -779,7 +774,6 @@ template <typename In>
 struct BwdDvSmem {
   In* X;       // [64][key_pad + pad]: k ⊙ e^{G_L − G}
   In* Ain;     // [64][ldi]: A (read transposed)
-  float* dA;   // [64][acc]
   float *G, *seg;
   In *Y, *dO, *Vt;
   float* O;
@@ -787,7 +781,6 @@ struct BwdDvSmem {
     Carver c(base);
     s->X = c.take<In>(kChunk * (key_pad + TileLd<In>::pad));
     s->Ain = c.take<In>(kChunk * TileLd<In>::in);
-    s->dA = c.take<float>(kChunk * TileLd<In>::acc);
     const size_t region = c.off;
     s->G = c.take<float>(kChunk * kLdF);
     s->seg = c.take<float>(4 * 64);
@@ -831,7 +824,8 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   }
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
   load_tile(s.Ain, ldi, p.scores + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
-  zero_tile(s.dA, ldc);
+  WarpTile dA;  // s·dO vᵀ summed over the V-tiles
+  dA.zero();
 
   const float* d_state = p.d_states + chunk_index * d.K * d.V;
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
@@ -842,25 +836,32 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   const bool v_async = async_copyable<In>(v, d.V, value_stride, ldi);
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
-    __syncthreads();  // the prologue's buffers (aliased) and the previous tile's products are done
-    zero_tile(s.O, ldc);
+    __syncthreads();  // the prologue's buffers (aliased) and the previous tile's products and store are done
+    WarpTile O;
+    O.zero();
     stage_tile(s.dO, ldi, d_out ? d_out + v0 : d_out, value_stride, n, vcols, do_async);
     stage_tile(s.Vt, ldi, v + v0, value_stride, n, vcols, v_async);
     cp_async_commit();
-    accumulate_state_product(s.O, s.X, ldx, d_state, d, v0, s.Y);
+    accumulate_state_product(O, s.X, ldx, d_state, d, v0, s.Y);
     cp_async_wait<0>();
     __syncthreads();
-    block_mma<true, false>(s.O, ldc, s.Ain, ldi, s.dO, ldi);    // Aᵀ dO
-    block_mma<false, true>(s.dA, ldc, s.dO, ldi, s.Vt, ldi);    // dO vᵀ
-    __syncthreads();
-    if (dv) store_tile(dv + v0, value_stride, s.O, ldc, n, vcols, p.accumulate_dv);
+    tile_mma<true, false>(O, s.Ain, ldi, s.dO, ldi);   // Aᵀ dO
+    tile_mma<false, true>(dA, s.dO, ldi, s.Vt, ldi);   // dO vᵀ
+    if (dv) {  // through shared memory, as in fwd_output
+      O.store_shared(s.O, ldc);
+      __syncthreads();
+      store_tile(dv + v0, value_stride, s.O, ldc, n, vcols, p.accumulate_dv);
+    }
   }
-  __syncthreads();
+  // dA, lower triangle (j <= i) with s, zeros above: straight from the registers (fp32, whole 64×64 tile).
   float* dA_out = p.d_scores + chunk_index * kChunk * kChunk;
-  for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += kThreads) {
-    const int i = idx >> 6, j = idx & 63;
-    dA_out[idx] = j <= i ? p.scale * s.dA[i * ldc + j] : 0.f;
-  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = WarpTile::row(e), cc = WarpTile::col(j, e);
+      dA_out[r * kChunk + cc] = cc <= r ? p.scale * dA.c[j][e] : 0.f;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -995,8 +996,6 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     qr.commit(s.q, kLdB);
     kr.commit(s.k, kLdB);
   }
-  zero_tile(s.Pq, ldc);
-  zero_tile(s.Pk, ldc);
   __syncthreads();
   chunk_cumsum(s.G, kLdB, s.seg);
 
@@ -1027,8 +1026,19 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     for (int i = 0; i < 16; ++i) prod[i] = fmaf(spr.x[i], dsr.x[i], prod[i]);
     cp_async_wait<0>();
     __syncthreads();
-    block_mma<false, true>(s.Pq, ldc, s.dO, ldi, s.Sp, ldi);
-    block_mma<false, true>(s.Pk, ldc, s.Vt, ldi, s.dS, ldi);
+    // Pq and Pk accumulate in shared memory between V-tiles (each thread rereads only its own elements): held in
+    // registers across the loop they would push the kernel past its 128-register cap.
+    auto accumulate = [&](float* P, const In* X, const In* Y) {
+      WarpTile acc;
+      if (vt == 0)
+        acc.zero();
+      else
+        acc.load_shared(P, ldc);
+      tile_mma<false, true>(acc, X, ldi, Y, ldi);
+      acc.store_shared(P, ldc);
+    };
+    accumulate(s.Pq, s.dO, s.Sp);
+    accumulate(s.Pk, s.Vt, s.dS);
   }
   // Row sums across the 64 columns: within the warp (32 columns), then the two warps of a row set, in fixed order.
 #pragma unroll
