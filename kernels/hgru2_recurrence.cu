@@ -27,7 +27,8 @@
 // stores and read back as such, they measured slower); the forward's are dropped after the output kernel and the
 // backward recomputes them (one more state pass) rather than keeping them across the step.
 // The backward's scratch: the recomputed states, the state gradients (both B·H·NT·K·V fp32) and dA (B·H·NT·64·64
-// fp32); the forward keeps A (B·H·NT·64·64 fp32) for the backward.
+// fp32); the forward keeps A (B·H·NT·64·64, in the activation dtype: exact, see Hgru2CudaForwardArgs::scores)
+// for the backward.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -524,7 +525,7 @@ struct FwdOutputParams {
   const float* states;
   float scale;
   void* output;
-  float* scores;  // null: not saved
+  void* scores;  // null: not saved; in the activation dtype
   Dims d;
 };
 
@@ -723,7 +724,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   }
   __syncthreads();
   if (p.scores) {
-    float* dst = p.scores + (static_cast<int64_t>(pair) * d.NT + c) * kChunk * kChunk;
+    In* dst = static_cast<In*>(p.scores) + (static_cast<int64_t>(pair) * d.NT + c) * kChunk * kChunk;
     store_tile(dst, kChunk, s.A, kLdF, kChunk, kChunk, false);
   }
   for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += kThreads)
@@ -762,7 +763,7 @@ struct BwdDvParams {
   const float* g;
   const void* d_output;  // null: zero
   const float* d_states;
-  const float* scores;
+  const void* scores;  // in the activation dtype
   float scale;
   void* dv;              // null: not wanted
   bool accumulate_dv;
@@ -823,7 +824,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
     }
   }
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
-  load_tile(s.Ain, ldi, p.scores + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
+  load_tile(s.Ain, ldi, static_cast<const In*>(p.scores) + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
   WarpTile dA;  // s·dO vᵀ summed over the V-tiles
   dA.zero();
 

@@ -18,7 +18,8 @@ struct Hgru2CudaShape {
 constexpr int64_t kHgru2CudaChunk = 64;
 // fp32 elements of the per-chunk state buffer: B·H·NT·K·V (NT = ceil(T / 64)).
 int64_t hgru2_cuda_states_elements(const Hgru2CudaShape& shape);
-// fp32 elements of a per-chunk 64×64 score buffer (A in the forward, dA in the backward): B·H·NT·64·64.
+// Elements of a per-chunk 64×64 score buffer (A in the forward, in the activation dtype; dA in the backward, fp32):
+// B·H·NT·64·64.
 int64_t hgru2_cuda_scores_elements(const Hgru2CudaShape& shape);
 
 struct Hgru2CudaForwardArgs {
@@ -31,7 +32,9 @@ struct Hgru2CudaForwardArgs {
   float scale = 1.0f;
   void* output = nullptr;
   float* final_state = nullptr;
-  float* scores = nullptr;  // null, or the scores buffer: receives every chunk's A (s included) for the backward
+  // Null, or the scores buffer, in the activation dtype: receives every chunk's A (s included) for the backward. Only
+  // products that round A to that dtype read it (A v here, Aᵀ dO in the backward), so keeping it rounded is exact.
+  void* scores = nullptr;
   float* states = nullptr;  // scratch: the states buffer
 };
 void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs& args);
@@ -44,7 +47,7 @@ struct Hgru2CudaBackwardArgs {
   const float* g = nullptr;
   const float* initial_state = nullptr;  // null: S_0 = 0
   float scale = 1.0f;
-  const float* scores = nullptr;         // the forward's A
+  const void* scores = nullptr;          // the forward's A (activation dtype)
   const void* d_output = nullptr;        // null: the output's gradient is zero (act dtype otherwise)
   const float* d_final_state = nullptr;  // null: zero
   // Accumulated (+=); null where that gradient is not wanted. A false accumulate_* flag overwrites that gradient

@@ -776,7 +776,7 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
   a.g = g->value.data<float>();
   a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
   a.scale = static_cast<float>(scale);
-  a.scores = saved_scores.data<float>();
+  a.scores = saved_scores.raw_data();
   a.d_output = out->grad.defined() ? out->grad.raw_data() : nullptr;
   a.d_final_state = final_out->grad.defined() ? final_out->grad.data<float>() : nullptr;
   // Gradients that do not exist yet are written, not accumulated (no zero fill, no read-back).
@@ -855,7 +855,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     const Hgru2CudaShape shape = cuda_shape(dims);
     output = Tensor::empty({batch, time, num_heads * dims.value_dim}, dtype, device);
     final_state = Tensor::empty(state_shape, DType::F32, device);
-    if (records) saved_scores = Tensor::empty({hgru2_cuda_scores_elements(shape)}, DType::F32, device);
+    if (records) saved_scores = Tensor::empty({hgru2_cuda_scores_elements(shape)}, dtype, device);
     const Tensor states = Tensor::empty({hgru2_cuda_states_elements(shape)}, DType::F32, device);
     Hgru2CudaForwardArgs a;
     a.q = qv.raw_data();
@@ -867,7 +867,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     a.scale = static_cast<float>(scale);
     a.output = output.raw_data();
     a.final_state = final_state.data<float>();
-    a.scores = saved_scores.defined() ? saved_scores.data<float>() : nullptr;
+    a.scores = saved_scores.defined() ? saved_scores.raw_data() : nullptr;
     a.states = states.data<float>();
     hgru2_cuda_forward(shape, a);
 #else
