@@ -187,14 +187,21 @@ __device__ void stage_tile(T* dst, int ld, const T* src, int64_t stride, int row
     load_tile_uninlined(dst, ld, src, stride, rows, cols);
     return;
   }
-  constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
-  for (int idx = threadIdx.x; idx < kChunk * kPerRow; idx += kThreads) {
-    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
-    const int valid = r < rows ? max(0, min(kVec, cols - c)) : 0;
-    const T* from = valid > 0 ? src + r * stride + c : src;
-    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * ld + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from),
-                 "r"(valid * static_cast<int>(sizeof(T))));
+  // Thread t copies the 16 bytes at column c of rows r0 + i·kRowStep: its column, and so the bytes it may read, are
+  // the same for every row, and its addresses advance by constant steps (the address arithmetic of a per-copy
+  // index was a third of the state pass's instructions).
+  constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec, kRowStep = kThreads / kPerRow;
+  static_assert(kThreads % kPerRow == 0 && kChunk % kRowStep == 0, "whole rows per pass");
+  const int r0 = threadIdx.x / kPerRow, c = (threadIdx.x % kPerRow) * kVec;
+  const int column_bytes = max(0, min(kVec, cols - c)) * static_cast<int>(sizeof(T));
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + r0 * ld + c));
+  const T* from = src + r0 * stride + c;
+#pragma unroll
+  for (int i = 0; i < kChunk / kRowStep; ++i) {
+    const int bytes = r0 + i * kRowStep < rows ? column_bytes : 0;
+    // Zero bytes (padding rows and columns): nothing is read, but the address stays a valid one.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to + i * kRowStep * ld * unsigned{sizeof(T)}),
+                 "l"(bytes > 0 ? from + i * kRowStep * stride : src), "r"(bytes));
   }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -269,22 +276,41 @@ struct WarpTile {
       }
   }
   // dst[r·stride + c] (+)= C for r < rows, c < cols (global memory; the old values are all read before any store).
+  // A lane's elements come in column pairs (2t, 2t + 1): one two-element access where the pair is whole and aligned.
   template <typename Dst>
   __device__ void store(Dst* dst, int64_t stride, int rows, int cols, bool accumulate) const {
+    const bool paired = stride % 2 == 0 && reinterpret_cast<uintptr_t>(dst) % (2 * sizeof(Dst)) == 0;
     float old[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 4; e += 2) {
         const int r = row(e), cc = col(j, e);
-        old[j][e] = accumulate && r < rows && cc < cols ? load_f(dst[r * stride + cc]) : 0.f;
+        const Dst* at = dst + r * stride + cc;
+        old[j][e] = old[j][e + 1] = 0.f;
+        if (!accumulate || r >= rows) continue;
+        if (paired && cc + 1 < cols) {
+          const float2 o = load_f2(at);
+          old[j][e] = o.x;
+          old[j][e + 1] = o.y;
+        } else {
+          if (cc < cols) old[j][e] = load_f(at[0]);
+          if (cc + 1 < cols) old[j][e + 1] = load_f(at[1]);
+        }
       }
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 4; e += 2) {
         const int r = row(e), cc = col(j, e);
-        if (r < rows && cc < cols) dst[r * stride + cc] = store_f<Dst>(c[j][e] + old[j][e]);
+        Dst* at = dst + r * stride + cc;
+        if (r >= rows) continue;
+        if (paired && cc + 1 < cols) {
+          store_f2(at, c[j][e] + old[j][e], c[j][e + 1] + old[j][e + 1]);
+        } else {
+          if (cc < cols) at[0] = store_f<Dst>(c[j][e] + old[j][e]);
+          if (cc + 1 < cols) at[1] = store_f<Dst>(c[j][e + 1] + old[j][e + 1]);
+        }
       }
   }
   // C = src[r·ld + c] (a shared tile).
@@ -478,14 +504,17 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
     chunk_cumsum(G, kLdS, s.seg);
     const float* GL = G + (kChunk - 1) * kLdS;
     const In* xs = s.xs + buf * s.kInSize;
-    const int a = TileRegs::col();
+    // Thread: columns a, a + 1 (one paired shared access each for G, x and X), rows threadIdx.x / 32 + 8i.
+    const int a = 2 * (threadIdx.x & 31);
+    const float2 gl = load_f2(GL + a);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int t = TileRegs::row(i);
+    for (int i = 0; i < 8; ++i) {
+      const int t = (threadIdx.x >> 5) + 8 * i;
       // Rows past the chunk's end hold x = 0 and G = G_L, so they contribute nothing and no exponent is positive.
-      const float gt = G[t * kLdS + a];
-      const float decay = REVERSE ? exp2_fast(gt) : exp2_fast(GL[a] - gt);
-      s.X[t * ldi + a] = store_f<In>(p.x_scale * load_f(xs[t * ldi + a]) * decay);
+      const float2 gt = load_f2(G + t * kLdS + a), xt = load_f2(xs + t * ldi + a);
+      const float decay0 = REVERSE ? exp2_fast(gt.x) : exp2_fast(gl.x - gt.x);
+      const float decay1 = REVERSE ? exp2_fast(gt.y) : exp2_fast(gl.y - gt.y);
+      store_f2(s.X + t * ldi + a, p.x_scale * xt.x * decay0, p.x_scale * xt.y * decay1);
     }
     // Row k of M (a K index) decays by e^{G_L[k]}.
     const float decay_lo = exp2_fast(GL[WarpTile::row(0)]), decay_hi = exp2_fast(GL[WarpTile::row(2)]);
