@@ -134,9 +134,53 @@ struct TileRegs {
   }
 };
 
+// One thread's share of a 64×64 fp32 tile read as 16-byte vectors: columns 4·(t % 16) .. +3 of rows t / 16 + 16i
+// (i < 4), so a warp reads two whole 256-byte rows per load. For the fp32 tiles that only move (states, state
+// gradients, dA): a quarter of TileRegs' load instructions, which dominate the per-chunk kernels' instruction counts.
+// Element by element, in the same layout, where the source is not 16-byte aligned or the tile's columns end early.
+struct TileVec {
+  float x[4][4];  // [i][u]: row row(i), column col() + u
+  __device__ static int col() { return 4 * (threadIdx.x & 15); }
+  __device__ static int row(int i) { return (threadIdx.x >> 4) + 16 * i; }
+  __device__ void fetch(const float* src, int64_t stride, int rows, int cols) {
+    const int c = col();
+    const bool vector = src && stride % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && c + 4 <= cols;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = row(i);
+      if (vector) {
+        const float4 v = r < rows ? *reinterpret_cast<const float4*>(src + r * stride + c) : make_float4(0, 0, 0, 0);
+        x[i][0] = v.x;
+        x[i][1] = v.y;
+        x[i][2] = v.z;
+        x[i][3] = v.w;
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) x[i][u] = src && r < rows && c + u < cols ? src[r * stride + c + u] : 0.f;
+      }
+    }
+  }
+  // dst[r·ld + c] = x, as column pairs where ld is even.
+  template <typename Dst>
+  __device__ void commit(Dst* dst, int ld) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      Dst* at = dst + row(i) * ld + col();
+      if (ld % 2 == 0) {
+        store_f2(at, x[i][0], x[i][1]);
+        store_f2(at + 2, x[i][2], x[i][3]);
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) at[u] = store_f<Dst>(x[i][u]);
+      }
+    }
+  }
+};
+
+// dst = src[:rows, :cols] zero-padded to 64×64, through registers (fp32 sources as 16-byte vectors).
 template <typename Dst, typename Src>
 __device__ void load_tile(Dst* dst, int ld, const Src* src, int64_t stride, int rows, int cols) {
-  TileRegs t;
+  std::conditional_t<std::is_same_v<Src, float>, TileVec, TileRegs> t;
   t.fetch(src, stride, rows, cols);
   t.commit(dst, ld);
 }
@@ -404,7 +448,7 @@ template <typename In, typename State>
 __device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, const State* state, const Dims& d, int v0,
                                          In* Y) {
   const int vcols = min(kTile, d.V - v0);
-  TileRegs next;
+  TileVec next;
   auto fetch = [&](int kt) {
     const int k0 = kt * kTile;
     next.fetch(state + static_cast<int64_t>(k0) * d.V + v0, d.V, min(kTile, d.K - k0), vcols);
@@ -1034,16 +1078,18 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
   const float* state = p.states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   const float* d_state = p.d_states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
-  float prod[16];  // this thread's column of S_p ⊙ dS_e summed over the V-tiles, rows TileRegs::row(i)
+  float prod[4][4];  // this thread's share of S_p ⊙ dS_e summed over the V-tiles (TileVec layout)
 #pragma unroll
-  for (int i = 0; i < 16; ++i) prod[i] = 0.f;
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) prod[i][u] = 0.f;
   // dO and v (copied as they are) go to shared memory by cp.async, saving the registers of two tiles; the states
   // pass through registers, whose fp32 values also feed the row sums.
   const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
   const bool v_async = async_copyable<In>(v, d.V, value_stride, ldi);
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
-    TileRegs spr, dsr;
+    TileVec spr, dsr;
     spr.fetch(state + v0, d.V, kcols, vcols);
     dsr.fetch(d_state + v0, d.V, kcols, vcols);
     __syncthreads();  // the previous tile's products are done
@@ -1053,7 +1099,9 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     spr.commit(s.Sp, ldi);
     dsr.commit(s.dS, ldi);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) prod[i] = fmaf(spr.x[i], dsr.x[i], prod[i]);
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) prod[i][u] = fmaf(spr.x[i][u], dsr.x[i][u], prod[i][u]);
     cp_async_wait<0>();
     __syncthreads();
     // Pq and Pk accumulate in shared memory between V-tiles (each thread rereads only its own elements): held in
@@ -1070,15 +1118,14 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     accumulate(s.Pq, s.dO, s.Sp);
     accumulate(s.Pk, s.Vt, s.dS);
   }
-  // Row sums across the 64 columns: within the warp (32 columns), then the two warps of a row set, in fixed order.
+  // Row sums across the 64 columns: the thread's four, then the 16 lanes of the row by a fixed butterfly.
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    float x = prod[i];
-    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-    if ((threadIdx.x & 31) == 0) s.seg[((threadIdx.x >> 5) & 1) * 64 + TileRegs::row(i)] = x;
+  for (int i = 0; i < 4; ++i) {
+    float x = (prod[i][0] + prod[i][1]) + (prod[i][2] + prod[i][3]);
+    for (int offset = 8; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    if ((threadIdx.x & 15) == 0) s.rowsum[TileVec::row(i)] = x;
   }
   __syncthreads();  // inter tiles done: the region now holds the intra-phase buffers
-  if (threadIdx.x < 64) s.rowsum[threadIdx.x] = s.seg[threadIdx.x] + s.seg[64 + threadIdx.x];
   load_tile(s.dA, kLdD, p.d_scores + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
 
   // From here each thread owns column a of rows rg, rg + 4, ..., rg + 60 of Pq and Pk.
