@@ -170,4 +170,20 @@ double measure_bf16_gemm_tflops() {
   return 2.0 * n * n * n / (best_ms * 1e-3) / 1e12;
 }
 
+double measure_device_copy_gbps() {
+  const size_t bytes = size_t{1} << 30;
+  void *src = nullptr, *dst = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&src, bytes, cuda_stream()));
+  CUDA_CHECK(cudaMallocAsync(&dst, bytes, cuda_stream()));
+  CUDA_CHECK(cudaMemsetAsync(src, 0, bytes, cuda_stream()));
+  const double best_ms = best_time_ms(6, [&] {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream()));
+    return true;
+  });
+  CUDA_CHECK(cudaFreeAsync(src, cuda_stream()));
+  CUDA_CHECK(cudaFreeAsync(dst, cuda_stream()));
+  CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+  return 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3) / 1e9;
+}
+
 }  // namespace hgrn

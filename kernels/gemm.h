@@ -19,6 +19,10 @@ namespace hgrn {
 // The GPU's measured bf16 tensor-core throughput (TFLOP/s): the best of a few 8192³ GEMMs (fp32 accumulate).
 // The denominator of the MFU the trainer and `hgrn bench` print: measured, not the datasheet's figure.
 double measure_bf16_gemm_tflops();
+// The other ceiling a kernel is held to: the GPU's measured memory bandwidth, the best of a few 1 GiB
+// device-to-device copies, as bytes read plus bytes written per second (GB/s). Measured here, next to the GEMM rate,
+// with the same timing helper.
+double measure_device_copy_gbps();
 
 // Autotuning: off (the default), each GEMM shape uses cuBLASLt's first heuristic choice, a deterministic choice, so
 // that runs and resumed runs repeat bit for bit. On, the first call of each shape times up to 8 of cuBLASLt's

@@ -4,11 +4,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "config/config.h"
 #include "hgrn_binary.h"
+#include "model/flops.h"
 #include "model/hgrn2_params.h"
+#include "scratch_dir.h"
 
 namespace hgrn {
 namespace {
@@ -16,6 +19,7 @@ namespace {
 using testing::hgrn_binary;
 using testing::run_hgrn;
 using testing::CommandResult;
+using testing::ScratchDir;
 
 std::string default_config() { return std::string(HGRN_SOURCE_DIR) + "/configs/mqar-tiny.yaml"; }
 
@@ -73,6 +77,26 @@ TEST_F(Cli, HelpListsTheCommandsWithExamples) {
     for (const char* text : {"--config", "--set", "Examples:"})
       EXPECT_NE(r.out.find(text), std::string::npos) << "missing " << text << " in\n" << r.out;
   }
+}
+
+TEST_F(Cli, BenchRecurrenceOnTheCpuReportsTimesRatesAndTheFlopCount) {
+  ScratchDir dir;
+  const std::string json_path = (dir.path() / "recurrence.json").string();
+  const CommandResult r = run_hgrn({"bench", "--recurrence", "1,70,2,16,8", "--dtype", "fp32", "--device", "cpu",
+                                    "--warmup", "1", "--iters", "2", "--json", json_path});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("| forward GB/s | forward TFLOP/s | forward+backward TFLOP/s |"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("ceilings measured"), std::string::npos) << "no GPU ceilings on the CPU";
+  std::ifstream f(json_path);
+  ASSERT_TRUE(f.good()) << json_path;
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_GT(j.at("forward_ms").get<double>(), 0.0);
+  EXPECT_GT(j.at("forward_backward_ms").get<double>(), 0.0);
+  // B·T tokens at the chunkwise count, with fla's chunk for T = 70 (64).
+  EXPECT_DOUBLE_EQ(j.at("forward_flops").get<double>(), 70.0 * recurrence_flops_per_token(2, 16, 8, 64));
+  EXPECT_DOUBLE_EQ(j.at("forward_tflops").get<double>(),
+                   j.at("forward_flops").get<double>() / (j.at("forward_ms").get<double>() * 1e-3) / 1e12);
+  EXPECT_EQ(j.at("device_copy_gbps").get<double>(), 0.0);
 }
 
 TEST_F(Cli, InfoOnTheDefaultConfigShowsTheParameterTotal) {

@@ -55,6 +55,12 @@ TEST(InfoCost, ForwardFlopsCountedByHand) {
   EXPECT_DOUBLE_EQ(tied_cost.flops_per_token_fwd, cost.flops_per_token_fwd);
 }
 
+TEST(InfoCost, RecurrenceFlopsCountedByHand) {
+  // 4·H·K·V (state update and inter-chunk output) + 2·C·H·(K + V) (scores and A·V over whole C×C blocks).
+  EXPECT_DOUBLE_EQ(recurrence_flops_per_token(2, 16, 8, 64), 4.0 * 2 * 16 * 8 + 2.0 * 64 * 2 * 24);
+  EXPECT_DOUBLE_EQ(recurrence_flops_per_token(8, 128, 128, 64), 524288.0 + 262144.0);
+}
+
 TEST(InfoCost, LargeModelIsCloseToSixN) {
   ModelConfig m;
   m.hidden_size = 1024;

@@ -84,13 +84,27 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
     for (int64_t x : s) HGRN_CHECK(x > 0, "hgrn bench --recurrence: B,T,H,K,V must be positive");
     const RecurrenceBench r = bench_recurrence(s[0], s[1], s[2], s[3], s[4], dtype, device, args.warmup, args.iters);
     const double gbps = r.bytes_forward / (r.forward_ms * 1e-3) / 1e9;
-    out << std::setprecision(3) << "| B | T | H | K | V | dtype | forward ms | forward+backward ms | forward GB/s |\n"
-        << "|---|---|---|---|---|---|---|---|---|\n| " << r.B << " | " << r.T << " | " << r.H << " | " << r.K << " | "
-        << r.V << " | " << r.dtype << " | " << r.forward_ms << " | " << r.forward_backward_ms << " | "
-        << std::setprecision(0) << gbps << " |\n";
+    const double tflops_fwd = r.flops_forward / (r.forward_ms * 1e-3) / 1e12;
+    const double tflops_fwd_bwd = 3.0 * r.flops_forward / (r.forward_backward_ms * 1e-3) / 1e12;
+    // Against the ceilings first, so that the table row stays the last line (scripts read it with tail).
+    if (r.copy_gbps > 0 && r.gemm_tflops > 0)
+      out << std::setprecision(3) << "ceilings measured now: device copy " << r.copy_gbps
+          << " GB/s (read + write), bf16 GEMM " << r.gemm_tflops << " TFLOP/s; the forward moves its minimal bytes at "
+          << 100.0 * gbps / r.copy_gbps << "% of the copy rate and computes at " << 100.0 * tflops_fwd / r.gemm_tflops
+          << "% (forward+backward " << 100.0 * tflops_fwd_bwd / r.gemm_tflops << "%) of the GEMM rate\n";
+    out << std::setprecision(3)
+        << "| B | T | H | K | V | dtype | forward ms | forward+backward ms | forward GB/s | forward TFLOP/s | "
+           "forward+backward TFLOP/s |\n"
+        << "|---|---|---|---|---|---|---|---|---|---|---|\n| " << r.B << " | " << r.T << " | " << r.H << " | " << r.K
+        << " | " << r.V << " | " << r.dtype << " | " << r.forward_ms << " | " << r.forward_backward_ms << " | "
+        << std::setprecision(0) << gbps << " | " << std::setprecision(3) << tflops_fwd << " | " << tflops_fwd_bwd
+        << " |\n";
     json = {{"kind", "recurrence"}, {"B", r.B}, {"T", r.T}, {"H", r.H}, {"K", r.K}, {"V", r.V}, {"dtype", r.dtype},
             {"device", device_name(device)}, {"forward_ms", r.forward_ms},
-            {"forward_backward_ms", r.forward_backward_ms}, {"forward_min_bytes", r.bytes_forward}};
+            {"forward_backward_ms", r.forward_backward_ms}, {"forward_min_bytes", r.bytes_forward},
+            {"forward_flops", r.flops_forward}, {"forward_tflops", tflops_fwd},
+            {"forward_backward_tflops", tflops_fwd_bwd}, {"device_copy_gbps", r.copy_gbps},
+            {"bf16_gemm_tflops", r.gemm_tflops}};
   }
   if (!args.json_path.empty() && world().is_root()) {
     std::ofstream f(args.json_path);

@@ -14,6 +14,16 @@ int64_t gla_chunk_size(int64_t seq_len) {
   return std::min<int64_t>(64, std::max<int64_t>(16, pow2));
 }
 
+// Counting multiply-adds as 2 FLOPs:
+//   state terms  2·H·K·V·2: the chunk's contribution Σ_t k̃_tᵀ v_t to the next state (2·K·V per token and head)
+//                and the inter-chunk output (q_t ⊙ e^{G_t}) S (another 2·K·V);
+//   intra-chunk  2·C·H·(K+V): the scores A = Q̃ K̃ᵀ (2·C·K per token and head) and A·V (2·C·V); counted over the
+//                whole C×C block, an upper bound, because the kernels skip only the sub-blocks above the diagonal.
+// Element-wise work (gates, exponentials, the decay of S) is O(H·K) per token and left out.
+double recurrence_flops_per_token(double H, double K, double V, double C) {
+  return 2.0 * H * K * V * 2.0 + 2.0 * C * H * (K + V);
+}
+
 ModelCost hgrn2_cost(const ModelConfig& config, int64_t seq_len, int64_t bytes_per_activation) {
   ModelCost cost{};
   const std::vector<ParamSpec> specs = hgrn2_param_specs(config);
@@ -53,14 +63,10 @@ ModelCost hgrn2_cost(const ModelConfig& config, int64_t seq_len, int64_t bytes_p
   const double C = static_cast<double>(chunk);
   const double num_chunks = static_cast<double>((seq_len + chunk - 1) / chunk);
 
-  // The recurrence per token, per layer, in the chunkwise form (spec 7.2), counting multiply-adds as 2 FLOPs:
-  //   state terms  2·H·K·V·2: the chunk's contribution Σ_t k̃_tᵀ v_t to the next state (2·K·V per token and head)
-  //                and the inter-chunk output (q_t ⊙ e^{G_t}) S (another 2·K·V);
-  //   intra-chunk  2·C·H·(K+V): the scores A = Q̃ K̃ᵀ (2·C·K per token and head) and A·V (2·C·V); counted over the
-  //                whole C×C block, an upper bound, because the kernels skip only the sub-blocks above the diagonal.
-  // Element-wise work (gates, exponentials, norms, SiLU, the decay of S) is O(D) per token and left out, as is the
-  // softmax of the loss: both are small next to the O(D²) projections.
-  const double recurrence_flops = 2.0 * H * K * V * 2.0 + 2.0 * C * H * (K + V);
+  // The recurrence per token and layer in the chunkwise form (spec 7.2, recurrence_flops_per_token). Other
+  // element-wise work (norms, SiLU, the loss's softmax) is O(D) per token and left out: small next to the O(D²)
+  // projections.
+  const double recurrence_flops = recurrence_flops_per_token(H, K, V, C);
   cost.flops_per_token_fwd = 2.0 * static_cast<double>(matmul_params) + L * recurrence_flops;
   // The backward computes two products per forward product (input gradient and weight gradient): 3x in all.
   // The chunk backward also recomputes the states, which this convention leaves out.

@@ -151,6 +151,18 @@ RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int
   r.forward_backward_ms = time_calls(true);
   const double act_bytes = static_cast<double>(dtype_size(dtype));
   r.bytes_forward = static_cast<double>(B * T * H) * ((2 * K + 2 * V) * act_bytes + K * 4.0);
+  // The kernels' chunk is 64 steps on the GPU; the CPU op runs fla's automatic chunk size.
+  const int64_t chunk = device == Device::CUDA ? 64 : gla_chunk_size(T);
+  r.flops_forward = static_cast<double>(B * T) * recurrence_flops_per_token(static_cast<double>(H),
+                                                                            static_cast<double>(K),
+                                                                            static_cast<double>(V),
+                                                                            static_cast<double>(chunk));
+#ifdef HGRN_WITH_CUDA
+  if (device == Device::CUDA) {  // after the timing, so that the 1 GiB buffers do not linger in the allocator's way
+    r.copy_gbps = measure_device_copy_gbps();
+    r.gemm_tflops = measure_bf16_gemm_tflops();
+  }
+#endif
   return r;
 }
 

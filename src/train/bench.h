@@ -32,6 +32,8 @@ struct RecurrenceBench {
   std::string dtype;
   double forward_ms = 0, forward_backward_ms = 0;  // medians over groups of calls, per call
   double bytes_forward = 0;                          // bytes the forward must read and write at least
+  double flops_forward = 0;                          // recurrence_flops_per_token · B·T (the backward counts 2x)
+  double copy_gbps = 0, gemm_tflops = 0;             // the GPU's measured ceilings (0 on the CPU)
 };
 // Times the recurrence op (q, k, v in `dtype`, fp32 g) on `device`: forward alone, and forward + backward.
 RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, DType dtype, Device device,
