@@ -16,15 +16,6 @@ template <typename T> __device__ __forceinline__ T store_f(float x);
 template <> __device__ __forceinline__ float store_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 store_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-// Two adjacent elements in one access (the address aligned to two elements), rounded as store_f rounds each.
-__device__ __forceinline__ float2 load_f2(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ __forceinline__ float2 load_f2(const __nv_bfloat16* p) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-}
-__device__ __forceinline__ void store_f2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
-__device__ __forceinline__ void store_f2(__nv_bfloat16* p, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-}
 
 }  // namespace hgrn
 

@@ -9,11 +9,11 @@
 //   bwd_dqk      (B·H, chunk, K-tile): intra and inter dq, dk, and dg.
 // Products, bf16 activations: every chunk-sized product is a 64×64×64 block product (tile_mma) on the tensor cores
 // (mma.sync, bf16 in, fp32 accumulate) with operands in shared memory and the accumulator in registers (WarpTile):
-// the state pass keeps its running tile there across the chunks, and sums over K- or V-tiles stay there too. The intra-chunk products that need more than bf16 inputs (the score blocks below the diagonal,
-// and the intra dq, dk from dA) run on the tensor cores in TF32 (mma.sync m16n8k8, fragments built straight from the
-// fp32 tiles): they only enter results rounded to bf16, below which TF32's 2^-11 input rounding stays. The diagonal
-// 16×16 blocks are element-wise fp32. fp32 activations: every product in plain fp32 FMAs (TF32 would miss the fp32
-// tolerance).
+// the state pass keeps its running tile there across the chunks, and sums over K- or V-tiles stay there too. The
+// intra-chunk products that need more than bf16 inputs (the score blocks below the diagonal, and the intra dq, dk
+// from dA) run on the tensor cores in TF32 (mma.sync m16n8k8, fragments built straight from the fp32 tiles): they
+// only enter results rounded to bf16, below which TF32's 2^-11 input rounding stays. The diagonal 16×16 blocks are
+// element-wise fp32. fp32 activations: every product in plain fp32 FMAs (TF32 would miss the fp32 tolerance).
 // K and V are processed in tiles of 64 (zero-padded); rows past the end of a partial chunk are zero with g = 0, so
 // the cumulative gate is flat there and row 63 holds G_L.
 //
@@ -38,6 +38,7 @@
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
+#include "elementwise.cuh"
 #include "hgru2_recurrence.h"
 
 namespace hgrn {
@@ -167,8 +168,8 @@ struct TileVec {
     for (int i = 0; i < 4; ++i) {
       Dst* at = dst + row(i) * ld + col();
       if (ld % 2 == 0) {
-        store_f2(at, x[i][0], x[i][1]);
-        store_f2(at + 2, x[i][2], x[i][3]);
+        store_pack<2>(at, 0, {x[i][0], x[i][1]});
+        store_pack<2>(at + 2, 0, {x[i][2], x[i][3]});
       } else {
 #pragma unroll
         for (int u = 0; u < 4; ++u) at[u] = store_f<Dst>(x[i][u]);
@@ -334,9 +335,10 @@ struct WarpTile {
         old[j][e] = old[j][e + 1] = 0.f;
         if (!accumulate || r >= rows) continue;
         if (paired && cc + 1 < cols) {
-          const float2 o = load_f2(at);
-          old[j][e] = o.x;
-          old[j][e + 1] = o.y;
+          float o[2];
+          load_pack<2>(at, 0, o);
+          old[j][e] = o[0];
+          old[j][e + 1] = o[1];
         } else {
           if (cc < cols) old[j][e] = load_f(at[0]);
           if (cc + 1 < cols) old[j][e + 1] = load_f(at[1]);
@@ -350,7 +352,7 @@ struct WarpTile {
         Dst* at = dst + r * stride + cc;
         if (r >= rows) continue;
         if (paired && cc + 1 < cols) {
-          store_f2(at, c[j][e] + old[j][e], c[j][e + 1] + old[j][e + 1]);
+          store_pack<2>(at, 0, {c[j][e] + old[j][e], c[j][e + 1] + old[j][e + 1]});
         } else {
           if (cc < cols) at[0] = store_f<Dst>(c[j][e] + old[j][e]);
           if (cc + 1 < cols) at[1] = store_f<Dst>(c[j][e + 1] + old[j][e + 1]);
@@ -444,8 +446,8 @@ __device__ void tile_mma(WarpTile& C, const float* A, int lda, const float* B, i
 // O[64][64] += Σ_kt X[:, kt·64 : kt·64+64] · state[kt-tile rows][v0 .. v0+64) for one chunk's fp32 [K][V] state (or
 // state gradient); X is a full-K operand buffer [64][ldx]. Y is a shared operand tile used as staging; the next
 // K-tile is fetched while the current one is multiplied. Starts and ends with a barrier.
-template <typename In, typename State>
-__device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, const State* state, const Dims& d, int v0,
+template <typename In>
+__device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, const float* state, const Dims& d, int v0,
                                          In* Y) {
   const int vcols = min(kTile, d.V - v0);
   TileVec next;
@@ -550,15 +552,18 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
     const In* xs = s.xs + buf * s.kInSize;
     // Thread: columns a, a + 1 (one paired shared access each for G, x and X), rows threadIdx.x / 32 + 8i.
     const int a = 2 * (threadIdx.x & 31);
-    const float2 gl = load_f2(GL + a);
+    float gl[2];
+    load_pack<2>(GL + a, 0, gl);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int t = (threadIdx.x >> 5) + 8 * i;
       // Rows past the chunk's end hold x = 0 and G = G_L, so they contribute nothing and no exponent is positive.
-      const float2 gt = load_f2(G + t * kLdS + a), xt = load_f2(xs + t * ldi + a);
-      const float decay0 = REVERSE ? exp2_fast(gt.x) : exp2_fast(gl.x - gt.x);
-      const float decay1 = REVERSE ? exp2_fast(gt.y) : exp2_fast(gl.y - gt.y);
-      store_f2(s.X + t * ldi + a, p.x_scale * xt.x * decay0, p.x_scale * xt.y * decay1);
+      float gt[2], xt[2];
+      load_pack<2>(G + t * kLdS + a, 0, gt);
+      load_pack<2>(xs + t * ldi + a, 0, xt);
+      const float decay0 = REVERSE ? exp2_fast(gt[0]) : exp2_fast(gl[0] - gt[0]);
+      const float decay1 = REVERSE ? exp2_fast(gt[1]) : exp2_fast(gl[1] - gt[1]);
+      store_pack<2>(s.X + t * ldi + a, 0, {p.x_scale * xt[0] * decay0, p.x_scale * xt[1] * decay1});
     }
     // Row k of M (a K index) decays by e^{G_L[k]}.
     const float decay_lo = exp2_fast(GL[WarpTile::row(0)]), decay_hi = exp2_fast(GL[WarpTile::row(2)]);
@@ -1014,12 +1019,12 @@ __device__ void intra_block_tf32(float* P, int ldp, const float* dA, const In* x
 
 template <typename In>
 struct BwdDqkSmem {
-  In *q, *k;          // [64][kLdF], in the activation dtype (exact copies; halves their footprint for bf16)
-  float* G;           // [64][kLdF]
+  In *q, *k;          // [64][kLdB], in the activation dtype (exact copies; halves their footprint for bf16)
+  float* G;           // [64][kLdB]
   float *Pq, *Pk;     // [64][acc]: dq and dk under construction
   float *seg, *rowsum, *dlast_part, *dk_last, *d_last;  // [4][64], [64], [4][64], [64], [64]
   In *dO, *Vt, *Sp, *dS;       // inter phase operand tiles
-  float *dA, *hat;             // intra phase: [64][kLdF], [48][kLdF] (K̂, then Q̌, of one round)
+  float *dA, *hat;             // intra phase: [64][kLdD], [48][kLdF] (fp32 only: K̂, then Q̌, of one round)
   __host__ __device__ static size_t carve(void* base, BwdDqkSmem* s) {
     Carver c(base);
     s->q = c.take<In>(kChunk * kLdB);

@@ -7,7 +7,8 @@
 //    norm's output, the gates): their values are freed as soon as the forward is done with them and recomputed from
 //    inputs that are kept anyway, just before the backward needs them. It costs one elementwise pass in the backward
 //    and saves the tensor's memory from the end of its forward to its backward, which is where the step's memory
-//    peaks. Always on in training.
+//    peaks. The model calls it under training.recompute_elementwise (on by default) and
+//    training.recompute_mlp_projections.
 #pragma once
 #include <functional>
 #include <vector>
