@@ -8,6 +8,10 @@
 // error says how much was asked, in use and free, and which knobs lower the need.
 // HGRN_POISON_CUDA_ALLOC=1 fills every block handed out with 0xFF bytes (NaN in fp32 and bf16), so that a kernel
 // that leaves an output element unwritten shows up in tests.
+// HGRN_MEMORY_REPORT=1 keeps, per trace range (the innermost one open when a block was asked for), the bytes live
+// now and a copy of that table at each new high-water mark; at exit it prints the copy, with the bytes asked for
+// beside the rounded blocks that hold them (the difference is what rounding and the 2x reuse window cost).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -16,21 +20,82 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/trace.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
 
 namespace hgrn {
 
 namespace {
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+
+// HGRN_MEMORY_REPORT's tables: per tag (a folded range name, or a block size within it), bytes asked for and held.
+struct MemoryReport {
+  struct Usage {
+    size_t asked = 0, held = 0, blocks = 0;
+  };
+  std::map<std::string, Usage> live, at_peak;
+  size_t peak_held = 0;
+
+  void add(const std::string& tag, size_t asked, size_t held, int sign) {
+    Usage& u = live[tag];
+    u.asked += sign * asked;  // size_t wraps back exactly on the matching subtraction
+    u.held += sign * held;
+    u.blocks += sign;
+  }
+  void print() const {
+    auto by_held = [](const auto& x, const auto& y) { return x.second.held > y.second.held; };
+    std::vector<std::pair<std::string, Usage>> ranges;
+    size_t asked = 0;
+    for (const auto& [tag, u] : at_peak)
+      if (u.blocks && tag.find(" | ") == std::string::npos) ranges.emplace_back(tag, u), asked += u.asked;
+    std::sort(ranges.begin(), ranges.end(), by_held);
+    std::fprintf(stderr,
+                 "---- HGRN_MEMORY_REPORT: live at the high-water mark, %.3f GiB held for %.3f GiB asked ----\n"
+                 "%10s %10s %7s  %s\n",
+                 peak_held / 1073741824.0, asked / 1073741824.0, "held MiB", "asked MiB", "blocks",
+                 "innermost range when asked (its largest block sizes below it)");
+    for (const auto& [range, u] : ranges) {
+      std::fprintf(stderr, "%10.1f %10.1f %7zu  %s\n", u.held / 1048576.0, u.asked / 1048576.0, u.blocks,
+                   range.empty() ? "(outside any range)" : range.c_str());
+      std::vector<std::pair<std::string, Usage>> sizes;
+      for (auto it = at_peak.lower_bound(range + " | "); it != at_peak.end() && it->first.rfind(range + " | ", 0) == 0;
+           ++it)
+        if (it->second.blocks) sizes.emplace_back(it->first.substr(range.size() + 3), it->second);
+      std::sort(sizes.begin(), sizes.end(), by_held);
+      for (size_t i = 0; i < sizes.size() && i < 6; ++i)
+        std::fprintf(stderr, "%10.1f %10.1f %7zu      %s each\n", sizes[i].second.held / 1048576.0,
+                     sizes[i].second.asked / 1048576.0, sizes[i].second.blocks, sizes[i].first.c_str());
+    }
+  }
+};
+
 struct CachingAllocator {
+  struct Block {
+    size_t size;   // rounded: what the block holds
+    size_t asked;  // what the tensor asked for
+    std::string tag;  // HGRN_MEMORY_REPORT only
+  };
   std::mutex mutex;
   std::multimap<size_t, void*> free_blocks;     // rounded size -> block
-  std::unordered_map<void*, size_t> live_blocks;  // block -> rounded size
+  std::unordered_map<void*, Block> live_blocks;
   CudaMemoryStats stats;
-  bool poison = [] {
-    const char* v = std::getenv("HGRN_POISON_CUDA_ALLOC");
-    return v && *v && std::string(v) != "0";
-  }();
+  bool poison = env_flag("HGRN_POISON_CUDA_ALLOC");
+  MemoryReport* report = env_flag("HGRN_MEMORY_REPORT") ? new MemoryReport() : nullptr;  // never destroyed
+
+  // Report bookkeeping for a block handed out (sign +1) or returned (-1); caller holds the mutex.
+  void account(const Block& b, int sign) {
+    if (!report) return;
+    report->add(b.tag, b.asked, b.size, sign);
+    report->add(b.tag + " | " + std::to_string(b.asked) + " B", b.asked, b.size, sign);
+    if (sign > 0 && stats.in_use_bytes > report->peak_held) {
+      report->peak_held = stats.in_use_bytes;
+      report->at_peak = report->live;
+    }
+  }
 
   static size_t round_size(size_t bytes) {
     if (bytes == 0) bytes = 1;
@@ -68,10 +133,10 @@ void* cuda_alloc(size_t bytes) {
   void* p = nullptr;
   // Best fit among cached blocks no more than 2x the request (a huge block is not spent on a tiny tensor).
   auto it = a.free_blocks.lower_bound(size);
+  size_t held = size;
   if (it != a.free_blocks.end() && it->first <= 2 * size) {
     p = it->second;
-    a.live_blocks[p] = it->first;
-    a.stats.in_use_bytes += it->first;
+    held = it->first;
     a.free_blocks.erase(it);
   } else {
     cudaError_t err = cudaMalloc(&p, size);
@@ -94,12 +159,13 @@ void* cuda_alloc(size_t bytes) {
       throw Error(msg);
     }
     CUDA_CHECK(err);
-    a.live_blocks[p] = size;
-    a.stats.in_use_bytes += size;
     a.stats.reserved_bytes += size;
     a.stats.driver_allocations += 1;
   }
+  const CachingAllocator::Block& block = a.live_blocks[p] = {held, bytes, a.report ? trace_innermost_range() : ""};
+  a.stats.in_use_bytes += held;
   if (a.stats.in_use_bytes > a.stats.peak_in_use_bytes) a.stats.peak_in_use_bytes = a.stats.in_use_bytes;
+  a.account(block, +1);
   if (a.poison) CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size, cuda_stream()));
   return p;
 }
@@ -110,10 +176,22 @@ void cuda_free(void* ptr) {
   std::lock_guard<std::mutex> lock(a.mutex);
   auto it = a.live_blocks.find(ptr);
   if (it == a.live_blocks.end()) return;  // never throws from a destructor
-  a.stats.in_use_bytes -= it->second;
-  a.free_blocks.emplace(it->second, ptr);
+  a.stats.in_use_bytes -= it->second.size;
+  a.account(it->second, -1);
+  a.free_blocks.emplace(it->second.size, ptr);
   a.live_blocks.erase(it);
 }
+
+bool cuda_memory_report_enabled() { return env_flag("HGRN_MEMORY_REPORT"); }
+
+namespace {
+// Prints HGRN_MEMORY_REPORT's table when the process ends (the allocator itself is never destroyed).
+struct MemoryReportAtExit {
+  ~MemoryReportAtExit() {
+    if (allocator().report) allocator().report->print();
+  }
+} memory_report_at_exit;
+}  // namespace
 
 CudaMemoryStats cuda_memory_stats() {
   std::lock_guard<std::mutex> lock(allocator().mutex);
@@ -122,7 +200,9 @@ CudaMemoryStats cuda_memory_stats() {
 
 void cuda_reset_peak_memory() {
   std::lock_guard<std::mutex> lock(allocator().mutex);
-  allocator().stats.peak_in_use_bytes = allocator().stats.in_use_bytes;
+  CachingAllocator& a = allocator();
+  a.stats.peak_in_use_bytes = a.stats.in_use_bytes;
+  if (a.report) a.report->peak_held = a.stats.in_use_bytes, a.report->at_peak = a.report->live;
 }
 
 void cuda_release_cached_memory() {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "config/config.h"
+#include "core/allocator.h"
 #include "hgrn_binary.h"
 #include "model/flops.h"
 #include "model/hgrn2_params.h"
@@ -97,6 +98,28 @@ TEST_F(Cli, BenchRecurrenceOnTheCpuReportsTimesRatesAndTheFlopCount) {
   EXPECT_DOUBLE_EQ(j.at("forward_tflops").get<double>(),
                    j.at("forward_flops").get<double>() / (j.at("forward_ms").get<double>() * 1e-3) / 1e12);
   EXPECT_EQ(j.at("device_copy_gbps").get<double>(), 0.0);
+}
+
+// HGRN_MEMORY_REPORT on a GPU: the table of what was live at the high-water mark sums to the peak that the bench
+// reports (both taken after the warm-up), and names the model's ranges (the recurrence keeps its inputs).
+TEST_F(Cli, BenchMemoryReportOnTheGpuAddsUpToThePeak) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU: this build has no CUDA backend or no device is visible (skipped)";
+  ScratchDir dir;
+  const std::string json_path = (dir.path() / "bench.json").string();
+  const CommandResult r = testing::run_command(
+      "HGRN_MEMORY_REPORT=1 " + testing::shell_quote(hgrn_binary()) + " bench -c " +
+      testing::shell_quote(default_config()) + " -s training.device=cuda --warmup 1 --steps 2 --json " +
+      testing::shell_quote(json_path));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string header = "HGRN_MEMORY_REPORT: live at the high-water mark, ";
+  const size_t at = r.err.find(header);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const double report_gib = std::stod(r.err.substr(at + header.size()));
+  std::ifstream f(json_path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_NEAR(report_gib, j.at("peak_memory_gib").get<double>(), 1e-3) << r.err;
+  EXPECT_NE(r.err.find("  recurrence\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" B each\n"), std::string::npos) << r.err;
 }
 
 TEST_F(Cli, InfoOnTheDefaultConfigShowsTheParameterTotal) {

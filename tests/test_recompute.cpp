@@ -1,12 +1,14 @@
 // test_recompute.cpp: rematerialize (selective recomputation): the value is freed at the call, back before the
 // backward reads it, the gradients are those of keeping it, bit for bit; a value recomputed with another shape is
-// refused; an untaped (evaluation) forward keeps everything.
+// refused; an untaped (evaluation) forward keeps everything. release_value (a residual branch's output, which no
+// backward reads): freed at once, its gradient made like it and equal bit for bit; releasing it twice is an error.
 #include <gtest/gtest.h>
 
 #include "gradcheck.h"
 #include "ops/activations.h"
 #include "ops/linear.h"
 #include "ops/recompute.h"
+#include "ops/rmsnorm.h"
 
 namespace hgrn {
 namespace {
@@ -72,6 +74,42 @@ TEST(Rematerialize, UntapedForwardKeepsTheValue) {
   rematerialize(untaped, {hidden}, [](Tape&) -> std::vector<Tensor> { throw Error("must not run"); });
   EXPECT_TRUE(hidden->value.defined());
   EXPECT_EQ(untaped.size(), 0u);
+}
+
+// linear(add_rmsnorm(residual, delta)): the delta branch's gradient with its value kept or released after the add.
+std::vector<double> branch_gradient(const Tensor& r0, const Tensor& d0, const Tensor& w0, const Tensor& dy,
+                                    bool released) {
+  Var residual = make_var(r0.clone(), true, "residual"), delta = make_var(d0.clone(), true, "delta");
+  Var w = make_var(w0.clone(), true, "w");
+  Tape tape;
+  const AddRmsNormResult r = add_rmsnorm(tape, residual, delta, nullptr, 1e-6);
+  Var y = linear(tape, r.normed, w);
+  if (released) {
+    release_value(delta);
+    EXPECT_FALSE(delta->value.defined());
+  }
+  tape.backward(y, dy);
+  EXPECT_EQ(delta->grad.shape(), d0.shape());
+  EXPECT_EQ(delta->grad.dtype(), d0.dtype());
+  return delta->grad.to_double_vector();
+}
+
+TEST(ReleaseValue, TheBranchGradientIsTheSameWithoutItsValue) {
+  Rng rng(8);
+  for (DType dtype : {DType::F64, DType::F32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor r = testing::random_tensor(rng, {2, 5, 9}, 1.0, dtype);
+    const Tensor d = testing::random_tensor(rng, {2, 5, 9}, 1.0, dtype);
+    const Tensor w = testing::random_tensor(rng, {4, 9}, 0.5, dtype);
+    const Tensor dy = testing::random_tensor(rng, {2, 5, 4}, 1.0, dtype);
+    EXPECT_EQ(branch_gradient(r, d, w, dy, false), branch_gradient(r, d, w, dy, true));
+  }
+}
+
+TEST(ReleaseValue, ReleasingTwiceIsAnError) {
+  Var v = make_var(Tensor::zeros({3}, DType::F32), true, "v");
+  release_value(v);
+  EXPECT_THROW(release_value(v), Error);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@ int cuda_device_count() { return 0; }
 void cuda_use_device(int) { throw Error("this hgrn was built without CUDA: use device: cpu"); }
 CudaMemoryStats cuda_memory_stats() { return {}; }
 void cuda_reset_peak_memory() {}
+bool cuda_memory_report_enabled() { return false; }
 void cuda_release_cached_memory() {}
 void device_synchronize() {}
 std::string cuda_device_name() { return ""; }

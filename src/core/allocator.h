@@ -27,6 +27,10 @@ struct CudaMemoryStats {
 };
 CudaMemoryStats cuda_memory_stats();
 void cuda_reset_peak_memory();
+// HGRN_MEMORY_REPORT=1: the CUDA allocator tags every block with the innermost trace range open when it was asked for
+// (trace_innermost_range) and, at exit, prints to stderr what was live at the high-water mark, by range and size:
+// which activations a step keeps, and how much the caching allocator's rounding and block reuse add to them.
+bool cuda_memory_report_enabled();
 void cuda_release_cached_memory();
 // Waits for all queued GPU work (a no-op in a CPU-only build); timings and host reads of results need it.
 void device_synchronize();

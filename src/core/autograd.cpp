@@ -11,14 +11,31 @@ Var make_var(Tensor value, bool requires_grad, std::string name) {
   return v;
 }
 
+void release_value(const Var& v) {
+  HGRN_CHECK(v && v->value.defined(), "release_value: the value is missing (released twice?)");
+  v->released = {v->value.shape(), v->value.dtype(), v->value.device()};
+  v->value = Tensor();
+}
+
+namespace {
+// A gradient buffer for v: like its value, or like the value release_value freed.
+Tensor new_gradient(const Var& v, bool zero) {
+  const bool live = v->value.defined();
+  const Shape& shape = live ? v->value.shape() : v->released.shape;
+  const DType dtype = live ? v->value.dtype() : v->released.dtype;
+  const Device device = live ? v->value.device() : v->released.device;
+  return zero ? Tensor::zeros(shape, dtype, device) : Tensor::empty(shape, dtype, device);
+}
+}  // namespace
+
 Tensor& grad_buffer(const Var& v) {
-  if (!v->grad.defined()) v->grad = Tensor::zeros(v->value.shape(), v->value.dtype(), v->value.device());
+  if (!v->grad.defined()) v->grad = new_gradient(v, true);
   return v->grad;
 }
 
 Tensor& grad_buffer_for_write(const Var& v, bool* accumulate) {
   *accumulate = v->grad.defined();
-  if (!*accumulate) v->grad = Tensor::empty(v->value.shape(), v->value.dtype(), v->value.device());
+  if (!*accumulate) v->grad = new_gradient(v, false);
   return v->grad;
 }
 

@@ -21,6 +21,12 @@ struct Variable {
   // value changes. Whoever changes `value` (the optimiser, loading weights) must reset it: invalidate_compute_copy.
   Tensor compute_copy;
   void invalidate_compute_copy() { compute_copy = Tensor(); }
+  // What the gradient buffer is made like once release_value has freed `value`.
+  struct {
+    Shape shape;
+    DType dtype = DType::F32;
+    Device device = Device::CPU;
+  } released;
 };
 using Var = std::shared_ptr<Variable>;
 
@@ -32,6 +38,10 @@ Tensor& grad_buffer(const Var& v);
 // caller must add into it). Saves the zero fill and its read-back on the GPU. Two writes into one Var's buffer by one
 // op (a tensor passed as two inputs) must ask twice, in the order they write: the second call says accumulate.
 Tensor& grad_buffer_for_write(const Var& v, bool* accumulate);
+// Frees v's value now, keeping its shape, dtype and device for the gradient buffer: for a Var that no backward
+// reads (a residual branch's output, only summed into the stream), which the closures of the ops that consumed it
+// would otherwise keep alive until the backward. Reading the value afterwards is an error.
+void release_value(const Var& v);
 // True when v exists and wants a gradient.
 inline bool wants_grad(const Var& v) { return v && v->requires_grad; }
 

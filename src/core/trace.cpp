@@ -2,6 +2,7 @@
 // HGRN_PROFILE=1 also turns every range into a timer: the device is synchronised at both ends and the wall time is
 // added to a total per range name (digits folded, so "layer 3" and "layer 7" add up as "layer #"); the totals are
 // printed to stderr at exit. The synchronisation slows the run, so this is for breakdowns, not for speed figures.
+// HGRN_MEMORY_REPORT=1 keeps the stack of open range names, which the CUDA allocator uses as its blocks' tags.
 #include "core/trace.h"
 
 #include <algorithm>
@@ -55,7 +56,12 @@ std::string fold_digits(const std::string& name) {
   }
   return out;
 }
+// The open ranges' folded names, for trace_innermost_range (one stack per thread: ranges nest within a thread).
+thread_local std::vector<std::string> open_ranges;
+const bool keep_open_ranges = cuda_memory_report_enabled();
 }  // namespace
+
+std::string trace_innermost_range() { return open_ranges.empty() ? std::string() : open_ranges.back(); }
 
 void trace_profile_reset() {
   Profile& p = profile();
@@ -67,6 +73,7 @@ void trace_push(const std::string& name) {
 #ifdef HGRN_WITH_CUDA
   nvtxRangePushA(name.c_str());
 #endif
+  if (keep_open_ranges) open_ranges.push_back(fold_digits(name));
   Profile& p = profile();
   if (!p.enabled) return;
   device_synchronize();
@@ -78,6 +85,7 @@ void trace_pop() {
 #ifdef HGRN_WITH_CUDA
   nvtxRangePop();
 #endif
+  if (keep_open_ranges && !open_ranges.empty()) open_ranges.pop_back();
   Profile& p = profile();
   if (!p.enabled) return;
   device_synchronize();

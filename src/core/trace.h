@@ -13,6 +13,9 @@ void trace_pop();
 // HGRN_PROFILE: forget the totals so far (hgrn bench calls it after the warm-up, whose first step also times the
 // GEMM algorithms, so that the printed breakdown is of steady steps only).
 void trace_profile_reset();
+// The innermost open range's name, digits folded ("layer #"), "" outside any; kept only under HGRN_MEMORY_REPORT
+// (cuda_memory_report_enabled), whose allocator tags blocks with it.
+std::string trace_innermost_range();
 
 // A range for the lifetime of a scope (a training phase).
 class TraceRange {

@@ -107,6 +107,12 @@ void Hgrn2Model::recompute_in_backward(Tape& tape, const std::vector<Var>& vars,
   if (recompute_elementwise_) rematerialize(tape, vars, std::move(values));
 }
 
+// A residual branch's output (token mixer, MLP) only enters the stream's sum, whose backward needs its gradient but
+// not its value; the add's closure would keep the value alive until the backward (2 x [tokens, D] per layer).
+void Hgrn2Model::release_branch_output(Tape& tape, const Var& branch) const {
+  if (tape.enabled()) release_value(branch);
+}
+
 // normed = RMSNorm(input) ⊙ weight (add_rmsnorm's output included: the same bits as rmsnorm of its sum) is
 // recomputed from input, which the norm's own backward keeps, instead of being kept for its consumers' backward.
 void Hgrn2Model::renormalize_in_backward(Tape& tape, const Var& normed, const Var& input, const Var& weight,
@@ -237,10 +243,12 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
     // Each block's normalised input is recomputed from the residual stream for its projections' backward.
     renormalize_in_backward(tape, x, h, p.attn_norm, config_.norm_eps);
     AddRmsNormResult r = residual_norm(h, mixed, p.mlp_norm);
+    release_branch_output(tape, mixed);
     const Var mlp_out =
         block({r.normed}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0]); });
     renormalize_in_backward(tape, r.normed, r.sum, p.mlp_norm, config_.norm_eps);
     r = residual_norm(r.sum, mlp_out, next_norm);
+    release_branch_output(tape, mlp_out);
     h = r.sum;
     x = r.normed;
   }

@@ -66,6 +66,8 @@ class Hgrn2Model {
   void mark_gradients_ready(Tape& tape, size_t group) const;
   // rematerialize(tape, vars, values) when recompute_elementwise_ is on; else the values are kept.
   void recompute_in_backward(Tape& tape, const std::vector<Var>& vars, RematerializeFn values) const;
+  // Frees a residual branch's output once it is summed into the stream (training only: nothing reads it again).
+  void release_branch_output(Tape& tape, const Var& branch) const;
   // recompute_in_backward for an RMSNorm output `normed` of `input`.
   void renormalize_in_backward(Tape& tape, const Var& normed, const Var& input, const Var& weight, double eps) const;
 

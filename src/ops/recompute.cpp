@@ -34,25 +34,19 @@ Var recompute(Tape& tape, const std::vector<Var>& inputs, RecomputedFn f) {
 
 void rematerialize(Tape& tape, const std::vector<Var>& vars, RematerializeFn values) {
   if (!tape.enabled() || replaying) return;
-  std::vector<Shape> shapes;
-  std::vector<DType> dtypes;
-  for (const Var& v : vars) {
-    HGRN_CHECK(v && v->value.defined(), "rematerialize: a value is missing (freed twice?)");
-    shapes.push_back(v->value.shape());
-    dtypes.push_back(v->value.dtype());
-  }
-  for (const Var& v : vars) v->value = Tensor();
-  tape.record([vars, shapes, dtypes, values = std::move(values)] {
+  for (const Var& v : vars) release_value(v);  // keeps each one's shape and dtype in v->released
+  tape.record([vars, values = std::move(values)] {
     Tape untaped;
     untaped.set_enabled(false);
     std::vector<Tensor> recomputed = values(untaped);
     HGRN_CHECK(recomputed.size() == vars.size(), "rematerialize: ", recomputed.size(), " values for ", vars.size(),
                " tensors");
     for (size_t i = 0; i < vars.size(); ++i) {
-      HGRN_CHECK(recomputed[i].shape() == shapes[i] && recomputed[i].dtype() == dtypes[i],
+      const auto& made = vars[i]->released;
+      HGRN_CHECK(recomputed[i].shape() == made.shape && recomputed[i].dtype() == made.dtype,
                  "rematerialize: tensor ", i, " came back as ", shape_str(recomputed[i].shape()), " ",
-                 dtype_name(recomputed[i].dtype()), ", the forward made ", shape_str(shapes[i]), " ",
-                 dtype_name(dtypes[i]));
+                 dtype_name(recomputed[i].dtype()), ", the forward made ", shape_str(made.shape), " ",
+                 dtype_name(made.dtype));
       vars[i]->value = std::move(recomputed[i]);
     }
   });
