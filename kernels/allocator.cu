@@ -1,16 +1,17 @@
 // allocator.cu: the caching allocator behind Tensors on CUDA, and copies between devices.
-// cudaMalloc/cudaFree synchronise the device and cost tens of microseconds, so freed blocks go to a free list keyed
-// by their rounded size and are handed out again; after the first training step the steady state allocates nothing
-// from the driver. All work runs on the one compute stream (cuda_context.h), so a block freed on the host can be
-// reused at once: any kernel still reading it was queued earlier on the same stream.
-// Sizes round up to 512 bytes below 1 MiB and to 2 MiB above, which bounds waste while keeping reuse likely.
-// On out-of-memory the cache is released to the driver and the allocation retried once; if it still fails the
-// error says how much was asked, in use and free, and which knobs lower the need.
+// cudaMalloc/cudaFree synchronise the device and cost tens of microseconds, so memory is taken from the driver in
+// segments and cut into blocks that are cached and handed out again (core/block_pool.h: best fit, split, merge);
+// after the first training step the steady state allocates nothing from the driver. All work runs on the one
+// compute stream (cuda_context.h), so a block freed on the host can be reused at once: any kernel still reading it
+// was queued earlier on the same stream. Requests up to 1 MiB come from 2 MiB segments of their own (so that small
+// tensors do not pin large segments); larger ones from segments of their own size rounded to 2 MiB. Blocks round to
+// 512 bytes. On out-of-memory the wholly free segments go back to the driver and the request is retried once; if it
+// still fails the error says how much was asked, in use and free, and which knobs lower the need.
 // HGRN_POISON_CUDA_ALLOC=1 fills every block handed out with 0xFF bytes (NaN in fp32 and bf16), so that a kernel
 // that leaves an output element unwritten shows up in tests.
 // HGRN_MEMORY_REPORT=1 keeps, per trace range (the innermost one open when a block was asked for), the bytes live
 // now and a copy of that table at each new high-water mark; at exit it prints the copy, with the bytes asked for
-// beside the rounded blocks that hold them (the difference is what rounding and the 2x reuse window cost).
+// beside the blocks that hold them.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/block_pool.h"
 #include "core/trace.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
@@ -73,14 +75,31 @@ struct MemoryReport {
   }
 };
 
+// cudaMalloc for a BlockPool: null when the device is out of memory (the error cleared, so that work can go on).
+void* driver_segment(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  CUDA_CHECK(err);
+  return p;
+}
+void driver_release(void* p) { CUDA_CHECK(cudaFree(p)); }
+
+constexpr size_t kSmallRequest = 1u << 20, kSegmentGranule = 2u << 20;
+
 struct CachingAllocator {
   struct Block {
-    size_t size;   // rounded: what the block holds
+    size_t size;   // what the block holds
     size_t asked;  // what the tensor asked for
+    bool small;    // from the small-request pool
     std::string tag;  // HGRN_MEMORY_REPORT only
   };
   std::mutex mutex;
-  std::multimap<size_t, void*> free_blocks;     // rounded size -> block
+  BlockPool small_pool{{512, kSegmentGranule, kSegmentGranule, 512}, driver_segment, driver_release};
+  BlockPool large_pool{{512, 0, kSegmentGranule, kSmallRequest}, driver_segment, driver_release};
   std::unordered_map<void*, Block> live_blocks;
   CudaMemoryStats stats;
   bool poison = env_flag("HGRN_POISON_CUDA_ALLOC");
@@ -97,20 +116,20 @@ struct CachingAllocator {
     }
   }
 
-  static size_t round_size(size_t bytes) {
-    if (bytes == 0) bytes = 1;
-    const size_t unit = bytes < (1u << 20) ? 512 : (2u << 20);
-    return (bytes + unit - 1) / unit * unit;
+  // A block from the pool for this size, counting new segments; null when the driver has no memory left.
+  void* take(BlockPool& pool, size_t bytes, size_t* held) {
+    const size_t segments = pool.segment_count();
+    void* p = pool.allocate(bytes, held);
+    stats.driver_allocations += pool.segment_count() - segments;
+    return p;
   }
+  void update_reserved() { stats.reserved_bytes = small_pool.reserved_bytes() + large_pool.reserved_bytes(); }
 
   void release_cache() {  // caller holds the mutex
-    if (free_blocks.empty()) return;
     cudaStreamSynchronize(cuda_stream());
-    for (auto& [size, ptr] : free_blocks) {
-      cudaFree(ptr);
-      stats.reserved_bytes -= size;
-    }
-    free_blocks.clear();
+    small_pool.release_free_segments();
+    large_pool.release_free_segments();
+    update_reserved();
   }
 };
 CachingAllocator& allocator() {
@@ -128,45 +147,34 @@ int cuda_device_count() {
 
 void* cuda_alloc(size_t bytes) {
   CachingAllocator& a = allocator();
-  const size_t size = CachingAllocator::round_size(bytes);
   std::lock_guard<std::mutex> lock(a.mutex);
-  void* p = nullptr;
-  // Best fit among cached blocks no more than 2x the request (a huge block is not spent on a tiny tensor).
-  auto it = a.free_blocks.lower_bound(size);
-  size_t held = size;
-  if (it != a.free_blocks.end() && it->first <= 2 * size) {
-    p = it->second;
-    held = it->first;
-    a.free_blocks.erase(it);
-  } else {
-    cudaError_t err = cudaMalloc(&p, size);
-    if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // clear the error so that the retry (and the caller) can go on
-      a.release_cache();
-      err = cudaMalloc(&p, size);
-    }
-    if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      size_t free_bytes = 0, total_bytes = 0;
-      cudaMemGetInfo(&free_bytes, &total_bytes);
-      char msg[512];
-      std::snprintf(msg, sizeof msg,
-                    "CUDA out of memory: asked for %.1f MiB; hgrn tensors hold %.1f MiB, the device has %.1f MiB "
-                    "free of %.1f MiB. Lower training.micro_batch_size (raise grad_accum_steps to keep the batch), "
-                    "lower data.seq_len, or set training.recompute: true",
-                    bytes / 1048576.0, a.stats.in_use_bytes / 1048576.0, free_bytes / 1048576.0,
-                    total_bytes / 1048576.0);
-      throw Error(msg);
-    }
-    CUDA_CHECK(err);
-    a.stats.reserved_bytes += size;
-    a.stats.driver_allocations += 1;
+  const bool small = bytes <= kSmallRequest;
+  BlockPool& pool = small ? a.small_pool : a.large_pool;
+  size_t held = 0;
+  void* p = a.take(pool, bytes, &held);
+  if (!p) {
+    a.release_cache();
+    p = a.take(pool, bytes, &held);
   }
-  const CachingAllocator::Block& block = a.live_blocks[p] = {held, bytes, a.report ? trace_innermost_range() : ""};
+  a.update_reserved();
+  if (!p) {
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    char msg[512];
+    std::snprintf(msg, sizeof msg,
+                  "CUDA out of memory: asked for %.1f MiB; hgrn tensors hold %.1f MiB, the device has %.1f MiB "
+                  "free of %.1f MiB. Lower training.micro_batch_size (raise grad_accum_steps to keep the batch), "
+                  "lower data.seq_len, or set training.recompute: true",
+                  bytes / 1048576.0, a.stats.in_use_bytes / 1048576.0, free_bytes / 1048576.0,
+                  total_bytes / 1048576.0);
+    throw Error(msg);
+  }
+  const CachingAllocator::Block& block = a.live_blocks[p] = {held, bytes, small,
+                                                             a.report ? trace_innermost_range() : ""};
   a.stats.in_use_bytes += held;
   if (a.stats.in_use_bytes > a.stats.peak_in_use_bytes) a.stats.peak_in_use_bytes = a.stats.in_use_bytes;
   a.account(block, +1);
-  if (a.poison) CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size, cuda_stream()));
+  if (a.poison) CUDA_CHECK(cudaMemsetAsync(p, 0xFF, held, cuda_stream()));
   return p;
 }
 
@@ -178,7 +186,7 @@ void cuda_free(void* ptr) {
   if (it == a.live_blocks.end()) return;  // never throws from a destructor
   a.stats.in_use_bytes -= it->second.size;
   a.account(it->second, -1);
-  a.free_blocks.emplace(it->second.size, ptr);
+  (it->second.small ? a.small_pool : a.large_pool).free(ptr);
   a.live_blocks.erase(it);
 }
 

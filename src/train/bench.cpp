@@ -85,8 +85,10 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   log << ", " << dtype_name(act) << " activations on " << r.device_name << "; " << warmup << " warm-up + " << steps
       << " timed steps\n";
   std::vector<double> times;
+  size_t driver_allocations_before = 0;
   for (int64_t s = 0; s < warmup + steps; ++s) {
     if (s == warmup) {
+      driver_allocations_before = cuda_memory_stats().driver_allocations;
       cuda_reset_peak_memory();
       trace_profile_reset();
     }
@@ -104,7 +106,10 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   r.min_ms = times.empty() ? 0 : *std::min_element(times.begin(), times.end()) * 1e3;
   r.max_ms = times.empty() ? 0 : *std::max_element(times.begin(), times.end()) * 1e3;
   r.tokens_per_s = r.median_ms > 0 ? static_cast<double>(r.tokens_per_step) / (r.median_ms * 1e-3) : 0;
-  r.peak_memory_gib = static_cast<double>(cuda_memory_stats().peak_in_use_bytes) / (1u << 30);
+  const CudaMemoryStats memory = cuda_memory_stats();
+  r.peak_memory_gib = static_cast<double>(memory.peak_in_use_bytes) / (1u << 30);
+  r.reserved_memory_gib = static_cast<double>(memory.reserved_bytes) / (1u << 30);
+  r.timed_driver_allocations = static_cast<int64_t>(memory.driver_allocations - driver_allocations_before);
   r.model_tflops = cost.flops_per_token_train * r.tokens_per_s / 1e12;
   r.mfu = r.gpu_peak_tflops > 0 ? r.model_tflops / (r.gpu_peak_tflops * r.ranks) : 0;
   return r;

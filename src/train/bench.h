@@ -17,6 +17,8 @@ struct StepBench {
   double median_ms = 0, min_ms = 0, max_ms = 0;
   double tokens_per_s = 0;        // tokens_per_step / median step time
   double peak_memory_gib = 0;     // high-water mark of hgrn's GPU tensors over the timed steps (0 on the CPU)
+  double reserved_memory_gib = 0; // what the caching allocator holds from the driver at the end (in use + cached)
+  int64_t timed_driver_allocations = 0;  // cudaMalloc calls during the timed steps (0 in a steady state)
   double gpu_peak_tflops = 0;     // measured bf16 GEMM rate (0 on the CPU)
   double model_tflops = 0;        // HGRN2 training FLOPs (recurrence included) per second
   double mfu = 0;                 // model_tflops / gpu_peak_tflops
