@@ -112,6 +112,8 @@ std::vector<Field> config_fields(Config& c) {
       {"training.recompute", &t.recompute},
       {"training.recompute_elementwise", &t.recompute_elementwise},
       {"training.recompute_mlp_projections", &t.recompute_mlp_projections},
+      {"training.recompute_gates", &t.recompute_gates},
+      {"training.recompute_weight_copies", &t.recompute_weight_copies},
       {"training.deterministic", &t.deterministic},
       {"training.zero1", &t.zero1},
       {"training.collective_timeout_s", &t.collective_timeout_s},

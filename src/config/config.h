@@ -86,6 +86,8 @@ struct TrainingConfig {
                                       // instead of keeping them: ~30% less activation memory for ~3-5% of the step
   bool recompute_mlp_projections = false;  // recompute the MLP's gate and up projections (its widest kept activations)
                                            // in the backward from the block's normalised input: two more GEMMs
+  bool recompute_gates = true;     // with recompute_elementwise, also the gates' q, g, k (false keeps them)
+  bool recompute_weight_copies = false;  // bf16: drop the layers' bf16 weight copies between forward and backward
   bool zero1 = false;              // several ranks: shard the optimiser moments across them (ZeRO-1)
   double collective_timeout_s = 600;  // several ranks: seconds a wait on the other ranks (MPI, NCCL) may last before
                                       // this rank stops with an error (a peer died or hangs); leave room for rank

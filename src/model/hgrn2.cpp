@@ -161,10 +161,11 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   if (state) *state = r.final_state;
   // q, g and k (8 bytes per channel and token under bf16) are elementwise functions of q̂ and f̂, which silu and
   // the forget gate keep for their own backward anyway: recomputed there instead of kept.
-  recompute_in_backward(tape, {gates.q, gates.g, gates.k}, [make_gates](Tape& untaped) {
-    const Gates again = make_gates(untaped);
-    return std::vector<Tensor>{again.q->value, again.g->value, again.k->value};
-  });
+  if (recompute_gates_)
+    recompute_in_backward(tape, {gates.q, gates.g, gates.k}, [make_gates](Tape& untaped) {
+      const Gates again = make_gates(untaped);
+      return std::vector<Tensor>{again.q->value, again.g->value, again.k->value};
+    });
   TraceLayer trace(tape, "g_norm + o_proj");
   const Var normed = rmsnorm(tape, r.output, p.g_norm, kOutputNormEps);
   const Var out = linear(tape, normed, p.o_proj);
@@ -249,6 +250,11 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
     renormalize_in_backward(tape, r.normed, r.sum, p.mlp_norm, config_.norm_eps);
     r = residual_norm(r.sum, mlp_out, next_norm);
     release_branch_output(tape, mlp_out);
+    // The layer's bf16 weight copies (2 bytes per weight) are next read by its backward: with
+    // recompute_weight_copies they are dropped until then, and linear's backward casts them again (the same bits).
+    if (recompute_weight_copies_ && tape.enabled())
+      for (const Var* w : {&p.q_proj, &p.f_proj, &p.i_proj, &p.o_proj, &p.gate_proj, &p.up_proj, &p.down_proj})
+        (*w)->invalidate_compute_copy();
     h = r.sum;
     x = r.normed;
   }

@@ -39,6 +39,10 @@ class Hgrn2Model {
   void set_recompute_elementwise(bool recompute) { recompute_elementwise_ = recompute; }
   // Recompute the MLP's gate and up projections (two GEMMs) in the backward instead of keeping them (rematerialize).
   void set_recompute_mlp_projections(bool recompute) { recompute_mlp_projections_ = recompute; }
+  // With recompute_elementwise: also the gates' outputs q, g, k (false keeps them: 8 bytes per channel and token).
+  void set_recompute_gates(bool recompute) { recompute_gates_ = recompute; }
+  // Drop each layer's bf16 weight copies after its forward; the backward casts them again (mixed precision only).
+  void set_recompute_weight_copies(bool recompute) { recompute_weight_copies_ = recompute; }
   DType activation_dtype() const { return activation_dtype_; }
 
   // Data parallelism overlaps the gradient reduction with the backward pass. The parameters fall into groups, in the
@@ -77,6 +81,8 @@ class Hgrn2Model {
   bool recompute_ = false;
   bool recompute_elementwise_ = true;
   bool recompute_mlp_projections_ = false;
+  bool recompute_gates_ = true;
+  bool recompute_weight_copies_ = false;
   std::function<void(size_t)> gradient_ready_hook_;
   std::vector<std::pair<ParamSpec, Var>> params_;
   Var embeddings_, lower_bounds_, final_norm_, lm_head_;

@@ -2,8 +2,10 @@
 // on the GPU through cuBLASLt.
 // Mixed precision on the GPU: the weight is an fp32 master parameter while x may be bf16. Then the weight is cast to
 // bf16 once per optimiser step (Variable::compute_copy, 2 bytes per weight) and that copy feeds the forward GEMM
-// and the backward dx GEMM of every use; dW is produced by a bf16 x bf16 GEMM that accumulates in fp32 straight into the fp32 gradient,
-// so the weight gradient is never rounded to bf16.
+// and the backward dx GEMM of every use; dW is produced by a bf16 x bf16 GEMM that accumulates in fp32 straight into
+// the fp32 gradient, so the weight gradient is never rounded to bf16. The backward fetches the copy again rather than
+// holding it, so that a model may drop the copies between its forward and backward (recompute_weight_copies): the
+// cast is then made again, with the same bits, at the first backward use.
 #include "ops/linear.h"
 
 #include "ops/gemm_cpu.h"
@@ -47,9 +49,13 @@ Tensor weight_for_input(const Var& weight, const Tensor& xv) {
   const bool cast_weight = xv.device() == Device::CUDA && xv.dtype() == DType::BF16 && wv.dtype() == DType::F32;
   HGRN_CHECK(cast_weight || xv.dtype() == wv.dtype(), "linear: input is ", dtype_name(xv.dtype()), ", weight is ",
              dtype_name(wv.dtype()));
+  return cast_weight ? bf16_weight_copy(weight) : wv;
+}
+
+const Tensor& bf16_weight_copy(const Var& weight) {
   // The cast happens once per weight update, not once per use (the copy is dropped when the optimiser steps).
-  if (cast_weight && !weight->compute_copy.defined()) weight->compute_copy = wv.to(DType::BF16);
-  return cast_weight ? weight->compute_copy : wv;
+  if (!weight->compute_copy.defined()) weight->compute_copy = weight->value.to(DType::BF16);
+  return weight->compute_copy;
 }
 
 Var linear(Tape& tape, const Var& x, const Var& weight) {
@@ -63,9 +69,11 @@ Var linear(Tape& tape, const Var& x, const Var& weight) {
   linear_gemm(false, true, rows, out_features, in, xv, in, w_compute, in, 0.0f, y, out_features);
   Var out = op_output(tape, y, {x, weight});
   if (!out->requires_grad) return out;
-  tape.record([x, weight, out, w_compute, rows, in, out_features] {
+  const bool copied = w_compute.dtype() != weight->value.dtype();
+  tape.record([x, weight, out, copied, rows, in, out_features] {
     if (!out->grad.defined()) return;
     const Tensor& dy = out->grad;
+    const Tensor& w_compute = copied ? bf16_weight_copy(weight) : weight->value;
     if (wants_grad(x)) linear_gemm(false, false, rows, in, out_features, dy, out_features, w_compute, in, 1.0f,
                                    grad_buffer(x), in);
     if (wants_grad(weight)) linear_gemm(true, false, out_features, in, rows, dy, out_features, x->value, in, 1.0f,

@@ -11,6 +11,8 @@ Var linear(Tape& tape, const Var& x, const Var& weight);
 // fp32 master weight on the GPU, its bf16 copy (made once per weight update: Variable::compute_copy). Checks that
 // x [..., in] fits weight [out, in] (device, dtype, contiguity).
 Tensor weight_for_input(const Var& weight, const Tensor& x);
+// The bf16 copy of an fp32 master weight, cast on first use after each update (or after the copy was dropped).
+const Tensor& bf16_weight_copy(const Var& weight);
 // C[m, n] = op(A)·op(B) + beta·C on the tensors' device, with the gemm_cpu contract (row-major, leading dimensions).
 void linear_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,
                  const Tensor& b, int64_t ldb, float beta, Tensor& c, int64_t ldc);
