@@ -22,6 +22,7 @@
 
 #include "core/allocator.h"
 #include "core/block_pool.h"
+#include "core/env_flag.h"
 #include "core/trace.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
@@ -29,11 +30,6 @@
 namespace hgrn {
 
 namespace {
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
-}
-
 // HGRN_MEMORY_REPORT's tables: per tag (a folded range name, or a block size within it), bytes asked for and held.
 struct MemoryReport {
   struct Usage {
@@ -93,8 +89,7 @@ constexpr size_t kSmallRequest = 1u << 20, kSegmentGranule = 2u << 20;
 struct CachingAllocator {
   struct Block {
     size_t size;   // what the block holds
-    size_t asked;  // what the tensor asked for
-    bool small;    // from the small-request pool
+    size_t asked;  // what the tensor asked for (which also says which pool the block came from)
     std::string tag;  // HGRN_MEMORY_REPORT only
   };
   std::mutex mutex;
@@ -115,6 +110,8 @@ struct CachingAllocator {
       report->at_peak = report->live;
     }
   }
+
+  BlockPool& pool_for(size_t asked) { return asked <= kSmallRequest ? small_pool : large_pool; }
 
   // A block from the pool for this size, counting new segments; null when the driver has no memory left.
   void* take(BlockPool& pool, size_t bytes, size_t* held) {
@@ -148,8 +145,7 @@ int cuda_device_count() {
 void* cuda_alloc(size_t bytes) {
   CachingAllocator& a = allocator();
   std::lock_guard<std::mutex> lock(a.mutex);
-  const bool small = bytes <= kSmallRequest;
-  BlockPool& pool = small ? a.small_pool : a.large_pool;
+  BlockPool& pool = a.pool_for(bytes);
   size_t held = 0;
   void* p = a.take(pool, bytes, &held);
   if (!p) {
@@ -169,7 +165,7 @@ void* cuda_alloc(size_t bytes) {
                   total_bytes / 1048576.0);
     throw Error(msg);
   }
-  const CachingAllocator::Block& block = a.live_blocks[p] = {held, bytes, small,
+  const CachingAllocator::Block& block = a.live_blocks[p] = {held, bytes,
                                                              a.report ? trace_innermost_range() : ""};
   a.stats.in_use_bytes += held;
   if (a.stats.in_use_bytes > a.stats.peak_in_use_bytes) a.stats.peak_in_use_bytes = a.stats.in_use_bytes;
@@ -186,7 +182,7 @@ void cuda_free(void* ptr) {
   if (it == a.live_blocks.end()) return;  // never throws from a destructor
   a.stats.in_use_bytes -= it->second.size;
   a.account(it->second, -1);
-  (it->second.small ? a.small_pool : a.large_pool).free(ptr);
+  a.pool_for(it->second.asked).free(ptr);
   a.live_blocks.erase(it);
 }
 

@@ -16,7 +16,6 @@ template <typename T> __device__ __forceinline__ T store_f(float x);
 template <> __device__ __forceinline__ float store_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 store_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-
 }  // namespace hgrn
 
 // Calls the lambda with act_t = float or __nv_bfloat16 for the activation dtype (fp32 or bf16).

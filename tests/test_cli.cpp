@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "config/config.h"
-#include "core/allocator.h"
+#include "gpu_test.h"
 #include "hgrn_binary.h"
 #include "model/flops.h"
 #include "model/hgrn2_params.h"
@@ -104,7 +104,7 @@ TEST_F(Cli, BenchRecurrenceOnTheCpuReportsTimesRatesAndTheFlopCount) {
 // reports (both taken after the warm-up), and names the model's ranges (the recurrence keeps its inputs); after the
 // warm-up the caching allocator asks the driver for nothing (issue 3: no cudaMalloc in the steady-state step).
 TEST_F(Cli, BenchMemoryReportOnTheGpuAddsUpToThePeak) {
-  if (!cuda_available()) GTEST_SKIP() << "no GPU: this build has no CUDA backend or no device is visible (skipped)";
+  HGRN_SKIP_WITHOUT_GPU();
   ScratchDir dir;
   const std::string json_path = (dir.path() / "bench.json").string();
   const CommandResult r = testing::run_command(

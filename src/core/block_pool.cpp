@@ -60,6 +60,14 @@ void* BlockPool::allocate(size_t bytes, size_t* held) {
   return block->ptr;
 }
 
+void BlockPool::absorb_next(Block* block) {
+  Block* next = block->next;
+  block->size += next->size;
+  block->next = next->next;
+  if (next->next) next->next->prev = block;
+  delete next;
+}
+
 size_t BlockPool::free(void* ptr) {
   auto it = live_.find(ptr);
   if (it == live_.end()) return 0;
@@ -67,19 +75,13 @@ size_t BlockPool::free(void* ptr) {
   live_.erase(it);
   const size_t held = block->size;
   // Merge with free neighbours, so that the segment's free space stays in as few blocks as possible.
-  if (Block* next = block->next; next && next->free) {
-    free_blocks_.erase(next);
-    block->size += next->size;
-    block->next = next->next;
-    if (next->next) next->next->prev = block;
-    delete next;
+  if (block->next && block->next->free) {
+    free_blocks_.erase(block->next);
+    absorb_next(block);
   }
   if (Block* prev = block->prev; prev && prev->free) {
     free_blocks_.erase(prev);
-    prev->size += block->size;
-    prev->next = block->next;
-    if (block->next) block->next->prev = prev;
-    delete block;
+    absorb_next(prev);
     block = prev;
   }
   block->free = true;

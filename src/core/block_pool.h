@@ -53,6 +53,8 @@ class BlockPool {
   };
   size_t round_up(size_t bytes, size_t unit) const { return (bytes + unit - 1) / unit * unit; }
   Block* new_segment(size_t size);
+  // `block` takes over its next neighbour in the segment (already out of free_blocks_), which is deleted.
+  void absorb_next(Block* block);
 
   Policy policy_;
   std::function<void*(size_t)> source_;

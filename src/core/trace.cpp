@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/env_flag.h"
 
 #ifdef HGRN_WITH_CUDA
 #include <nvtx3/nvToolsExt.h>
@@ -25,10 +26,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Profile {
-  bool enabled = [] {
-    const char* v = std::getenv("HGRN_PROFILE");
-    return v && *v && std::string(v) != "0";
-  }();
+  bool enabled = env_flag("HGRN_PROFILE");
   std::mutex mutex;
   std::vector<std::pair<std::string, Clock::time_point>> open;
   std::map<std::string, std::pair<double, long>> totals;  // name -> (seconds, count)
