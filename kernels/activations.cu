@@ -3,16 +3,11 @@
 #include "activations.h"
 #include "cuda_check.h"
 #include "elementwise.cuh"
+#include "sigmoid.cuh"
 
 namespace hgrn {
 
 namespace {
-// As the CPU's stable_sigmoid: exp only of a non-positive number, so large |x| gives 0 or 1, never inf/inf.
-__device__ __forceinline__ float stable_sigmoid(float x) {
-  if (x >= 0.f) return 1.f / (1.f + expf(-x));
-  const float e = expf(x);
-  return e / (1.f + e);
-}
 
 template <typename T, int V, bool kHasUp>
 __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, long long packs) {
@@ -47,7 +42,7 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, 
       for (int k = 0; k < V; ++k) {
         float dyu = d[k];
         if constexpr (kHasUp) dyu *= u[k];
-        const float v = dyu * s[k] * (1.f + g[k] * (1.f - s[k]));
+        const float v = silu_backward_value(g[k], s[k], dyu);
         acc[k] = add_gate ? acc[k] + v : v;
       }
       store_pack<V>(dgate, i, acc);

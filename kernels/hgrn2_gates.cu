@@ -1,5 +1,6 @@
-// hgrn2_gates.cu: the HGRN2 gates on the GPU (hgrn2_gates.h): the lower bound γ, the lower-bounded log forget gate
-// and the input gate, forward and backward. The formulas and the branch choices are the CPU reference's
+// hgrn2_gates.cu: the HGRN2 gates on the GPU (hgrn2_gates.h): the lower bound γ, and a layer's gates q = silu(q̂),
+// the lower-bounded log forget gate g and the input gate k in one pass each way (the standalone input gate, k from a
+// given g, has its own small kernels), forward and backward. The formulas and the branch choices are the CPU reference's
 // (src/ops/hgrn2_gates.cpp explains them), written for fp32 arithmetic; min/max are spelled as std::min/std::max
 // evaluate them so that a NaN input propagates exactly as on the CPU instead of being swallowed by fminf/fmaxf.
 // γ's gradient is a sum over all rows: every block of kRowsPerChunk rows writes its own partial sums, then one
@@ -19,6 +20,7 @@
 #include "dtype_cuda.cuh"
 #include "chunk_sums.cuh"
 #include "elementwise.cuh"
+#include "sigmoid.cuh"
 
 namespace hgrn {
 
@@ -120,89 +122,144 @@ __device__ __forceinline__ float forget_gate_value(float x, bool bounded, float 
   return log_add_exp(log_gamma, log_one_minus_gamma + log_sig);
 }
 
+// k = 1 − exp(g) as −expm1(g) (relative precision near g = 0), and the gradient that k adds to g's.
+__device__ __forceinline__ float input_gate_value(float g) { return -expm1f(g); }
+__device__ __forceinline__ float add_input_gate_grad(float dg, float g, float dk) { return dg - expf(g) * dk; }
+
+// One pass over [rows, width] for a layer's gates: g = the log forget gate of f̂ (fp32), and where asked (non-null)
+// k = −expm1(g) and q = silu(q̂), both in T, so that f̂ and q̂ are read once and g is never read back.
 // Thread (x, y) of a block takes channel pack blockIdx.x·blockDim.x + x (V channels) of rows blockIdx.y·blockDim.y + y,
 // then every gridDim.y·blockDim.y-th row.
 template <typename T, int V>
-__global__ void forget_gate_forward_kernel(const T* __restrict__ f_hat, const float* __restrict__ gamma_row,
-                                           float* __restrict__ g, long long rows, long long width) {
+__global__ void gates_forward_kernel(const T* __restrict__ q_hat, const T* __restrict__ f_hat,
+                                     const float* __restrict__ gamma_row, T* __restrict__ q, float* __restrict__ g,
+                                     T* __restrict__ k, long long rows, long long width) {
   const long long pk = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (pk * V >= width) return;
   float gamma[V], log_gamma[V], log_one_minus_gamma[V];
 #pragma unroll
-  for (int k = 0; k < V; ++k) gamma[k] = log_gamma[k] = log_one_minus_gamma[k] = 0.f;
+  for (int c = 0; c < V; ++c) gamma[c] = log_gamma[c] = log_one_minus_gamma[c] = 0.f;
   if (gamma_row) {
     load_pack<V>(gamma_row, pk, gamma);
 #pragma unroll
-    for (int k = 0; k < V; ++k) log_gamma[k] = logf(gamma[k]), log_one_minus_gamma[k] = log1pf(-gamma[k]);
+    for (int c = 0; c < V; ++c) log_gamma[c] = logf(gamma[c]), log_one_minus_gamma[c] = log1pf(-gamma[c]);
   }
   const long long stride = (long long)gridDim.y * blockDim.y;
 #pragma unroll 2
   for (long long r = blockIdx.y * (long long)blockDim.y + threadIdx.y; r < rows; r += stride) {
+    const long long base = r * width;
     float x[V];
-    load_pack<V>(f_hat + r * width, pk, x);
+    load_pack<V>(f_hat + base, pk, x);
 #pragma unroll
-    for (int k = 0; k < V; ++k)
-      x[k] = forget_gate_value(x[k], gamma_row != nullptr, gamma[k], log_gamma[k], log_one_minus_gamma[k]);
-    store_pack<V>(g + r * width, pk, x);
+    for (int c = 0; c < V; ++c)
+      x[c] = forget_gate_value(x[c], gamma_row != nullptr, gamma[c], log_gamma[c], log_one_minus_gamma[c]);
+    store_pack<V>(g + base, pk, x);
+    if (k) {
+#pragma unroll
+      for (int c = 0; c < V; ++c) x[c] = input_gate_value(x[c]);
+      store_pack<V>(k + base, pk, x);
+    }
+    if (q) {
+      load_pack<V>(q_hat + base, pk, x);
+#pragma unroll
+      for (int c = 0; c < V; ++c) x[c] *= stable_sigmoid(x[c]);
+      store_pack<V>(q + base, pk, x);
+    }
   }
 }
 
+// The backward of gates_forward_kernel (cuda_hgrn2_gates_backward documents the arguments).
+template <typename T>
+struct GatesBackwardParams {
+  const T *q_hat, *f_hat;
+  const float *gamma_row, *g, *dg;
+  const T *dq, *dk;
+  T *dq_hat, *df_hat;
+  bool add_dq, add_df;
+  float* partials;
+  long long rows, width;
+};
+
 // Block (kCols, kLanes) covers channels [blockIdx.y kCols V, +kCols V) of rows [blockIdx.x kRowsPerChunk,
-// +kRowsPerChunk). partials (null when γ's gradient is not wanted) gets the block's per-channel sum, lanes added in
-// lane order. add_df: accumulate into df_hat, else overwrite it.
+// +kRowsPerChunk). g's whole gradient, dg − exp(g) dk (a null part counts as zero), goes through the forget gate into
+// df_hat and (partials non-null) into the block's per-channel sum for γ, lanes added in lane order; dq_hat gets
+// silu's backward of dq. df_hat is stored before dq_hat is read, by the same thread, so the two may alias.
 template <typename T, int V>
-__global__ void forget_gate_backward_kernel(const T* __restrict__ f_hat, const float* __restrict__ gamma_row,
-                                            const float* __restrict__ g, const float* __restrict__ dg,
-                                            T* __restrict__ df_hat, bool add_df, float* __restrict__ partials,
-                                            long long rows, long long width) {
+__global__ void gates_backward_kernel(const GatesBackwardParams<T> p) {
   __shared__ float lane_sums[kLanes][kCols * V];
   const long long pk = (long long)blockIdx.y * kCols + threadIdx.x;  // this thread's channel pack
   const long long r_begin = (long long)blockIdx.x * kRowsPerChunk;
-  const long long r_end = min(rows, r_begin + kRowsPerChunk);
+  const long long r_end = min(p.rows, r_begin + kRowsPerChunk);
+  const bool forget = p.df_hat || p.partials;
   float acc[V];
 #pragma unroll
-  for (int k = 0; k < V; ++k) acc[k] = 0.f;
-  if (pk * V < width) {
+  for (int c = 0; c < V; ++c) acc[c] = 0.f;
+  if (pk * V < p.width) {
     float log_one_minus_gamma[V];
-    if (gamma_row) {
-      load_pack<V>(gamma_row, pk, log_one_minus_gamma);
+    if (p.gamma_row) {
+      load_pack<V>(p.gamma_row, pk, log_one_minus_gamma);
 #pragma unroll
-      for (int k = 0; k < V; ++k) log_one_minus_gamma[k] = log1pf(-log_one_minus_gamma[k]);
+      for (int c = 0; c < V; ++c) log_one_minus_gamma[c] = log1pf(-log_one_minus_gamma[c]);
     }
     for (long long r = r_begin + threadIdx.y; r < r_end; r += kLanes) {
-      const long long base = r * width;
-      float x[V], d[V], gi[V], df[V];
-      load_pack<V>(f_hat + base, pk, x);
-      load_pack<V>(dg + base, pk, d);
-      if (gamma_row) load_pack<V>(g + base, pk, gi);
-      if (df_hat && add_df) load_pack<V>(df_hat + base, pk, df);
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        // log σ(x) and log σ(−x) share the one transcendental tail, and exp is only taken of −|x|.
-        const float tail = log1pf(expf(-fabsf(x[k])));
-        const float ls_x = std_min(x[k], 0.f) - tail, ls_minus_x = std_min(-x[k], 0.f) - tail;
-        float v;
-        if (!gamma_row) {
-          v = d[k] * expf(ls_minus_x);
+      const long long base = r * p.width;
+      if (forget) {
+        float x[V], d[V], gi[V], df[V];
+        load_pack<V>(p.f_hat + base, pk, x);
+        if (p.dg) {
+          load_pack<V>(p.dg + base, pk, d);
         } else {
-          v = d[k] * expf(log_one_minus_gamma[k] + ls_x - gi[k] + ls_minus_x);
-          acc[k] += d[k] * expf(ls_minus_x - gi[k]);
+#pragma unroll
+          for (int c = 0; c < V; ++c) d[c] = 0.f;
         }
-        df[k] = add_df ? df[k] + v : v;
+        if (p.gamma_row || p.dk) load_pack<V>(p.g + base, pk, gi);
+        if (p.dk) {
+          float dk[V];
+          load_pack<V>(p.dk + base, pk, dk);
+#pragma unroll
+          for (int c = 0; c < V; ++c) d[c] = add_input_gate_grad(d[c], gi[c], dk[c]);
+        }
+        if (p.df_hat && p.add_df) load_pack<V>(p.df_hat + base, pk, df);
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+          // log σ(x) and log σ(−x) share the one transcendental tail, and exp is only taken of −|x|.
+          const float tail = log1pf(expf(-fabsf(x[c])));
+          const float ls_x = std_min(x[c], 0.f) - tail, ls_minus_x = std_min(-x[c], 0.f) - tail;
+          float v;
+          if (!p.gamma_row) {
+            v = d[c] * expf(ls_minus_x);
+          } else {
+            v = d[c] * expf(log_one_minus_gamma[c] + ls_x - gi[c] + ls_minus_x);
+            acc[c] += d[c] * expf(ls_minus_x - gi[c]);
+          }
+          df[c] = p.add_df ? df[c] + v : v;
+        }
+        if (p.df_hat) store_pack<V>(p.df_hat + base, pk, df);
       }
-      if (df_hat) store_pack<V>(df_hat + base, pk, df);
+      if (p.dq_hat) {
+        float x[V], d[V], dx[V];
+        load_pack<V>(p.q_hat + base, pk, x);
+        load_pack<V>(p.dq + base, pk, d);
+        if (p.add_dq) load_pack<V>(p.dq_hat + base, pk, dx);
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+          const float v = silu_backward_value(x[c], stable_sigmoid(x[c]), d[c]);
+          dx[c] = p.add_dq ? dx[c] + v : v;
+        }
+        store_pack<V>(p.dq_hat + base, pk, dx);
+      }
     }
   }
-  if (!partials) return;  // the same for every thread of the block, so no thread misses the barrier below
+  if (!p.partials) return;  // the same for every thread of the block, so no thread misses the barrier below
 #pragma unroll
-  for (int k = 0; k < V; ++k) lane_sums[threadIdx.y][threadIdx.x * V + k] = acc[k];
+  for (int c = 0; c < V; ++c) lane_sums[threadIdx.y][threadIdx.x * V + c] = acc[c];
   __syncthreads();
-  if (threadIdx.y == 0 && pk * V < width) {
+  if (threadIdx.y == 0 && pk * V < p.width) {
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
+    for (int c = 0; c < V; ++c) {
       float s = 0.f;
-      for (int lane = 0; lane < kLanes; ++lane) s += lane_sums[lane][threadIdx.x * V + k];
-      partials[blockIdx.x * width + pk * V + k] = s;
+      for (int lane = 0; lane < kLanes; ++lane) s += lane_sums[lane][threadIdx.x * V + c];
+      p.partials[blockIdx.x * p.width + pk * V + c] = s;
     }
   }
 }
@@ -215,7 +272,7 @@ __global__ void input_gate_forward_kernel(const G* __restrict__ g, K* __restrict
     float v[V];
     load_pack<V>(g, i, v);
 #pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = -expm1f(v[j]);
+    for (int j = 0; j < V; ++j) v[j] = input_gate_value(v[j]);
     store_pack<V>(k, i, v);
   }
 }
@@ -230,10 +287,7 @@ __global__ void input_gate_backward_kernel(const G* __restrict__ g, const K* __r
     load_pack<V>(dk, i, dkv);
     if (add_dg) load_pack<V>(dg, i, acc);
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float v = expf(gv[j]) * dkv[j];
-      acc[j] = (add_dg ? acc[j] : 0.f) - v;
-    }
+    for (int j = 0; j < V; ++j) acc[j] = add_input_gate_grad(add_dg ? acc[j] : 0.f, gv[j], dkv[j]);
     store_pack<V>(dg, i, acc);
   }
 }
@@ -257,49 +311,66 @@ void cuda_lower_bound_backward(const float* probs, const float* dgamma, float* d
   CUDA_CHECK_LAUNCH("lower_bound_backward");
 }
 
-void cuda_forget_gate_forward(const void* f_hat, DType f_dtype, const float* gamma_row, float* g, int64_t rows,
-                              int64_t width) {
+void cuda_hgrn2_gates_forward(const void* q_hat, const void* f_hat, DType dtype, const float* gamma_row, void* q,
+                              float* g, void* k, int64_t rows, int64_t width) {
+  HGRN_CHECK(!q == !q_hat, "cuda_hgrn2_gates_forward: q and q_hat come together");
   if (rows * width == 0) return;
-  with_vec(vec_for(width, {f_hat, gamma_row, g}), [&](auto vec) {
+  with_vec(vec_for(width, {q_hat, f_hat, gamma_row, q, g, k}), [&](auto vec) {
     constexpr int V = decltype(vec)::value;
     const long long packs = width / V;
     const int tx = static_cast<int>(std::min<long long>(kThreads, (packs + 31) / 32 * 32)), ty = kThreads / tx;
     const long long row_blocks = (rows + (long long)ty * kForwardRows - 1) / ((long long)ty * kForwardRows);
     const long long col_blocks = (packs + tx - 1) / tx;
-    HGRN_CHECK(col_blocks <= 0x7fffffffLL, "hgrn2_forget_gate: width ", width, " exceeds the launch grid");
+    HGRN_CHECK(col_blocks <= 0x7fffffffLL, "hgrn2 gates: width ", width, " exceeds the launch grid");
     const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(std::min<long long>(row_blocks, 65535)));
-    HGRN_CUDA_DISPATCH_ACT(f_dtype, "hgrn2_forget_gate", [&] {
-      forget_gate_forward_kernel<act_t, V><<<grid, dim3(tx, ty), 0, cuda_stream()>>>(
-          static_cast<const act_t*>(f_hat), gamma_row, g, rows, width);
+    HGRN_CUDA_DISPATCH_ACT(dtype, "hgrn2 gates", [&] {
+      gates_forward_kernel<act_t, V><<<grid, dim3(tx, ty), 0, cuda_stream()>>>(
+          static_cast<const act_t*>(q_hat), static_cast<const act_t*>(f_hat), gamma_row, static_cast<act_t*>(q), g,
+          static_cast<act_t*>(k), rows, width);
     });
   });
-  CUDA_CHECK_LAUNCH("forget_gate_forward");
+  CUDA_CHECK_LAUNCH("hgrn2_gates_forward");
 }
 
-int64_t cuda_forget_gate_backward_workspace(int64_t rows, int64_t width) { return row_chunks(rows) * width; }
+int64_t cuda_hgrn2_gates_backward_workspace(int64_t rows, int64_t width) { return row_chunks(rows) * width; }
 
-void cuda_forget_gate_backward(const void* f_hat, DType f_dtype, const float* gamma_row, const float* g,
-                               const float* dg, void* df_hat, bool add_df, float* dgamma_row, float* workspace,
-                               int64_t rows, int64_t width) {
-  if (rows * width == 0 || (!df_hat && !dgamma_row)) return;
-  HGRN_CHECK(!dgamma_row || (gamma_row && workspace), "cuda_forget_gate_backward: dgamma_row needs gamma_row and a workspace");
-  float* partials = dgamma_row ? workspace : nullptr;
-  const long long chunks = row_chunks(rows);
-  with_vec(vec_for(width, {f_hat, gamma_row, g, dg, df_hat, partials}), [&](auto vec) {
+void cuda_hgrn2_gates_backward(const Hgrn2GatesBackwardArgs& a) {
+  HGRN_CHECK(!a.dgamma_row || (a.gamma_row && a.workspace),
+             "cuda_hgrn2_gates_backward: dgamma_row needs gamma_row and a workspace");
+  HGRN_CHECK(!a.dq_hat || (a.q_hat && a.dq), "cuda_hgrn2_gates_backward: dq_hat needs q_hat and dq");
+  HGRN_CHECK(!(a.gamma_row || a.dk) || a.g, "cuda_hgrn2_gates_backward: a bound or dk needs g");
+  const bool forget = (a.df_hat || a.dgamma_row) && (a.dg || a.dk);
+  if (a.rows * a.width == 0 || (!forget && !a.dq_hat)) return;
+  float* partials = forget && a.dgamma_row ? a.workspace : nullptr;
+  const long long chunks = row_chunks(a.rows);
+  with_vec(vec_for(a.width, {a.q_hat, a.f_hat, a.gamma_row, a.g, a.dq, a.dg, a.dk, a.dq_hat, a.df_hat, partials}),
+           [&](auto vec) {
     constexpr int V = decltype(vec)::value;
-    const long long col_tiles = (width / V + kCols - 1) / kCols;
-    HGRN_CHECK(col_tiles <= 65535 && chunks <= 0x7fffffffLL, "hgrn2_forget_gate backward: [", rows, ", ", width,
+    const long long col_tiles = (a.width / V + kCols - 1) / kCols;
+    HGRN_CHECK(col_tiles <= 65535 && chunks <= 0x7fffffffLL, "hgrn2 gates backward: [", a.rows, ", ", a.width,
                "] exceeds the launch grid");
     const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(col_tiles)), block(kCols, kLanes);
-    HGRN_CUDA_DISPATCH_ACT(f_dtype, "hgrn2_forget_gate backward", [&] {
-      forget_gate_backward_kernel<act_t, V><<<grid, block, 0, cuda_stream()>>>(
-          static_cast<const act_t*>(f_hat), gamma_row, g, dg, static_cast<act_t*>(df_hat), add_df, partials, rows,
-          width);
+    HGRN_CUDA_DISPATCH_ACT(a.dtype, "hgrn2 gates backward", [&] {
+      GatesBackwardParams<act_t> p;
+      p.q_hat = static_cast<const act_t*>(a.q_hat);
+      p.f_hat = static_cast<const act_t*>(a.f_hat);
+      p.gamma_row = a.gamma_row;
+      p.g = a.g;
+      p.dg = a.dg;
+      p.dq = static_cast<const act_t*>(a.dq);
+      p.dk = static_cast<const act_t*>(a.dk);
+      p.dq_hat = static_cast<act_t*>(a.dq_hat);
+      p.df_hat = forget ? static_cast<act_t*>(a.df_hat) : nullptr;
+      p.add_dq = a.add_dq;
+      p.add_df = a.add_df;
+      p.partials = partials;
+      p.rows = a.rows;
+      p.width = a.width;
+      gates_backward_kernel<act_t, V><<<grid, block, 0, cuda_stream()>>>(p);
     });
   });
-  CUDA_CHECK_LAUNCH("forget_gate_backward");
-  if (!dgamma_row) return;
-  add_chunk_sums<kLanes>(partials, dgamma_row, chunks, width, "forget_gate_dgamma_reduce");
+  CUDA_CHECK_LAUNCH("hgrn2_gates_backward");
+  if (partials) add_chunk_sums<kLanes>(partials, a.dgamma_row, chunks, a.width, "hgrn2_gates_dgamma_reduce");
 }
 
 void cuda_input_gate_forward(const void* g, DType g_dtype, void* k, DType k_dtype, int64_t n) {

@@ -374,5 +374,60 @@ TEST(InputGate, ChainedWithForgetGateMatchesFiniteDifferences) {
       {f_hat, gamma});
 }
 
+// ---- hgrn2_gates: a layer's q, g, k in one op ------------------------------------------------------------------------
+
+// All three outputs with their own cotangents, bounded and layer 0; q̂ and f̂ the same tensor too (gradients add).
+TEST(Hgrn2Gates, GradientsMatchFiniteDifferences) {
+  Rng rng(62);
+  for (int64_t layer : {0, 2}) {
+    SCOPED_TRACE(::testing::Message() << "layer " << layer);
+    Var q_hat = make_var(testing::random_tensor(rng, {2, 3, 4}, 3.0), true, "q_hat");
+    Var f_hat = make_var(testing::random_tensor(rng, {2, 3, 4}, 3.0), true, "f_hat");
+    Tensor gamma_values = Tensor::empty({3, 4}, DType::F64);
+    for (int64_t i = 0; i < 12; ++i) gamma_values.set_item(i, 0.05 + 0.9 * rng.uniform());
+    Var gamma = make_var(gamma_values, true, "gamma");
+    testing::expect_gradients_match_outputs(
+        [layer](Tape& t, const std::vector<Var>& in) {
+          const Hgrn2Gates r = hgrn2_gates(t, in[0], in[1], in[2], layer);
+          return std::vector<Var>{r.q, r.g, r.k};
+        },
+        {q_hat, f_hat, gamma});
+  }
+  Var x = make_var(testing::random_tensor(rng, {3, 5}, 2.0), true, "x");
+  testing::expect_gradients_match_outputs(
+      [](Tape& t, const std::vector<Var>& in) {
+        const Hgrn2Gates r = hgrn2_gates(t, in[0], in[0], nullptr, 0);
+        return std::vector<Var>{r.q, r.g, r.k};
+      },
+      {x});
+}
+
+TEST(Hgrn2Gates, ForwardIsSiluForgetGateAndInputGate) {
+  Rng rng(63);
+  Var q_hat = make_var(testing::random_tensor(rng, {5, 6}, 3.0));
+  Var f_hat = make_var(testing::random_tensor(rng, {5, 6}, 3.0));
+  Var gamma = make_var(Tensor::full({2, 6}, 0.3, DType::F64));
+  Tape tape;
+  const Hgrn2Gates r = hgrn2_gates(tape, q_hat, f_hat, gamma, 1);
+  for (int64_t i = 0; i < 30; ++i) {
+    const double q = q_hat->value.item(i), f = f_hat->value.item(i);
+    const double lambda = 0.3 + 0.7 / (1 + std::exp(-f));
+    EXPECT_NEAR(r.q->value.item(i), q / (1 + std::exp(-q)), 1e-15) << i;
+    EXPECT_NEAR(r.g->value.item(i), std::log(lambda), 1e-15) << i;
+    EXPECT_NEAR(r.k->value.item(i), 1 - lambda, 1e-15) << i;
+  }
+}
+
+TEST(Hgrn2Gates, RejectsBadArguments) {
+  Tape tape;
+  Var f_hat = make_var(Tensor::zeros({2, 4}, DType::F64));
+  Var gamma = make_var(Tensor::full({3, 4}, 0.5, DType::F64));
+  EXPECT_THROW(hgrn2_gates(tape, nullptr, f_hat, gamma, 1), Error);
+  EXPECT_THROW(hgrn2_gates(tape, make_var(Tensor::zeros({2, 5}, DType::F64)), f_hat, gamma, 1), Error);  // shape
+  EXPECT_THROW(hgrn2_gates(tape, make_var(Tensor::zeros({2, 4}, DType::F32)), f_hat, gamma, 1), Error);  // dtype
+  EXPECT_THROW(hgrn2_gates(tape, f_hat, f_hat, gamma, 3), Error);                                        // layer ≥ L
+  EXPECT_THROW(hgrn2_gates(tape, f_hat, f_hat, make_var(Tensor::full({3, 4}, 1.5, DType::F64)), 1), Error);  // γ > 1
+}
+
 }  // namespace
 }  // namespace hgrn

@@ -1,7 +1,8 @@
-// test_hgrn2_gates_cuda.cpp: the HGRN2 gates on the GPU (lower bound γ, log forget gate g, input gate k), forward
-// and every gradient, against the CPU ops run in fp64 on the same inputs (for bf16: the inputs rounded through
-// bf16), on odd shapes, layer 0 / layer > 0 / no bound, extreme inputs (no NaN), and run-to-run bitwise identity.
-// Skipped (never passed) without a GPU.
+// test_hgrn2_gates_cuda.cpp: the HGRN2 gates on the GPU (lower bound γ, log forget gate g, input gate k, and the
+// fused q, g, k of hgrn2_gates), forward and every gradient, against the CPU ops run in fp64 on the same inputs (for
+// bf16: the inputs rounded through bf16), on odd shapes, layer 0 / layer > 0 / no bound, absent cotangents,
+// accumulation and aliasing, extreme inputs (no NaN), and run-to-run bitwise identity. Skipped (never passed) without
+// a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -269,24 +270,159 @@ TEST(Hgrn2GatesCuda, CpuInputGateRejectsAnotherOutputDtype) {
   EXPECT_EQ(input_gate_from_forget(tape, g, DType::F64)->value.dtype(), DType::F64);
 }
 
+// ---- hgrn2_gates: a layer's q, g, k fused -------------------------------------------------------------------------
+
+// Which cotangents reach the outputs, and whether q̂'s and f̂'s gradients exist before the backward (accumulate).
+struct Cotangents {
+  bool dq = true, dg = true, dk = true, existing_grads = false, alias = false;
+};
+
+struct FusedResult {
+  Var q_hat, f_hat, gamma;
+  Hgrn2Gates out;
+};
+
+// The fused op on the CPU in fp64 (inputs and act-dtype cotangents rounded through act) or on the GPU. alias: q̂ is f̂.
+FusedResult run_fused(const Tensor& q_hat, const Tensor& f_hat, const Tensor& gamma, Bound bound, const Tensor& dq,
+                      const Tensor& dg, const Tensor& dk, const Tensor& dq0, const Tensor& df0, const Cotangents& c,
+                      Device device, DType act) {
+  FusedResult r;
+  const bool gpu = device == Device::CUDA;
+  const auto act_var = [&](const Tensor& t) { return gpu ? to_gpu(t, act) : round_through(t, act); };
+  r.f_hat = make_var(act_var(f_hat), true, "f_hat");
+  r.q_hat = c.alias ? r.f_hat : make_var(act_var(q_hat), true, "q_hat");
+  if (c.existing_grads) {
+    r.f_hat->grad = act_var(df0);
+    if (!c.alias) r.q_hat->grad = act_var(dq0);
+  }
+  if (bound != Bound::None) r.gamma = make_var(gpu ? to_gpu(gamma, DType::F32) : gamma.clone(), true, "gamma");
+  Tape tape;
+  r.out = hgrn2_gates(tape, r.q_hat, r.f_hat, r.gamma, bound == Bound::Layer3 ? 3 : 0);
+  const Tensor dg_value = gpu ? to_gpu(dg, DType::F32) : dg.clone();
+  // One cotangent seeds the backward, the others are set directly.
+  Var seeded;
+  Tensor seed;
+  if (c.dq) seeded = r.out.q, seed = act_var(dq);
+  if (c.dk) {
+    if (seeded)
+      r.out.k->grad = act_var(dk);
+    else
+      seeded = r.out.k, seed = act_var(dk);
+  }
+  if (c.dg) {
+    if (seeded)
+      r.out.g->grad = dg_value;
+    else
+      seeded = r.out.g, seed = dg_value;
+  }
+  tape.backward(seeded, seed);
+  return r;
+}
+
+void expect_fused_match(const FusedResult& got, const FusedResult& ref, const Cotangents& c, Bound bound, DType act) {
+  // Values: g fp32 from the reference's inputs (a few ulp); q and k stored in the act dtype (bf16: one rounding).
+  const double tol = act == DType::F32 ? 1e-5 : 1e-2;
+  expect_close(got.out.g->value, ref.out.g->value, 1e-5, 1e-5 * std::max(1.0, max_abs(ref.out.g->value)), "g");
+  expect_close(got.out.q->value, ref.out.q->value, tol, tol * max_abs(ref.out.q->value), "q");
+  expect_close(got.out.k->value, ref.out.k->value, tol, tol, "k");
+  // Gradients in the act dtype: fp32 a few ulp of fp32 arithmetic, bf16 one rounding of each element.
+  const bool f_grad = c.dg || c.dk || c.existing_grads || c.alias;
+  ASSERT_EQ(got.f_hat->grad.defined(), f_grad);
+  if (f_grad) expect_close(got.f_hat->grad, ref.f_hat->grad, tol, tol * max_abs(ref.f_hat->grad), "df_hat");
+  if (!c.alias) {
+    ASSERT_EQ(got.q_hat->grad.defined(), c.dq || c.existing_grads);
+    if (c.dq || c.existing_grads)
+      expect_close(got.q_hat->grad, ref.q_hat->grad, tol, tol * max_abs(ref.q_hat->grad), "dq_hat");
+  }
+  if (bound == Bound::Layer3 && (c.dg || c.dk)) {
+    // fp32 sums over the rows in fixed blocks: error far below 1e-5 of the largest channel sum.
+    ASSERT_TRUE(got.gamma->grad.defined());
+    expect_close(got.gamma->grad, ref.gamma->grad, 1e-5, 1e-5 * max_abs(ref.gamma->grad), "dgamma");
+  } else if (got.gamma) {
+    EXPECT_FALSE(got.gamma->grad.defined()) << "gamma's gradient must stay untouched";
+  }
+}
+
+TEST(Hgrn2GatesCuda, FusedGatesMatchCpuFp64) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(307);
+  const int64_t layers = 5;
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (int64_t rows : {1, 63, 65, 2047}) {
+      for (int64_t width : {96, 200, 771}) {
+        for (Bound bound : {Bound::None, Bound::Layer0, Bound::Layer3}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(act) << ", rows " << rows << ", F " << width << ", "
+                                          << bound_name(bound));
+          const Shape shape = rows == 65 ? Shape{5, 13, width} : Shape{rows, width};
+          const Tensor q_hat = random_tensor(rng, shape, 3.0), f_hat = random_tensor(rng, shape, 3.0);
+          const Tensor gamma = random_gamma(rng, layers, width);
+          const Tensor dq = random_tensor(rng, shape), dg = f32_exact(random_tensor(rng, shape));
+          const Tensor dk = random_tensor(rng, shape);
+          const Cotangents all;
+          FusedResult ref = run_fused(q_hat, f_hat, gamma, bound, dq, dg, dk, {}, {}, all, Device::CPU, act);
+          FusedResult got = run_fused(q_hat, f_hat, gamma, bound, dq, dg, dk, {}, {}, all, Device::CUDA, act);
+          ASSERT_EQ(got.out.g->value.dtype(), DType::F32);
+          ASSERT_EQ(got.out.q->value.dtype(), act);
+          ASSERT_EQ(got.out.k->value.dtype(), act);
+          expect_fused_match(got, ref, all, bound, act);
+        }
+      }
+    }
+  }
+}
+
+// Some cotangents absent (their part counts as zero, an output nobody needs leaves its input's gradient alone),
+// gradients that exist already (accumulated onto), and q̂ = f̂ (the two gradients add in one buffer).
+TEST(Hgrn2GatesCuda, FusedGatesPartialCotangentsAccumulationAndAliasing) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(308);
+  std::vector<Cotangents> cases(7);
+  cases[0].dq = false, cases[0].dg = false;                       // dk only
+  cases[1].dg = false, cases[1].dk = false;                       // dq only
+  cases[2].dq = false, cases[2].dk = false;                       // dg only
+  cases[3].dq = false;                                            // dg and dk
+  cases[4].existing_grads = true;                                 // all three, accumulated
+  cases[5].alias = true;                                          // q̂ is f̂
+  cases[6].alias = true, cases[6].existing_grads = true, cases[6].dg = false;
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (int64_t width : {200, 771}) {  // the 4-channel packs and the one-channel path
+      for (size_t i = 0; i < cases.size(); ++i) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(act) << ", F " << width << ", case " << i);
+        const Shape shape{65, width};
+        const Tensor q_hat = random_tensor(rng, shape, 3.0), f_hat = random_tensor(rng, shape, 3.0);
+        const Tensor gamma = random_gamma(rng, 5, width);
+        const Tensor dq = random_tensor(rng, shape), dg = f32_exact(random_tensor(rng, shape));
+        const Tensor dk = random_tensor(rng, shape);
+        const Tensor dq0 = random_tensor(rng, shape, 0.5), df0 = random_tensor(rng, shape, 0.5);
+        FusedResult ref = run_fused(q_hat, f_hat, gamma, Bound::Layer3, dq, dg, dk, dq0, df0, cases[i], Device::CPU, act);
+        FusedResult got = run_fused(q_hat, f_hat, gamma, Bound::Layer3, dq, dg, dk, dq0, df0, cases[i], Device::CUDA, act);
+        expect_fused_match(got, ref, cases[i], Bound::Layer3, act);
+      }
+    }
+  }
+}
+
 // ---- the chain the model runs, and determinism ------------------------------------------------------------------------
 
-// γ = lower_bound(Γ); g = forget_gate(f̂, γ, ℓ); k = input_gate(g) in the activation dtype; cotangents on g and k.
+// γ = lower_bound(Γ); q, g, k = hgrn2_gates(q̂, f̂, γ, ℓ) in the activation dtype; cotangents on q, g and k.
 struct Chain {
-  Var lower_bounds, f_hat, g, k;
+  Var lower_bounds, q_hat, f_hat;
+  Hgrn2Gates out;
 };
-Chain run_chain(const Tensor& lower_bounds, const Tensor& f_hat, const Tensor& dg, const Tensor& dk, Device device,
-                DType act) {
+Chain run_chain(const Tensor& lower_bounds, const Tensor& q_hat, const Tensor& f_hat, const Tensor& dq,
+                const Tensor& dg, const Tensor& dk, Device device, DType act) {
   const bool gpu = device == Device::CUDA;
+  const auto act_var = [&](const Tensor& t) { return gpu ? to_gpu(t, act) : round_through(t, act); };
   Chain c;
   c.lower_bounds = make_var(gpu ? to_gpu(lower_bounds, DType::F32) : lower_bounds.clone(), true, "Gamma");
-  c.f_hat = make_var(gpu ? to_gpu(f_hat, act) : round_through(f_hat, act), true, "f_hat");
+  c.q_hat = make_var(act_var(q_hat), true, "q_hat");
+  c.f_hat = make_var(act_var(f_hat), true, "f_hat");
   Tape tape;
   Var gamma = lower_bound_transform(tape, c.lower_bounds);
-  c.g = hgrn2_forget_gate(tape, c.f_hat, gamma, 2);
-  c.k = gpu ? input_gate_from_forget(tape, c.g, act) : input_gate_from_forget(tape, c.g);
-  c.g->grad = gpu ? to_gpu(dg, DType::F32) : dg.clone();
-  tape.backward(c.k, gpu ? to_gpu(dk, act) : round_through(dk, act));
+  c.out = hgrn2_gates(tape, c.q_hat, c.f_hat, gamma, 2);
+  c.out.g->grad = gpu ? to_gpu(dg, DType::F32) : dg.clone();
+  c.out.q->grad = act_var(dq);
+  tape.backward(c.out.k, act_var(dk));
   return c;
 }
 
@@ -295,23 +431,29 @@ TEST(Hgrn2GatesCuda, ModelChainMatchesCpuAndIsBitwiseReproducible) {
   Rng rng(305);
   const int64_t layers = 4, rows = 2047, width = 771;
   const Tensor lower_bounds = f32_exact(random_tensor(rng, {layers, width}));
+  const Tensor q_hat = random_tensor(rng, {rows, width}, 3.0);
   const Tensor f_hat = random_tensor(rng, {rows, width}, 3.0);
+  const Tensor dq = random_tensor(rng, {rows, width});
   const Tensor dg = f32_exact(random_tensor(rng, {rows, width}));
   const Tensor dk = random_tensor(rng, {rows, width});
   for (DType act : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(act));
-    Chain ref = run_chain(lower_bounds, f_hat, dg, dk, Device::CPU, act);
-    Chain a = run_chain(lower_bounds, f_hat, dg, dk, Device::CUDA, act);
-    Chain b = run_chain(lower_bounds, f_hat, dg, dk, Device::CUDA, act);
-    const double tol = act == DType::F32 ? 1e-5 : 1e-2;  // k and df_hat are stored in the activation dtype
-    expect_close(a.g->value, ref.g->value, 1e-5, 1e-5 * max_abs(ref.g->value), "g");
-    expect_close(a.k->value, ref.k->value, tol, tol, "k");
+    Chain ref = run_chain(lower_bounds, q_hat, f_hat, dq, dg, dk, Device::CPU, act);
+    Chain a = run_chain(lower_bounds, q_hat, f_hat, dq, dg, dk, Device::CUDA, act);
+    Chain b = run_chain(lower_bounds, q_hat, f_hat, dq, dg, dk, Device::CUDA, act);
+    const double tol = act == DType::F32 ? 1e-5 : 1e-2;  // q, k and the input gradients are in the activation dtype
+    expect_close(a.out.g->value, ref.out.g->value, 1e-5, 1e-5 * max_abs(ref.out.g->value), "g");
+    expect_close(a.out.k->value, ref.out.k->value, tol, tol, "k");
+    expect_close(a.out.q->value, ref.out.q->value, tol, tol * max_abs(ref.out.q->value), "q");
     expect_close(a.f_hat->grad, ref.f_hat->grad, tol, tol * max_abs(ref.f_hat->grad), "df_hat");
+    expect_close(a.q_hat->grad, ref.q_hat->grad, tol, tol * max_abs(ref.q_hat->grad), "dq_hat");
     // dΓ: fp32 row sums through the softmax backward (dk enters rounded to the act dtype on both sides).
     expect_close(a.lower_bounds->grad, ref.lower_bounds->grad, 1e-4, 1e-4 * max_abs(ref.lower_bounds->grad), "dGamma");
-    EXPECT_TRUE(same_bits(a.g->value, b.g->value)) << "g";
-    EXPECT_TRUE(same_bits(a.k->value, b.k->value)) << "k";
+    EXPECT_TRUE(same_bits(a.out.g->value, b.out.g->value)) << "g";
+    EXPECT_TRUE(same_bits(a.out.k->value, b.out.k->value)) << "k";
+    EXPECT_TRUE(same_bits(a.out.q->value, b.out.q->value)) << "q";
     EXPECT_TRUE(same_bits(a.f_hat->grad, b.f_hat->grad)) << "df_hat";
+    EXPECT_TRUE(same_bits(a.q_hat->grad, b.q_hat->grad)) << "dq_hat";
     EXPECT_TRUE(same_bits(a.lower_bounds->grad, b.lower_bounds->grad)) << "dGamma";
   }
 }

@@ -134,15 +134,10 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
     f_hat = linear(tape, x, p.f_proj);
     i = linear(tape, x, p.i_proj);
   }
-  // q = silu(q̂), g = the lower-bounded log forget gate of f̂ (fp32 on the GPU, spec 1.3) and k = 1 − exp(g).
-  struct Gates {
-    Var q, g, k;
-  };
-  const auto make_gates = [this, l, q_hat, f_hat, gamma](Tape& t) {
-    const Var g = hgrn2_forget_gate(t, f_hat, gamma, l);
-    return Gates{silu(t, q_hat), g, input_gate_from_forget(t, g, activation_dtype_)};
-  };
-  Gates gates;
+  // q = silu(q̂), g = the lower-bounded log forget gate of f̂ (fp32 on the GPU, spec 1.3) and k = 1 − exp(g) in the
+  // activation dtype (f̂'s).
+  const auto make_gates = [l, q_hat, f_hat, gamma](Tape& t) { return hgrn2_gates(t, q_hat, f_hat, gamma, l); };
+  Hgrn2Gates gates;
   {
     TraceLayer trace(tape, "gates");
     gates = make_gates(tape);
@@ -163,7 +158,7 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   // the forget gate keep for their own backward anyway: recomputed there instead of kept.
   if (recompute_gates_)
     recompute_in_backward(tape, {gates.q, gates.g, gates.k}, [make_gates](Tape& untaped) {
-      const Gates again = make_gates(untaped);
+      const Hgrn2Gates again = make_gates(untaped);
       return std::vector<Tensor>{again.q->value, again.g->value, again.k->value};
     });
   TraceLayer trace(tape, "g_norm + o_proj");

@@ -22,6 +22,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/activations.h"
 #include "ops/cpu_parallel.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/hgrn2_gates.h"
@@ -206,83 +207,119 @@ static void forget_gate_backward_cpu(const T* f_hat, const T* gamma_row, const T
   });
 }
 
-Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t layer) {
-  HGRN_CHECK(f_hat, "hgrn2_forget_gate: f_hat is null");
+// Checks f̂ and γ for layer `layer`'s forget gate (`op` names the caller in messages) and returns whether the gate is
+// bounded (γ given and layer > 0). On the CPU a bounded gate's γ row is range-checked and returned in *gamma_row.
+static bool check_forget_gate_args(const char* op, const Var& f_hat, const Var& gamma, int64_t layer,
+                                   Tensor* gamma_row) {
+  HGRN_CHECK(f_hat, op, ": f_hat is null");
   const Tensor& fv = f_hat->value;
-  HGRN_CHECK(fv.dim() >= 1 && fv.size(-1) > 0, "hgrn2_forget_gate: f_hat must have a non-empty last axis, got ",
+  HGRN_CHECK(fv.dim() >= 1 && fv.size(-1) > 0, op, ": f_hat must have a non-empty last axis, got ",
              shape_str(fv.shape()));
-  HGRN_CHECK(fv.is_contiguous(), "hgrn2_forget_gate: f_hat must be contiguous");
-  HGRN_CHECK(layer >= 0, "hgrn2_forget_gate: layer must be non-negative, got ", layer);
+  HGRN_CHECK(fv.is_contiguous(), op, ": f_hat must be contiguous");
+  HGRN_CHECK(layer >= 0, op, ": layer must be non-negative, got ", layer);
   const bool on_gpu = fv.device() == Device::CUDA;
-  const int64_t width = fv.size(-1), rows = fv.numel() / width;
+  const int64_t width = fv.size(-1);
   const bool bounded = gamma && layer > 0;
-  Tensor gamma_row;
-  if (gamma) {
-    const Tensor& gv = gamma->value;
-    HGRN_CHECK(gv.dim() == 2 && gv.size(1) == width, "hgrn2_forget_gate: gamma ", shape_str(gv.shape()),
-               " does not match f_hat ", shape_str(fv.shape()), " (expected [L, ", width, "])");
-    HGRN_CHECK(layer < gv.size(0), "hgrn2_forget_gate: layer ", layer, " out of range for gamma with ", gv.size(0),
-               " layers");
-    HGRN_CHECK(gv.device() == fv.device() && gv.is_contiguous(), "hgrn2_forget_gate: gamma must be a contiguous ",
-               device_name(fv.device()), " tensor like f_hat");
-    // The GPU keeps γ in fp32 under bf16 activations (spec 1.3); the CPU computes in one dtype throughout.
-    const DType want = on_gpu ? DType::F32 : fv.dtype();
-    HGRN_CHECK(gv.dtype() == want, "hgrn2_forget_gate: f_hat is ", dtype_name(fv.dtype()), " on ",
-               device_name(fv.device()), ", gamma is ", dtype_name(gv.dtype()), " (expected ", dtype_name(want), ")");
-    // On the GPU the range check would cost a device-to-host copy per layer and step; there γ comes from
-    // lower_bound_transform, which cannot leave [0, 1].
-    if (bounded && !on_gpu) {
-      gamma_row = gv.select_row(layer);
-      for (int64_t c = 0; c < width; ++c) {
-        const double value = gamma_row.item(c);
-        HGRN_CHECK(value >= 0 && value <= 1, "hgrn2_forget_gate: gamma[", layer, ", ", c, "] = ", value,
-                   " is outside [0, 1]");
-      }
+  if (!gamma) return false;
+  const Tensor& gv = gamma->value;
+  HGRN_CHECK(gv.dim() == 2 && gv.size(1) == width, op, ": gamma ", shape_str(gv.shape()), " does not match f_hat ",
+             shape_str(fv.shape()), " (expected [L, ", width, "])");
+  HGRN_CHECK(layer < gv.size(0), op, ": layer ", layer, " out of range for gamma with ", gv.size(0), " layers");
+  HGRN_CHECK(gv.device() == fv.device() && gv.is_contiguous(), op, ": gamma must be a contiguous ",
+             device_name(fv.device()), " tensor like f_hat");
+  // The GPU keeps γ in fp32 under bf16 activations (spec 1.3); the CPU computes in one dtype throughout.
+  const DType want = on_gpu ? DType::F32 : fv.dtype();
+  HGRN_CHECK(gv.dtype() == want, op, ": f_hat is ", dtype_name(fv.dtype()), " on ", device_name(fv.device()),
+             ", gamma is ", dtype_name(gv.dtype()), " (expected ", dtype_name(want), ")");
+  // On the GPU the range check would cost a device-to-host copy per layer and step; there γ comes from
+  // lower_bound_transform, which cannot leave [0, 1].
+  if (bounded && !on_gpu) {
+    *gamma_row = gv.select_row(layer);
+    for (int64_t c = 0; c < width; ++c) {
+      const double value = gamma_row->item(c);
+      HGRN_CHECK(value >= 0 && value <= 1, op, ": gamma[", layer, ", ", c, "] = ", value, " is outside [0, 1]");
     }
   }
+  return bounded;
+}
 
-  Tensor g;
-  if (on_gpu) {
+// The GPU path of hgrn2_forget_gate (q_hat null, with_k false) and of hgrn2_gates: one fused kernel each way.
+static Hgrn2Gates gates_on_gpu(Tape& tape, const Var& q_hat, const Var& f_hat, const Var& gamma, int64_t layer,
+                               bool bounded, bool with_k) {
 #ifdef HGRN_WITH_CUDA
-    g = Tensor::empty(fv.shape(), DType::F32, Device::CUDA);
-    cuda_forget_gate_forward(fv.raw_data(), fv.dtype(), bounded ? gamma->value.data<float>() + layer * width : nullptr,
-                             g.data<float>(), rows, width);
+  const Tensor& fv = f_hat->value;
+  const int64_t width = fv.size(-1), rows = fv.numel() / width;
+  const float* gamma_row = bounded ? gamma->value.data<float>() + layer * width : nullptr;
+  Tensor q, g = Tensor::empty(fv.shape(), DType::F32, Device::CUDA), k;
+  if (q_hat) q = Tensor::empty(fv.shape(), fv.dtype(), Device::CUDA);
+  if (with_k) k = Tensor::empty(fv.shape(), fv.dtype(), Device::CUDA);
+  cuda_hgrn2_gates_forward(q_hat ? q_hat->value.raw_data() : nullptr, fv.raw_data(), fv.dtype(), gamma_row,
+                           q_hat ? q.raw_data() : nullptr, g.data<float>(), with_k ? k.raw_data() : nullptr, rows,
+                           width);
+  // Only the bounded gate depends on gamma; leaving it out otherwise keeps layer 0 off gamma's gradient entirely.
+  Hgrn2Gates out;
+  const auto gate_output = [&](const Tensor& t) {
+    return bounded ? op_output(tape, t, {f_hat, gamma}) : op_output(tape, t, {f_hat});
+  };
+  out.g = gate_output(g);
+  if (with_k) out.k = gate_output(k);
+  if (q_hat) out.q = op_output(tape, q, {q_hat});
+  if (!out.g->requires_grad && !(out.q && out.q->requires_grad)) return out;
+  tape.record([q_hat, f_hat, gamma, bounded, layer, rows, width, q = out.q, g = out.g, k = out.k] {
+    const bool dq_in = q && q->grad.defined(), dg_in = g->grad.defined(), dk_in = k && k->grad.defined();
+    Hgrn2GatesBackwardArgs a;
+    a.f_hat = f_hat->value.raw_data();
+    a.dtype = f_hat->value.dtype();
+    a.g = g->value.data<float>();
+    a.rows = rows;
+    a.width = width;
+    Tensor workspace;
+    if (dg_in || dk_in) {
+      HGRN_CHECK(!dg_in || g->grad.dtype() == DType::F32, "hgrn2 gates backward: the gradient of g is ",
+                 dtype_name(g->grad.dtype()), ", expected fp32");
+      a.dg = dg_in ? g->grad.data<float>() : nullptr;
+      a.dk = dk_in ? k->grad.raw_data() : nullptr;
+      a.gamma_row = bounded ? gamma->value.data<float>() + layer * width : nullptr;
+      if (bounded && wants_grad(gamma)) {
+        a.dgamma_row = grad_buffer(gamma).data<float>() + layer * width;  // each layer adds its row of [L, D]
+        workspace = Tensor::empty({cuda_hgrn2_gates_backward_workspace(rows, width)}, DType::F32, Device::CUDA);
+        a.workspace = workspace.data<float>();
+      }
+      // Overwritten when this is the first gradient to reach f̂ (no zero fill); asked for before q̂'s, the order
+      // the kernel writes them in.
+      if (wants_grad(f_hat)) a.df_hat = grad_buffer_for_write(f_hat, &a.add_df).raw_data();
+    }
+    if (dq_in && wants_grad(q_hat)) {
+      a.q_hat = q_hat->value.raw_data();
+      a.dq = q->grad.raw_data();
+      a.dq_hat = grad_buffer_for_write(q_hat, &a.add_dq).raw_data();
+    }
+    cuda_hgrn2_gates_backward(a);
+  });
+  return out;
 #else
-    throw Error("hgrn2_forget_gate: this hgrn was built without CUDA");
+  (void)tape, (void)q_hat, (void)f_hat, (void)gamma, (void)layer, (void)bounded, (void)with_k;
+  throw Error("hgrn2 gates: this hgrn was built without CUDA");
 #endif
-  } else {
-    g = Tensor::empty(fv.shape(), fv.dtype());
-    HGRN_DISPATCH_FLOAT(fv.dtype(), "hgrn2_forget_gate", [&] {
-      forget_gate_forward_cpu(fv.data<scalar_t>(), bounded ? gamma_row.data<scalar_t>() : nullptr,
-                              g.data<scalar_t>(), rows, width);
-    });
-  }
+}
+
+Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t layer) {
+  Tensor gamma_row;
+  const bool bounded = check_forget_gate_args("hgrn2_forget_gate", f_hat, gamma, layer, &gamma_row);
+  const Tensor& fv = f_hat->value;
+  if (fv.device() == Device::CUDA) return gates_on_gpu(tape, nullptr, f_hat, gamma, layer, bounded, false).g;
+
+  const int64_t width = fv.size(-1), rows = fv.numel() / width;
+  Tensor g = Tensor::empty(fv.shape(), fv.dtype());
+  HGRN_DISPATCH_FLOAT(fv.dtype(), "hgrn2_forget_gate", [&] {
+    forget_gate_forward_cpu(fv.data<scalar_t>(), bounded ? gamma_row.data<scalar_t>() : nullptr, g.data<scalar_t>(),
+                            rows, width);
+  });
   // Only the bounded gate depends on gamma; leaving it out otherwise keeps layer 0 off gamma's gradient entirely.
   Var out = bounded ? op_output(tape, g, {f_hat, gamma}) : op_output(tape, g, {f_hat});
   if (!out->requires_grad) return out;
   tape.record([f_hat, gamma, bounded, layer, out, rows, width] {
     if (!out->grad.defined()) return;
-    if (out->grad.device() == Device::CUDA) {
-#ifdef HGRN_WITH_CUDA
-      HGRN_CHECK(out->grad.dtype() == DType::F32, "hgrn2_forget_gate backward: the gradient of g is ",
-                 dtype_name(out->grad.dtype()), ", expected fp32");
-      const float* gamma_row = bounded ? gamma->value.data<float>() + layer * width : nullptr;
-      float* dgamma_row = bounded && wants_grad(gamma) ? grad_buffer(gamma).data<float>() + layer * width : nullptr;
-      Tensor workspace;
-      if (dgamma_row)
-        workspace = Tensor::empty({cuda_forget_gate_backward_workspace(rows, width)}, DType::F32, Device::CUDA);
-      // f̂'s gradient is overwritten when this is the first to reach it (no zero fill); γ's row always accumulates
-      // (each layer adds its own row of the one [L, D] buffer).
-      bool add_df = false;
-      void* df_hat = wants_grad(f_hat) ? grad_buffer_for_write(f_hat, &add_df).raw_data() : nullptr;
-      cuda_forget_gate_backward(f_hat->value.raw_data(), f_hat->value.dtype(), gamma_row, out->value.data<float>(),
-                                out->grad.data<float>(), df_hat, add_df, dgamma_row,
-                                dgamma_row ? workspace.data<float>() : nullptr, rows, width);
-      return;
-#else
-      throw Error("hgrn2_forget_gate: this hgrn was built without CUDA");
-#endif
-    }
     HGRN_DISPATCH_FLOAT(out->grad.dtype(), "hgrn2_forget_gate backward", [&] {
       const scalar_t* gamma_row = bounded ? gamma->value.data<scalar_t>() + layer * width : nullptr;
       scalar_t* dgamma_row =
@@ -354,6 +391,26 @@ Var input_gate_from_forget(Tape& tape, const Var& g, DType out_dtype) {
                               n);
     });
   });
+  return out;
+}
+
+// ---- a layer's gates together -----------------------------------------------------------------------------------
+
+Hgrn2Gates hgrn2_gates(Tape& tape, const Var& q_hat, const Var& f_hat, const Var& gamma, int64_t layer) {
+  Tensor gamma_row;
+  const bool bounded = check_forget_gate_args("hgrn2_gates", f_hat, gamma, layer, &gamma_row);
+  HGRN_CHECK(q_hat, "hgrn2_gates: q_hat is null");
+  const Tensor &qv = q_hat->value, &fv = f_hat->value;
+  HGRN_CHECK(qv.shape() == fv.shape() && qv.dtype() == fv.dtype() && qv.device() == fv.device() && qv.is_contiguous(),
+             "hgrn2_gates: q_hat (", shape_str(qv.shape()), " ", dtype_name(qv.dtype()), " on ",
+             device_name(qv.device()), ") must be a contiguous tensor like f_hat (", shape_str(fv.shape()), " ",
+             dtype_name(fv.dtype()), " on ", device_name(fv.device()), ")");
+  if (fv.device() == Device::CUDA) return gates_on_gpu(tape, q_hat, f_hat, gamma, layer, bounded, true);
+  // The CPU reference is the three ops above, recorded in the order the model recorded them before this op.
+  Hgrn2Gates out;
+  out.g = hgrn2_forget_gate(tape, f_hat, gamma, layer);
+  out.q = silu(tape, q_hat);
+  out.k = input_gate_from_forget(tape, out.g);
   return out;
 }
 

@@ -1,5 +1,5 @@
 // hgrn2_gates.h: the HGRN2 gates: the layer-wise lower bound γ (spec section 2), the lower-bounded log forget gate
-// g (spec section 1.2 step 3) and the input gate k = 1 − exp(g) (step 4).
+// g (spec section 1.2 step 3), the input gate k = 1 − exp(g) (step 4), and a layer's q, g and k in one op.
 #pragma once
 #include <cstdint>
 
@@ -22,5 +22,13 @@ Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t la
 // step 4: k is cast to i's dtype), with dg in g's dtype; on the CPU out_dtype must be g's dtype.
 Var input_gate_from_forget(Tape& tape, const Var& g);
 Var input_gate_from_forget(Tape& tape, const Var& g, DType out_dtype);
+
+// A layer's gates in one op (spec 1.2 steps 2–4): q = silu(q̂), g = hgrn2_forget_gate(f̂, γ, layer) and
+// k = input_gate_from_forget(g) in f̂'s dtype; q̂ is a tensor like f̂. On the GPU one fused kernel each way (q̂ and f̂
+// read once, g not read back, one pass for all three gradients); on the CPU exactly the three ops.
+struct Hgrn2Gates {
+  Var q, g, k;
+};
+Hgrn2Gates hgrn2_gates(Tape& tape, const Var& q_hat, const Var& f_hat, const Var& gamma, int64_t layer);
 
 }  // namespace hgrn

@@ -1,0 +1,19 @@
+// sigmoid.cuh: the logistic sigmoid and silu's derivative in fp32, shared by the activation kernels (activations.cu)
+// and the fused HGRN2 gates (hgrn2_gates.cu, where q = silu(q̂)), so both compute the very same bits.
+#pragma once
+
+namespace hgrn {
+
+// As the CPU's stable_sigmoid: exp only of a non-positive number, so large |x| gives 0 or 1, never inf/inf.
+__device__ __forceinline__ float stable_sigmoid(float x) {
+  if (x >= 0.f) return 1.f / (1.f + expf(-x));
+  const float e = expf(x);
+  return e / (1.f + e);
+}
+
+// silu'(x) · dy with s = σ(x): dy · s · (1 + x · (1 − s)).
+__device__ __forceinline__ float silu_backward_value(float x, float s, float dy) {
+  return dy * s * (1.f + x * (1.f - s));
+}
+
+}  // namespace hgrn
