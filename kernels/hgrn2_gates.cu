@@ -109,25 +109,63 @@ __global__ void lower_bound_backward_kernel(const float* probs, const float* dga
 
 // ---- forget gate ----------------------------------------------------------------------------------------------
 
-// g for one element; bounded is false for layer 0 and for a model without lower bounds. log_gamma = logf(γ) and
-// log_one_minus_gamma = log1pf(−γ) are the channel's, computed once by the caller.
-__device__ __forceinline__ float forget_gate_value(float x, bool bounded, float gamma, float log_gamma,
-                                                   float log_one_minus_gamma) {
-  const float tail = expf(-fabsf(x));
-  if (!bounded || gamma == 0.f) return std_min(x, 0.f) - log1pf(tail);
-  const float sigmoid_neg = x >= 0.f ? tail / (1.f + tail) : 1.f / (1.f + tail);  // σ(−f̂), relative precision
-  const float u = (1.f - gamma) * sigmoid_neg;                                      // 1 − λ
-  if (u < 0.5f) return std_max(log1pf(-u), log_gamma);
-  const float log_sig = std_min(x, 0.f) - log1pf(tail);
-  return log_add_exp(log_gamma, log_one_minus_gamma + log_sig);
+// σ(x), σ(−x) and e^−|x| from one exponential (never of a positive number), each to relative precision; 1 + e^−|x|
+// lies in [1, 2], where the approximate division (2 ulp) is safe.
+struct Sigmoids {
+  float of_x, of_minus_x, tail;
+};
+__device__ __forceinline__ Sigmoids sigmoids(float x) {
+  const float e = expf(-fabsf(x));
+  const float r = __fdividef(1.f, 1.f + e);
+  return x >= 0.f ? Sigmoids{r, e * r, e} : Sigmoids{e * r, r, e};
 }
 
-// k = 1 − exp(g) as −expm1(g) (relative precision near g = 0), and the gradient that k adds to g's.
-__device__ __forceinline__ float input_gate_value(float g) { return -expm1f(g); }
-__device__ __forceinline__ float add_input_gate_grad(float dg, float g, float dk) { return dg - expf(g) * dk; }
+// Below this λ the gates take the CPU's log-space forms; at or above it 1/λ <= 2^100, so the direct products below
+// neither overflow nor lose their relative precision (and λ is far above where fp32 turns subnormal).
+constexpr float kSmallLambda = 0x1p-100f;
+
+// The forget gate of one element: g = log λ and k = 1 − λ, λ = γ + (1 − γ)·σ(x); γ = 0 for an unbounded gate (layer 0,
+// no lower bounds, or a bound that rounded to 0). log_gamma = logf(γ), log_one_minus_gamma = log1pf(−γ), the
+// channel's, computed once by the caller. The CPU's branches (src/ops/hgrn2_gates.cpp), with cheaper forms where
+// they are as accurate: k = u = (1 − γ)·σ(−x) directly (a product of two accurate factors; fla's k = 1 − λ) instead of
+// −expm1(g), and for λ <= 1/2, g = log λ of the sum λ = γ + (1 − γ)·σ(x) of two non-negative terms (one rounding)
+// instead of logaddexp, unless λ < kSmallLambda (σ(x) near underflow), where the log-space form keeps its precision.
+struct ForgetGate {
+  float g, k;
+};
+__device__ __forceinline__ ForgetGate forget_gate(float x, float gamma, float log_gamma, float log_one_minus_gamma) {
+  const Sigmoids s = sigmoids(x);
+  if (gamma == 0.f) return {std_min(x, 0.f) - log1pf(s.tail), s.of_minus_x};
+  const float u = (1.f - gamma) * s.of_minus_x;  // 1 − λ
+  if (u < 0.5f) return {std_max(log1pf(-u), log_gamma), u};
+  const float lambda = gamma + (1.f - gamma) * s.of_x;
+  if (lambda >= kSmallLambda) return {logf(lambda), u};
+  return {log_add_exp(log_gamma, log_one_minus_gamma + (std_min(x, 0.f) - log1pf(s.tail))), u};
+}
+
+// λ, ∂g/∂f̂ = (1 − γ)·σ(x)·σ(−x)/λ and ∂g/∂γ = σ(−x)/λ of one element (γ = 0: unbounded), with λ recomputed from f̂
+// (g is not read back). For λ >= kSmallLambda as products with 1/λ, σ(x)/λ <= 1/(1 − γ) taken first so that nothing
+// overflows on the way; below it the CPU's exponentials of sums of logs.
+struct ForgetGateGrad {
+  float lambda, dg_df, dg_dgamma;
+};
+__device__ __forceinline__ ForgetGateGrad forget_gate_grad(float x, float gamma, float log_gamma,
+                                                          float log_one_minus_gamma) {
+  const Sigmoids s = sigmoids(x);
+  const float lambda = gamma + (1.f - gamma) * s.of_x;
+  if (lambda >= kSmallLambda) {
+    const float inv = __fdividef(1.f, lambda);
+    return {lambda, (1.f - gamma) * (s.of_x * inv) * s.of_minus_x, s.of_minus_x * inv};
+  }
+  const float g = forget_gate(x, gamma, log_gamma, log_one_minus_gamma).g;
+  const float tail = log1pf(s.tail);
+  const float ls_x = std_min(x, 0.f) - tail, ls_minus_x = std_min(-x, 0.f) - tail;
+  return {expf(g), expf(log_one_minus_gamma + ls_x - g + ls_minus_x), expf(ls_minus_x - g)};
+}
+
 
 // One pass over [rows, width] for a layer's gates: g = the log forget gate of f̂ (fp32), and where asked (non-null)
-// k = −expm1(g) and q = silu(q̂), both in T, so that f̂ and q̂ are read once and g is never read back.
+// k = 1 − exp(g) and q = silu(q̂), both in T, so that f̂ and q̂ are read once and g is never read back.
 // Thread (x, y) of a block takes channel pack blockIdx.x·blockDim.x + x (V channels) of rows blockIdx.y·blockDim.y + y,
 // then every gridDim.y·blockDim.y-th row.
 template <typename T, int V>
@@ -148,17 +186,16 @@ __global__ void gates_forward_kernel(const T* __restrict__ q_hat, const T* __res
 #pragma unroll 2
   for (long long r = blockIdx.y * (long long)blockDim.y + threadIdx.y; r < rows; r += stride) {
     const long long base = r * width;
-    float x[V];
+    float x[V], kv[V];
     load_pack<V>(f_hat + base, pk, x);
 #pragma unroll
-    for (int c = 0; c < V; ++c)
-      x[c] = forget_gate_value(x[c], gamma_row != nullptr, gamma[c], log_gamma[c], log_one_minus_gamma[c]);
-    store_pack<V>(g + base, pk, x);
-    if (k) {
-#pragma unroll
-      for (int c = 0; c < V; ++c) x[c] = input_gate_value(x[c]);
-      store_pack<V>(k + base, pk, x);
+    for (int c = 0; c < V; ++c) {
+      const ForgetGate fg = forget_gate(x[c], gamma[c], log_gamma[c], log_one_minus_gamma[c]);
+      x[c] = fg.g;
+      kv[c] = fg.k;
     }
+    store_pack<V>(g + base, pk, x);
+    if (k) store_pack<V>(k + base, pk, kv);
     if (q) {
       load_pack<V>(q_hat + base, pk, x);
 #pragma unroll
@@ -172,7 +209,7 @@ __global__ void gates_forward_kernel(const T* __restrict__ q_hat, const T* __res
 template <typename T>
 struct GatesBackwardParams {
   const T *q_hat, *f_hat;
-  const float *gamma_row, *g, *dg;
+  const float *gamma_row, *dg;
   const T *dq, *dk;
   T *dq_hat, *df_hat;
   bool add_dq, add_df;
@@ -181,9 +218,9 @@ struct GatesBackwardParams {
 };
 
 // Block (kCols, kLanes) covers channels [blockIdx.y kCols V, +kCols V) of rows [blockIdx.x kRowsPerChunk,
-// +kRowsPerChunk). g's whole gradient, dg − exp(g) dk (a null part counts as zero), goes through the forget gate into
-// df_hat and (partials non-null) into the block's per-channel sum for γ, lanes added in lane order; dq_hat gets
-// silu's backward of dq. df_hat is stored before dq_hat is read, by the same thread, so the two may alias.
+// +kRowsPerChunk). g's whole gradient, dg − λ·dk (λ = exp(g); a null part counts as zero), goes through the forget
+// gate into df_hat and (partials non-null) into the block's per-channel sum for γ, lanes added in lane order; dq_hat
+// gets silu's backward of dq. df_hat is stored before dq_hat is read, by the same thread, so the two may alias.
 template <typename T, int V>
 __global__ void gates_backward_kernel(const GatesBackwardParams<T> p) {
   __shared__ float lane_sums[kLanes][kCols * V];
@@ -195,43 +232,29 @@ __global__ void gates_backward_kernel(const GatesBackwardParams<T> p) {
 #pragma unroll
   for (int c = 0; c < V; ++c) acc[c] = 0.f;
   if (pk * V < p.width) {
-    float log_one_minus_gamma[V];
-    if (p.gamma_row) {
-      load_pack<V>(p.gamma_row, pk, log_one_minus_gamma);
+    float gamma[V], log_gamma[V], log_one_minus_gamma[V];
 #pragma unroll
-      for (int c = 0; c < V; ++c) log_one_minus_gamma[c] = log1pf(-log_one_minus_gamma[c]);
+    for (int c = 0; c < V; ++c) gamma[c] = log_gamma[c] = log_one_minus_gamma[c] = 0.f;
+    if (p.gamma_row) {
+      load_pack<V>(p.gamma_row, pk, gamma);
+#pragma unroll
+      for (int c = 0; c < V; ++c) log_gamma[c] = logf(gamma[c]), log_one_minus_gamma[c] = log1pf(-gamma[c]);
     }
     for (long long r = r_begin + threadIdx.y; r < r_end; r += kLanes) {
       const long long base = r * p.width;
       if (forget) {
-        float x[V], d[V], gi[V], df[V];
+        float x[V], d[V], dk[V], df[V];
         load_pack<V>(p.f_hat + base, pk, x);
-        if (p.dg) {
-          load_pack<V>(p.dg + base, pk, d);
-        } else {
-#pragma unroll
-          for (int c = 0; c < V; ++c) d[c] = 0.f;
-        }
-        if (p.gamma_row || p.dk) load_pack<V>(p.g + base, pk, gi);
-        if (p.dk) {
-          float dk[V];
-          load_pack<V>(p.dk + base, pk, dk);
-#pragma unroll
-          for (int c = 0; c < V; ++c) d[c] = add_input_gate_grad(d[c], gi[c], dk[c]);
-        }
+        if (p.dg) load_pack<V>(p.dg + base, pk, d);
+        if (p.dk) load_pack<V>(p.dk + base, pk, dk);
         if (p.df_hat && p.add_df) load_pack<V>(p.df_hat + base, pk, df);
 #pragma unroll
         for (int c = 0; c < V; ++c) {
-          // log σ(x) and log σ(−x) share the one transcendental tail, and exp is only taken of −|x|.
-          const float tail = log1pf(expf(-fabsf(x[c])));
-          const float ls_x = std_min(x[c], 0.f) - tail, ls_minus_x = std_min(-x[c], 0.f) - tail;
-          float v;
-          if (!p.gamma_row) {
-            v = d[c] * expf(ls_minus_x);
-          } else {
-            v = d[c] * expf(log_one_minus_gamma[c] + ls_x - gi[c] + ls_minus_x);
-            acc[c] += d[c] * expf(ls_minus_x - gi[c]);
-          }
+          const ForgetGateGrad fg = forget_gate_grad(x[c], gamma[c], log_gamma[c], log_one_minus_gamma[c]);
+          float total = p.dg ? d[c] : 0.f;
+          if (p.dk) total -= fg.lambda * dk[c];
+          const float v = total * fg.dg_df;
+          if (p.gamma_row) acc[c] += total * fg.dg_dgamma;
           df[c] = p.add_df ? df[c] + v : v;
         }
         if (p.df_hat) store_pack<V>(p.df_hat + base, pk, df);
@@ -272,7 +295,7 @@ __global__ void input_gate_forward_kernel(const G* __restrict__ g, K* __restrict
     float v[V];
     load_pack<V>(g, i, v);
 #pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = input_gate_value(v[j]);
+    for (int j = 0; j < V; ++j) v[j] = -expm1f(v[j]);  // relative precision near g = 0
     store_pack<V>(k, i, v);
   }
 }
@@ -287,7 +310,7 @@ __global__ void input_gate_backward_kernel(const G* __restrict__ g, const K* __r
     load_pack<V>(dk, i, dkv);
     if (add_dg) load_pack<V>(dg, i, acc);
 #pragma unroll
-    for (int j = 0; j < V; ++j) acc[j] = add_input_gate_grad(add_dg ? acc[j] : 0.f, gv[j], dkv[j]);
+    for (int j = 0; j < V; ++j) acc[j] = (add_dg ? acc[j] : 0.f) - expf(gv[j]) * dkv[j];
     store_pack<V>(dg, i, acc);
   }
 }
@@ -338,12 +361,11 @@ void cuda_hgrn2_gates_backward(const Hgrn2GatesBackwardArgs& a) {
   HGRN_CHECK(!a.dgamma_row || (a.gamma_row && a.workspace),
              "cuda_hgrn2_gates_backward: dgamma_row needs gamma_row and a workspace");
   HGRN_CHECK(!a.dq_hat || (a.q_hat && a.dq), "cuda_hgrn2_gates_backward: dq_hat needs q_hat and dq");
-  HGRN_CHECK(!(a.gamma_row || a.dk) || a.g, "cuda_hgrn2_gates_backward: a bound or dk needs g");
   const bool forget = (a.df_hat || a.dgamma_row) && (a.dg || a.dk);
   if (a.rows * a.width == 0 || (!forget && !a.dq_hat)) return;
   float* partials = forget && a.dgamma_row ? a.workspace : nullptr;
   const long long chunks = row_chunks(a.rows);
-  with_vec(vec_for(a.width, {a.q_hat, a.f_hat, a.gamma_row, a.g, a.dq, a.dg, a.dk, a.dq_hat, a.df_hat, partials}),
+  with_vec(vec_for(a.width, {a.q_hat, a.f_hat, a.gamma_row, a.dq, a.dg, a.dk, a.dq_hat, a.df_hat, partials}),
            [&](auto vec) {
     constexpr int V = decltype(vec)::value;
     const long long col_tiles = (a.width / V + kCols - 1) / kCols;
@@ -355,7 +377,6 @@ void cuda_hgrn2_gates_backward(const Hgrn2GatesBackwardArgs& a) {
       p.q_hat = static_cast<const act_t*>(a.q_hat);
       p.f_hat = static_cast<const act_t*>(a.f_hat);
       p.gamma_row = a.gamma_row;
-      p.g = a.g;
       p.dg = a.dg;
       p.dq = static_cast<const act_t*>(a.dq);
       p.dk = static_cast<const act_t*>(a.dk);

@@ -22,7 +22,7 @@ void cuda_hgrn2_gates_forward(const void* q_hat, const void* f_hat, DType dtype,
                               float* g, void* k, int64_t rows, int64_t width);
 // Floats of scratch cuda_hgrn2_gates_backward needs for γ's gradient (0 when no dgamma_row is asked for).
 int64_t cuda_hgrn2_gates_backward_workspace(int64_t rows, int64_t width);
-// The backward of cuda_hgrn2_gates_forward, one pass. Cotangents dq, dk (`dtype`) and dg (fp32) may each be null
+// The backward of cuda_hgrn2_gates_forward, one pass; g is recomputed from f̂, not read. Cotangents dq, dk (`dtype`) and dg (fp32) may each be null
 // (zero). g's whole gradient dg − exp(g)·dk goes into df_hat (+)= ·∂g/∂f̂ and dgamma_row += its sum over rows of
 // ·∂g/∂γ (fixed order, through `workspace`); dq_hat (+)= silu'(q̂)·dq. add_* true accumulates, false overwrites every
 // element (a fresh buffer). df_hat is written before dq_hat, element by element, so the two may alias (dq's add_dq
@@ -31,8 +31,7 @@ struct Hgrn2GatesBackwardArgs {
   const void* q_hat = nullptr;
   const void* f_hat = nullptr;
   DType dtype = DType::F32;
-  const float* gamma_row = nullptr;  // needs g; dgamma_row needs it
-  const float* g = nullptr;          // the forward's g (needed for a bound or dk)
+  const float* gamma_row = nullptr;  // dgamma_row needs it
   const void* dq = nullptr;
   const float* dg = nullptr;
   const void* dk = nullptr;

@@ -270,7 +270,6 @@ static Hgrn2Gates gates_on_gpu(Tape& tape, const Var& q_hat, const Var& f_hat, c
     Hgrn2GatesBackwardArgs a;
     a.f_hat = f_hat->value.raw_data();
     a.dtype = f_hat->value.dtype();
-    a.g = g->value.data<float>();
     a.rows = rows;
     a.width = width;
     Tensor workspace;
