@@ -21,7 +21,8 @@ constexpr long long kChunk = 4096;  // elements per block: 16 per thread
 constexpr size_t kTableAlign = 256;
 
 struct AdamWArgs {
-  double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay_factor, bias_correction1, bias_correction2;
+  double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay_factor, bias_correction1, bias_correction2,
+      grad_scale;
 };
 
 size_t table_bytes(int64_t count) {
@@ -41,23 +42,40 @@ __device__ __forceinline__ const MultiTensorSlot& slot_of_chunk(const MultiTenso
   return slots[lo];
 }
 
+// Each thread takes kAdamWBatch elements at a time, every load issued before any arithmetic: the fp64 divisions and
+// square root are long dependency chains, and the compiler cannot hoist the next element's loads above this one's
+// stores by itself (the four arrays may alias, for all it knows).
+constexpr int kAdamWBatch = 4;
+
 __global__ void adamw_kernel(const MultiTensorSlot* slots, int count, AdamWArgs a) {
   const MultiTensorSlot s = slot_of_chunk(slots, count, blockIdx.x);
   const long long begin = (blockIdx.x - s.first_chunk) * kChunk;
   const long long end = min(static_cast<long long>(s.n), begin + kChunk);
   const double decay_factor = s.decay ? a.decay_factor : 1.0;
-  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const double g = s.grad[i];
-    const double m = __dadd_rn(__dmul_rn(a.beta1, static_cast<double>(s.first[i])), __dmul_rn(a.one_minus_beta1, g));
-    const double v = __dadd_rn(__dmul_rn(a.beta2, static_cast<double>(s.second[i])),
-                               __dmul_rn(__dmul_rn(a.one_minus_beta2, g), g));
-    s.first[i] = __double2float_rn(m);
-    s.second[i] = __double2float_rn(v);
-    const double m_hat = __ddiv_rn(m, a.bias_correction1);
-    const double v_hat = __ddiv_rn(v, a.bias_correction2);
-    const double p = __dmul_rn(static_cast<double>(s.param[i]), decay_factor);
-    const double step = __ddiv_rn(__dmul_rn(a.lr, m_hat), __dadd_rn(__dsqrt_rn(v_hat), a.eps));
-    s.param[i] = __double2float_rn(__dsub_rn(p, step));
+  for (long long i0 = begin + threadIdx.x; i0 < end; i0 += (long long)blockDim.x * kAdamWBatch) {
+    float grad[kAdamWBatch], first[kAdamWBatch], second[kAdamWBatch], param[kAdamWBatch];
+#pragma unroll
+    for (int u = 0; u < kAdamWBatch; ++u) {
+      const long long i = i0 + (long long)u * blockDim.x;
+      if (i < end) grad[u] = s.grad[i], first[u] = s.first[i], second[u] = s.second[i], param[u] = s.param[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kAdamWBatch; ++u) {
+      const long long i = i0 + (long long)u * blockDim.x;
+      if (i >= end) continue;
+      // The gradient as clipping in place would have left it (scale_kernel's arithmetic): exact for grad_scale 1.
+      const double g = static_cast<double>(__double2float_rn(__dmul_rn(static_cast<double>(grad[u]), a.grad_scale)));
+      const double m = __dadd_rn(__dmul_rn(a.beta1, static_cast<double>(first[u])), __dmul_rn(a.one_minus_beta1, g));
+      const double v = __dadd_rn(__dmul_rn(a.beta2, static_cast<double>(second[u])),
+                                 __dmul_rn(__dmul_rn(a.one_minus_beta2, g), g));
+      s.first[i] = __double2float_rn(m);
+      s.second[i] = __double2float_rn(v);
+      const double m_hat = __ddiv_rn(m, a.bias_correction1);
+      const double v_hat = __ddiv_rn(v, a.bias_correction2);
+      const double p = __dmul_rn(static_cast<double>(param[u]), decay_factor);
+      const double step = __ddiv_rn(__dmul_rn(a.lr, m_hat), __dadd_rn(__dsqrt_rn(v_hat), a.eps));
+      s.param[i] = __double2float_rn(__dsub_rn(p, step));
+    }
   }
 }
 
@@ -135,12 +153,12 @@ size_t cuda_multi_tensor_workspace_bytes(int64_t count, int64_t elements) {
 
 void cuda_adamw_update(const MultiTensorSlot* slots, int64_t count, void* workspace, double lr, double beta1,
                        double beta2, double eps, double decay_factor, double bias_correction1,
-                       double bias_correction2) {
+                       double bias_correction2, double grad_scale) {
   if (count == 0) return;
   const long long chunks = upload_table(slots, count, workspace);
   if (chunks == 0) return;
   const AdamWArgs args{lr, beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, decay_factor, bias_correction1,
-                       bias_correction2};
+                       bias_correction2, grad_scale};
   adamw_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, cuda_stream()>>>(
       static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), args);
   CUDA_CHECK_LAUNCH("adamw");

@@ -21,10 +21,11 @@ struct MultiTensorSlot {
 size_t cuda_multi_tensor_workspace_bytes(int64_t count, int64_t elements);
 
 // AdamW for every slot, in double with IEEE-rounded operations in the CPU's order (optimizer.cpp's adamw_update):
+// g = float(grad · grad_scale) (the gradient clipping would have left; grad itself is not written);
 // m = b1 m + (1-b1) g; v = b2 v + ((1-b2) g) g; p = p * (decay ? decay_factor : 1) - lr (m/bc1) / (sqrt(v/bc2) + eps).
 void cuda_adamw_update(const MultiTensorSlot* slots, int64_t count, void* workspace, double lr, double beta1,
                        double beta2, double eps, double decay_factor, double bias_correction1,
-                       double bias_correction2);
+                       double bias_correction2, double grad_scale);
 // Σ grad² over every slot, in double, reduced in an order fixed by the slots' sizes alone (bitwise reproducible).
 // Waits for the result (one device-to-host copy).
 double cuda_grad_sum_of_squares(const MultiTensorSlot* slots, int64_t count, void* workspace);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "gradcheck.h"
 #include "train/optimizer.h"
 
 namespace hgrn {
@@ -212,6 +213,42 @@ TEST(ClipGradNorm, ReturnsGlobalNormAndScalesOnlyAboveMax) {
   EXPECT_NEAR(b->grad.item(0), 12.0 * factor, 1e-6);
   EXPECT_FALSE(no_grad->grad.defined());
   EXPECT_NEAR(clip_grad_norm(params, 0.0), 6.5, 1e-5);
+}
+
+// Clipping folded into the update (what training does): step(lr, clip_factor) on unscaled gradients gives the same
+// bits as clip_grad_norm's in-place scaling followed by step(lr), in fp32 and fp64, and leaves the gradients alone.
+TEST(ClipGradNorm, FoldedIntoTheStepGivesTheSameBitsAsScalingInPlace) {
+  constexpr double kMaxNorm = 50.0;  // the gradients' norms fall from ~80 to ~20 over the four steps
+  for (DType dtype : {DType::F32, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Rng rng(91);
+    const Tensor init = testing::random_tensor(rng, {300, 7}, 0.5, dtype);
+    Var in_place = make_var(init.clone(), true, "in_place"), folded = make_var(init.clone(), true, "folded");
+    AdamW opt_in_place({{in_place, true}}, AdamWConfig{}), opt_folded({{folded, true}}, AdamWConfig{});
+    int clipped = 0;
+    for (int step = 1; step <= 4; ++step) {
+      const Tensor grad = testing::random_tensor(rng, {300, 7}, 3.0 / step, dtype);
+      grad_buffer(in_place).copy_from(grad);
+      grad_buffer(folded).copy_from(grad);
+      const double norm = clip_grad_norm(opt_in_place.params(), kMaxNorm);
+      opt_in_place.step(1e-2);
+      const GradNorm gn = grad_norm_and_clip_factor(opt_folded.params(), kMaxNorm);
+      EXPECT_EQ(gn.norm, norm);
+      EXPECT_EQ(gn.clip_factor == 1.0, norm <= kMaxNorm) << "step " << step << ", norm " << norm;
+      clipped += gn.clip_factor < 1.0;
+      opt_folded.step(1e-2, gn.clip_factor);
+      EXPECT_EQ(folded->grad.to_double_vector(), grad.to_double_vector()) << "the gradient must not be written";
+      EXPECT_EQ(folded->value.to_double_vector(), in_place->value.to_double_vector()) << "step " << step;
+      EXPECT_EQ(opt_folded.second_moments()[0].to_double_vector(), opt_in_place.second_moments()[0].to_double_vector());
+    }
+    EXPECT_GT(clipped, 0);
+    EXPECT_LT(clipped, 4);  // both kinds of step
+  }
+  Var p = make_var(Tensor::zeros({2}, DType::F32), true);
+  grad_buffer(p);
+  AdamW opt({{p, true}}, AdamWConfig{});
+  EXPECT_THROW(opt.step(1e-2, 0.0), Error);
+  EXPECT_THROW(opt.step(1e-2, std::nan("")), Error);
 }
 
 TEST(ClipGradNorm, LargeGradientIsDeterministic) {

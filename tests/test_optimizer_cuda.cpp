@@ -162,6 +162,39 @@ TEST(OptimizerCuda, ClipGradNormMatchesCpu) {
   EXPECT_FALSE(gpu.vars[kNoGrad]->grad.defined());
 }
 
+// Clipping folded into the update on the GPU: the same result as the CPU's in-place scaling followed by its step
+// (to the tolerance of AdamWMatchesCpuStepByStep; the clip factors may differ in their last double bits), and the
+// GPU gradients are not written.
+TEST(OptimizerCuda, FoldedClipMatchesTheCpusScaleThenStep) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(404);
+  const std::vector<Tensor> init = random_init(rng);
+  Params cpu = make_params(init, Device::CPU), gpu = make_params(init, Device::CUDA);
+  AdamW cpu_opt(cpu.refs, kConfig), gpu_opt(gpu.refs, kConfig);
+  int clipped = 0;
+  for (int t = 1; t <= 5; ++t) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    const std::vector<Tensor> grads = random_grads(rng, t % 2 ? 3.0 : 1e-3);  // clipped and unclipped steps
+    set_grads(cpu, grads);
+    set_grads(gpu, grads);
+    const double cpu_norm = clip_grad_norm(cpu.refs, 1.0);
+    cpu_opt.step(3e-2 / t);
+    const GradNorm gn = grad_norm_and_clip_factor(gpu.refs, 1.0);
+    EXPECT_NEAR(gn.norm, cpu_norm, 1e-12 * cpu_norm);
+    clipped += gn.clip_factor < 1.0;
+    gpu_opt.step(3e-2 / t, gn.clip_factor);
+    for (size_t i = 0; i < init.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "param " << i);
+      expect_close(gpu.vars[i]->value, cpu.vars[i]->value, 1e-6, 1e-6 * max_abs(cpu.vars[i]->value), "param");
+      expect_close(gpu_opt.second_moments()[i], cpu_opt.second_moments()[i], 1e-6,
+                   1e-6 * max_abs(cpu_opt.second_moments()[i]), "second moment");
+      if (i != kNoGrad) EXPECT_TRUE(same_bits(gpu.vars[i]->grad, grads[i])) << "the gradient must not be written";
+    }
+  }
+  EXPECT_GE(clipped, 2);
+  EXPECT_LT(clipped, 5);
+}
+
 TEST(OptimizerCuda, ClipAndStepAreBitwiseReproducible) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(403);

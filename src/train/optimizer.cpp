@@ -27,12 +27,19 @@ std::string param_label(const ParamRef& ref, size_t index) {
   return detail::concat("#", index);
 }
 
+// The gradient element that scale_in_place(·, factor) would leave: exactly the element for factor 1.
+template <typename T>
+inline double scaled(T g, double factor) {
+  return static_cast<double>(static_cast<T>(static_cast<double>(g) * factor));
+}
+
 template <typename T>
 void adamw_update(T* param, const T* grad, T* first, T* second, int64_t n, double lr, double beta1, double beta2,
-                  double eps, double decay_factor, double bias_correction1, double bias_correction2) {
+                  double eps, double decay_factor, double bias_correction1, double bias_correction2,
+                  double grad_scale) {
 #pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) {
-    const double g = grad[i];
+    const double g = scaled(grad[i], grad_scale);
     const double m = beta1 * static_cast<double>(first[i]) + (1.0 - beta1) * g;
     const double v = beta2 * static_cast<double>(second[i]) + (1.0 - beta2) * g * g;
     first[i] = static_cast<T>(m);
@@ -68,7 +75,7 @@ double sum_of_squares(const T* data, int64_t n) {
 template <typename T>
 void scale_in_place(T* data, int64_t n, double factor) {
 #pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
-  for (int64_t i = 0; i < n; ++i) data[i] = static_cast<T>(static_cast<double>(data[i]) * factor);
+  for (int64_t i = 0; i < n; ++i) data[i] = static_cast<T>(scaled(data[i], factor));
 }
 
 void check_grad_matches(const ParamRef& ref, size_t index) {
@@ -130,8 +137,10 @@ AdamW::AdamW(std::vector<ParamRef> params, AdamWConfig config) : params_(std::mo
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale) {
   HGRN_CHECK(std::isfinite(lr) && lr >= 0.0, "AdamW: learning rate must be finite and non-negative, got ", lr);
+  HGRN_CHECK(std::isfinite(grad_scale) && grad_scale > 0.0, "AdamW: gradient scale must be finite and positive, got ",
+             grad_scale);
   const int64_t t = step_count_ + 1;
   const double bias_correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(t));
   const double bias_correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(t));
@@ -158,7 +167,7 @@ void AdamW::step(double lr) {
       adamw_update<scalar_t>(p.data<scalar_t>() + ref.begin, ref.param->grad.data<scalar_t>() + ref.begin,
                              first_moments_[i].data<scalar_t>(), second_moments_[i].data<scalar_t>(), n, lr,
                              config_.beta1, config_.beta2, config_.eps, decay_factor, bias_correction1,
-                             bias_correction2);
+                             bias_correction2, grad_scale);
     });
   }
 #ifdef HGRN_WITH_CUDA
@@ -166,7 +175,7 @@ void AdamW::step(double lr) {
     Tensor workspace = gpu.workspace();
     cuda_adamw_update(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data(), lr,
                       config_.beta1, config_.beta2, config_.eps, 1.0 - lr * config_.weight_decay, bias_correction1,
-                      bias_correction2);
+                      bias_correction2, grad_scale);
   }
 #endif
   step_count_ = t;
@@ -203,8 +212,8 @@ void AdamW::load_state(std::vector<Tensor> first_moments, std::vector<Tensor> se
   step_count_ = step_count;
 }
 
-double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
-                      const std::function<double(double)>& total_over_ranks) {
+GradNorm grad_norm_and_clip_factor(const std::vector<ParamRef>& params, double max_norm,
+                                   const std::function<double(double)>& total_over_ranks) {
   double total = 0.0;
   [[maybe_unused]] GpuSlots gpu;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -232,9 +241,8 @@ double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
 #ifdef HGRN_WITH_CUDA
   // The GPU's share is summed on the device (fixed order) and comes back as one number: the host needs the norm
   // anyway, for the clip decision and the log.
-  Tensor workspace;
   if (!gpu.slots.empty()) {
-    workspace = gpu.workspace();
+    Tensor workspace = gpu.workspace();
     total += cuda_grad_sum_of_squares(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data());
   }
 #endif
@@ -242,21 +250,37 @@ double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
   const double norm = std::sqrt(total);
   // A non-finite norm is returned unclipped: scaling by max_norm / inf would silently zero the gradients, while
   // the caller can see the inf/nan and skip the step.
-  if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {
-    const double factor = max_norm / (norm + 1e-6);
-    for (const ParamRef& ref : params) {
-      if (!ref.param->grad.defined() || ref.updated_elements() == 0) continue;
-      const Tensor g = updated_range(ref, ref.param->grad);
-      if (g.device() == Device::CUDA) continue;  // all GPU gradients at once, below
-      HGRN_DISPATCH_FLOAT(g.dtype(), "clip_grad_norm",
-                          [&] { scale_in_place(g.data<scalar_t>(), g.numel(), factor); });
-    }
+  const bool clip = max_norm > 0.0 && std::isfinite(norm) && norm > max_norm;
+  return {norm, clip ? max_norm / (norm + 1e-6) : 1.0};
+}
+
+double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
+                      const std::function<double(double)>& total_over_ranks) {
+  const GradNorm r = grad_norm_and_clip_factor(params, max_norm, total_over_ranks);
+  if (r.clip_factor == 1.0) return r.norm;
+  [[maybe_unused]] GpuSlots gpu;
+  for (const ParamRef& ref : params) {
+    if (!ref.param->grad.defined() || ref.updated_elements() == 0) continue;
+    const Tensor g = updated_range(ref, ref.param->grad);
+    if (g.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-    if (!gpu.slots.empty())
-      cuda_scale_grads(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data(), factor);
+      MultiTensorSlot slot;  // all GPU gradients at once, below
+      slot.grad = g.data<float>();
+      slot.n = g.numel();
+      gpu.add(slot);
 #endif
+      continue;
+    }
+    HGRN_DISPATCH_FLOAT(g.dtype(), "clip_grad_norm",
+                        [&] { scale_in_place(g.data<scalar_t>(), g.numel(), r.clip_factor); });
   }
-  return norm;
+#ifdef HGRN_WITH_CUDA
+  if (!gpu.slots.empty()) {
+    Tensor workspace = gpu.workspace();
+    cuda_scale_grads(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data(), r.clip_factor);
+  }
+#endif
+  return r.norm;
 }
 
 std::vector<ParamRef> make_param_groups(const std::vector<std::pair<ParamSpec, Var>>& params, bool decay_embeddings) {

@@ -40,7 +40,9 @@ class AdamW {
   // new step count. A parameter whose gradient is undefined is left alone, moments included. The bias
   // correction uses the optimiser's single step count (it is what a checkpoint stores), which equals each
   // parameter's own count whenever every parameter receives a gradient on every step, as in training.
-  void step(double lr);
+  // grad_scale: the update uses each gradient element as clip_grad_norm's scaling would leave it (the same bits),
+  // without writing the gradients: clipping folded into the update's one pass (grad_norm_and_clip_factor).
+  void step(double lr, double grad_scale = 1.0);
   // Zeroes every defined gradient buffer in place (the allocation is kept for the next accumulation).
   void zero_grad();
   int64_t step_count() const { return step_count_; }
@@ -71,6 +73,15 @@ class AdamW {
 // `total_over_ranks` turns this process's sum of squares into the sum over all ranks' ranges.
 double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
                       const std::function<double(double)>& total_over_ranks = nullptr);
+
+// clip_grad_norm's measurement without the scaling: the norm and the factor clipping applies (1 when the norm is at
+// most max_norm, max_norm <= 0 or the norm is not finite), for AdamW::step(lr, clip_factor), which saves a pass
+// over the gradients.
+struct GradNorm {
+  double norm = 0.0, clip_factor = 1.0;
+};
+GradNorm grad_norm_and_clip_factor(const std::vector<ParamRef>& params, double max_norm,
+                                   const std::function<double(double)>& total_over_ranks = nullptr);
 
 // ParamRefs for the model's named parameters: Mixer, Mlp and LmHead weights decay; Norm and LowerBound never do;
 // Embedding decays only when decay_embeddings (a tied lm_head is the embedding, so it follows the same switch).

@@ -182,8 +182,11 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
   }
   {
     TraceRange trace("optimizer");
-    r.grad_norm = clip_grad_norm(optimizer.params(), tc.grad_clip, dp ? dp->grad_norm_total() : nullptr);
-    optimizer.step(lr);
+    // Clipping is folded into the update: the gradients are read once more, not scaled in place first.
+    const GradNorm gn =
+        grad_norm_and_clip_factor(optimizer.params(), tc.grad_clip, dp ? dp->grad_norm_total() : nullptr);
+    r.grad_norm = gn.norm;
+    optimizer.step(lr, gn.clip_factor);
   }
   if (dp && dp->zero1()) {
     TraceRange trace("weight all-gather");
