@@ -1,6 +1,6 @@
 // rmsnorm.cu: RMSNorm and add + RMSNorm forward and backward (rmsnorm.h), llm.c-style.
-// Rows up to kWarpMaxWidth wide (the model's D) take one warp per row with the row held in registers as 16-byte
-// packs: one pass over the inputs, the row statistics (Σx², Σ dy·w·x̂) are warp shuffles, and the backward folds the
+// Rows up to 256 16-byte packs wide (2048 bf16 or 1024 fp32 values: the model's D) take one warp per row with the
+// row held in registers as packs: one pass over the inputs, the row statistics (Σx², Σ dy·w·x̂) are warp shuffles, and the backward folds the
 // weight gradient into the same pass (a lane owns the same columns in every row, so it sums dy ⊙ x̂ in registers).
 // Other widths or unaligned views take one block per row (loops, block reductions) and a separate weight-gradient
 // pass. Either way the weight gradient Σ_rows dy ⊙ x̂ is summed without atomics, in fixed chunks of rows into an fp32
@@ -126,10 +126,10 @@ __global__ void rmsnorm_dw_partial_kernel(const T* x, const float* rstd, const T
 // The second pass (dw[c] += Σ_chunks partial[chunk, c]) is chunk_sums.cuh's, with 16 lanes.
 constexpr int kFinalLanes = 16;
 
-// ---- one warp per row (width <= kWarpMaxWidth, width a multiple of the pack, 16-byte aligned) -------------------
+// ---- one warp per row (at most kMaxWarpPacks packs per lane, width a multiple of the pack, 16-byte aligned) ----
 // Lane l holds packs l, l + 32, …, l + 32 (P − 1) of its row (coalesced: a warp's p-th access is 512 contiguous
 // bytes); packs past the row's end are skipped. Inputs stay in registers as packs (bf16 takes half the registers).
-constexpr int kWarpMaxWidth = 1024;
+constexpr int kMaxWarpPacks = 8;      // 64 bf16 or 32 fp32 values per lane: rows up to 2048 bf16 / 1024 fp32 wide
 constexpr int kRowWarps = 8;          // warps per block
 constexpr int kWarpChunkRows = 64;    // rows per backward block: the weight gradient's chunk (fixes its bits)
 
@@ -225,16 +225,25 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
-// Backward: block b takes rows [b·kWarpChunkRows, +kWarpChunkRows), warp i of them rows i, i + kRowWarps, …; with
-// partial non-null (weight gradient wanted; needs dy) it writes the chunk's Σ dy ⊙ x̂ to partial[b, :], warps added
-// in warp order. dx0 is stored before dx1 is read (one thread per element), so the two may alias.
+// Warps per backward block: kRowWarps, halved where their weight-gradient rows (32 P V floats each) would pass 32 KB
+// of shared memory (bf16 rows over 1024 wide), which also leaves those register-heavy warps the registers they need.
 template <typename T, int P>
-__global__ void __launch_bounds__(kRowWarps * 32, 2)
+__host__ __device__ constexpr int backward_row_warps() {
+  return 32 * P * (16 / static_cast<int>(sizeof(T))) * kRowWarps * 4 <= 32768 ? kRowWarps : kRowWarps / 2;
+}
+
+// Backward: block b takes rows [b·kWarpChunkRows, +kWarpChunkRows), warp i of them rows i, i + W, … (W =
+// backward_row_warps); with partial non-null (weight gradient wanted; needs dy) it writes the chunk's Σ dy ⊙ x̂ to
+// partial[b, :], warps added in warp order. dx0 is stored before dx1 is read (one thread per element), so the two may
+// alias.
+template <typename T, int P>
+__global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
     rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, const T* dsum, T* dx0,
                                  T* dx1, bool add0, bool add1, float* partial, long long rows, int width) {
   constexpr int V = 16 / sizeof(T);
+  constexpr int W = backward_row_warps<T, P>();
   using PackT = Pack<T, V>;
-  __shared__ __align__(16) float warp_dw[kRowWarps][32 * P * V];  // at most 8 · 1024 floats = 32 KB
+  __shared__ __align__(16) float warp_dw[W][32 * P * V];  // at most 32 KB
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int row_packs = width / V;
   // Registers bound the occupancy here, so the weight is re-read (from L1) where it is used, and each lane sums its
@@ -247,7 +256,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, 2)
       for (int q = 0; q < V / 4; ++q) reinterpret_cast<float4*>(dw + (p * 32 + lane) * V)[q] = make_float4(0.f, 0.f, 0.f, 0.f);
   const long long r_begin = blockIdx.x * (long long)kWarpChunkRows;
   const long long r_end = min(rows, r_begin + kWarpChunkRows);
-  for (long long row = r_begin + warp; row < r_end; row += kRowWarps) {
+  for (long long row = r_begin + warp; row < r_end; row += W) {
     const long long base = row * width;
     PackT xp[P], dyp[P], dsp[P];
 #pragma unroll
@@ -329,35 +338,32 @@ __global__ void __launch_bounds__(kRowWarps * 32, 2)
   __syncthreads();
   for (int c = threadIdx.x; c < width; c += blockDim.x) {
     float total = 0.f;
-    for (int i = 0; i < kRowWarps; ++i) total += warp_dw[i][c];
+    for (int i = 0; i < W; ++i) total += warp_dw[i][c];
     partial[blockIdx.x * (long long)width + c] = total;
   }
 }
 
-// Packs per lane for the warp path, 0 when the row does not qualify. At most 32 elements per lane, to keep the row
-// (and the weight and its gradient) in registers.
+// Packs per lane for the warp path, 0 when the row does not qualify. At most kMaxWarpPacks, to keep the row in
+// registers.
 template <typename T>
 int warp_packs(int64_t width, std::initializer_list<const void*> pointers) {
   constexpr int V = 16 / sizeof(T);
-  if (width > kWarpMaxWidth || width % V != 0) return 0;
+  if (width % V != 0) return 0;
   for (const void* p : pointers)
     if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
-  for (int packs = 1; packs * V <= 32; packs *= 2)
+  for (int packs = 1; packs <= kMaxWarpPacks; packs *= 2)
     if (32 * packs * V >= width) return packs;
   return 0;
 }
 
-// Calls f(std::integral_constant<int, P>{}) for the P warp_packs chose (1, 2, 4 or 8 with 8 only for fp32).
-template <typename T, typename F>
+// Calls f(std::integral_constant<int, P>{}) for the P warp_packs chose (1, 2, 4 or 8).
+template <typename F>
 void with_packs(int packs, F&& f) {
-  constexpr int V = 16 / sizeof(T);
   switch (packs) {
     case 1: f(std::integral_constant<int, 1>{}); break;
     case 2: f(std::integral_constant<int, 2>{}); break;
     case 4: f(std::integral_constant<int, 4>{}); break;
-    default:
-      if constexpr (8 * V <= 32) f(std::integral_constant<int, 8>{});
-      break;
+    default: f(std::integral_constant<int, 8>{}); break;
   }
 }
 
@@ -391,7 +397,7 @@ void cuda_rmsnorm_forward(const void* x, const void* delta, void* sum, const flo
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm", [&] {
     const int packs = warp_packs<act_t>(width, {x, delta, sum, weight, y});
     if (packs > 0) {
-      with_packs<act_t>(packs, [&](auto p) {
+      with_packs(packs, [&](auto p) {
         rmsnorm_forward_warp_kernel<act_t, decltype(p)::value>
             <<<warp_row_blocks(rows), kRowWarps * 32, 0, cuda_stream()>>>(
                 static_cast<const act_t*>(x), static_cast<const act_t*>(delta), static_cast<act_t*>(sum), weight,
@@ -425,9 +431,10 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
       Tensor partial;
       if (want_dw) partial = Tensor::empty({chunks, width}, DType::F32, Device::CUDA);
       float* partial_data = want_dw ? static_cast<float*>(partial.raw_data()) : nullptr;
-      with_packs<act_t>(packs, [&](auto p) {
-        rmsnorm_backward_warp_kernel<act_t, decltype(p)::value>
-            <<<static_cast<unsigned>(chunks), kRowWarps * 32, 0, cuda_stream()>>>(
+      with_packs(packs, [&](auto p) {
+        constexpr int P = decltype(p)::value;
+        rmsnorm_backward_warp_kernel<act_t, P>
+            <<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, 0, cuda_stream()>>>(
                 xt, weight, rstd, dyt,
                 want_dx ? static_cast<const act_t*>(dsum) : nullptr, want_dx ? static_cast<act_t*>(dx0) : nullptr,
                 want_dx ? static_cast<act_t*>(dx1) : nullptr, add0, add1, partial_data, rows,

@@ -36,7 +36,7 @@ TEST(RmsNormCuda, MatchesCpuReference) {
   Rng rng(101);
   for (DType dtype : {DType::F32, DType::BF16}) {
     for (int64_t rows : {1, 63, 65, 2047}) {
-      for (int64_t width : {96, 200, 771, 1024}) {
+      for (int64_t width : {96, 200, 771, 1024, 1544, 2048}) {
         for (bool with_weight : {true, false}) {
           SCOPED_TRACE(case_name(dtype, rows, width, with_weight));
           // The values the GPU sees: activations rounded to the act dtype, the weight (a parameter) to fp32.
@@ -92,7 +92,7 @@ TEST(AddRmsNormCuda, MatchesCpuReference) {
   Rng rng(102);
   for (DType dtype : {DType::F32, DType::BF16}) {
     for (int64_t rows : {1, 63, 65, 2047}) {
-      for (int64_t width : {96, 200, 771, 1024}) {
+      for (int64_t width : {96, 200, 771, 1024, 1544, 2048}) {
         for (bool with_weight : {true, false}) {
           // Which outputs reach the loss: both, only normed (the sum's grad stays undefined), only the sum.
           for (int used : {0, 1, 2}) {
