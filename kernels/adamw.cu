@@ -42,6 +42,12 @@ __device__ __forceinline__ const MultiTensorSlot& slot_of_chunk(const MultiTenso
   return slots[lo];
 }
 
+// A gradient element as clipping leaves it, float(g · factor) in IEEE double (the CPU's `scaled`): scale_kernel
+// writes it, adamw_kernel uses it in place of the element (exactly the element for factor 1).
+__device__ __forceinline__ float scaled_grad(float g, double factor) {
+  return __double2float_rn(__dmul_rn(static_cast<double>(g), factor));
+}
+
 // Each thread takes kAdamWBatch elements at a time, every load issued before any arithmetic: the fp64 divisions and
 // square root are long dependency chains, and the compiler cannot hoist the next element's loads above this one's
 // stores by itself (the four arrays may alias, for all it knows).
@@ -63,8 +69,7 @@ __global__ void adamw_kernel(const MultiTensorSlot* slots, int count, AdamWArgs 
     for (int u = 0; u < kAdamWBatch; ++u) {
       const long long i = i0 + (long long)u * blockDim.x;
       if (i >= end) continue;
-      // The gradient as clipping in place would have left it (scale_kernel's arithmetic): exact for grad_scale 1.
-      const double g = static_cast<double>(__double2float_rn(__dmul_rn(static_cast<double>(grad[u]), a.grad_scale)));
+      const double g = scaled_grad(grad[u], a.grad_scale);
       const double m = __dadd_rn(__dmul_rn(a.beta1, static_cast<double>(first[u])), __dmul_rn(a.one_minus_beta1, g));
       const double v = __dadd_rn(__dmul_rn(a.beta2, static_cast<double>(second[u])),
                                  __dmul_rn(__dmul_rn(a.one_minus_beta2, g), g));
@@ -118,7 +123,7 @@ __global__ void scale_kernel(const MultiTensorSlot* slots, int count, double fac
   const long long begin = (blockIdx.x - s.first_chunk) * kChunk;
   const long long end = min(static_cast<long long>(s.n), begin + kChunk);
   for (long long i = begin + threadIdx.x; i < end; i += blockDim.x)
-    s.grad[i] = __double2float_rn(__dmul_rn(static_cast<double>(s.grad[i]), factor));
+    s.grad[i] = scaled_grad(s.grad[i], factor);
 }
 
 // Copies the slot table (with first_chunk filled in) to the start of the workspace; returns the chunk count.

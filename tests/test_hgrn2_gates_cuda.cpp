@@ -95,6 +95,23 @@ TEST(Hgrn2GatesCuda, LowerBoundMatchesCpuFp64) {
 enum class Bound { None, Layer0, Layer3 };
 const char* bound_name(Bound b) { return b == Bound::None ? "no gamma" : b == Bound::Layer0 ? "layer 0" : "layer 3"; }
 
+// The cases every [rows, F] gate test runs: both activation dtypes; rows 1, 63, 65 (as [5, 13, F]: leading axes are
+// flattened into rows) and 2047; widths 96, 200 (4-channel packs) and 771 (one channel); no bound, layer 0, layer 3.
+template <typename Body>
+void for_each_gate_case(Body&& body) {
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (int64_t rows : {1, 63, 65, 2047}) {
+      for (int64_t width : {96, 200, 771}) {
+        for (Bound bound : {Bound::None, Bound::Layer0, Bound::Layer3}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(act) << ", rows " << rows << ", F " << width << ", "
+                                          << bound_name(bound));
+          body(act, rows == 65 ? Shape{5, 13, width} : Shape{rows, width}, width, bound);
+        }
+      }
+    }
+  }
+}
+
 struct GateResult {
   Var f_hat, gamma, g;
 };
@@ -116,37 +133,27 @@ TEST(Hgrn2GatesCuda, ForgetGateMatchesCpuFp64) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(302);
   const int64_t layers = 5;
-  for (DType act : {DType::F32, DType::BF16}) {
-    for (int64_t rows : {1, 63, 65, 2047}) {
-      for (int64_t width : {96, 200, 771}) {
-        for (Bound bound : {Bound::None, Bound::Layer0, Bound::Layer3}) {
-          SCOPED_TRACE(::testing::Message() << dtype_name(act) << ", rows " << rows << ", F " << width << ", "
-                                          << bound_name(bound));
-          // 65 rows as [5, 13, F]: leading axes are flattened into rows.
-          const Shape shape = rows == 65 ? Shape{5, 13, width} : Shape{rows, width};
-          const Tensor f_hat = random_tensor(rng, shape, 3.0);
-          const Tensor gamma = random_gamma(rng, layers, width);
-          const Tensor seed = f32_exact(random_tensor(rng, shape));
-          GateResult ref = run_forget_gate(f_hat, gamma, bound, seed, Device::CPU, act);
-          GateResult got = run_forget_gate(f_hat, gamma, bound, seed, Device::CUDA, act);
-          ASSERT_EQ(got.g->value.dtype(), DType::F32) << "g is fp32 on the GPU whatever the activation dtype";
+  for_each_gate_case([&](DType act, const Shape& shape, int64_t width, Bound bound) {
+    const Tensor f_hat = random_tensor(rng, shape, 3.0);
+    const Tensor gamma = random_gamma(rng, layers, width);
+    const Tensor seed = f32_exact(random_tensor(rng, shape));
+    GateResult ref = run_forget_gate(f_hat, gamma, bound, seed, Device::CPU, act);
+    GateResult got = run_forget_gate(f_hat, gamma, bound, seed, Device::CUDA, act);
+    ASSERT_EQ(got.g->value.dtype(), DType::F32) << "g is fp32 on the GPU whatever the activation dtype";
 
-          // g is computed in fp32 from exactly the reference's inputs: a few ulp, also for bf16 activations.
-          expect_close(got.g->value, ref.g->value, 1e-5, 1e-5 * std::max(1.0, max_abs(ref.g->value)), "g");
-          // df_hat in the activation dtype: fp32 a few ulp; bf16 one rounding (2^-9 relative) of each element.
-          const double df_tol = act == DType::F32 ? 1e-5 : 1e-2;
-          expect_close(got.f_hat->grad, ref.f_hat->grad, df_tol, df_tol * max_abs(ref.f_hat->grad), "df_hat");
-          if (bound == Bound::Layer3) {
-            // fp32 sums over the rows in fixed blocks: error far below 1e-5 of the largest channel sum.
-            ASSERT_TRUE(got.gamma->grad.defined());
-            expect_close(got.gamma->grad, ref.gamma->grad, 1e-5, 1e-5 * max_abs(ref.gamma->grad), "dgamma");
-          } else if (bound == Bound::Layer0) {
-            EXPECT_FALSE(got.gamma->grad.defined()) << "layer 0 must not touch gamma's gradient";
-          }
-        }
-      }
+    // g is computed in fp32 from exactly the reference's inputs: a few ulp, also for bf16 activations.
+    expect_close(got.g->value, ref.g->value, 1e-5, 1e-5 * std::max(1.0, max_abs(ref.g->value)), "g");
+    // df_hat in the activation dtype: fp32 a few ulp; bf16 one rounding (2^-9 relative) of each element.
+    const double df_tol = act == DType::F32 ? 1e-5 : 1e-2;
+    expect_close(got.f_hat->grad, ref.f_hat->grad, df_tol, df_tol * max_abs(ref.f_hat->grad), "df_hat");
+    if (bound == Bound::Layer3) {
+      // fp32 sums over the rows in fixed blocks: error far below 1e-5 of the largest channel sum.
+      ASSERT_TRUE(got.gamma->grad.defined());
+      expect_close(got.gamma->grad, ref.gamma->grad, 1e-5, 1e-5 * max_abs(ref.gamma->grad), "dgamma");
+    } else if (bound == Bound::Layer0) {
+      EXPECT_FALSE(got.gamma->grad.defined()) << "layer 0 must not touch gamma's gradient";
     }
-  }
+  });
 }
 
 // Saturated and degenerate inputs: f̂ = ±30 (σ underflows to e^-30), γ = 0 (a bound that rounded to 0), tiny γ,
@@ -347,28 +354,19 @@ TEST(Hgrn2GatesCuda, FusedGatesMatchCpuFp64) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(307);
   const int64_t layers = 5;
-  for (DType act : {DType::F32, DType::BF16}) {
-    for (int64_t rows : {1, 63, 65, 2047}) {
-      for (int64_t width : {96, 200, 771}) {
-        for (Bound bound : {Bound::None, Bound::Layer0, Bound::Layer3}) {
-          SCOPED_TRACE(::testing::Message() << dtype_name(act) << ", rows " << rows << ", F " << width << ", "
-                                          << bound_name(bound));
-          const Shape shape = rows == 65 ? Shape{5, 13, width} : Shape{rows, width};
-          const Tensor q_hat = random_tensor(rng, shape, 3.0), f_hat = random_tensor(rng, shape, 3.0);
-          const Tensor gamma = random_gamma(rng, layers, width);
-          const Tensor dq = random_tensor(rng, shape), dg = f32_exact(random_tensor(rng, shape));
-          const Tensor dk = random_tensor(rng, shape);
-          const Cotangents all;
-          FusedResult ref = run_fused(q_hat, f_hat, gamma, bound, dq, dg, dk, {}, {}, all, Device::CPU, act);
-          FusedResult got = run_fused(q_hat, f_hat, gamma, bound, dq, dg, dk, {}, {}, all, Device::CUDA, act);
-          ASSERT_EQ(got.out.g->value.dtype(), DType::F32);
-          ASSERT_EQ(got.out.q->value.dtype(), act);
-          ASSERT_EQ(got.out.k->value.dtype(), act);
-          expect_fused_match(got, ref, all, bound, act);
-        }
-      }
-    }
-  }
+  for_each_gate_case([&](DType act, const Shape& shape, int64_t width, Bound bound) {
+    const Tensor q_hat = random_tensor(rng, shape, 3.0), f_hat = random_tensor(rng, shape, 3.0);
+    const Tensor gamma = random_gamma(rng, layers, width);
+    const Tensor dq = random_tensor(rng, shape), dg = f32_exact(random_tensor(rng, shape));
+    const Tensor dk = random_tensor(rng, shape);
+    const Cotangents all;
+    FusedResult ref = run_fused(q_hat, f_hat, gamma, bound, dq, dg, dk, {}, {}, all, Device::CPU, act);
+    FusedResult got = run_fused(q_hat, f_hat, gamma, bound, dq, dg, dk, {}, {}, all, Device::CUDA, act);
+    ASSERT_EQ(got.out.g->value.dtype(), DType::F32);
+    ASSERT_EQ(got.out.q->value.dtype(), act);
+    ASSERT_EQ(got.out.k->value.dtype(), act);
+    expect_fused_match(got, ref, all, bound, act);
+  });
 }
 
 // Some cotangents absent (their part counts as zero, an output nobody needs leaves its input's gradient alone),
