@@ -23,9 +23,10 @@
 // j <= i, so no e^{positive} (and no 0·inf) exists.
 // Determinism: no atomics; every sum has a fixed order, so results are bitwise reproducible.
 //
-// Memory: the per-chunk states are fp32 [B·H, NT, K, V] (not bf16 as in fla's forward: stored as bf16 by scalar
-// stores and read back as such, they measured slower); the forward's are dropped after the output kernel and the
-// backward recomputes them (one more state pass) rather than keeping them across the step.
+// Memory: the forward's per-chunk states [B·H, NT, K, V] are stored in the activation dtype (bf16 as in fla's
+// forward: fwd_output only uses them rounded to it, so this is exact, and they reach its shared memory by cp.async);
+// they are dropped after the output kernel and the backward recomputes them in fp32 (one more state pass, whose fp32
+// values bwd_dqk's rowsum(S_p ⊙ dS_e) needs) rather than keeping them across the step.
 // The backward's scratch: the recomputed states, the state gradients (both B·H·NT·K·V fp32) and dA (B·H·NT·64·64
 // fp32); the forward keeps A (B·H·NT·64·64, in the activation dtype: exact, see Hgru2CudaForwardArgs::scores)
 // for the backward.
@@ -443,27 +444,54 @@ __device__ void tile_mma(WarpTile& C, const float* A, int lda, const float* B, i
   }
 }
 
-// O[64][64] += Σ_kt X[:, kt·64 : kt·64+64] · state[kt-tile rows][v0 .. v0+64) for one chunk's fp32 [K][V] state (or
-// state gradient); X is a full-K operand buffer [64][ldx]. Y is a shared operand tile used as staging; the next
-// K-tile is fetched while the current one is multiplied. Starts and ends with a barrier.
-template <typename In>
-__device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, const float* state, const Dims& d, int v0,
+// O[64][64] += Σ_kt X[:, kt·64 : kt·64+64] · state[kt-tile rows][v0 .. v0+64) for one chunk's [K][V] state (or
+// state gradient); X is a full-K operand buffer [64][ldx]. The next K-tile is fetched while the current one is
+// multiplied. fp32 states (State = float) pass through registers into Y, one shared operand tile, rounded to In;
+// states already in the operand dtype (bf16: the forward's) go straight to shared memory by cp.async, into Y and the
+// tile after it (two buffers). Starts and ends with a barrier.
+template <typename In, typename State>
+__device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, const State* state, const Dims& d, int v0,
                                          In* Y) {
   const int vcols = min(kTile, d.V - v0);
-  TileVec next;
-  auto fetch = [&](int kt) {
-    const int k0 = kt * kTile;
-    next.fetch(state + static_cast<int64_t>(k0) * d.V + v0, d.V, min(kTile, d.K - k0), vcols);
-  };
-  fetch(0);
-  for (int kt = 0; kt < d.nk; ++kt) {
+  constexpr int ldi = TileLd<In>::in;
+  if constexpr (!std::is_same_v<State, float>) {
+    static_assert(std::is_same_v<State, In>, "states are fp32 or in the operand dtype");
+    const bool async = async_copyable<In>(state, d.V, d.V, ldi);
+    auto stage = [&](int kt) {
+      const int k0 = kt * kTile;
+      stage_tile(Y + (kt & 1) * kChunk * ldi, ldi, state + static_cast<int64_t>(k0) * d.V + v0, d.V,
+                 min(kTile, d.K - k0), vcols, async);
+      cp_async_commit();
+    };
+    __syncthreads();  // both buffers free
+    stage(0);
+    for (int kt = 0; kt < d.nk; ++kt) {
+      if (kt + 1 < d.nk) {
+        stage(kt + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // tile kt has landed
+      tile_mma<false, false>(O, X + kt * kTile, ldx, Y + (kt & 1) * kChunk * ldi, ldi);
+      __syncthreads();  // its buffer is free for tile kt + 2
+    }
+  } else {
+    TileVec next;
+    auto fetch = [&](int kt) {
+      const int k0 = kt * kTile;
+      next.fetch(state + static_cast<int64_t>(k0) * d.V + v0, d.V, min(kTile, d.K - k0), vcols);
+    };
+    fetch(0);
+    for (int kt = 0; kt < d.nk; ++kt) {
+      __syncthreads();
+      next.commit(Y, ldi);
+      __syncthreads();
+      if (kt + 1 < d.nk) fetch(kt + 1);
+      tile_mma<false, false>(O, X + kt * kTile, ldx, Y, ldi);
+    }
     __syncthreads();
-    next.commit(Y, TileLd<In>::in);
-    __syncthreads();
-    if (kt + 1 < d.nk) fetch(kt + 1);
-    tile_mma<false, false>(O, X + kt * kTile, ldx, Y, TileLd<In>::in);
   }
-  __syncthreads();
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -477,36 +505,36 @@ struct StatePassParams {
   const void* y;        // v or dO (null: zero)
   const float* g;
   const float* init;    // S0 or dS_T (null: zero)
-  float* stored;        // [B·H][NT][K][V]
+  void* stored;         // [B·H][NT][K][V]: fp32, or with stored_in_act in the activation dtype
+  bool stored_in_act;
   float* final_out;     // forward: the final state (written); null otherwise
   float* final_acc;     // reverse: the initial state's gradient (+=); null when not wanted
   float x_scale;
   Dims d;
 };
 
-// Shared memory: G, x and y staged for two chunks (the next one arrives by cp.async during the current one), and the
-// decayed operand X.
+// Shared memory: G, x and y staged for two chunks (the next one arrives by cp.async during the current one); the
+// decayed operand X replaces x in place. ~74 KB for bf16 (up to three blocks per SM), ~104 KB for fp32 (two).
 template <typename In>
 struct StatePassSmem {
   static constexpr int kGSize = kChunk * kLdS, kInSize = kChunk * TileLd<In>::in;  // one buffer's elements
   float* G;   // 2 × [64][kLdS]: g, then in place its chunk-local cumsum
   In* xs;     // 2 × [64][ldi]
   In* ys;     // 2 × [64][ldi]
-  In* X;      // [64][ldi]
   float* seg; // [4][64]
   __host__ __device__ static size_t carve(void* base, StatePassSmem* s) {
     Carver c(base);
     s->G = c.take<float>(2 * kGSize);
     s->xs = c.take<In>(2 * kInSize);
     s->ys = c.take<In>(2 * kInSize);
-    s->X = c.take<In>(kInSize);
     s->seg = c.take<float>(4 * 64);
     return c.off;
   }
 };
 
-template <typename In, bool REVERSE>
-__global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams p) {
+// kBlocksPerSm: the residency the registers are capped for (see Launcher::state_pass).
+template <typename In, bool REVERSE, int kBlocksPerSm>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(StatePassParams p) {
   extern __shared__ __align__(128) char smem[];
   StatePassSmem<In> s;
   StatePassSmem<In>::carve(smem, &s);
@@ -543,13 +571,17 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
     } else {
       cp_async_wait<0>();
     }
-    M.store(p.stored + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0, d.V,
-            krows, vcols, false);
+    const int64_t stored_off =
+        (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0;
+    if (p.stored_in_act)
+      M.store(static_cast<In*>(p.stored) + stored_off, d.V, krows, vcols, false);
+    else
+      M.store(static_cast<float*>(p.stored) + stored_off, d.V, krows, vcols, false);
     __syncthreads();  // this chunk's tiles have landed
     float* G = s.G + buf * s.kGSize;
     chunk_cumsum(G, kLdS, s.seg);
     const float* GL = G + (kChunk - 1) * kLdS;
-    const In* xs = s.xs + buf * s.kInSize;
+    In* xs = s.xs + buf * s.kInSize;
     // Thread: columns a, a + 1 (one paired shared access each for G, x and X), rows threadIdx.x / 32 + 8i.
     const int a = 2 * (threadIdx.x & 31);
     float gl[2];
@@ -563,7 +595,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
       load_pack<2>(xs + t * ldi + a, 0, xt);
       const float decay0 = REVERSE ? exp2_fast(gt[0]) : exp2_fast(gl[0] - gt[0]);
       const float decay1 = REVERSE ? exp2_fast(gt[1]) : exp2_fast(gl[1] - gt[1]);
-      store_pack<2>(s.X + t * ldi + a, 0, {p.x_scale * xt[0] * decay0, p.x_scale * xt[1] * decay1});
+      store_pack<2>(xs + t * ldi + a, 0, {p.x_scale * xt[0] * decay0, p.x_scale * xt[1] * decay1});  // in place
     }
     // Row k of M (a K index) decays by e^{G_L[k]}.
     const float decay_lo = exp2_fast(GL[WarpTile::row(0)]), decay_hi = exp2_fast(GL[WarpTile::row(2)]);
@@ -575,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, 2) state_pass_kernel(StatePassParams
       M.c[j][3] *= decay_hi;
     }
     __syncthreads();
-    tile_mma<true, false>(M, s.X, ldi, s.ys + buf * s.kInSize, ldi);  // M += Xᵀ y
+    tile_mma<true, false>(M, xs, ldi, s.ys + buf * s.kInSize, ldi);  // M += Xᵀ y
   }
   if (p.final_out) M.store(p.final_out + state_off, d.V, krows, vcols, false);
   if (p.final_acc) M.store(p.final_acc + state_off, d.V, krows, vcols, true);
@@ -600,7 +632,7 @@ struct FwdOutputParams {
   const void* k;
   const void* v;
   const float* g;
-  const float* states;
+  const void* states;  // in the activation dtype (the state pass rounds them as the products would)
   float scale;
   void* output;
   void* scores;  // null: not saved; in the activation dtype
@@ -613,7 +645,7 @@ struct FwdOutputSmem {
   float* A;     // [64][kLdF]
   In* Ain;      // [64][ldi]: A in the operand dtype
   float *q, *k, *G, *Khat, *Qhat, *seg;  // scores phase: ScoreTile ×3, [48][kLdF], [16][kLdF] (fp32 only), [4][64]
-  In *Y, *W;    // output phase: operand tiles
+  In *Y, *W;    // output phase: operand tiles (Y: the states' staging, two tiles for bf16)
   float* O;     // [64][acc]
   __host__ __device__ static size_t carve(void* base, int key_pad, FwdOutputSmem* s) {
     Carver c(base);
@@ -630,7 +662,7 @@ struct FwdOutputSmem {
     s->Qhat = c.take<float>(kSimtOffDiagonal ? kSub * kLdF : 0);
     const size_t scores_end = c.off;
     c.off = region;
-    s->Y = c.take<In>(kChunk * TileLd<In>::in);
+    s->Y = c.take<In>((std::is_same_v<In, float> ? 1 : 2) * kChunk * TileLd<In>::in);
     s->W = c.take<In>(kChunk * TileLd<In>::in);
     s->O = c.take<float>(kChunk * TileLd<In>::acc);
     return scores_end > c.off ? scores_end : c.off;
@@ -808,7 +840,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += kThreads)
     s.Ain[(idx >> 6) * ldi + (idx & 63)] = store_f<In>(s.A[(idx >> 6) * kLdF + (idx & 63)]);
 
-  const float* state = p.states + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V;
+  const In* state = static_cast<const In*>(p.states) + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V;
   In* out = static_cast<In*>(p.output) + row_offset(d, b, t0, h, d.V);
   const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
   // v goes straight to shared memory by cp.async, arriving during the state product without holding registers
@@ -1337,6 +1369,19 @@ void launch(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, 
   CUDA_CHECK_LAUNCH(name);
 }
 
+// How many rounds `blocks` blocks of `kernel` take to pass through the GPU (its residency per SM asked of the
+// occupancy calculator once per kernel: `bytes` is fixed per kernel).
+template <auto kernel>
+int64_t waves(int64_t blocks, size_t bytes) {
+  static const int64_t slots = [bytes] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, bytes));
+    return static_cast<int64_t>(std::max(per_sm, 1)) * cuda_device_properties().multiProcessorCount;
+  }();
+  return (blocks + slots - 1) / slots;
+}
+
 // The launches of one dtype. Grids: state pass (K-tiles, V-tiles, pairs); per-chunk kernels (chunks, pairs), and
 // bwd_dqk (K-tiles, chunks, pairs).
 template <typename In>
@@ -1344,14 +1389,25 @@ struct Launcher {
   const Dims d;
   const unsigned pairs;
 
-  void state_pass(bool reverse, const StatePassParams& p) const {
+  // The pass is sequential over the chunks, so it takes (waves of blocks) x (one block's time). For bf16, three
+  // blocks fit on an SM, but each then runs slower (the pass is bound by instruction issue and latency, capped at
+  // 80 registers): the three-block build runs only where it takes off a wave (hgrn2-150m: B·H = 96, 384 blocks:
+  // two waves of 264 on an H200, one of 396), else the two-block one (measured: no gain at equal waves).
+  template <bool REVERSE>
+  void state_pass(const StatePassParams& p) const {
     StatePassSmem<In> s;
     const size_t bytes = StatePassSmem<In>::carve(nullptr, &s);
     const dim3 grid(d.nk, d.nv, pairs);
-    if (reverse)
-      launch(state_pass_kernel<In, true>, grid, bytes, "hgru2_state_pass_reverse", p);
-    else
-      launch(state_pass_kernel<In, false>, grid, bytes, "hgru2_state_pass", p);
+    const char* name = REVERSE ? "hgru2_state_pass_reverse" : "hgru2_state_pass";
+    if constexpr (!std::is_same_v<In, float>) {
+      const int64_t blocks = static_cast<int64_t>(d.nk) * d.nv * pairs;
+      if (waves<state_pass_kernel<In, REVERSE, 3>>(blocks, bytes) <
+          waves<state_pass_kernel<In, REVERSE, 2>>(blocks, bytes)) {
+        launch(state_pass_kernel<In, REVERSE, 3>, grid, bytes, name, p);
+        return;
+      }
+    }
+    launch(state_pass_kernel<In, REVERSE, 2>, grid, bytes, name, p);
   }
   void fwd_output(const FwdOutputParams& p) const {
     FwdOutputSmem<In> s;
@@ -1371,8 +1427,8 @@ struct Launcher {
 template <typename In>
 void forward_impl(const Dims& d, unsigned pairs, const Hgru2CudaForwardArgs& a) {
   const Launcher<In> launcher{d, pairs};
-  StatePassParams sp{a.k, a.v, a.g, a.initial_state, a.states, a.final_state, nullptr, 1.0f, d};
-  launcher.state_pass(false, sp);
+  const StatePassParams sp{a.k, a.v, a.g, a.initial_state, a.states, true, a.final_state, nullptr, 1.0f, d};
+  launcher.template state_pass<false>(sp);
   launcher.fwd_output(FwdOutputParams{a.q, a.k, a.v, a.g, a.states, a.scale, a.output, a.scores, d});
 }
 
@@ -1381,11 +1437,12 @@ void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a
   const Launcher<In> launcher{d, pairs};
   const bool need_dqk = a.dq || a.dk || a.dg;
   if (need_dqk) {  // S^(c), recomputed: only dq, dk and dg read them
-    StatePassParams sp{a.k, a.v, a.g, a.initial_state, a.states, nullptr, nullptr, 1.0f, d};
-    launcher.state_pass(false, sp);
+    const StatePassParams sp{a.k, a.v, a.g, a.initial_state, a.states, false, nullptr, nullptr, 1.0f, d};
+    launcher.template state_pass<false>(sp);
   }
-  StatePassParams dsp{a.q, a.d_output, a.g, a.d_final_state, a.d_states, nullptr, a.d_initial_state, a.scale, d};
-  launcher.state_pass(true, dsp);
+  const StatePassParams dsp{a.q,     a.d_output, a.g, a.d_final_state, a.d_states, false, nullptr, a.d_initial_state,
+                            a.scale, d};
+  launcher.template state_pass<true>(dsp);
   if (need_dqk || a.dv)
     launcher.bwd_dv(
         BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.scale, a.dv, a.accumulate_dv, a.d_scores, d});

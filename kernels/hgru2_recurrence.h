@@ -16,7 +16,8 @@ struct Hgru2CudaShape {
 
 // The chunk length of the CUDA kernels (fixed; the last chunk may be partial).
 constexpr int64_t kHgru2CudaChunk = 64;
-// fp32 elements of the per-chunk state buffer: B·H·NT·K·V (NT = ceil(T / 64)).
+// Elements of a per-chunk state buffer: B·H·NT·K·V (NT = ceil(T / 64)); the forward's is in the activation dtype,
+// the backward's two are fp32.
 int64_t hgru2_cuda_states_elements(const Hgru2CudaShape& shape);
 // Elements of a per-chunk 64×64 score buffer (A in the forward, in the activation dtype; dA in the backward, fp32):
 // B·H·NT·64·64.
@@ -35,7 +36,9 @@ struct Hgru2CudaForwardArgs {
   // Null, or the scores buffer, in the activation dtype: receives every chunk's A (s included) for the backward. Only
   // products that round A to that dtype read it (A v here, Aᵀ dO in the backward), so keeping it rounded is exact.
   void* scores = nullptr;
-  float* states = nullptr;  // scratch: the states buffer
+  // Scratch: the states buffer, in the activation dtype. The forward only uses the states rounded to it (operands of
+  // q̄·S), so storing them rounded is exact and halves their traffic for bf16 (as fla stores them).
+  void* states = nullptr;
 };
 void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs& args);
 

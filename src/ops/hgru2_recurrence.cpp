@@ -820,7 +820,8 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     HGRN_CHECK(initial_state->value.shape() == state_shape, "hgru2_recurrence: initial_state must be ",
                shape_str(state_shape), ", got ", shape_str(initial_state->value.shape()));
   const DType dtype = qv.dtype();
-  // On the GPU (mixed precision): q, k, v in the activation dtype, g and the states always fp32. On the CPU: one dtype.
+  // On the GPU (mixed precision): q, k, v in the activation dtype, g, the initial and final states and the backward's
+  // per-chunk states fp32 (the forward's scratch states in the activation dtype). On the CPU: one dtype.
   const Device device = qv.device();
   const bool on_cuda = device == Device::CUDA;
   for (const Var& x : {q, k, v, g, initial_state}) {
@@ -856,7 +857,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     output = Tensor::empty({batch, time, num_heads * dims.value_dim}, dtype, device);
     final_state = Tensor::empty(state_shape, DType::F32, device);
     if (records) saved_scores = Tensor::empty({hgru2_cuda_scores_elements(shape)}, dtype, device);
-    const Tensor states = Tensor::empty({hgru2_cuda_states_elements(shape)}, DType::F32, device);
+    const Tensor states = Tensor::empty({hgru2_cuda_states_elements(shape)}, dtype, device);
     Hgru2CudaForwardArgs a;
     a.q = qv.raw_data();
     a.k = k->value.raw_data();
@@ -868,7 +869,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     a.output = output.raw_data();
     a.final_state = final_state.data<float>();
     a.scores = saved_scores.defined() ? saved_scores.raw_data() : nullptr;
-    a.states = states.data<float>();
+    a.states = states.raw_data();
     hgru2_cuda_forward(shape, a);
 #else
     throw Error("hgru2_recurrence: this hgrn was built without CUDA");
