@@ -214,20 +214,17 @@ size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
-// Scratch layout: row_loss [rows] fp32 | row_status [rows] int32 | counts [3] int64.
-size_t cross_entropy_scratch_bytes(int64_t rows) {
-  return 2 * align_up(static_cast<size_t>(rows) * 4) + 3 * sizeof(long long);
-}
+// Scratch layout: row_loss [rows] fp32 | row_status [rows] int32.
+size_t cross_entropy_scratch_bytes(int64_t rows) { return 2 * align_up(static_cast<size_t>(rows) * 4); }
 
-CrossEntropyCounts cross_entropy_forward_cuda(const void* logits, DType logits_dtype, const void* targets,
-                                              DType targets_dtype, int64_t rows, int64_t vocab, int64_t ignore_index,
-                                              float* loss, float* log_sum_exp, int32_t* row_target, void* scratch) {
+void cross_entropy_forward_cuda(const void* logits, DType logits_dtype, const void* targets, DType targets_dtype,
+                                int64_t rows, int64_t vocab, int64_t ignore_index, float* loss, float* log_sum_exp,
+                                int32_t* row_target, int64_t* counts, void* scratch) {
   HGRN_CHECK(vocab > 0 && vocab < (int64_t{1} << 31), "cross_entropy: vocab size ", vocab, " out of range");
   HGRN_CHECK(rows < (int64_t{1} << 31), "cross_entropy: ", rows, " rows exceed the grid");
   char* ws = static_cast<char*>(scratch);
   auto* row_loss = reinterpret_cast<float*>(ws);
   auto* row_status = reinterpret_cast<int32_t*>(ws + align_up(static_cast<size_t>(rows) * 4));
-  auto* counts = reinterpret_cast<long long*>(ws + 2 * align_up(static_cast<size_t>(rows) * 4));
   if (rows > 0) {
     with_target_type(targets_dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -242,24 +239,33 @@ CrossEntropyCounts cross_entropy_forward_cuda(const void* logits, DType logits_d
     });
     CUDA_CHECK_LAUNCH("cross_entropy_forward");
   }
-  cross_entropy_reduce_kernel<<<1, kReduceThreads, 0, cuda_stream()>>>(row_loss, row_status, rows, loss, counts);
+  static_assert(sizeof(long long) == sizeof(int64_t), "counts are int64");
+  cross_entropy_reduce_kernel<<<1, kReduceThreads, 0, cuda_stream()>>>(row_loss, row_status, rows, loss,
+                                                                       reinterpret_cast<long long*>(counts));
   CUDA_CHECK_LAUNCH("cross_entropy_reduce");
+}
 
-  long long host[3] = {0, 0, -1};
-  CUDA_CHECK(cudaMemcpyAsync(host, counts, sizeof host, cudaMemcpyDeviceToHost, cuda_stream()));
+std::vector<CrossEntropyCounts> cross_entropy_counts_to_host(const int64_t* counts, int64_t chunks, const void* targets,
+                                                            DType targets_dtype, int64_t chunk_rows) {
+  std::vector<int64_t> host(static_cast<size_t>(chunks) * kCrossEntropyCountSlots);
+  if (chunks > 0)
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), counts, host.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                               cuda_stream()));
   CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-  CrossEntropyCounts result;
-  result.num_targets = host[0];
-  result.num_correct = host[1];
-  result.bad_row = host[2];
-  if (result.bad_row >= 0) {  // the error path only: fetch the offending target itself
-    with_target_type(targets_dtype, [&](auto tag) {
+  std::vector<CrossEntropyCounts> result(static_cast<size_t>(chunks));
+  for (int64_t i = 0; i < chunks; ++i) {
+    CrossEntropyCounts& r = result[static_cast<size_t>(i)];
+    r.num_targets = host[i * kCrossEntropyCountSlots];
+    r.num_correct = host[i * kCrossEntropyCountSlots + 1];
+    r.bad_row = host[i * kCrossEntropyCountSlots + 2];
+    if (r.bad_row < 0) continue;
+    with_target_type(targets_dtype, [&](auto tag) {  // the error path only: fetch the offending target itself
       using T = decltype(tag);
       T value{};
-      CUDA_CHECK(cudaMemcpyAsync(&value, static_cast<const T*>(targets) + result.bad_row, sizeof value,
+      CUDA_CHECK(cudaMemcpyAsync(&value, static_cast<const T*>(targets) + i * chunk_rows + r.bad_row, sizeof value,
                                  cudaMemcpyDeviceToHost, cuda_stream()));
       CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-      result.bad_target = static_cast<int64_t>(value);
+      r.bad_target = static_cast<int64_t>(value);
     });
   }
   return result;

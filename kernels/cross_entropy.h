@@ -1,9 +1,11 @@
 // cross_entropy.h: the CUDA cross-entropy loss (mean over non-ignored rows of logsumexp(row) - row[target]) and its
 // backward. One block per row reads the fp32/bf16 logits once (an online max and sum of exponentials in fp32);
 // per-row losses go to an fp32 buffer that one block then sums in a fixed order, so the loss is bitwise
-// reproducible. The loss stays on the device; the counts come back to the host in one small copy.
+// reproducible. The loss stays on the device; the counts come back to the host in one small copy per call (of any
+// number of chunks' counts).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -18,12 +20,20 @@ struct CrossEntropyCounts {
 
 // logits [rows, vocab] (fp32 or bf16), targets [rows] (int32 or int64), all on the device. Writes loss (fp32, one
 // element: the mean, 0 when no row counts), log_sum_exp [rows] (fp32) and row_target [rows] (int32: the target, -1
-// for an ignored row), which the backward reads. scratch: device memory of cross_entropy_scratch_bytes(rows).
-// Reads the counts back to the host (synchronises the stream). When bad_row >= 0 the other outputs are garbage.
-CrossEntropyCounts cross_entropy_forward_cuda(const void* logits, DType logits_dtype, const void* targets,
-                                              DType targets_dtype, int64_t rows, int64_t vocab, int64_t ignore_index,
-                                              float* loss, float* log_sum_exp, int32_t* row_target, void* scratch);
+// for an ignored or bad row), which the backward reads, and counts: kCrossEntropyCountSlots device int64 (number of
+// targets, number correct, first bad row or -1). scratch: device memory of cross_entropy_scratch_bytes(rows).
+// Only enqueues the work (no synchronisation): a caller with several chunks reads all their counts back at once.
+// When the counts show a bad row the loss is garbage (the backward treats that row as ignored).
+constexpr int kCrossEntropyCountSlots = 3;
+void cross_entropy_forward_cuda(const void* logits, DType logits_dtype, const void* targets, DType targets_dtype,
+                                int64_t rows, int64_t vocab, int64_t ignore_index, float* loss, float* log_sum_exp,
+                                int32_t* row_target, int64_t* counts, void* scratch);
 size_t cross_entropy_scratch_bytes(int64_t rows);
+
+// Reads `chunks` consecutive count slots back to the host (synchronises the stream). targets: the device targets
+// the counts were taken of, chunk i's starting at row i·chunk_rows (to fetch a bad row's target for the message).
+std::vector<CrossEntropyCounts> cross_entropy_counts_to_host(const int64_t* counts, int64_t chunks, const void* targets,
+                                                            DType targets_dtype, int64_t chunk_rows);
 
 // dlogits[r, :] += (softmax(logits[r, :]) - onehot(row_target[r])) * dloss[0] / num_targets for every row with
 // row_target[r] >= 0. dlogits in the logits' dtype; dloss: the loss's fp32 gradient, read on the device.

@@ -2,10 +2,12 @@
 // cross_entropy) on the values the GPU sees: loss, counts, and the gradients of x and of the fp32 master weight,
 // accumulated onto existing gradients with a non-unit dloss. fp32 and bf16 activations; chunks that do not divide
 // the rows (7 of 50), one row, a vocabulary that is not a multiple of the 16-byte pack (37), the real 50304 in
-// several chunks, ignored rows, and a batch with no target at all.
+// several chunks, ignored rows, a batch with no target at all, and a bad target in a later chunk.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "gpu_test.h"
 #include "gradcheck.h"
@@ -95,6 +97,18 @@ TEST(LinearCrossEntropyCuda, NoTargetsGiveZeroLossAndLeaveGradientsAlone) {
   expect_close(w->grad, gw0, 0, 0, "dW untouched");
   Tape bad;
   EXPECT_THROW(linear_cross_entropy(bad, x, w, to_gpu(Tensor::full({6}, 11, DType::I32), DType::I32)), Error);
+  // The chunks' counts are read back after the last chunk: a bad target in a later chunk is still named by its own
+  // row and value (int32 and int64 targets; chunks of 4 rows, the bad one in the second chunk).
+  for (DType target_dtype : {DType::I32, DType::I64}) {
+    const Tensor targets = to_gpu(Tensor::from_vector(std::vector<int32_t>{0, 1, -100, 3, 4, 11}, {6}), target_dtype);
+    std::string message = "(no error)";
+    try {
+      linear_cross_entropy(bad, x, w, targets, -100, 4);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("target 11 in row 5 is out of range for vocab size 11"), std::string::npos) << message;
+  }
 }
 
 // The kernel that scales the head's forward-computed gradient into x's and W's gradients: dst (+)= scale·factor·src

@@ -119,9 +119,12 @@ CrossEntropyResult cross_entropy(Tape& tape, const Var& logits, const Tensor& ta
     saved->row_target = Tensor::empty({rows}, DType::I32, Device::CUDA);
     Tensor scratch = Tensor::empty({static_cast<int64_t>((cross_entropy_scratch_bytes(rows) + 7) / 8)}, DType::I64,
                                    Device::CUDA);
-    const CrossEntropyCounts counts = cross_entropy_forward_cuda(
-        lv.raw_data(), lv.dtype(), targets.raw_data(), targets.dtype(), rows, vocab, ignore_index,
-        loss.data<float>(), saved->log_sum_exp.data<float>(), saved->row_target.data<int32_t>(), scratch.raw_data());
+    Tensor device_counts = Tensor::empty({kCrossEntropyCountSlots}, DType::I64, Device::CUDA);
+    cross_entropy_forward_cuda(lv.raw_data(), lv.dtype(), targets.raw_data(), targets.dtype(), rows, vocab,
+                               ignore_index, loss.data<float>(), saved->log_sum_exp.data<float>(),
+                               saved->row_target.data<int32_t>(), device_counts.data<int64_t>(), scratch.raw_data());
+    const CrossEntropyCounts counts =
+        cross_entropy_counts_to_host(device_counts.data<int64_t>(), 1, targets.raw_data(), targets.dtype(), rows)[0];
     HGRN_CHECK(counts.bad_row < 0, "cross_entropy: target ", counts.bad_target, " in row ", counts.bad_row,
                " is out of range for vocab size ", vocab, " (ignore_index is ", ignore_index, ")");
     num_targets = counts.num_targets;

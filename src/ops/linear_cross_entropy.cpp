@@ -2,6 +2,7 @@
 #include "ops/linear_cross_entropy.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "ops/elementwise.h"
 #include "ops/linear.h"
@@ -40,25 +41,24 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
   Tensor log_sum_exp = Tensor::empty({rows}, DType::F32, Device::CUDA);
   Tensor row_target = Tensor::empty({rows}, DType::I32, Device::CUDA);
   Tensor logits = Tensor::empty({std::max<int64_t>(chunk, 1) * vocab}, act, Device::CUDA);
-  Tensor chunk_loss = Tensor::empty({}, DType::F32, Device::CUDA);
+  // Each chunk's loss and counts get their own device slots, read back once after the loop: the chunks' kernels queue
+  // up without a host round trip between them (a bad target is reported then; its row was treated as ignored).
+  const int64_t num_chunks = rows > 0 ? (rows + chunk - 1) / chunk : 0;
+  Tensor chunk_losses = Tensor::empty({std::max<int64_t>(num_chunks, 1)}, DType::F32, Device::CUDA);
+  Tensor chunk_counts =
+      Tensor::empty({std::max<int64_t>(num_chunks, 1) * kCrossEntropyCountSlots}, DType::I64, Device::CUDA);
   Tensor scratch = Tensor::empty({static_cast<int64_t>((cross_entropy_scratch_bytes(chunk) + 7) / 8)}, DType::I64,
                                  Device::CUDA);
   const char* target_bytes = static_cast<const char*>(targets.raw_data());
-  double loss_sum = 0;  // the chunks' summed losses, added in chunk order
-  int64_t num_targets = 0, num_correct = 0;
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+  for (int64_t r0 = 0, i = 0; r0 < rows; r0 += chunk, ++i) {
     const int64_t n = std::min(chunk, rows - r0);
     const Tensor x_rows = xr.flat_view(r0 * width, n * width);
     linear_gemm(false, true, n, vocab, width, x_rows, width, w, width, 0.0f, logits, vocab);
-    const CrossEntropyCounts counts = cross_entropy_forward_cuda(
-        logits.raw_data(), act, target_bytes + r0 * static_cast<int64_t>(dtype_size(targets.dtype())),
-        targets.dtype(), n, vocab, ignore_index, chunk_loss.data<float>(), log_sum_exp.data<float>() + r0,
-        row_target.data<int32_t>() + r0, scratch.raw_data());
-    HGRN_CHECK(counts.bad_row < 0, "cross_entropy: target ", counts.bad_target, " in row ", r0 + counts.bad_row,
-               " is out of range for vocab size ", vocab, " (ignore_index is ", ignore_index, ")");
-    num_targets += counts.num_targets;
-    num_correct += counts.num_correct;
-    if (counts.num_targets > 0) loss_sum += chunk_loss.item() * static_cast<double>(counts.num_targets);
+    cross_entropy_forward_cuda(logits.raw_data(), act,
+                               target_bytes + r0 * static_cast<int64_t>(dtype_size(targets.dtype())), targets.dtype(),
+                               n, vocab, ignore_index, chunk_losses.data<float>() + i, log_sum_exp.data<float>() + r0,
+                               row_target.data<int32_t>() + r0,
+                               chunk_counts.data<int64_t>() + i * kCrossEntropyCountSlots, scratch.raw_data());
     if (!records) continue;
     // dlogits (unscaled) in place of the logits, then this chunk's share of dx and of the sum over rows of dW.
     cross_entropy_backward_cuda(logits.raw_data(), act, log_sum_exp.data<float>() + r0, row_target.data<int32_t>() + r0,
@@ -71,6 +71,19 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
     if (dw_unscaled.defined())
       linear_gemm(true, false, vocab, width, n, logits, vocab, x_rows, width, r0 == 0 ? 0.0f : 1.0f, dw_unscaled,
                   width);
+  }
+  const std::vector<CrossEntropyCounts> counts =
+      cross_entropy_counts_to_host(chunk_counts.data<int64_t>(), num_chunks, targets.raw_data(), targets.dtype(), chunk);
+  const Tensor losses = chunk_losses.to(Device::CPU);
+  double loss_sum = 0;  // the chunks' summed losses, added in chunk order
+  int64_t num_targets = 0, num_correct = 0;
+  for (int64_t i = 0; i < num_chunks; ++i) {
+    const CrossEntropyCounts& c = counts[static_cast<size_t>(i)];
+    HGRN_CHECK(c.bad_row < 0, "cross_entropy: target ", c.bad_target, " in row ", i * chunk + c.bad_row,
+               " is out of range for vocab size ", vocab, " (ignore_index is ", ignore_index, ")");
+    num_targets += c.num_targets;
+    num_correct += c.num_correct;
+    if (c.num_targets > 0) loss_sum += losses.item(i) * static_cast<double>(c.num_targets);
   }
   const double mean = num_targets > 0 ? loss_sum / static_cast<double>(num_targets) : 0.0;
   Var out = op_output(tape, on_device(Tensor::full({}, mean, DType::F32), Device::CUDA), {x, weight});
