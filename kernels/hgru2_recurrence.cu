@@ -274,8 +274,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 __device__ void chunk_cumsum(float* G, int ld, float* seg, int skew = 0) {
   const int c = threadIdx.x & 63, s = threadIdx.x >> 6;
   G += s * skew;  // a thread's rows all lie in segment s
+  // Constant trip counts: written as r from 16s to 16s + 16, nvcc 13.0 compiled the first loop in bwd_dqk's fp32
+  // build as those 16 rows followed by a 21-row remainder that ran into the next segment (found by racecheck).
   float run = 0.f;
-  for (int r = s * kSub; r < (s + 1) * kSub; ++r) {
+#pragma unroll
+  for (int i = 0; i < kSub; ++i) {
+    const int r = s * kSub + i;
     run += G[r * ld + c] * kLog2e;
     G[r * ld + c] = run;
   }
@@ -284,7 +288,8 @@ __device__ void chunk_cumsum(float* G, int ld, float* seg, int skew = 0) {
   if (s > 0) {
     float prefix = 0.f;
     for (int s2 = 0; s2 < s; ++s2) prefix += seg[s2 * 64 + c];
-    for (int r = s * kSub; r < (s + 1) * kSub; ++r) G[r * ld + c] += prefix;
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) G[(s * kSub + i) * ld + c] += prefix;
   }
   __syncthreads();
 }
@@ -883,9 +888,10 @@ struct BwdDvParams {
 
 template <typename In>
 struct BwdDvSmem {
-  In* X;       // [64][key_pad + pad]: k ⊙ e^{G_L − G}
+  static constexpr int kGatePad = 4;  // G's rows: key_pad + 4 floats, whole 16-byte units for cp.async
+  In* X;       // [64][key_pad + pad]: k, made k ⊙ e^{G_L − G} in place
   In* Ain;     // [64][ldi]: A (read transposed)
-  float *G, *seg;
+  float *G, *seg;  // prologue: G [64][key_pad + kGatePad] (every K-tile), cumsum scratch
   In *Y, *dO, *Vt;
   float* O;
   __host__ __device__ static size_t carve(void* base, int key_pad, BwdDvSmem* s) {
@@ -893,7 +899,7 @@ struct BwdDvSmem {
     s->X = c.take<In>(kChunk * (key_pad + TileLd<In>::pad));
     s->Ain = c.take<In>(kChunk * TileLd<In>::in);
     const size_t region = c.off;
-    s->G = c.take<float>(kChunk * kLdF);
+    s->G = c.take<float>(kChunk * (key_pad + kGatePad));
     s->seg = c.take<float>(4 * 64);
     const size_t prologue_end = c.off;
     c.off = region;
@@ -917,24 +923,31 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
 
+  const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
+  const In* scores = static_cast<const In*>(p.scores) + chunk_index * kChunk * kChunk;
+
+  // Prologue: k (into X), g of every K-tile and A all go to shared memory by cp.async, waited for once (loads through
+  // registers would wait out one memory latency per tile).
+  const int ldg = d.key_pad + BwdDvSmem<In>::kGatePad;
+  const bool k_async = async_copyable<In>(k, d.K, key_stride, ldx);
+  const bool g_async = async_copyable<float>(g, d.K, key_stride, ldg);
   for (int kt = 0; kt < d.nk; ++kt) {
     const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
-    __syncthreads();
-    TileRegs gr, kr;
-    gr.fetch(g + k0, key_stride, n, kcols);
-    kr.fetch(k + k0, key_stride, n, kcols);
-    gr.commit(s.G, kLdF);
-    __syncthreads();
-    chunk_cumsum(s.G, kLdF, s.seg);
-    const int a = TileRegs::col();
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int t = TileRegs::row(i);
-      s.X[t * ldx + k0 + a] = store_f<In>(kr.x[i] * exp2_fast(s.G[(kChunk - 1) * kLdF + a] - s.G[t * kLdF + a]));
+    stage_tile(s.X + k0, ldx, k + k0, key_stride, n, kcols, k_async);
+    stage_tile(s.G + k0, ldg, g + k0, key_stride, n, kcols, g_async);
+  }
+  stage_tile(s.Ain, ldi, scores, kChunk, kChunk, kChunk, async_copyable<In>(scores, kChunk, kChunk, ldi));
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int kt = 0; kt < d.nk; ++kt) {
+    chunk_cumsum(s.G + kt * kTile, ldg, s.seg);  // ends with a barrier
+    for (int idx = threadIdx.x; idx < kChunk * kTile; idx += kThreads) {
+      const int t = idx >> 6, col = kt * kTile + (idx & 63);
+      In& x = s.X[t * ldx + col];
+      x = store_f<In>(load_f(x) * exp2_fast(s.G[(kChunk - 1) * ldg + col] - s.G[t * ldg + col]));
     }
   }
-  const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
-  load_tile(s.Ain, ldi, static_cast<const In*>(p.scores) + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
   WarpTile dA;  // s·dO vᵀ summed over the V-tiles
   dA.zero();
 
@@ -1098,17 +1111,16 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   const int64_t key_off = row_offset(d, b, t0, h, d.K) + k0;
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
 
+  // q, k and g go to shared memory by cp.async: they land while the inter products run (the first V-tile's wait
+  // covers them), and nothing reads them before the gate cumsum after those products.
   {
-    TileRegs gr, qr, kr;
-    gr.fetch(p.g + key_off, key_stride, n, kcols);
-    qr.fetch(static_cast<const In*>(p.q) + key_off, key_stride, n, kcols);
-    kr.fetch(static_cast<const In*>(p.k) + key_off, key_stride, n, kcols);
-    gr.commit(s.G, kLdB);
-    qr.commit(s.q, kLdB);
-    kr.commit(s.k, kLdB);
+    const In* q = static_cast<const In*>(p.q) + key_off;
+    const In* k = static_cast<const In*>(p.k) + key_off;
+    stage_tile(s.G, kLdB, p.g + key_off, key_stride, n, kcols, async_copyable<float>(p.g + key_off, d.K, key_stride, kLdB));
+    stage_tile(s.q, kLdB, q, key_stride, n, kcols, async_copyable<In>(q, d.K, key_stride, kLdB));
+    stage_tile(s.k, kLdB, k, key_stride, n, kcols, async_copyable<In>(k, d.K, key_stride, kLdB));
+    cp_async_commit();
   }
-  __syncthreads();
-  chunk_cumsum(s.G, kLdB, s.seg);
 
   // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) from the fp32 values.
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
@@ -1162,63 +1174,62 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     for (int offset = 8; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
     if ((threadIdx.x & 15) == 0) s.rowsum[TileVec::row(i)] = x;
   }
-  __syncthreads();  // inter tiles done: the region now holds the intra-phase buffers
-  load_tile(s.dA, kLdD, p.d_scores + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
-
-  // From here each thread owns column a of rows rg, rg + 4, ..., rg + 60 of Pq and Pk.
-  const int a = threadIdx.x & 63, rg = threadIdx.x >> 6;
-  const float GL = s.G[(kChunk - 1) * kLdB + a];
-  float dl = 0.f;
-  for (int i = rg; i < kChunk; i += 4) {
-    const float gi = s.G[i * kLdB + a];
-    s.Pq[i * ldc + a] *= p.scale * exp2_fast(gi);
-    const float dk_inter = exp2_fast(GL - gi) * s.Pk[i * ldc + a];
-    if (i == last) {
-      s.dk_last[a] = dk_inter;
-      s.Pk[i * ldc + a] = 0.f;
-    } else {
-      s.Pk[i * ldc + a] = dk_inter;
-      dl = fmaf(load_f(s.k[i * kLdB + a]), dk_inter, dl);
-    }
+  __syncthreads();  // inter tiles done (q, k, g landed with them): the region now holds the intra-phase buffers
+  {
+    TileVec dA_regs;  // in flight during the cumsum
+    dA_regs.fetch(p.d_scores + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
+    chunk_cumsum(s.G, kLdB, s.seg);
+    dA_regs.commit(s.dA, kLdD);
   }
-  s.dlast_part[rg * 64 + a] = dl;
-  __syncthreads();  // dA loaded
+  __syncthreads();  // dA in place
 
-  // Intra, diagonal blocks: strictly j < i (the j = i terms are held back). The thread's rows at the same offset
-  // rg + 4u in the four diagonal blocks have equal trip counts, so their four sums run side by side (independent
-  // chains for the scheduler; each sum keeps its own order). The loops over the trip count stay rolled: unrolled, the
-  // four chains' operands outgrow the register cap (128, two blocks per SM) and spill.
-  for (int u = 0; u < kSub / 4; ++u) {
-    const int off = rg + 4 * u;  // row offset inside each diagonal block
-    float gi[4], accq[4], acck[4];
+  // From here thread (rg, a) owns column a of sub-chunk rg: rows r_lo .. r_lo + 15 of Pq, Pk (and of dg below).
+  const int a = threadIdx.x & 63, rg = threadIdx.x >> 6, r_lo = rg * kSub;
+  const float GL = s.G[(kChunk - 1) * kLdB + a];
+  {
+    // Intra, the diagonal block, strictly j < i (the j = i terms are held back): each pair's decay e^{G_i − G_j}
+    // is formed once and feeds both dq_i += dA_ij k_j e and dk_j += dA_ij q_i e, with the block's G, k and dk in
+    // registers (fully unrolled) and dA_ij a broadcast read (one warp, one block). Sums in ascending j (dq) and
+    // i (dk). The inter terms are finished on the same rows: Pq·s·e^{G_i} and dk_inter = e^{G_L − G_j} ⊙ Pk.
+    float gk[kSub], kk[kSub], dk[kSub];
 #pragma unroll
-    for (int blk = 0; blk < 4; ++blk) {
-      gi[blk] = s.G[(blk * kSub + off) * kLdB + a];
-      accq[blk] = 0.f;
-      acck[blk] = 0.f;
+    for (int j = 0; j < kSub; ++j) {
+      gk[j] = s.G[(r_lo + j) * kLdB + a];
+      kk[j] = load_f(s.k[(r_lo + j) * kLdB + a]);
+      dk[j] = 0.f;
     }
-#pragma unroll 1
-    for (int jj = 0; jj < off; ++jj)  // i = blk·16 + off as the query row, keys j = blk·16 + jj
 #pragma unroll
-      for (int blk = 0; blk < 4; ++blk) {
-        const int i = blk * kSub + off, j = blk * kSub + jj;
-        accq[blk] = fmaf(s.dA[i * kLdD + j] * load_f(s.k[j * kLdB + a]), exp2_fast(gi[blk] - s.G[j * kLdB + a]),
-                         accq[blk]);
+    for (int i = 0; i < kSub; ++i) {
+      const int r = r_lo + i;
+      const float* dA_row = s.dA + r * kLdD + r_lo;  // 16-byte aligned: kLdD and r_lo are multiples of 4
+      const float qi = load_f(s.q[r * kLdB + a]);
+      float dq = 0.f, x4[4];
+#pragma unroll
+      for (int j = 0; j < i; ++j) {
+        if (j % 4 == 0) {
+          const float4 t = *reinterpret_cast<const float4*>(dA_row + j);
+          x4[0] = t.x, x4[1] = t.y, x4[2] = t.z, x4[3] = t.w;
+        }
+        const float x = x4[j % 4], e = exp2_fast(gk[i] - gk[j]);
+        dq = fmaf(x * kk[j], e, dq);
+        dk[j] = fmaf(x * qi, e, dk[j]);
       }
-#pragma unroll 1
-    for (int rr = off + 1; rr < kSub; ++rr)  // i as the key row, queries r = blk·16 + rr
-#pragma unroll
-      for (int blk = 0; blk < 4; ++blk) {
-        const int i = blk * kSub + off, r = blk * kSub + rr;
-        acck[blk] = fmaf(s.dA[r * kLdD + i] * load_f(s.q[r * kLdB + a]), exp2_fast(s.G[r * kLdB + a] - gi[blk]),
-                         acck[blk]);
-      }
-#pragma unroll
-    for (int blk = 0; blk < 4; ++blk) {
-      const int i = blk * kSub + off;
-      s.Pq[i * ldc + a] += accq[blk];
-      s.Pk[i * ldc + a] += acck[blk];
+      s.Pq[r * ldc + a] = s.Pq[r * ldc + a] * (p.scale * exp2_fast(gk[i])) + dq;
     }
+    float dl = 0.f;  // Σ_{j<L} k_j ⊙ dk_inter_j over these rows
+#pragma unroll
+    for (int j = 0; j < kSub; ++j) {
+      const int r = r_lo + j;
+      const float dk_inter = exp2_fast(GL - gk[j]) * s.Pk[r * ldc + a];
+      if (r == last) {
+        s.dk_last[a] = dk_inter;
+        s.Pk[r * ldc + a] = dk[j];
+      } else {
+        s.Pk[r * ldc + a] = dk_inter + dk[j];
+        dl = fmaf(kk[j], dk_inter, dl);
+      }
+    }
+    s.dlast_part[rg * 64 + a] = dl;
   }
   // Intra, blocks below the diagonal.
   if constexpr (std::is_same_v<In, __nv_bfloat16>) {
@@ -1290,9 +1301,11 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 
   // dg: reverse cumulative sum of q ⊙ dq − k ⊙ dk plus d_last, by 16-row segments (thread: segment rg, column a);
   // the running sums go into G, which is no longer needed.
-  const int r_lo = rg * kSub, r_hi = r_lo + kSub;
+  const int r_hi = r_lo + kSub;
   float run = 0.f;
-  for (int i = r_hi - 1; i >= r_lo; --i) {
+#pragma unroll 4
+  for (int u = kSub - 1; u >= 0; --u) {  // a constant trip count (see chunk_cumsum)
+    const int i = r_lo + u;
     run += load_f(s.q[i * kLdB + a]) * s.Pq[i * ldc + a] - load_f(s.k[i * kLdB + a]) * s.Pk[i * ldc + a];
     s.G[i * kLdB + a] = run;
   }
