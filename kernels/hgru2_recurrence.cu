@@ -128,11 +128,11 @@ struct TileRegs {
       x[i] = (src && r < rows && c < cols) ? load_f(src[r * stride + c]) : 0.f;
     }
   }
-  // dst[r·ld + (r/16)·skew + c] = x (skew: see ScoreTile).
+  // dst[r·ld + c] = x.
   template <typename Dst>
-  __device__ void commit(Dst* dst, int ld, int skew = 0) const {
+  __device__ void commit(Dst* dst, int ld) const {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) dst[row(i) * ld + (row(i) >> 4) * skew + col()] = store_f<Dst>(x[i]);
+    for (int i = 0; i < 16; ++i) dst[row(i) * ld + col()] = store_f<Dst>(x[i]);
   }
 };
 
@@ -269,11 +269,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 // In-place chunk-local cumulative sum of g·log2(e) (the base-2 G of spec 7.1) down the 64 rows of an fp32 [64][ld]
 // tile: four 16-row segments are scanned in parallel, then offset by the totals of the segments before them. The
 // result is still non-increasing in the row (rounding is monotone and each segment's last row equals the next
-// segment's offset), so every G_i − G_j with i >= j stays <= 0. `seg` is [4][64] shared scratch. `skew`: extra
-// elements before each 16-row segment (the skewed layout of fwd_output's scores tiles, see ScoreTile).
-__device__ void chunk_cumsum(float* G, int ld, float* seg, int skew = 0) {
+// segment's offset), so every G_i − G_j with i >= j stays <= 0. `seg` is [4][64] shared scratch.
+__device__ void chunk_cumsum(float* G, int ld, float* seg) {
   const int c = threadIdx.x & 63, s = threadIdx.x >> 6;
-  G += s * skew;  // a thread's rows all lie in segment s
   // Constant trip counts: written as r from 16s to 16s + 16, nvcc 13.0 compiled the first loop in bwd_dqk's fp32
   // build as those 16 rows followed by a 21-row remainder that ran into the next segment (found by racecheck).
   float run = 0.f;
@@ -623,13 +621,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
 //   A_ij = s·Σ_a q_ia k_ja e^{G_ia − G_ja} (j <= i), by K-tiles: diagonal 16×16 blocks element-wise, blocks below them
 //   with the reference row n = G of the query sub-chunk's first row (Q̂ = q ⊙ e^{G_i − n}, K̂ = k ⊙ e^{n − G_j});
 //   o = Q̄ S^(c) + A v with Q̄ = s·q ⊙ e^{G} (rounded to the activation dtype, as fla does, as is A for A·v).
-// The scores phase's fp32 tiles (q, k and G of one K-tile): row t at t·kLdQ + t/16. A row stride ≡ 4 (mod 32 banks)
-// makes the tensor-core fragment reads (8 rows × 4 columns per warp) conflict-free, and the extra word per 16-row
-// block does the same for the diagonal blocks' reads (4 blocks × 8 column groups per warp).
+// The scores phase's fp32 tiles (q, k and G of one K-tile): rows of ld = 68 floats, whole 16-byte units (G arrives by
+// cp.async), ≡ 4 (mod 32 banks): the tensor-core fragment reads (8 rows × 4 columns per warp) are conflict-free, and
+// so are the diagonal blocks' reads (4 blocks × 8 column groups per warp; see diagonal_scores).
 struct ScoreTile {
   static constexpr int ld = kTile + 4;
-  static constexpr int size = kChunk * ld + kChunk / kSub;
-  __device__ static int at(int t, int a) { return t * ld + (t >> 4) + a; }
+  static constexpr int size = kChunk * ld;
+  __device__ static int at(int t, int a) { return t * ld + a; }
 };
 
 struct FwdOutputParams {
@@ -650,6 +648,7 @@ struct FwdOutputSmem {
   float* A;     // [64][kLdF]
   In* Ain;      // [64][ldi]: A in the operand dtype
   float *q, *k, *G, *Khat, *Qhat, *seg;  // scores phase: ScoreTile ×3, [48][kLdF], [16][kLdF] (fp32 only), [4][64]
+  In* k_in;     // scores phase: the K-tile's k as loaded ([64][ldi]; its q is loaded into Qb's columns)
   In *Y, *W;    // output phase: operand tiles (Y: the states' staging, two tiles for bf16)
   float* O;     // [64][acc]
   __host__ __device__ static size_t carve(void* base, int key_pad, FwdOutputSmem* s) {
@@ -662,6 +661,7 @@ struct FwdOutputSmem {
     s->k = c.take<float>(ScoreTile::size);
     s->G = c.take<float>(ScoreTile::size);
     s->seg = c.take<float>(4 * 64);
+    s->k_in = c.take<In>(kChunk * TileLd<In>::in);
     constexpr bool kSimtOffDiagonal = std::is_same_v<In, float>;
     s->Khat = c.take<float>(kSimtOffDiagonal ? 48 * kLdF : 0);
     s->Qhat = c.take<float>(kSimtOffDiagonal ? kSub * kLdF : 0);
@@ -676,9 +676,11 @@ struct FwdOutputSmem {
 
 // Diagonal 16×16 blocks of the scores, element-wise: only j <= i is formed, so every exponent is <= 0.
 // Warp w takes rows w and 15 − w of every block (17 entries; the same work for every warp); lane 4s + b takes block b
-// and the K-tile columns 4s .. 4s+3 and 32+4s .. 32+4s+3. The rows' q and G stay in registers, each key row's k and G
-// are read once for both rows, and each entry's eight per-lane terms are summed in order, then across the eight column
-// groups by a fixed butterfly (bitwise reproducible). Shared reads: 1.5 per exp-and-FMA (4 with one entry a thread).
+// and the K-tile columns 4s .. 4s+3 and 32+4s .. 32+4s+3, in the order rotated by b (step u reads column
+// 4s + (u + b) % 4 (+32)): rows 16 apart share banks (16·68 ≡ 0 mod 32), so the rotation is what keeps the four
+// blocks' reads on different banks. The rows' q and G stay in registers, each key row's k and G are read once for both
+// rows, and each entry's eight per-lane terms are summed in order, then across the eight column groups by a fixed
+// butterfly (bitwise reproducible). Shared reads: 1.5 per exp-and-FMA (4 with one entry a thread).
 __device__ void diagonal_scores(float* A, const float* q, const float* k, const float* G, float scale) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int b = lane & 3, s = lane >> 2;
@@ -686,7 +688,7 @@ __device__ void diagonal_scores(float* A, const float* q, const float* k, const 
   float q_lo[8], g_lo[8], q_hi[8], g_hi[8];
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
-    const int a = 4 * s + (u & 3) + 32 * (u >> 2);
+    const int a = 4 * s + ((u + b) & 3) + 32 * (u >> 2);
     q_lo[u] = q[ScoreTile::at(lo, a)];
     g_lo[u] = G[ScoreTile::at(lo, a)];
     q_hi[u] = q[ScoreTile::at(hi, a)];
@@ -698,7 +700,7 @@ __device__ void diagonal_scores(float* A, const float* q, const float* k, const 
     float s_hi = 0.f, s_lo = 0.f;
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      const int a = 4 * s + (u & 3) + 32 * (u >> 2);
+      const int a = 4 * s + ((u + b) & 3) + 32 * (u >> 2);
       const float kj = k[ScoreTile::at(j, a)], gj = G[ScoreTile::at(j, a)];
       s_hi = fmaf(q_hi[u] * kj, exp2_fast(g_hi[u] - gj), s_hi);
       if (both) s_lo = fmaf(q_lo[u] * kj, exp2_fast(g_lo[u] - gj), s_lo);
@@ -819,18 +821,26 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
 
   zero_tile(s.A, kLdF);
+  // Each K-tile's g (into G), q (into its columns of Qb, which it later overwrites) and k arrive by cp.async, 16
+  // bytes a copy; q and k are then widened into the fp32 tiles.
+  const bool g_async = async_copyable<float>(g, d.K, key_stride, ScoreTile::ld);
+  const bool q_async = async_copyable<In>(q, d.K, key_stride, ldq);
+  const bool k_async = async_copyable<In>(k, d.K, key_stride, ldi);
   for (int kt = 0; kt < d.nk; ++kt) {
     const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
     __syncthreads();  // the previous tile's readers are done
-    TileRegs gr, qr, kr;
-    gr.fetch(g + k0, key_stride, n, kcols);
-    qr.fetch(q + k0, key_stride, n, kcols);
-    kr.fetch(k + k0, key_stride, n, kcols);
-    gr.commit(s.G, ScoreTile::ld, 1);
-    qr.commit(s.q, ScoreTile::ld, 1);
-    kr.commit(s.k, ScoreTile::ld, 1);
+    stage_tile(s.G, ScoreTile::ld, g + k0, key_stride, n, kcols, g_async);
+    stage_tile(s.Qb + k0, ldq, q + k0, key_stride, n, kcols, q_async);
+    stage_tile(s.k_in, ldi, k + k0, key_stride, n, kcols, k_async);
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
-    chunk_cumsum(s.G, ScoreTile::ld, s.seg, 1);
+    for (int idx = threadIdx.x; idx < kChunk * kTile; idx += kThreads) {
+      const int t = idx >> 6, a = idx & 63;
+      s.q[ScoreTile::at(t, a)] = load_f(s.Qb[t * ldq + k0 + a]);
+      s.k[ScoreTile::at(t, a)] = load_f(s.k_in[t * ldi + a]);
+    }
+    chunk_cumsum(s.G, ScoreTile::ld, s.seg);  // ends with a barrier: the widened tiles are complete too
     for (int idx = threadIdx.x; idx < kChunk * kTile; idx += kThreads) {
       const int t = idx >> 6, a = idx & 63;
       s.Qb[t * ldq + k0 + a] = store_f<In>(p.scale * s.q[ScoreTile::at(t, a)] * exp2_fast(s.G[ScoreTile::at(t, a)]));
