@@ -1126,7 +1126,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   {
     const In* q = static_cast<const In*>(p.q) + key_off;
     const In* k = static_cast<const In*>(p.k) + key_off;
-    stage_tile(s.G, kLdB, p.g + key_off, key_stride, n, kcols, async_copyable<float>(p.g + key_off, d.K, key_stride, kLdB));
+    const float* g = p.g + key_off;
+    stage_tile(s.G, kLdB, g, key_stride, n, kcols, async_copyable<float>(g, d.K, key_stride, kLdB));
     stage_tile(s.q, kLdB, q, key_stride, n, kcols, async_copyable<In>(q, d.K, key_stride, kLdB));
     stage_tile(s.k, kLdB, k, key_stride, n, kcols, async_copyable<In>(k, d.K, key_stride, kLdB));
     cp_async_commit();
