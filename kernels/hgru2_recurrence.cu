@@ -498,8 +498,8 @@ __device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, cons
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
-// State pass (spec 7.2 step 1 forward, 7.3 step 2 in reverse). One block per (K-tile, V-tile, pair), sequential over
-// chunks; M is the block's fp32 [64][64] tile of the running matrix:
+// State pass (spec 7.2 step 1 forward, 7.3 step 2 in reverse). One block per (K-tile, kVTiles V-tiles, pair),
+// sequential over chunks; M is the block's fp32 [64][64] tile (or tiles) of the running matrix:
 //   forward: M = S, stored[c] = S^(c) before chunk c, M ← Diag(e^{G_L}) M + (x ⊙ e^{G_L − G})ᵀ y with x = k, y = v;
 //   reverse: M = dS, stored[c] = dS_e^(c) before chunk c, M ← Diag(e^{G_L}) M + (s·x ⊙ e^{G})ᵀ y with x = q, y = dO.
 // At the end the forward writes the final state, the reverse adds dS0 into the initial state's gradient.
@@ -517,35 +517,40 @@ struct StatePassParams {
 };
 
 // Shared memory: G, x and y staged for two chunks (the next one arrives by cp.async during the current one); the
-// decayed operand X replaces x in place. ~74 KB for bf16 (up to three blocks per SM), ~104 KB for fp32 (two).
-template <typename In>
+// decayed operand X replaces x in place. ~74 KB for bf16 (up to three blocks per SM; ~92 KB with two V-tiles, two),
+// ~104 KB for fp32 (two).
+template <typename In, int kVTiles>
 struct StatePassSmem {
   static constexpr int kGSize = kChunk * kLdS, kInSize = kChunk * TileLd<In>::in;  // one buffer's elements
   float* G;   // 2 × [64][kLdS]: g, then in place its chunk-local cumsum
   In* xs;     // 2 × [64][ldi]
-  In* ys;     // 2 × [64][ldi]
+  In* ys;     // 2 × kVTiles × [64][ldi]: buffer b, V-tile vt at (b·kVTiles + vt)·kInSize
   float* seg; // [4][64]
   __host__ __device__ static size_t carve(void* base, StatePassSmem* s) {
     Carver c(base);
     s->G = c.take<float>(2 * kGSize);
     s->xs = c.take<In>(2 * kInSize);
-    s->ys = c.take<In>(2 * kInSize);
+    s->ys = c.take<In>(2 * kVTiles * kInSize);
     s->seg = c.take<float>(4 * 64);
     return c.off;
   }
 };
 
-// kBlocksPerSm: the residency the registers are capped for (see Launcher::state_pass).
-template <typename In, bool REVERSE, int kBlocksPerSm>
+// kBlocksPerSm: the residency the registers are capped for; kVTiles: V-tiles per block (2 only where the V-tiles
+// pair up evenly), which reads x and g once for both (see Launcher::state_pass).
+template <typename In, bool REVERSE, int kBlocksPerSm, int kVTiles>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(StatePassParams p) {
   extern __shared__ __align__(128) char smem[];
-  StatePassSmem<In> s;
-  StatePassSmem<In>::carve(smem, &s);
+  StatePassSmem<In, kVTiles> s;
+  StatePassSmem<In, kVTiles>::carve(smem, &s);
   constexpr int ldi = TileLd<In>::in;
   const Dims& d = p.d;
-  const int k0 = blockIdx.x * kTile, v0 = blockIdx.y * kTile, pair = blockIdx.z;
+  const int k0 = blockIdx.x * kTile, v0 = blockIdx.y * kVTiles * kTile, pair = blockIdx.z;
   const int b = pair / d.H, h = pair % d.H;
-  const int krows = min(kTile, d.K - k0), vcols = min(kTile, d.V - v0);
+  const int krows = min(kTile, d.K - k0);
+  int vcols[kVTiles];
+#pragma unroll
+  for (int vt = 0; vt < kVTiles; ++vt) vcols[vt] = min(kTile, d.V - v0 - vt * kTile);
   const In* x = static_cast<const In*>(p.x);
   const In* y = static_cast<const In*>(p.y);
   const int64_t state_off = static_cast<int64_t>(pair) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0;
@@ -558,12 +563,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
     const int t0 = c * kChunk, n = min(kChunk, d.T - t0);
     stage_tile(s.G + buf * s.kGSize, kLdS, p.g + row_offset(d, b, t0, h, d.K) + k0, key_stride, n, krows, g_async);
     stage_tile(s.xs + buf * s.kInSize, ldi, x + row_offset(d, b, t0, h, d.K) + k0, key_stride, n, krows, x_async);
-    stage_tile(s.ys + buf * s.kInSize, ldi, y ? y + row_offset(d, b, t0, h, d.V) + v0 : y, value_stride, n, vcols, y_async);
+#pragma unroll
+    for (int vt = 0; vt < kVTiles; ++vt)
+      stage_tile(s.ys + (buf * kVTiles + vt) * s.kInSize, ldi,
+                 y ? y + row_offset(d, b, t0, h, d.V) + v0 + vt * kTile : y, value_stride, n, vcols[vt], y_async);
     cp_async_commit();
   };
 
-  WarpTile M;  // the running state (or state gradient) tile, kept in registers across the chunks
-  M.load(p.init ? p.init + state_off : nullptr, d.V, krows, vcols);
+  WarpTile M[kVTiles];  // the running state (or state gradient) tiles, kept in registers across the chunks
+#pragma unroll
+  for (int vt = 0; vt < kVTiles; ++vt)
+    M[vt].load(p.init ? p.init + state_off + vt * kTile : nullptr, d.V, krows, vcols[vt]);
   stage(0, 0);
   for (int step = 0; step < d.NT; ++step) {
     const int c = REVERSE ? d.NT - 1 - step : step, buf = step & 1;
@@ -576,10 +586,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
     }
     const int64_t stored_off =
         (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0;
-    if (p.stored_in_act)
-      M.store(static_cast<In*>(p.stored) + stored_off, d.V, krows, vcols, false);
-    else
-      M.store(static_cast<float*>(p.stored) + stored_off, d.V, krows, vcols, false);
+#pragma unroll
+    for (int vt = 0; vt < kVTiles; ++vt) {
+      if (p.stored_in_act)
+        M[vt].store(static_cast<In*>(p.stored) + stored_off + vt * kTile, d.V, krows, vcols[vt], false);
+      else
+        M[vt].store(static_cast<float*>(p.stored) + stored_off + vt * kTile, d.V, krows, vcols[vt], false);
+    }
     __syncthreads();  // this chunk's tiles have landed
     float* G = s.G + buf * s.kGSize;
     chunk_cumsum(G, kLdS, s.seg);
@@ -603,17 +616,24 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
     // Row k of M (a K index) decays by e^{G_L[k]}.
     const float decay_lo = exp2_fast(GL[WarpTile::row(0)]), decay_hi = exp2_fast(GL[WarpTile::row(2)]);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      M.c[j][0] *= decay_lo;
-      M.c[j][1] *= decay_lo;
-      M.c[j][2] *= decay_hi;
-      M.c[j][3] *= decay_hi;
-    }
+    for (int vt = 0; vt < kVTiles; ++vt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        M[vt].c[j][0] *= decay_lo;
+        M[vt].c[j][1] *= decay_lo;
+        M[vt].c[j][2] *= decay_hi;
+        M[vt].c[j][3] *= decay_hi;
+      }
     __syncthreads();
-    tile_mma<true, false>(M, xs, ldi, s.ys + buf * s.kInSize, ldi);  // M += Xᵀ y
+#pragma unroll
+    for (int vt = 0; vt < kVTiles; ++vt)
+      tile_mma<true, false>(M[vt], xs, ldi, s.ys + (buf * kVTiles + vt) * s.kInSize, ldi);  // M += Xᵀ y
   }
-  if (p.final_out) M.store(p.final_out + state_off, d.V, krows, vcols, false);
-  if (p.final_acc) M.store(p.final_acc + state_off, d.V, krows, vcols, true);
+#pragma unroll
+  for (int vt = 0; vt < kVTiles; ++vt) {
+    if (p.final_out) M[vt].store(p.final_out + state_off + vt * kTile, d.V, krows, vcols[vt], false);
+    if (p.final_acc) M[vt].store(p.final_acc + state_off + vt * kTile, d.V, krows, vcols[vt], true);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -1416,22 +1436,30 @@ struct Launcher {
   // The pass is sequential over the chunks, so it takes (waves of blocks) x (one block's time). For bf16, three
   // blocks fit on an SM, but each then runs slower (the pass is bound by instruction issue and latency, capped at
   // 80 registers): the three-block build runs only where it takes off a wave (hgrn2-150m: B·H = 96, 384 blocks:
-  // two waves of 264 on an H200, one of 396), else the two-block one (measured: no gain at equal waves).
+  // two waves of 264 on an H200, one of 396), else the two-block one (measured: no gain at equal waves). Where
+  // that still leaves several waves and the V-tiles pair up, a block takes two V-tiles (reading x and g once for
+  // both, half the blocks) if that takes off a wave (hgrn2-385m: B·H = 128, 512 blocks: two waves, then one).
   template <bool REVERSE>
   void state_pass(const StatePassParams& p) const {
-    StatePassSmem<In> s;
-    const size_t bytes = StatePassSmem<In>::carve(nullptr, &s);
-    const dim3 grid(d.nk, d.nv, pairs);
     const char* name = REVERSE ? "hgru2_state_pass_reverse" : "hgru2_state_pass";
+    StatePassSmem<In, 1> s1;
+    const size_t bytes = StatePassSmem<In, 1>::carve(nullptr, &s1);
+    const int64_t blocks = static_cast<int64_t>(d.nk) * d.nv * pairs;
     if constexpr (!std::is_same_v<In, float>) {
-      const int64_t blocks = static_cast<int64_t>(d.nk) * d.nv * pairs;
-      if (waves<state_pass_kernel<In, REVERSE, 3>>(blocks, bytes) <
-          waves<state_pass_kernel<In, REVERSE, 2>>(blocks, bytes)) {
-        launch(state_pass_kernel<In, REVERSE, 3>, grid, bytes, name, p);
+      StatePassSmem<In, 2> s2;
+      const size_t bytes2 = StatePassSmem<In, 2>::carve(nullptr, &s2);
+      const int64_t waves2 = waves<state_pass_kernel<In, REVERSE, 2, 1>>(blocks, bytes);
+      const int64_t waves3 = waves<state_pass_kernel<In, REVERSE, 3, 1>>(blocks, bytes);
+      if (d.nv % 2 == 0 && waves<state_pass_kernel<In, REVERSE, 2, 2>>(blocks / 2, bytes2) < std::min(waves2, waves3)) {
+        launch(state_pass_kernel<In, REVERSE, 2, 2>, dim3(d.nk, d.nv / 2, pairs), bytes2, name, p);
+        return;
+      }
+      if (waves3 < waves2) {
+        launch(state_pass_kernel<In, REVERSE, 3, 1>, dim3(d.nk, d.nv, pairs), bytes, name, p);
         return;
       }
     }
-    launch(state_pass_kernel<In, REVERSE, 2>, grid, bytes, name, p);
+    launch(state_pass_kernel<In, REVERSE, 2, 1>, dim3(d.nk, d.nv, pairs), bytes, name, p);
   }
   void fwd_output(const FwdOutputParams& p) const {
     FwdOutputSmem<In> s;

@@ -176,9 +176,12 @@ TEST(Hgru2RecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
   // above the 64-wide tile (16, 60, 128, 200 with a partial last tile; 32, 40, 96, 128); B·H > 1 throughout.
   // B·H = 300 with one K- and one V-tile: 300 state-pass blocks, one wave at three blocks per SM but two at two on
   // GPUs of 100-149 SMs (H100, H200: 132; A100: 108), so there the bf16 state pass runs its three-block build.
-  const std::vector<Sizes> shapes{{2, 1, 2, 16, 32},    {2, 15, 2, 16, 32},     {2, 63, 2, 16, 32},
-                                  {2, 64, 2, 16, 32},   {2, 65, 2, 16, 32},     {1, 200, 3, 60, 40},
-                                  {1, 130, 2, 200, 96}, {1, 2047, 2, 128, 128}, {3, 65, 100, 64, 64}};
+  // B·H = 120 with two K- and two V-tiles (the second partial): 480 blocks, two waves at two or three per SM on 132
+  // SMs but one at two V-tiles per block, so there the bf16 state pass runs its V-tile-pair build.
+  const std::vector<Sizes> shapes{{2, 1, 2, 16, 32},      {2, 15, 2, 16, 32},     {2, 63, 2, 16, 32},
+                                  {2, 64, 2, 16, 32},     {2, 65, 2, 16, 32},     {1, 200, 3, 60, 40},
+                                  {1, 130, 2, 200, 96},   {1, 2047, 2, 128, 128}, {3, 65, 100, 64, 64},
+                                  {2, 70, 60, 128, 120}};
   const double scale = 0.25;
   int variant = 0;
   for (const Sizes& s : shapes) {
