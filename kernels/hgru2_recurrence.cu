@@ -2,8 +2,9 @@
 // CPU chunk form in src/ops/hgru2_recurrence.cpp (same stages, same gate-gradient bookkeeping).
 //
 // Work is split as fla splits it:
-//   state_pass   (B·H, K-tiles, V-tiles; sequential over chunks): the states S^(c) entering every chunk, and in
-//                reverse the state gradients dS_e^(c). Both are "M ← Diag(e^{G_L}) M + Xᵀ Y" over the chunks.
+//   state_pass   (B·H, K-tiles, V-tiles or pairs of them; sequential over chunks): the states S^(c) entering every
+//                chunk, and in reverse the state gradients dS_e^(c). Both are "M ← Diag(e^{G_L}) M + Xᵀ Y" over the
+//                chunks.
 //   fwd_output   (B·H, chunk): the intra-chunk scores A and o = s·(q ⊙ e^G) S^(c) + A v.
 //   bwd_dv       (B·H, chunk): dv = Aᵀ dO + (k ⊙ e^{G_L − G}) dS_e, and dA = s·dO vᵀ.
 //   bwd_dqk      (B·H, chunk, K-tile): intra and inter dq, dk, and dg.
