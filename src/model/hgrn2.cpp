@@ -9,7 +9,6 @@
 
 #include <cmath>
 
-#include "ops/activations.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/hgrn2_gates.h"
@@ -17,6 +16,7 @@
 #include "ops/linear.h"
 #include "ops/recompute.h"
 #include "ops/rmsnorm.h"
+#include "ops/swiglu_linear.h"
 #include "core/trace.h"
 
 namespace hgrn {
@@ -171,23 +171,18 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
 // GatedMLP: down(silu(gate(x)) * up(x)).
 Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
   const Layer& p = layers_[l];
-  Var gate, up, hidden;
+  Var gate, up;
   {
     TraceLayer trace(tape, "mlp gate/up projections");
     gate = linear(tape, x, p.gate_proj);
     up = linear(tape, x, p.up_proj);
   }
-  {
-    TraceLayer trace(tape, "swiglu");
-    hidden = swiglu(tape, gate, up);
-  }
-  TraceLayer trace(tape, "mlp down projection");
-  const Var out = linear(tape, hidden, p.down_proj);
-  // The MLP's widest activation, recomputed from gate and up (which swiglu keeps) in the backward.
-  recompute_in_backward(tape, {hidden},
-                [gate, up](Tape& untaped) { return std::vector<Tensor>{swiglu(untaped, gate, up)->value}; });
+  TraceLayer trace(tape, "swiglu + down projection");
+  // The MLP's widest activation, silu(gate) ⊙ up, is kept for the backward only without elementwise recomputation;
+  // with it, the backward makes it again in the pass that reads gate and up for their gradients.
+  const Var out = swiglu_linear(tape, gate, up, p.down_proj, /*keep_hidden=*/!recompute_elementwise_);
   // gate and up themselves (2 x the MLP width per token), recomputed from x by the same GEMMs: recorded after the
-  // step above, so in the backward they are back before it recomputes `hidden` from them. x is kept, or (an RMSNorm
+  // op above, so in the backward they are back before its backward reads them. x is kept, or (an RMSNorm
   // output) recomputed by a step recorded after this one, which therefore runs first.
   if (recompute_mlp_projections_)
     rematerialize(tape, {gate, up}, [this, l, x](Tape& untaped) {

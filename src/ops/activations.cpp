@@ -40,14 +40,17 @@ static void swiglu_forward_cpu(const T* gate, const T* up, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = gate[i] * stable_sigmoid(gate[i]) * up[i];
 }
 
-// dgate and dup may each be null when that input needs no gradient.
+// dgate and dup may each be null when that input needs no gradient. y (may be null, may be dy): the forward's
+// output again, written after dy[i] was read.
 template <typename T>
-static void swiglu_backward_cpu(const T* gate, const T* up, const T* dy, T* dgate, T* dup, int64_t n) {
+static void swiglu_backward_cpu(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
   for (int64_t i = 0; i < n; ++i) {
     const T s = stable_sigmoid(gate[i]);
-    if (dgate) dgate[i] += dy[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
-    if (dup) dup[i] += dy[i] * gate[i] * s;
+    const T d = dy[i];
+    if (dgate) dgate[i] += d * up[i] * s * (T(1) + gate[i] * (T(1) - s));
+    if (dup) dup[i] += d * gate[i] * s;
+    if (y) y[i] = gate[i] * s * up[i];
   }
 }
 
@@ -57,7 +60,7 @@ static void check_input(const char* op, const Var& v) {
 }
 
 // silu (up null) or swiglu forward on gate's device.
-static void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y) {
+void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y) {
   const int64_t n = gate.numel();
   if (gate.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
@@ -79,20 +82,26 @@ static void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y) {
 // wants one; up_var null for silu). The CPU accumulates into grad_buffer; the GPU overwrites a gradient it sees first
 // (grad_buffer_for_write: no zero fill), asking for gate's buffer before up's, the order the kernel writes them in,
 // so that swiglu(x, x) adds the second contribution to the first.
-static void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy) {
+void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, Tensor* recomputed_output) {
   const Tensor& gate = gate_var->value;
   const Tensor* up = up_var ? &up_var->value : nullptr;
   HGRN_CHECK(dy.dtype() == gate.dtype() && dy.device() == gate.device() && dy.numel() == gate.numel() &&
                  dy.is_contiguous(),
              "silu/swiglu backward: the output gradient does not match the ", dtype_name(gate.dtype()), " input");
+  HGRN_CHECK(up || !recomputed_output, "silu backward: recomputing the output is only offered for swiglu");
+  HGRN_CHECK(!recomputed_output ||
+                 (recomputed_output->dtype() == gate.dtype() && recomputed_output->device() == gate.device() &&
+                  recomputed_output->numel() == gate.numel() && recomputed_output->is_contiguous()),
+             "silu/swiglu backward: the buffer for the recomputed output does not match the input");
   const int64_t n = gate.numel();
   if (gate.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
     bool add_gate = false, add_up = false;
     void* dgate = wants_grad(gate_var) ? grad_buffer_for_write(gate_var, &add_gate).raw_data() : nullptr;
     void* dup = wants_grad(up_var) ? grad_buffer_for_write(up_var, &add_up).raw_data() : nullptr;
-    cuda_swiglu_backward(gate.raw_data(), up ? up->raw_data() : nullptr, dy.raw_data(), dgate, dup, add_gate, add_up,
-                         n, gate.dtype());
+    cuda_swiglu_backward(gate.raw_data(), up ? up->raw_data() : nullptr, dy.raw_data(), dgate, dup,
+                         recomputed_output ? recomputed_output->raw_data() : nullptr, add_gate, add_up, n,
+                         gate.dtype());
     return;
 #else
     throw Error("silu/swiglu backward: this hgrn was built without CUDA");
@@ -103,7 +112,8 @@ static void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor
   HGRN_DISPATCH_FLOAT(gate.dtype(), up ? "swiglu backward" : "silu backward", [&] {
     if (up)
       swiglu_backward_cpu(gate.data<scalar_t>(), up->data<scalar_t>(), dy.data<scalar_t>(),
-                          dgate ? dgate->data<scalar_t>() : nullptr, dup ? dup->data<scalar_t>() : nullptr, n);
+                          dgate ? dgate->data<scalar_t>() : nullptr, dup ? dup->data<scalar_t>() : nullptr,
+                          recomputed_output ? recomputed_output->data<scalar_t>() : nullptr, n);
     else if (dgate)
       silu_backward_cpu(gate.data<scalar_t>(), dy.data<scalar_t>(), dgate->data<scalar_t>(), n);
   });
@@ -117,7 +127,7 @@ Var silu(Tape& tape, const Var& x) {
   if (!out->requires_grad) return out;
   tape.record([x, out] {
     if (!out->grad.defined()) return;
-    swiglu_backward(x, nullptr, out->grad);
+    swiglu_backward(x, nullptr, out->grad, nullptr);
   });
   return out;
 }
@@ -136,7 +146,7 @@ Var swiglu(Tape& tape, const Var& gate, const Var& up) {
   if (!out->requires_grad) return out;
   tape.record([gate, up, out] {
     if (!out->grad.defined()) return;
-    swiglu_backward(gate, up, out->grad);
+    swiglu_backward(gate, up, out->grad, nullptr);
   });
   return out;
 }

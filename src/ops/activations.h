@@ -11,4 +11,11 @@ Var silu(Tape& tape, const Var& x);
 // y = silu(gate) ⊙ up; gate and up have the same shape.
 Var swiglu(Tape& tape, const Var& gate, const Var& up);
 
+// The pieces swiglu is made of, for ops that fuse it with what follows (swiglu_linear):
+// y = silu(gate) ⊙ up, or silu(gate) when up is null, into y (gate's shape, dtype and device).
+void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y);
+// The gradients of gate and up (each when it wants one) from dy. recomputed_output (swiglu only; may be null, may
+// be dy itself): also y again, each element written after dy's was read.
+void swiglu_backward(const Var& gate, const Var& up, const Tensor& dy, Tensor* recomputed_output);
+
 }  // namespace hgrn

@@ -74,8 +74,14 @@ Var linear(Tape& tape, const Var& x, const Var& weight) {
     if (!out->grad.defined()) return;
     const Tensor& dy = out->grad;
     const Tensor& w_compute = copied ? bf16_weight_copy(weight) : weight->value;
-    if (wants_grad(x)) linear_gemm(false, false, rows, in, out_features, dy, out_features, w_compute, in, 1.0f,
-                                   grad_buffer(x), in);
+    // dx: the first gradient to reach x overwrites a fresh buffer (beta 0) instead of adding to a zero-filled one,
+    // which would cost a fill and a read of [rows, in].
+    if (wants_grad(x)) {
+      bool accumulate = false;
+      Tensor& dx = grad_buffer_for_write(x, &accumulate);
+      linear_gemm(false, false, rows, in, out_features, dy, out_features, w_compute, in, accumulate ? 1.0f : 0.0f,
+                  dx, in);
+    }
     if (wants_grad(weight)) linear_gemm(true, false, out_features, in, rows, dy, out_features, x->value, in, 1.0f,
                                         grad_buffer(weight), in);
   });

@@ -1,0 +1,19 @@
+// swiglu_linear.h: the GatedMLP's down projection and its activation as one op, y = (silu(gate) ⊙ up)·Wᵀ, so that
+// the backward can make the MLP's widest activation (hidden = silu(gate) ⊙ up, [tokens, MLP width]) in the same pass
+// that reads gate and up for their gradients, instead of a separate recomputation pass before the projection's
+// backward (which reads gate and up once more: 2 x [tokens, width] fewer reads per layer).
+//
+// The backward's order: dhidden = dy·W (a fresh buffer, never zero-filled); then one element-wise pass reads gate,
+// up and dhidden, writes dgate, dup and, over dhidden, hidden itself; then dW += dyᵀ·hidden. Same products and the
+// same element-wise arithmetic as linear(swiglu(gate, up)), so the same values (hidden is recomputed bit for bit).
+#pragma once
+#include "core/autograd.h"
+
+namespace hgrn {
+
+// gate, up [..., F] (same shape, dtype, device); weight [out, F] (linear's contract: an fp32 master weight serves
+// bf16 inputs through its bf16 copy). keep_hidden: keep hidden from the forward for the backward (F values per row
+// held across the step) instead of recomputing it there.
+Var swiglu_linear(Tape& tape, const Var& gate, const Var& up, const Var& weight, bool keep_hidden);
+
+}  // namespace hgrn
