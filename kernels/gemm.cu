@@ -2,11 +2,13 @@
 // Cᵀ = op(B)ᵀ·op(A)ᵀ, which needs no data movement: a row-major [r, c] matrix is a column-major [c, r] one.
 // The algorithm for each distinct problem (shapes, strides, dtypes, beta) is chosen once by cuBLASLt's heuristic and
 // cached: a training step repeats the same few dozen GEMMs, and the heuristic query costs more than a small GEMM.
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
 
+#include "core/env_flag.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "gemm.h"
@@ -73,6 +75,18 @@ float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a, 
   });
 }
 
+// HGRN_GEMM_LOG=1: one line per timed candidate (its tile and split-K configuration, time and rate), to see why a
+// shape runs slower in a step than its best algorithm could.
+void log_algo(const cublasLtMatmulAlgo_t& algo, int index, float ms, double flops) {
+  int tile = 0, split_k = 0, stages = 0;
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k, &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written);
+  std::fprintf(stderr, "  candidate %d: tile %d split-k %d stages %d: %.1f us, %.0f TFLOP/s\n", index, tile, split_k,
+               stages, ms * 1e3, flops / (ms * 1e-3) / 1e12);
+}
+
 Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
                DType ab_dtype, DType c_dtype, bool accumulate, const void* a_ptr, const void* b_ptr) {
   Plan p;
@@ -101,16 +115,25 @@ Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int6
   HGRN_CHECK(found > 0, "cuBLASLt has no algorithm for a ", m, "x", n, "x", k, " GEMM (", dtype_name(ab_dtype), " -> ",
              dtype_name(c_dtype), ", accumulate ", accumulate, ")");
   p.algo = results[0].algo;
+  static const bool log = env_flag("HGRN_GEMM_LOG");
+  if (log)
+    std::fprintf(stderr, "gemm %s%s m %lld n %lld k %lld %s -> %s%s: %d candidate(s)\n", trans_a ? "T" : "N",
+                 trans_b ? "T" : "N", static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+                 dtype_name(ab_dtype), dtype_name(c_dtype), accumulate ? " (accumulate)" : "", found);
   if (found > 1) {
     void* scratch = cuda_alloc(static_cast<size_t>(m) * ldc * dtype_size(c_dtype));
     float best = 1e30f;
+    int chosen = 0;
     for (int i = 0; i < found; ++i) {
       const float ms = time_algo(p, results[i].algo, a_ptr, b_ptr, scratch, accumulate ? 1.0f : 0.0f);
+      if (log) log_algo(results[i].algo, i, ms, 2.0 * m * n * k);
       if (ms < best) {
         best = ms;
-        p.algo = results[i].algo;
+        chosen = i;
       }
     }
+    p.algo = results[chosen].algo;
+    if (log) std::fprintf(stderr, "  chose candidate %d\n", chosen);
     cuda_free(scratch);
   }
   return p;
