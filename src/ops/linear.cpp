@@ -58,32 +58,41 @@ const Tensor& bf16_weight_copy(const Var& weight) {
   return weight->compute_copy;
 }
 
-Var linear(Tape& tape, const Var& x, const Var& weight) {
-  const Tensor& xv = x->value;
-  const Tensor w_compute = weight_for_input(weight, xv);
-  const int64_t in = w_compute.size(1), out_features = w_compute.size(0);
-  const int64_t rows = xv.numel() / in;
-  Shape out_shape = xv.shape();
+Tensor linear_product(const Tensor& x, const Tensor& w) {
+  const int64_t in = w.size(1), out_features = w.size(0), rows = x.numel() / in;
+  Shape out_shape = x.shape();
   out_shape.back() = out_features;
-  Tensor y = Tensor::empty(out_shape, xv.dtype(), xv.device());
-  linear_gemm(false, true, rows, out_features, in, xv, in, w_compute, in, 0.0f, y, out_features);
-  Var out = op_output(tape, y, {x, weight});
+  Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
+  linear_gemm(false, true, rows, out_features, in, x, in, w, in, 0.0f, y, out_features);
+  return y;
+}
+
+void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor& dx) {
+  const int64_t in = w.size(1), out_features = w.size(0), rows = dy.numel() / out_features;
+  linear_gemm(false, false, rows, in, out_features, dy, out_features, w, in, beta, dx, in);
+}
+
+void linear_weight_gradient(const Tensor& dy, const Tensor& x, Tensor& dw) {
+  const int64_t in = dw.size(1), out_features = dw.size(0), rows = dy.numel() / out_features;
+  linear_gemm(true, false, out_features, in, rows, dy, out_features, x, in, 1.0f, dw, in);
+}
+
+Var linear(Tape& tape, const Var& x, const Var& weight) {
+  const Tensor w_compute = weight_for_input(weight, x->value);
+  Var out = op_output(tape, linear_product(x->value, w_compute), {x, weight});
   if (!out->requires_grad) return out;
   const bool copied = w_compute.dtype() != weight->value.dtype();
-  tape.record([x, weight, out, copied, rows, in, out_features] {
+  tape.record([x, weight, out, copied] {
     if (!out->grad.defined()) return;
     const Tensor& dy = out->grad;
-    const Tensor& w_compute = copied ? bf16_weight_copy(weight) : weight->value;
     // dx: the first gradient to reach x overwrites a fresh buffer (beta 0) instead of adding to a zero-filled one,
     // which would cost a fill and a read of [rows, in].
     if (wants_grad(x)) {
       bool accumulate = false;
       Tensor& dx = grad_buffer_for_write(x, &accumulate);
-      linear_gemm(false, false, rows, in, out_features, dy, out_features, w_compute, in, accumulate ? 1.0f : 0.0f,
-                  dx, in);
+      linear_input_gradient(dy, copied ? bf16_weight_copy(weight) : weight->value, accumulate ? 1.0f : 0.0f, dx);
     }
-    if (wants_grad(weight)) linear_gemm(true, false, out_features, in, rows, dy, out_features, x->value, in, 1.0f,
-                                        grad_buffer(weight), in);
+    if (wants_grad(weight)) linear_weight_gradient(dy, x->value, grad_buffer(weight));
   });
   return out;
 }

@@ -13,6 +13,13 @@ Var linear(Tape& tape, const Var& x, const Var& weight);
 Tensor weight_for_input(const Var& weight, const Tensor& x);
 // The bf16 copy of an fp32 master weight, cast on first use after each update (or after the copy was dropped).
 const Tensor& bf16_weight_copy(const Var& weight);
+// linear's three products, with the weight's compute tensor w [out, in] (weight_for_input) and rows = the rows of
+// x [..., in] / dy [..., out]. y = x·Wᵀ, a new tensor [..., out]:
+Tensor linear_product(const Tensor& x, const Tensor& w);
+// dx = dy·W + beta·dx (beta 0: dx may be a fresh, uninitialised buffer):
+void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor& dx);
+// dw += dyᵀ·x (into the fp32 master gradient for bf16 inputs: accumulated in fp32, never rounded to bf16):
+void linear_weight_gradient(const Tensor& dy, const Tensor& x, Tensor& dw);
 // C[m, n] = op(A)·op(B) + beta·C on the tensors' device, with the gemm_cpu contract (row-major, leading dimensions).
 void linear_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,
                  const Tensor& b, int64_t ldb, float beta, Tensor& c, int64_t ldc);

@@ -18,34 +18,26 @@ Var swiglu_linear(Tape& tape, const Var& gate, const Var& up, const Var& weight,
   Tensor hidden = Tensor::empty(gv.shape(), gv.dtype(), gv.device());
   swiglu_forward(gv, &up->value, hidden);
   const Tensor w_compute = weight_for_input(weight, hidden);
-  const int64_t in = w_compute.size(1), out_features = w_compute.size(0);
-  const int64_t rows = hidden.numel() / in;
-  Shape out_shape = gv.shape();
-  out_shape.back() = out_features;
-  Tensor y = Tensor::empty(out_shape, gv.dtype(), gv.device());
-  linear_gemm(false, true, rows, out_features, in, hidden, in, w_compute, in, 0.0f, y, out_features);
-  Var out = op_output(tape, y, {gate, up, weight});
+  Var out = op_output(tape, linear_product(hidden, w_compute), {gate, up, weight});
   if (!out->requires_grad) return out;
   const bool copied = w_compute.dtype() != weight->value.dtype();
   if (!keep_hidden) hidden = Tensor();
   // gate and up are read through their Vars when the backward runs: a model may release and rematerialize them.
-  tape.record([gate, up, weight, out, hidden, copied, rows, in, out_features] {
+  tape.record([gate, up, weight, out, hidden, copied] {
     if (!out->grad.defined()) return;
     const Tensor& dy = out->grad;
     const Tensor& g = gate->value;
     Tensor h = hidden;
     if (wants_grad(gate) || wants_grad(up)) {
-      const Tensor& w_compute = copied ? bf16_weight_copy(weight) : weight->value;
       Tensor dhidden = Tensor::empty(g.shape(), g.dtype(), g.device());
-      linear_gemm(false, false, rows, in, out_features, dy, out_features, w_compute, in, 0.0f, dhidden, in);
+      linear_input_gradient(dy, copied ? bf16_weight_copy(weight) : weight->value, 0.0f, dhidden);
       swiglu_backward(gate, up, dhidden, h.defined() ? nullptr : &dhidden);
       if (!h.defined()) h = dhidden;  // dhidden's buffer now holds hidden
     } else if (!h.defined()) {
       h = Tensor::empty(g.shape(), g.dtype(), g.device());
       swiglu_forward(g, &up->value, h);
     }
-    if (wants_grad(weight))
-      linear_gemm(true, false, out_features, in, rows, dy, out_features, h, in, 1.0f, grad_buffer(weight), in);
+    if (wants_grad(weight)) linear_weight_gradient(dy, h, grad_buffer(weight));
   });
   return out;
 }
