@@ -23,7 +23,16 @@ constexpr size_t kTableAlign = 256;
 struct AdamWArgs {
   double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay_factor, bias_correction1, bias_correction2,
       grad_scale;
+  const double* clip_sum_of_squares;  // non-null: grad_scale is the clip factor of this Σ grad² and max_norm
+  double max_norm;
 };
+
+// grad_norm_and_clip_factor's factor (src/train/optimizer.cpp), formed on the device from the summed squares: the
+// same IEEE double operations, so the same bits as the host's.
+__device__ __forceinline__ double clip_factor(double sum_of_squares, double max_norm) {
+  const double norm = __dsqrt_rn(sum_of_squares);
+  return max_norm > 0.0 && isfinite(norm) && norm > max_norm ? __ddiv_rn(max_norm, __dadd_rn(norm, 1e-6)) : 1.0;
+}
 
 size_t table_bytes(int64_t count) {
   return (static_cast<size_t>(count) * sizeof(MultiTensorSlot) + kTableAlign - 1) / kTableAlign * kTableAlign;
@@ -58,6 +67,7 @@ __global__ void adamw_kernel(const MultiTensorSlot* slots, int count, AdamWArgs 
   const long long begin = (blockIdx.x - s.first_chunk) * kChunk;
   const long long end = min(static_cast<long long>(s.n), begin + kChunk);
   const double decay_factor = s.decay ? a.decay_factor : 1.0;
+  const double grad_scale = a.clip_sum_of_squares ? clip_factor(*a.clip_sum_of_squares, a.max_norm) : a.grad_scale;
   for (long long i0 = begin + threadIdx.x; i0 < end; i0 += (long long)blockDim.x * kAdamWBatch) {
     float grad[kAdamWBatch], first[kAdamWBatch], second[kAdamWBatch], param[kAdamWBatch];
 #pragma unroll
@@ -69,7 +79,7 @@ __global__ void adamw_kernel(const MultiTensorSlot* slots, int count, AdamWArgs 
     for (int u = 0; u < kAdamWBatch; ++u) {
       const long long i = i0 + (long long)u * blockDim.x;
       if (i >= end) continue;
-      const double g = scaled_grad(grad[u], a.grad_scale);
+      const double g = scaled_grad(grad[u], grad_scale);
       const double m = __dadd_rn(__dmul_rn(a.beta1, static_cast<double>(first[u])), __dmul_rn(a.one_minus_beta1, g));
       const double v = __dadd_rn(__dmul_rn(a.beta2, static_cast<double>(second[u])),
                                  __dmul_rn(__dmul_rn(a.one_minus_beta2, g), g));
@@ -126,24 +136,6 @@ __global__ void scale_kernel(const MultiTensorSlot* slots, int count, double fac
     s.grad[i] = scaled_grad(s.grad[i], factor);
 }
 
-// Copies the slot table (with first_chunk filled in) to the start of the workspace; returns the chunk count.
-long long upload_table(const MultiTensorSlot* slots, int64_t count, void* workspace) {
-  HGRN_CHECK(count > 0 && count <= 0x7fffffff, "multi-tensor launch: bad slot count ", count);
-  std::vector<MultiTensorSlot> table(slots, slots + count);
-  long long chunks = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    table[i].first_chunk = chunks;
-    chunks += (slots[i].n + kChunk - 1) / kChunk;
-  }
-  CUDA_CHECK(cudaMemcpyAsync(workspace, table.data(), table.size() * sizeof(MultiTensorSlot),
-                             cudaMemcpyHostToDevice, cuda_stream()));
-  // The table is pageable host memory freed on return: the copy must be done with it first. The optimiser has
-  // just waited for the gradient norm anyway, so this wait costs next to nothing.
-  CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-  HGRN_CHECK(chunks <= 0x7fffffffLL, "multi-tensor launch: ", chunks, " chunks exceed the launch grid");
-  return chunks;
-}
-
 double* partials_of(void* workspace, int64_t count) {
   return reinterpret_cast<double*>(static_cast<char*>(workspace) + table_bytes(count));
 }
@@ -156,40 +148,62 @@ size_t cuda_multi_tensor_workspace_bytes(int64_t count, int64_t elements) {
   return table_bytes(count) + (max_chunks + 1) * sizeof(double);
 }
 
-void cuda_adamw_update(const MultiTensorSlot* slots, int64_t count, void* workspace, double lr, double beta1,
-                       double beta2, double eps, double decay_factor, double bias_correction1,
-                       double bias_correction2, double grad_scale) {
-  if (count == 0) return;
-  const long long chunks = upload_table(slots, count, workspace);
-  if (chunks == 0) return;
-  const AdamWArgs args{lr, beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, decay_factor, bias_correction1,
-                       bias_correction2, grad_scale};
+long long cuda_upload_slot_table(const MultiTensorSlot* slots, int64_t count, void* workspace) {
+  HGRN_CHECK(count > 0 && count <= 0x7fffffff, "multi-tensor launch: bad slot count ", count);
+  std::vector<MultiTensorSlot> table(slots, slots + count);
+  long long chunks = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    table[i].first_chunk = chunks;
+    chunks += (slots[i].n + kChunk - 1) / kChunk;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(workspace, table.data(), table.size() * sizeof(MultiTensorSlot),
+                             cudaMemcpyHostToDevice, cuda_stream()));
+  // The table is pageable host memory freed on return: the copy must be done with it first.
+  CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+  HGRN_CHECK(chunks <= 0x7fffffffLL, "multi-tensor launch: ", chunks, " chunks exceed the launch grid");
+  return chunks;
+}
+
+double* cuda_multi_tensor_total(void* workspace, int64_t count, long long chunks) {
+  return partials_of(workspace, count) + chunks;
+}
+
+void cuda_adamw_update(const void* workspace, int64_t count, long long chunks, double lr, double beta1, double beta2,
+                       double eps, double decay_factor, double bias_correction1, double bias_correction2,
+                       double grad_scale, const double* clip_sum_of_squares, double max_norm) {
+  if (count == 0 || chunks == 0) return;
+  const AdamWArgs args{lr,
+                       beta1,
+                       1.0 - beta1,
+                       beta2,
+                       1.0 - beta2,
+                       eps,
+                       decay_factor,
+                       bias_correction1,
+                       bias_correction2,
+                       grad_scale,
+                       clip_sum_of_squares,
+                       max_norm};
   adamw_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, cuda_stream()>>>(
       static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), args);
   CUDA_CHECK_LAUNCH("adamw");
 }
 
-double cuda_grad_sum_of_squares(const MultiTensorSlot* slots, int64_t count, void* workspace) {
-  if (count == 0) return 0.0;
-  const long long chunks = upload_table(slots, count, workspace);
-  if (chunks == 0) return 0.0;
+void cuda_grad_sum_of_squares(void* workspace, int64_t count, long long chunks, double* total) {
+  if (count == 0 || chunks == 0) {
+    CUDA_CHECK(cudaMemsetAsync(total, 0, sizeof(double), cuda_stream()));
+    return;
+  }
   double* partials = partials_of(workspace, count);
-  double* total = partials + chunks;
   sum_of_squares_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, cuda_stream()>>>(
       static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), partials);
   CUDA_CHECK_LAUNCH("grad_sum_of_squares");
   sum_partials_kernel<<<1, kThreads, 0, cuda_stream()>>>(partials, chunks, total);
   CUDA_CHECK_LAUNCH("grad_sum_of_squares_total");
-  double host = 0.0;
-  CUDA_CHECK(cudaMemcpyAsync(&host, total, sizeof host, cudaMemcpyDeviceToHost, cuda_stream()));
-  CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-  return host;
 }
 
-void cuda_scale_grads(const MultiTensorSlot* slots, int64_t count, void* workspace, double factor) {
-  if (count == 0) return;
-  const long long chunks = upload_table(slots, count, workspace);
-  if (chunks == 0) return;
+void cuda_scale_grads(const void* workspace, int64_t count, long long chunks, double factor) {
+  if (count == 0 || chunks == 0) return;
   scale_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, cuda_stream()>>>(
       static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), factor);
   CUDA_CHECK_LAUNCH("scale_grads");

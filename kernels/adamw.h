@@ -6,7 +6,8 @@
 
 namespace hgrn {
 
-// One fp32 CUDA parameter. The launchers copy the table to the device; fields a launcher does not use may be null.
+// One fp32 CUDA parameter (cuda_upload_slot_table puts a table of them on the device); fields a launcher does not
+// use may be null.
 struct MultiTensorSlot {
   float* param = nullptr;   // AdamW: updated in place
   float* grad = nullptr;    // AdamW and the norm: read; the scale: scaled in place
@@ -20,16 +21,25 @@ struct MultiTensorSlot {
 // Bytes of device memory the launchers below need as `workspace` for `count` slots holding `elements` in all.
 size_t cuda_multi_tensor_workspace_bytes(int64_t count, int64_t elements);
 
+// Copies the slot table to the start of `workspace` (waiting for the copy) and returns the launches' chunk count. The
+// table stays there for any number of launches while the slots are the same.
+long long cuda_upload_slot_table(const MultiTensorSlot* slots, int64_t count, void* workspace);
+// Where in the workspace cuda_grad_sum_of_squares leaves its total (one double).
+double* cuda_multi_tensor_total(void* workspace, int64_t count, long long chunks);
+
 // AdamW for every slot, in double with IEEE-rounded operations in the CPU's order (optimizer.cpp's adamw_update):
 // g = float(grad · grad_scale) (the gradient clipping would have left; grad itself is not written);
 // m = b1 m + (1-b1) g; v = b2 v + ((1-b2) g) g; p = p * (decay ? decay_factor : 1) - lr (m/bc1) / (sqrt(v/bc2) + eps).
-void cuda_adamw_update(const MultiTensorSlot* slots, int64_t count, void* workspace, double lr, double beta1,
-                       double beta2, double eps, double decay_factor, double bias_correction1,
-                       double bias_correction2, double grad_scale);
-// Σ grad² over every slot, in double, reduced in an order fixed by the slots' sizes alone (bitwise reproducible).
-// Waits for the result (one device-to-host copy).
-double cuda_grad_sum_of_squares(const MultiTensorSlot* slots, int64_t count, void* workspace);
+// With clip_sum_of_squares (a device double, Σ grad²) grad_scale is replaced by the clip factor of that sum and
+// max_norm, formed on the device as grad_norm_and_clip_factor forms it on the host (the same bits): clipping
+// without a round trip through the host.
+void cuda_adamw_update(const void* workspace, int64_t count, long long chunks, double lr, double beta1, double beta2,
+                       double eps, double decay_factor, double bias_correction1, double bias_correction2,
+                       double grad_scale, const double* clip_sum_of_squares, double max_norm);
+// *total = Σ grad² over every slot, in double, reduced in an order fixed by the slots' sizes alone (bitwise
+// reproducible); total is device memory and nothing waits for it.
+void cuda_grad_sum_of_squares(void* workspace, int64_t count, long long chunks, double* total);
 // grad = float(double(grad) * factor) for every slot.
-void cuda_scale_grads(const MultiTensorSlot* slots, int64_t count, void* workspace, double factor);
+void cuda_scale_grads(const void* workspace, int64_t count, long long chunks, double factor);
 
 }  // namespace hgrn

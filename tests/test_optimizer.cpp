@@ -216,7 +216,8 @@ TEST(ClipGradNorm, ReturnsGlobalNormAndScalesOnlyAboveMax) {
 }
 
 // Clipping folded into the update (what training does): step(lr, clip_factor) on unscaled gradients gives the same
-// bits as clip_grad_norm's in-place scaling followed by step(lr), in fp32 and fp64, and leaves the gradients alone.
+// bits as clip_grad_norm's in-place scaling followed by step(lr), in fp32 and fp64, and leaves the gradients alone;
+// so does AdamW::clip_and_step, which makes both calls.
 TEST(ClipGradNorm, FoldedIntoTheStepGivesTheSameBitsAsScalingInPlace) {
   constexpr double kMaxNorm = 50.0;  // the gradients' norms fall from ~80 to ~20 over the four steps
   for (DType dtype : {DType::F32, DType::F64}) {
@@ -224,12 +225,15 @@ TEST(ClipGradNorm, FoldedIntoTheStepGivesTheSameBitsAsScalingInPlace) {
     Rng rng(91);
     const Tensor init = testing::random_tensor(rng, {300, 7}, 0.5, dtype);
     Var in_place = make_var(init.clone(), true, "in_place"), folded = make_var(init.clone(), true, "folded");
+    Var combined = make_var(init.clone(), true, "combined");  // clip_and_step: the same two calls in one
     AdamW opt_in_place({{in_place, true}}, AdamWConfig{}), opt_folded({{folded, true}}, AdamWConfig{});
+    AdamW opt_combined({{combined, true}}, AdamWConfig{});
     int clipped = 0;
     for (int step = 1; step <= 4; ++step) {
       const Tensor grad = testing::random_tensor(rng, {300, 7}, 3.0 / step, dtype);
       grad_buffer(in_place).copy_from(grad);
       grad_buffer(folded).copy_from(grad);
+      grad_buffer(combined).copy_from(grad);
       const double norm = clip_grad_norm(opt_in_place.params(), kMaxNorm);
       opt_in_place.step(1e-2);
       const GradNorm gn = grad_norm_and_clip_factor(opt_folded.params(), kMaxNorm);
@@ -237,6 +241,8 @@ TEST(ClipGradNorm, FoldedIntoTheStepGivesTheSameBitsAsScalingInPlace) {
       EXPECT_EQ(gn.clip_factor == 1.0, norm <= kMaxNorm) << "step " << step << ", norm " << norm;
       clipped += gn.clip_factor < 1.0;
       opt_folded.step(1e-2, gn.clip_factor);
+      EXPECT_EQ(opt_combined.clip_and_step(1e-2, kMaxNorm)(), norm);
+      EXPECT_EQ(combined->value.to_double_vector(), in_place->value.to_double_vector()) << "step " << step;
       EXPECT_EQ(folded->grad.to_double_vector(), grad.to_double_vector()) << "the gradient must not be written";
       EXPECT_EQ(folded->value.to_double_vector(), in_place->value.to_double_vector()) << "step " << step;
       EXPECT_EQ(opt_folded.second_moments()[0].to_double_vector(), opt_in_place.second_moments()[0].to_double_vector());

@@ -195,6 +195,45 @@ TEST(OptimizerCuda, FoldedClipMatchesTheCpusScaleThenStep) {
   EXPECT_LT(clipped, 5);
 }
 
+// clip_and_step keeps the whole step on the device (norm, clip factor, update; nothing waits for the host): the same
+// bits as the host-side grad_norm_and_clip_factor + step, for clipped and unclipped steps, a non-finite gradient
+// (no clipping, as on the host) and a step where one more parameter has no gradient (the resident slot table must
+// be replaced, then restored).
+TEST(OptimizerCuda, DeviceClipAndStepMatchesHostClipThenStep) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(405);
+  const std::vector<Tensor> init = random_init(rng);
+  Params host = make_params(init, Device::CUDA), device = make_params(init, Device::CUDA);
+  AdamW host_opt(host.refs, kConfig), device_opt(device.refs, kConfig);
+  constexpr size_t kSkipped = 4;  // no gradient at step 3
+  for (int t = 1; t <= 6; ++t) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    std::vector<Tensor> grads = random_grads(rng, t % 2 ? 3.0 : 1e-3);  // clipped and unclipped steps
+    if (t == 5) grads[0].data<float>()[0] = INFINITY;                   // a non-finite norm: unclipped
+    for (Params* p : {&host, &device}) {
+      set_grads(*p, grads);
+      if (t == 3) p->vars[kSkipped]->grad = Tensor();
+    }
+    const GradNorm gn = grad_norm_and_clip_factor(host.refs, 1.0);
+    host_opt.step(3e-2 / t, gn.clip_factor);
+    const double device_norm = device_opt.clip_and_step(3e-2 / t, 1.0)();
+    if (t == 5) {
+      EXPECT_TRUE(std::isinf(device_norm));
+      EXPECT_TRUE(std::isinf(gn.norm));
+    } else {
+      EXPECT_EQ(std::memcmp(&device_norm, &gn.norm, sizeof(double)), 0) << device_norm << " vs " << gn.norm;
+    }
+    for (size_t i = 0; i < init.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "param " << i);
+      EXPECT_TRUE(same_bits(device.vars[i]->value, host.vars[i]->value));
+      EXPECT_TRUE(same_bits(device_opt.first_moments()[i], host_opt.first_moments()[i]));
+      EXPECT_TRUE(same_bits(device_opt.second_moments()[i], host_opt.second_moments()[i]));
+      if (i != kNoGrad && !(t == 3 && i == kSkipped))
+        EXPECT_TRUE(same_bits(device.vars[i]->grad, grads[i])) << "the gradient must not be written";
+    }
+  }
+}
+
 TEST(OptimizerCuda, ClipAndStepAreBitwiseReproducible) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(403);

@@ -3,7 +3,10 @@
 // launch each (kernels/adamw.cu), with the CPU loops' arithmetic; CPU parameters take the loops below unchanged.
 #include "train/optimizer.h"
 
+#include "core/allocator.h"
+
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <string>
 
@@ -93,7 +96,15 @@ Tensor updated_range(const ParamRef& ref, const Tensor& full) {
 }
 
 #ifdef HGRN_WITH_CUDA
-// The GPU parameters' part of one multi-tensor launch, and the device scratch the launch needs.
+// A slot table on the device (cuda_upload_slot_table) and the launches' chunk count.
+struct DeviceSlotTable {
+  Tensor workspace;
+  int64_t count = 0;
+  long long chunks = 0;
+  void* data() const { return workspace.raw_data(); }
+};
+
+// The GPU parameters' part of one multi-tensor launch.
 struct GpuSlots {
   std::vector<MultiTensorSlot> slots;
   int64_t elements = 0;
@@ -101,9 +112,18 @@ struct GpuSlots {
     slots.push_back(slot);
     elements += slot.n;
   }
-  Tensor workspace() const {
-    const size_t bytes = cuda_multi_tensor_workspace_bytes(static_cast<int64_t>(slots.size()), elements);
-    return Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::I64, Device::CUDA);
+  bool same_as(const GpuSlots& other) const {
+    return slots.size() == other.slots.size() &&
+           std::memcmp(slots.data(), other.slots.data(), slots.size() * sizeof(MultiTensorSlot)) == 0;
+  }
+  // A workspace holding the table (waits for the copy).
+  DeviceSlotTable upload() const {
+    DeviceSlotTable t;
+    t.count = static_cast<int64_t>(slots.size());
+    const size_t bytes = cuda_multi_tensor_workspace_bytes(t.count, elements);
+    t.workspace = Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::I64, Device::CUDA);
+    t.chunks = cuda_upload_slot_table(slots.data(), t.count, t.data());
+    return t;
   }
 };
 #else
@@ -112,7 +132,26 @@ struct GpuSlots {};
 
 }  // namespace
 
-AdamW::AdamW(std::vector<ParamRef> params, AdamWConfig config) : params_(std::move(params)), config_(config) {
+#ifdef HGRN_WITH_CUDA
+// The optimiser's slot table stays on the device from step to step: it is uploaded again (a host-device copy and a
+// wait) only when a slot changes, not on every step.
+struct AdamW::ResidentSlots {
+  GpuSlots slots;
+  DeviceSlotTable table;
+  const DeviceSlotTable& for_slots(const GpuSlots& wanted) {
+    if (!table.workspace.defined() || !slots.same_as(wanted)) {
+      table = wanted.upload();
+      slots = wanted;
+    }
+    return table;
+  }
+};
+#else
+struct AdamW::ResidentSlots {};
+#endif
+
+AdamW::AdamW(std::vector<ParamRef> params, AdamWConfig config)
+    : params_(std::move(params)), config_(config), resident_(std::make_shared<ResidentSlots>()) {
   HGRN_CHECK(config_.beta1 >= 0.0 && config_.beta1 < 1.0, "AdamW: beta1 must be in [0, 1), got ", config_.beta1);
   HGRN_CHECK(config_.beta2 >= 0.0 && config_.beta2 < 1.0, "AdamW: beta2 must be in [0, 1), got ", config_.beta2);
   HGRN_CHECK(config_.eps > 0.0, "AdamW: eps must be positive, got ", config_.eps);
@@ -138,9 +177,34 @@ AdamW::AdamW(std::vector<ParamRef> params, AdamWConfig config) : params_(std::mo
 }
 
 void AdamW::step(double lr, double grad_scale) {
-  HGRN_CHECK(std::isfinite(lr) && lr >= 0.0, "AdamW: learning rate must be finite and non-negative, got ", lr);
   HGRN_CHECK(std::isfinite(grad_scale) && grad_scale > 0.0, "AdamW: gradient scale must be finite and positive, got ",
              grad_scale);
+  update(lr, grad_scale, nullptr, 0.0);
+}
+
+std::function<double()> AdamW::clip_and_step(double lr, double max_norm,
+                                             const std::function<double(double)>& total_over_ranks) {
+#ifdef HGRN_WITH_CUDA
+  bool all_on_gpu = true, any = false;
+  for (const ParamRef& ref : params_)
+    if (ref.param->grad.defined() && ref.updated_elements() > 0) {
+      any = true;
+      all_on_gpu = all_on_gpu && ref.param->grad.device() == Device::CUDA;
+    }
+  if (any && all_on_gpu && !total_over_ranks) {
+    Tensor sum_of_squares = Tensor::empty({}, DType::F64, Device::CUDA);
+    update(lr, 1.0, static_cast<double*>(sum_of_squares.raw_data()), max_norm);
+    return [sum_of_squares] { return std::sqrt(sum_of_squares.item()); };
+  }
+#endif
+  const GradNorm gn = grad_norm_and_clip_factor(params_, max_norm, total_over_ranks);
+  step(lr, gn.clip_factor);
+  return [norm = gn.norm] { return norm; };
+}
+
+void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device_sum_of_squares,
+                   [[maybe_unused]] double max_norm) {
+  HGRN_CHECK(std::isfinite(lr) && lr >= 0.0, "AdamW: learning rate must be finite and non-negative, got ", lr);
   const int64_t t = step_count_ + 1;
   const double bias_correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(t));
   const double bias_correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(t));
@@ -172,10 +236,19 @@ void AdamW::step(double lr, double grad_scale) {
   }
 #ifdef HGRN_WITH_CUDA
   if (!gpu.slots.empty()) {
-    Tensor workspace = gpu.workspace();
-    cuda_adamw_update(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data(), lr,
-                      config_.beta1, config_.beta2, config_.eps, 1.0 - lr * config_.weight_decay, bias_correction1,
-                      bias_correction2, grad_scale);
+    const DeviceSlotTable& table = resident_->for_slots(gpu);
+    double* clip_sum = nullptr;
+    if (device_sum_of_squares) {
+      // Measured with the update's own table (the same slots and order as grad_norm_and_clip_factor's), then copied
+      // out of the workspace, which the next step reuses.
+      double* total = cuda_multi_tensor_total(table.data(), table.count, table.chunks);
+      cuda_grad_sum_of_squares(table.data(), table.count, table.chunks, total);
+      device_copy(device_sum_of_squares, Device::CUDA, total, Device::CUDA, sizeof(double));
+      clip_sum = total;
+    }
+    cuda_adamw_update(table.data(), table.count, table.chunks, lr, config_.beta1, config_.beta2, config_.eps,
+                      1.0 - lr * config_.weight_decay, bias_correction1, bias_correction2, grad_scale, clip_sum,
+                      max_norm);
   }
 #endif
   step_count_ = t;
@@ -242,8 +315,12 @@ GradNorm grad_norm_and_clip_factor(const std::vector<ParamRef>& params, double m
   // The GPU's share is summed on the device (fixed order) and comes back as one number: the host needs the norm
   // anyway, for the clip decision and the log.
   if (!gpu.slots.empty()) {
-    Tensor workspace = gpu.workspace();
-    total += cuda_grad_sum_of_squares(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data());
+    const DeviceSlotTable table = gpu.upload();
+    double* device_total = cuda_multi_tensor_total(table.data(), table.count, table.chunks);
+    cuda_grad_sum_of_squares(table.data(), table.count, table.chunks, device_total);
+    double host_total = 0.0;
+    device_copy(&host_total, Device::CPU, device_total, Device::CUDA, sizeof host_total);  // waits
+    total += host_total;
   }
 #endif
   if (total_over_ranks) total = total_over_ranks(total);
@@ -276,8 +353,8 @@ double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
   }
 #ifdef HGRN_WITH_CUDA
   if (!gpu.slots.empty()) {
-    Tensor workspace = gpu.workspace();
-    cuda_scale_grads(gpu.slots.data(), static_cast<int64_t>(gpu.slots.size()), workspace.raw_data(), r.clip_factor);
+    const DeviceSlotTable table = gpu.upload();
+    cuda_scale_grads(table.data(), table.count, table.chunks, r.clip_factor);
   }
 #endif
   return r.norm;

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -43,6 +44,13 @@ class AdamW {
   // grad_scale: the update uses each gradient element as clip_grad_norm's scaling would leave it (the same bits),
   // without writing the gradients: clipping folded into the update's one pass (grad_norm_and_clip_factor).
   void step(double lr, double grad_scale = 1.0);
+  // grad_norm_and_clip_factor(params(), max_norm, total_over_ranks), then step(lr, its clip factor); returns a
+  // function giving the norm. Where every gradient is on the GPU and no other process shares the norm, all of it
+  // happens on the device with nothing waiting for the host (the norm, the factor and the update: the same bits),
+  // and the function reads the norm when called, waiting for the device then: call it once the step's work is
+  // queued.
+  std::function<double()> clip_and_step(double lr, double max_norm,
+                                         const std::function<double(double)>& total_over_ranks = nullptr);
   // Zeroes every defined gradient buffer in place (the allocation is kept for the next accumulation).
   void zero_grad();
   int64_t step_count() const { return step_count_; }
@@ -60,8 +68,14 @@ class AdamW {
   const AdamWConfig& config() const { return config_; }
 
  private:
+  // step's work; with device_sum_of_squares (a device double, GPU parameters only) the norm is measured into it and
+  // the update clips by max_norm from it on the device.
+  void update(double lr, double grad_scale, double* device_sum_of_squares, double max_norm);
+
   std::vector<ParamRef> params_;
   AdamWConfig config_;
+  struct ResidentSlots;  // the GPU update's slot table, kept on the device (optimizer.cpp)
+  std::shared_ptr<ResidentSlots> resident_;  // made by the constructor
   std::vector<Tensor> first_moments_, second_moments_;
   int64_t step_count_ = 0;
 };

@@ -157,6 +157,7 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
   AdamW& optimizer = setup.optimizer;
   DataParallel* dp = setup.data_parallel.get();
   optimizer.zero_grad();
+  std::vector<Tensor> losses;
   for (int64_t micro = 0; micro < tc.grad_accum_steps; ++micro) {
     TraceRange trace("micro-batch " + std::to_string(micro));
     // Several ranks: the last micro-batch's backward reduces each layer's gradients as soon as they are complete.
@@ -167,11 +168,18 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
     // With N ranks each seed is also divided by N, so that summing the ranks' gradients gives the global mean.
     const double seed = 1.0 / static_cast<double>(tc.grad_accum_steps * world().size);
     tape.backward(ce.loss, on_device(Tensor::full({}, seed, DType::F32), setup.model.device()));
-    r.loss += ce.loss->value.item() / static_cast<double>(tc.grad_accum_steps);
+    losses.push_back(ce.loss->value);
     r.targets += ce.num_targets;
     r.correct += ce.num_correct;
   }
+  // The losses are read (a wait for the device) once the optimiser's work is queued too, so that the GPU goes from
+  // the backward into the update without waiting for the host; with several ranks they are summed over the ranks
+  // before that.
+  const auto read_losses = [&] {
+    for (const Tensor& loss : losses) r.loss += loss.item() / static_cast<double>(tc.grad_accum_steps);
+  };
   if (dp) {
+    read_losses();
     TraceRange trace("gradient reduction");
     dp->finish_gradient_reduction();
     std::vector<double> totals{r.loss, static_cast<double>(r.targets), static_cast<double>(r.correct)};
@@ -183,10 +191,10 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
   {
     TraceRange trace("optimizer");
     // Clipping is folded into the update: the gradients are read once more, not scaled in place first.
-    const GradNorm gn =
-        grad_norm_and_clip_factor(optimizer.params(), tc.grad_clip, dp ? dp->grad_norm_total() : nullptr);
-    r.grad_norm = gn.norm;
-    optimizer.step(lr, gn.clip_factor);
+    const std::function<double()> grad_norm =
+        optimizer.clip_and_step(lr, tc.grad_clip, dp ? dp->grad_norm_total() : nullptr);
+    if (!dp) read_losses();
+    r.grad_norm = grad_norm();
   }
   if (dp && dp->zero1()) {
     TraceRange trace("weight all-gather");
