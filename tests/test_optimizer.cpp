@@ -129,9 +129,39 @@ TEST(AdamW, ZeroGradKeepsBuffers) {
   const void* buffer = a->grad.raw_data();
   opt.zero_grad();
   ASSERT_TRUE(a->grad.defined());
-  EXPECT_EQ(a->grad.raw_data(), buffer);
+  EXPECT_TRUE(a->grad_stale);  // lazily: marked zero, the old values left in place
+  EXPECT_EQ(grad_buffer(a).raw_data(), buffer);
   EXPECT_EQ(a->grad.to_double_vector(), (std::vector<double>{0.0, 0.0, 0.0}));
+  EXPECT_FALSE(a->grad_stale);
   EXPECT_FALSE(b->grad.defined());
+  // The next step's first write overwrites the buffer...
+  opt.zero_grad();
+  bool accumulate = true;
+  EXPECT_EQ(grad_buffer_for_write(a, &accumulate).raw_data(), buffer);
+  EXPECT_FALSE(accumulate);
+  EXPECT_TRUE(grad_buffer_for_write(a, &accumulate).defined());
+  EXPECT_TRUE(accumulate);  // ...and a second one adds to it
+}
+
+// A gradient that zero_grad marked zero and nothing wrote since is a zero gradient to the update and the norm
+// (the same bits as a zero-filled one), not last step's values.
+TEST(AdamW, UnwrittenGradientAfterZeroGradCountsAsZero) {
+  AdamWConfig config{0.9, 0.95, 1e-8, 0.1};
+  Var lazy = param_from({0.5, -1.0, 2.0}, DType::F32, "lazy");
+  Var filled = param_from({0.5, -1.0, 2.0}, DType::F32, "filled");
+  AdamW opt_lazy({{lazy, true}}, config), opt_filled({{filled, true}}, config);
+  set_grad(lazy, {1.0, 2.0, -3.0});
+  set_grad(filled, {1.0, 2.0, -3.0});
+  opt_lazy.step(1e-2);
+  opt_filled.step(1e-2);
+  opt_lazy.zero_grad();  // step 2: no gradient arrives
+  set_grad(filled, {0.0, 0.0, 0.0});
+  EXPECT_EQ(grad_norm_and_clip_factor(opt_lazy.params(), 1.0).norm, 0.0);
+  opt_lazy.zero_grad();
+  opt_lazy.step(1e-2);
+  opt_filled.step(1e-2);
+  EXPECT_EQ(lazy->value.to_double_vector(), filled->value.to_double_vector());
+  EXPECT_EQ(opt_lazy.first_moments()[0].to_double_vector(), opt_filled.first_moments()[0].to_double_vector());
 }
 
 TEST(AdamW, RejectsUnsupportedParamsAndConfigs) {

@@ -30,13 +30,25 @@ Tensor new_gradient(const Var& v, bool zero) {
 
 Tensor& grad_buffer(const Var& v) {
   if (!v->grad.defined()) v->grad = new_gradient(v, true);
+  settle_grad(v);
   return v->grad;
 }
 
 Tensor& grad_buffer_for_write(const Var& v, bool* accumulate) {
-  *accumulate = v->grad.defined();
-  if (!*accumulate) v->grad = new_gradient(v, false);
+  *accumulate = v->grad.defined() && !v->grad_stale;
+  if (!v->grad.defined()) v->grad = new_gradient(v, false);
+  v->grad_stale = false;
   return v->grad;
+}
+
+void mark_grad_zero(const Var& v) {
+  if (v->grad.defined()) v->grad_stale = true;
+}
+
+void settle_grad(const Var& v) {
+  if (!v->grad_stale) return;
+  v->grad_stale = false;
+  if (v->grad.defined()) v->grad.zero();
 }
 
 void Tape::record(std::function<void()> backward_fn) {

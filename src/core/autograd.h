@@ -15,6 +15,10 @@ namespace hgrn {
 struct Variable {
   Tensor value;
   Tensor grad;  // undefined until a gradient flows in; parameters keep theirs across micro-batches until zero_grad
+  // The gradient is zero but `grad` still holds old values (mark_grad_zero): the buffer is kept for the next step,
+  // and the next grad_buffer zeroes it, the next grad_buffer_for_write overwrites it, and settle_grad (for code that
+  // reads grad directly) zeroes it. Saves the fill of every weight gradient on every step.
+  bool grad_stale = false;
   bool requires_grad = false;
   std::string name;
   // GPU mixed precision: the bf16 copy of an fp32 weight that GEMMs read, made on first use and kept until the
@@ -33,6 +37,10 @@ using Var = std::shared_ptr<Variable>;
 Var make_var(Tensor value, bool requires_grad = false, std::string name = {});
 // The gradient buffer of v, allocated as zeros (same shape, dtype, device as the value) on first use.
 Tensor& grad_buffer(const Var& v);
+// Marks v's gradient as zero without touching its buffer (see Variable::grad_stale); no-op without a buffer.
+void mark_grad_zero(const Var& v);
+// Makes a buffer marked zero hold zeros; for code that reads or reduces v->grad without asking for a buffer.
+void settle_grad(const Var& v);
 // The gradient buffer of v for a kernel that writes every element: allocated uninitialised on first use
 // (*accumulate = false: the caller must overwrite every element), else the existing buffer (*accumulate = true: the
 // caller must add into it). Saves the zero fill and its read-back on the GPU. Two writes into one Var's buffer by one

@@ -97,6 +97,9 @@ void DataParallel::on_gradients_ready(size_t group) {
              " reported complete twice or out of range");
   queued_[group] = true;
   const Bucket& b = buckets_[group];
+  // A gradient that this backward never wrote still holds last step's values (AdamW::zero_grad is lazy).
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (placements_[i].bucket == group) settle_grad(params_[i].param);
   if (b.size == 0) return;
   float* grads = flat_grads_.data<float>() + b.offset;
   collectives_->after_compute();

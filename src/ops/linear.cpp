@@ -72,9 +72,11 @@ void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor
   linear_gemm(false, false, rows, in, out_features, dy, out_features, w, in, beta, dx, in);
 }
 
-void linear_weight_gradient(const Tensor& dy, const Tensor& x, Tensor& dw) {
+void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight) {
+  bool accumulate = false;
+  Tensor& dw = grad_buffer_for_write(weight, &accumulate);
   const int64_t in = dw.size(1), out_features = dw.size(0), rows = dy.numel() / out_features;
-  linear_gemm(true, false, out_features, in, rows, dy, out_features, x, in, 1.0f, dw, in);
+  linear_gemm(true, false, out_features, in, rows, dy, out_features, x, in, accumulate ? 1.0f : 0.0f, dw, in);
 }
 
 Var linear(Tape& tape, const Var& x, const Var& weight) {
@@ -92,7 +94,7 @@ Var linear(Tape& tape, const Var& x, const Var& weight) {
       Tensor& dx = grad_buffer_for_write(x, &accumulate);
       linear_input_gradient(dy, copied ? bf16_weight_copy(weight) : weight->value, accumulate ? 1.0f : 0.0f, dx);
     }
-    if (wants_grad(weight)) linear_weight_gradient(dy, x->value, grad_buffer(weight));
+    if (wants_grad(weight)) linear_weight_gradient(dy, x->value, weight);
   });
   return out;
 }

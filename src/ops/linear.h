@@ -18,8 +18,9 @@ const Tensor& bf16_weight_copy(const Var& weight);
 Tensor linear_product(const Tensor& x, const Tensor& w);
 // dx = dy·W + beta·dx (beta 0: dx may be a fresh, uninitialised buffer):
 void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor& dx);
-// dw += dyᵀ·x (into the fp32 master gradient for bf16 inputs: accumulated in fp32, never rounded to bf16):
-void linear_weight_gradient(const Tensor& dy, const Tensor& x, Tensor& dw);
+// weight's gradient += dyᵀ·x (into the fp32 master gradient for bf16 inputs: accumulated in fp32, never rounded to
+// bf16); the first write after zero_grad overwrites the buffer (beta 0) instead of adding to a filled one:
+void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight);
 // C[m, n] = op(A)·op(B) + beta·C on the tensors' device, with the gemm_cpu contract (row-major, leading dimensions).
 void linear_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,
                  const Tensor& b, int64_t ldb, float beta, Tensor& c, int64_t ldc);

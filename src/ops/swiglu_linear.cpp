@@ -37,7 +37,7 @@ Var swiglu_linear(Tape& tape, const Var& gate, const Var& up, const Var& weight,
       h = Tensor::empty(g.shape(), g.dtype(), g.device());
       swiglu_forward(g, &up->value, h);
     }
-    if (wants_grad(weight)) linear_weight_gradient(dy, h, grad_buffer(weight));
+    if (wants_grad(weight)) linear_weight_gradient(dy, h, weight);
   });
   return out;
 }

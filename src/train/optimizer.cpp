@@ -212,6 +212,7 @@ void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& ref = params_[i];
     if (!ref.param->grad.defined()) continue;
+    settle_grad(ref.param);
     check_grad_matches(ref, i);
     ref.param->invalidate_compute_copy();
     const int64_t n = ref.updated_elements();
@@ -255,8 +256,7 @@ void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device
 }
 
 void AdamW::zero_grad() {
-  for (const ParamRef& ref : params_)
-    if (ref.param->grad.defined()) ref.param->grad.zero();
+  for (const ParamRef& ref : params_) mark_grad_zero(ref.param);
 }
 
 void AdamW::load_state(std::vector<Tensor> first_moments, std::vector<Tensor> second_moments, int64_t step_count) {
@@ -293,6 +293,7 @@ GradNorm grad_norm_and_clip_factor(const std::vector<ParamRef>& params, double m
     const ParamRef& ref = params[i];
     HGRN_CHECK(ref.param, "clip_grad_norm: parameter ", param_label(ref, i), " is undefined");
     if (!ref.param->grad.defined() || ref.updated_elements() == 0) continue;
+    settle_grad(ref.param);
     check_grad_matches(ref, i);
     const Tensor g = updated_range(ref, ref.param->grad);
     if (g.device() == Device::CUDA) {
@@ -338,6 +339,7 @@ double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
   [[maybe_unused]] GpuSlots gpu;
   for (const ParamRef& ref : params) {
     if (!ref.param->grad.defined() || ref.updated_elements() == 0) continue;
+    settle_grad(ref.param);
     const Tensor g = updated_range(ref, ref.param->grad);
     if (g.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA

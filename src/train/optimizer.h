@@ -51,7 +51,9 @@ class AdamW {
   // queued.
   std::function<double()> clip_and_step(double lr, double max_norm,
                                          const std::function<double(double)>& total_over_ranks = nullptr);
-  // Zeroes every defined gradient buffer in place (the allocation is kept for the next accumulation).
+  // Zeroes every defined gradient, keeping its buffer for the next accumulation: lazily (mark_grad_zero), so that
+  // the next step's first write overwrites the buffer instead of adding to a filled one; the optimiser's own reads
+  // (step, the norm) zero whatever stayed unwritten.
   void zero_grad();
   int64_t step_count() const { return step_count_; }
 
