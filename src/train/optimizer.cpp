@@ -238,18 +238,12 @@ void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device
 #ifdef HGRN_WITH_CUDA
   if (!gpu.slots.empty()) {
     const DeviceSlotTable& table = resident_->for_slots(gpu);
-    double* clip_sum = nullptr;
-    if (device_sum_of_squares) {
-      // Measured with the update's own table (the same slots and order as grad_norm_and_clip_factor's), then copied
-      // out of the workspace, which the next step reuses.
-      double* total = cuda_multi_tensor_total(table.data(), table.count, table.chunks);
-      cuda_grad_sum_of_squares(table.data(), table.count, table.chunks, total);
-      device_copy(device_sum_of_squares, Device::CUDA, total, Device::CUDA, sizeof(double));
-      clip_sum = total;
-    }
+    // Measured with the update's own table: the same slots and order as grad_norm_and_clip_factor's.
+    if (device_sum_of_squares)
+      cuda_grad_sum_of_squares(table.data(), table.count, table.chunks, device_sum_of_squares);
     cuda_adamw_update(table.data(), table.count, table.chunks, lr, config_.beta1, config_.beta2, config_.eps,
-                      1.0 - lr * config_.weight_decay, bias_correction1, bias_correction2, grad_scale, clip_sum,
-                      max_norm);
+                      1.0 - lr * config_.weight_decay, bias_correction1, bias_correction2, grad_scale,
+                      device_sum_of_squares, max_norm);
   }
 #endif
   step_count_ = t;
