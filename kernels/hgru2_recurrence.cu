@@ -14,14 +14,17 @@
 // intra-chunk products that need more than bf16 inputs (the score blocks below the diagonal, and the intra dq, dk
 // from dA) run on the tensor cores in TF32 (mma.sync m16n8k8, fragments built straight from the fp32 tiles): they
 // only enter results rounded to bf16, below which TF32's 2^-11 input rounding stays. The diagonal 16×16 blocks are
-// element-wise fp32. fp32 activations: every product in plain fp32 FMAs (TF32 would miss the fp32 tolerance).
+// element-wise fp32, one exp2 per pair and feature, except for the pairs across their two 8-row halves (j < 8 <= i),
+// whose decay is factored at the second half's first row: in the forward (bf16) a TF32 product like the blocks below,
+// in bwd_dqk (both dtypes) per-row factors, 16 exp2 per feature instead of 64. fp32 activations: every product in
+// plain fp32 FMAs (TF32 would miss the fp32 tolerance).
 // K and V are processed in tiles of 64 (zero-padded); rows past the end of a partial chunk are zero with g = 0, so
 // the cumulative gate is flat there and row 63 holds G_L.
 //
 // Numerics (spec 10.1): the gate cumsum restarts every chunk and is fp32, in base 2 (G·log2 e, decays by the hardware
-// exp2, as fla does); every exponent is a difference <= 0 (reference rows: the first row of a query sub-chunk, the
-// last row of a key sub-chunk, or the chunk's last row); diagonal 16×16 blocks are element-wise and only ever form
-// j <= i, so no e^{positive} (and no 0·inf) exists.
+// exp2, as fla does); every exponent is a difference <= 0 (reference rows: the first row of a query sub-chunk or of a
+// diagonal block's second half, the last row of a key sub-chunk, or the chunk's last row); the element-wise pairs only
+// ever have j <= i, so no e^{positive} (and no 0·inf) exists.
 // Determinism: no atomics; every sum has a fixed order, so results are bitwise reproducible.
 //
 // Memory: the forward's per-chunk states [B·H, NT, K, V] are stored in the activation dtype (bf16 as in fla's
@@ -639,8 +642,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
 
 // ---------------------------------------------------------------------------------------------------------------------
 // Forward output (spec 7.2 steps 2–3). One block per (chunk, pair):
-//   A_ij = s·Σ_a q_ia k_ja e^{G_ia − G_ja} (j <= i), by K-tiles: diagonal 16×16 blocks element-wise, blocks below them
-//   with the reference row n = G of the query sub-chunk's first row (Q̂ = q ⊙ e^{G_i − n}, K̂ = k ⊙ e^{n − G_j});
+//   A_ij = s·Σ_a q_ia k_ja e^{G_ia − G_ja} (j <= i), by K-tiles: diagonal 16×16 blocks element-wise (bf16: their 8×8
+//   triangles), blocks below them (bf16: and the diagonal blocks' lower-left 8×8 squares) with the reference row
+//   n = G of the query rows' first row (Q̂ = q ⊙ e^{G_i − n}, K̂ = k ⊙ e^{n − G_j});
 //   o = Q̄ S^(c) + A v with Q̄ = s·q ⊙ e^{G} (rounded to the activation dtype, as fla does, as is A for A·v).
 // The scores phase's fp32 tiles (q, k and G of one K-tile): rows of ld = 68 floats, whole 16-byte units (G arrives by
 // cp.async), ≡ 4 (mod 32 banks): the tensor-core fragment reads (8 rows × 4 columns per warp) are conflict-free, and
@@ -695,17 +699,25 @@ struct FwdOutputSmem {
   }
 };
 
-// Diagonal 16×16 blocks of the scores, element-wise: only j <= i is formed, so every exponent is <= 0.
-// Warp w takes rows w and 15 − w of every block (17 entries; the same work for every warp); lane 4s + b takes block b
-// and the K-tile columns 4s .. 4s+3 and 32+4s .. 32+4s+3, in the order rotated by b (step u reads column
-// 4s + (u + b) % 4 (+32)): rows 16 apart share banks (16·68 ≡ 0 mod 32), so the rotation is what keeps the four
-// blocks' reads on different banks. The rows' q and G stay in registers, each key row's k and G are read once for both
-// rows, and each entry's eight per-lane terms are summed in order, then across the eight column groups by a fixed
-// butterfly (bitwise reproducible). Shared reads: 1.5 per exp-and-FMA (4 with one entry a thread).
+// The element-wise triangles of the diagonal blocks: in each 16×16 diagonal block, the kTri×kTri triangles on its
+// diagonal (kTri = 16: the whole block, the fp32 path; kTri = 8: its two 8×8 triangles, the bf16 path, whose 8×8 square
+// below them goes to the tensor cores, see accumulate_scores). Only j <= i is formed, so every exponent is <= 0.
+// Warp w takes rows p and kTri − 1 − p (p = w mod kTri/2) of triangle w / (kTri/2) of every block (kTri + 1 entries;
+// the same work for every warp); lane 4s + b takes block b and the K-tile columns 4s .. 4s+3 and 32+4s .. 32+4s+3, in
+// the order rotated by b (step u reads column 4s + (u + b) % 4 (+32)): rows 16 apart share banks (16·68 ≡ 0 mod 32),
+// so the rotation is what keeps the four blocks' reads on different banks. The rows' q and G stay in registers, each
+// key row's k and G are read once for both rows, and each entry's eight per-lane terms are summed in order, then
+// across the eight column groups by a fixed butterfly (bitwise reproducible). Each (entry, feature) costs one exp2:
+// that (the multi-function unit's 16 results per clock per SM) is what bounds this loop, hence kTri = 8 where TF32
+// products are accurate enough.
+template <int kTri>
 __device__ void diagonal_scores(float* A, const float* q, const float* k, const float* G, float scale) {
+  static_assert(kTri == kSub || kTri == kSub / 2, "triangles of 16 or 8 rows");
+  constexpr int kRowPairs = kTri / 2;  // per triangle; 8 warps cover every triangle of a block
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int b = lane & 3, s = lane >> 2;
-  const int lo = kSub * b + w, hi = kSub * b + kSub - 1 - w;
+  const int b = lane & 3, s = lane >> 2, pr = w % kRowPairs;
+  const int first = kSub * b + kTri * (w / kRowPairs);  // the triangle's first row (and column)
+  const int lo = first + pr, hi = first + kTri - 1 - pr;
   float q_lo[8], g_lo[8], q_hi[8], g_hi[8];
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
@@ -715,9 +727,9 @@ __device__ void diagonal_scores(float* A, const float* q, const float* k, const 
     q_hi[u] = q[ScoreTile::at(hi, a)];
     g_hi[u] = G[ScoreTile::at(hi, a)];
   }
-  for (int jj = 0; jj < kSub - w; ++jj) {  // key row j = 16b + jj <= hi; also <= lo while jj <= w (warp-uniform)
-    const int j = kSub * b + jj;
-    const bool both = jj <= w;
+  for (int jj = 0; jj < kTri - pr; ++jj) {  // key row j = first + jj <= hi; also <= lo while jj <= pr (warp-uniform)
+    const int j = first + jj;
+    const bool both = jj <= pr;
     float s_hi = 0.f, s_lo = 0.f;
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
@@ -753,57 +765,70 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// One 16×16 block below the diagonal, query sub-chunk r against key sub-chunk J < r, by one warp on the tensor cores
-// (TF32): A[16r + i][16J + j] += s·Σ_a Q̂_ia K̂_ja with the reference row n = 16r, Q̂ = q ⊙ e^{G_i − G_n} and
-// K̂ = k ⊙ e^{G_n − G_j} (both exponents <= 0), built straight into the fragments from the tiles. For bf16 activations
-// only: there A only ever enters a product rounded to bf16 (A v, and the backward's Aᵀ dO), and TF32's 2^-11 input
-// rounding stays below that; fp32 activations keep the SIMT rounds (their tolerance needs full fp32).
-__device__ void off_diagonal_block_tf32(float* A, const float* q, const float* k, const float* G, float scale, int r,
-                                        int J) {
+// One block of scores below the element-wise ones, by one warp on the tensor cores (TF32): query rows n .. n + kRows − 1
+// against key columns j0 .. j0 + 8·kColTiles − 1 (all < n): A[i][j] += s·Σ_a Q̂_ia K̂_ja with the reference row n,
+// Q̂ = q ⊙ e^{G_i − G_n} and K̂ = k ⊙ e^{G_n − G_j} (both exponents <= 0), built straight into the fragments from the
+// tiles. Used for the 16×16 blocks below the diagonal blocks (n = 16r, j0 = 16J, J < r) and for the 8×8 square in
+// the lower left of each diagonal block (n = 16b + 8, j0 = 16b; kRows = 8 leaves the fragment's rows g + 8 zero and
+// unformed). Factoring e^{G_i − G_j} so costs 8 + 8 exp2 per feature for an 8×8 square instead of 64. For bf16
+// activations only: there A only ever enters a product rounded to bf16 (A v, and the backward's Aᵀ dO), and TF32's
+// 2^-11 input rounding stays below that; fp32 activations keep the SIMT rounds (their tolerance needs full fp32).
+template <int kRows, int kColTiles>
+__device__ void scores_block_tf32(float* A, const float* q, const float* k, const float* G, float scale, int n,
+                                  int j0) {
+  static_assert(kRows == 16 || kRows == 8, "m16n8k8 rows: 16, or 8 of them");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n = r * kSub, i0 = n + g, i1 = n + g + 8;
-  float acc[2][4] = {};
+  const int i0 = n + g, i1 = n + g + 8;
+  float acc[kColTiles][4] = {};
 #pragma unroll 2
   for (int a0 = 0; a0 < kTile; a0 += 8) {
     const int c0 = a0 + t, c1 = a0 + t + 4;
     const float ref0 = G[ScoreTile::at(n, c0)], ref1 = G[ScoreTile::at(n, c1)];
-    const uint32_t fa[4] = {to_tf32(q[ScoreTile::at(i0, c0)] * exp2_fast(G[ScoreTile::at(i0, c0)] - ref0)),
-                            to_tf32(q[ScoreTile::at(i1, c0)] * exp2_fast(G[ScoreTile::at(i1, c0)] - ref0)),
-                            to_tf32(q[ScoreTile::at(i0, c1)] * exp2_fast(G[ScoreTile::at(i0, c1)] - ref1)),
-                            to_tf32(q[ScoreTile::at(i1, c1)] * exp2_fast(G[ScoreTile::at(i1, c1)] - ref1))};
+    auto q_hat = [&](int i, int c, float ref) {
+      return to_tf32(q[ScoreTile::at(i, c)] * exp2_fast(G[ScoreTile::at(i, c)] - ref));
+    };
+    const uint32_t fa[4] = {q_hat(i0, c0, ref0), kRows == 16 ? q_hat(i1, c0, ref0) : 0u, q_hat(i0, c1, ref1),
+                            kRows == 16 ? q_hat(i1, c1, ref1) : 0u};
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int j = J * kSub + 8 * nt + g;
+    for (int nt = 0; nt < kColTiles; ++nt) {
+      const int j = j0 + 8 * nt + g;
       const uint32_t fb[2] = {to_tf32(k[ScoreTile::at(j, c0)] * exp2_fast(ref0 - G[ScoreTile::at(j, c0)])),
                               to_tf32(k[ScoreTile::at(j, c1)] * exp2_fast(ref1 - G[ScoreTile::at(j, c1)]))};
       mma_tf32(acc[nt], fa, fb);
     }
   }
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const int col = J * kSub + 8 * nt + 2 * t;
+  for (int nt = 0; nt < kColTiles; ++nt) {
+    const int col = j0 + 8 * nt + 2 * t;
     A[i0 * kLdF + col] += scale * acc[nt][0];
     A[i0 * kLdF + col + 1] += scale * acc[nt][1];
-    A[i1 * kLdF + col] += scale * acc[nt][2];
-    A[i1 * kLdF + col + 1] += scale * acc[nt][3];
+    if (kRows == 16) {
+      A[i1 * kLdF + col] += scale * acc[nt][2];
+      A[i1 * kLdF + col + 1] += scale * acc[nt][3];
+    }
   }
 }
 
 // Adds one K-tile's share to the scores A ([64][kLdF], s included). q, k, G: the tile's fp32 rows (ScoreTile);
-// Khat, Qhat: scratch of the fp32 path. Diagonal blocks element-wise; the six blocks below them on the tensor cores
-// (bf16 activations: warps 0–5, block (r, J) for warp r(r−1)/2 + J), or for fp32 activations as fp32 SIMT dot products,
-// one query sub-chunk r at a time (reference row 16r).
+// Khat, Qhat: scratch of the fp32 path. bf16 activations: the diagonal blocks' 8×8 triangles element-wise, and on the
+// tensor cores the six blocks below them (warps 0–5, block (r, J) for warp r(r−1)/2 + J) and the diagonal blocks'
+// lower-left 8×8 squares (warps 6 and 7, two blocks each: about the six warps' work). fp32 activations: the whole
+// diagonal blocks element-wise, the rest as fp32 SIMT dot products, one query sub-chunk r at a time (reference row 16r).
 template <typename In>
 __device__ void accumulate_scores(float* A, const float* q, const float* k, const float* G, float* Khat, float* Qhat,
                                   float scale) {
-  diagonal_scores(A, q, k, G, scale);
   if constexpr (std::is_same_v<In, __nv_bfloat16>) {
+    diagonal_scores<kSub / 2>(A, q, k, G, scale);
     const int w = threadIdx.x >> 5;
     if (w < 6) {
       const int r = w == 0 ? 1 : w < 3 ? 2 : 3;
-      off_diagonal_block_tf32(A, q, k, G, scale, r, w - r * (r - 1) / 2);
+      scores_block_tf32<kSub, 2>(A, q, k, G, scale, r * kSub, (w - r * (r - 1) / 2) * kSub);
+    } else {
+      for (int blk = 2 * (w - 6); blk < 2 * (w - 6) + 2; ++blk)
+        scores_block_tf32<kSub / 2, 1>(A, q, k, G, scale, blk * kSub + kSub / 2, blk * kSub);
     }
   } else {
+    diagonal_scores<kSub>(A, q, k, G, scale);
     for (int r = 1; r < kChunk / kSub; ++r) {
       const int a0 = r * kSub;
       __syncthreads();  // Khat/Qhat free
@@ -1219,11 +1244,17 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   const int a = threadIdx.x & 63, rg = threadIdx.x >> 6, r_lo = rg * kSub;
   const float GL = s.G[(kChunk - 1) * kLdB + a];
   {
-    // Intra, the diagonal block, strictly j < i (the j = i terms are held back): each pair's decay e^{G_i − G_j}
-    // is formed once and feeds both dq_i += dA_ij k_j e and dk_j += dA_ij q_i e, with the block's G, k and dk in
-    // registers (fully unrolled) and dA_ij a broadcast read (one warp, one block). Sums in ascending j (dq) and
-    // i (dk). The inter terms are finished on the same rows: Pq·s·e^{G_i} and dk_inter = e^{G_L − G_j} ⊙ Pk.
+    // Intra, the diagonal block, strictly j < i (the j = i terms are held back), with the block's G, k and dk in
+    // registers (fully unrolled) and dA_ij a broadcast read (one warp, one block). Pairs within one 8-row half:
+    // each pair's decay e^{G_i − G_j} is formed once and feeds both dq_i += dA_ij k_j e and dk_j += dA_ij q_i e.
+    // Pairs across the halves (j < 8 <= i): the decay factored at the second half's first row n,
+    // e^{G_i − G_j} = e^{G_i − G_n}·e^{G_n − G_j} (both exponents <= 0), so that these 64 pairs cost 16 exp2
+    // instead of 64 (the multi-function unit bounds this loop): dq_i += e^{G_i − G_n} Σ_j dA_ij k̂_j and
+    // dk_j += e^{G_n − G_j} Σ_i dA_ij q̌_i with k̂_j = k_j e^{G_n − G_j}, q̌_i = q_i e^{G_i − G_n}. Sums in ascending
+    // j (dq) and i (dk). The inter terms are finished on the same rows: Pq·s·e^{G_i} and dk_inter = e^{G_L − G_j} ⊙ Pk.
+    constexpr int kHalf = kSub / 2;
     float gk[kSub], kk[kSub], dk[kSub];
+    float e_k[kHalf], across_k[kHalf];  // e^{G_n − G_j}, and dk_j's sums over the second half's rows
 #pragma unroll
     for (int j = 0; j < kSub; ++j) {
       gk[j] = s.G[(r_lo + j) * kLdB + a];
@@ -1231,13 +1262,33 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
       dk[j] = 0.f;
     }
 #pragma unroll
+    for (int j = 0; j < kHalf; ++j) {
+      e_k[j] = exp2_fast(gk[kHalf] - gk[j]);
+      across_k[j] = 0.f;
+    }
+#pragma unroll
     for (int i = 0; i < kSub; ++i) {
       const int r = r_lo + i;
       const float* dA_row = s.dA + r * kLdD + r_lo;  // 16-byte aligned: kLdD and r_lo are multiples of 4
       const float qi = load_f(s.q[r * kLdB + a]);
       float dq = 0.f, x4[4];
+      if (i >= kHalf) {  // the pairs across the halves
+        const float e_i = exp2_fast(gk[i] - gk[kHalf]), q_check = qi * e_i;
+        float across_q = 0.f;
 #pragma unroll
-      for (int j = 0; j < i; ++j) {
+        for (int j = 0; j < kHalf; ++j) {
+          if (j % 4 == 0) {
+            const float4 t = *reinterpret_cast<const float4*>(dA_row + j);
+            x4[0] = t.x, x4[1] = t.y, x4[2] = t.z, x4[3] = t.w;
+          }
+          const float x = x4[j % 4];
+          across_q = fmaf(x * kk[j], e_k[j], across_q);
+          across_k[j] = fmaf(x, q_check, across_k[j]);
+        }
+        dq = across_q * e_i;
+      }
+#pragma unroll
+      for (int j = i < kHalf ? 0 : kHalf; j < i; ++j) {  // the pairs within i's half
         if (j % 4 == 0) {
           const float4 t = *reinterpret_cast<const float4*>(dA_row + j);
           x4[0] = t.x, x4[1] = t.y, x4[2] = t.z, x4[3] = t.w;
@@ -1248,6 +1299,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
       }
       s.Pq[r * ldc + a] = s.Pq[r * ldc + a] * (p.scale * exp2_fast(gk[i])) + dq;
     }
+#pragma unroll
+    for (int j = 0; j < kHalf; ++j) dk[j] = fmaf(e_k[j], across_k[j], dk[j]);
     float dl = 0.f;  // Σ_{j<L} k_j ⊙ dk_inter_j over these rows
 #pragma unroll
     for (int j = 0; j < kSub; ++j) {
