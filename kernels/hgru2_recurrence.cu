@@ -191,16 +191,34 @@ __device__ void load_tile(Dst* dst, int ld, const Src* src, int64_t stride, int 
   t.commit(dst, ld);
 }
 
-// dst[r·stride + c] (+)= src[r][c] for r < rows, c < cols.
+// dst[r·stride + c] (+)= src[r][c] for r < rows, c < cols. Thread t takes columns 4(t % 16) .. +3 of rows t / 16 + 16i
+// (a warp: two rows of 64 columns), stored by one 4-element access per group where dst's rows are aligned to 4 elements,
+// element by element at a ragged right edge or otherwise. All old values are loaded before anything is stored (see
+// TileRegs).
 template <typename Dst>
 __device__ void store_tile(Dst* dst, int64_t stride, const float* src, int ld, int rows, int cols, bool accumulate) {
-  TileRegs old;
-  old.fetch(accumulate ? dst : nullptr, stride, rows, cols);  // zeros (no reads) when not accumulating
-  const int c = TileRegs::col();
+  const bool vec = reinterpret_cast<uintptr_t>(dst) % (4 * sizeof(Dst)) == 0 && stride % 4 == 0;
+  const int c = (threadIdx.x & 15) * 4, r0 = threadIdx.x >> 4;
+  float x[4][4] = {};
+  if (accumulate)
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int r = TileRegs::row(i);
-    if (r < rows && c < cols) dst[r * stride + c] = store_f<Dst>(src[r * ld + c] + old.x[i]);
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (r0 + 16 * i < rows && c + e < cols) x[i][e] = load_f(dst[(r0 + 16 * i) * stride + c + e]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = r0 + 16 * i;
+    if (r >= rows) break;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[i][e] += src[r * ld + c + e];
+    if (vec && c + 4 <= cols) {
+      store_pack<4>(dst + r * stride + c, 0, x[i]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (c + e < cols) dst[r * stride + c + e] = store_f<Dst>(x[i][e]);
+    }
   }
 }
 
@@ -640,6 +658,27 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
   }
 }
 
+// Four consecutive elements of an operand tile in shared memory as floats, and back: one 8-byte access for bf16 (rows
+// of whole 16-byte units, 4-element groups); element by element for fp32, whose Q̄ rows (odd stride) are unaligned.
+template <typename T>
+__device__ __forceinline__ void load4(const T* p, float (&x)[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = p[e];
+  } else {
+    load_pack<4>(p, 0, x);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void store4(T* p, const float (&x)[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = x[e];
+  } else {
+    store_pack<4>(p, 0, x);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------------
 // Forward output (spec 7.2 steps 2–3). One block per (chunk, pair):
 //   A_ij = s·Σ_a q_ia k_ja e^{G_ia − G_ja} (j <= i), by K-tiles: diagonal 16×16 blocks element-wise (bf16: their 8×8
@@ -682,9 +721,10 @@ struct FwdOutputSmem {
     s->A = c.take<float>(kChunk * kLdF);
     s->Ain = c.take<In>(kChunk * TileLd<In>::in);
     const size_t region = c.off;
-    s->q = c.take<float>(ScoreTile::size);
-    s->k = c.take<float>(ScoreTile::size);
-    s->G = c.take<float>(ScoreTile::size);
+    // One array, so that the compiler sees k and G at constant offsets from q (one address, immediate offsets).
+    s->q = c.take<float>(3 * ScoreTile::size);
+    s->k = s->q + ScoreTile::size;
+    s->G = s->k + ScoreTile::size;
     s->seg = c.take<float>(4 * 64);
     s->k_in = c.take<In>(kChunk * TileLd<In>::in);
     constexpr bool kSimtOffDiagonal = std::is_same_v<In, float>;
@@ -727,37 +767,42 @@ __device__ void diagonal_scores(float* A, const float* q, const float* k, const 
     q_hi[u] = q[ScoreTile::at(hi, a)];
     g_hi[u] = G[ScoreTile::at(hi, a)];
   }
-  for (int jj = 0; jj < kTri - pr; ++jj) {  // key row j = first + jj <= hi; also <= lo while jj <= pr (warp-uniform)
+  // Key row j = first + jj <= hi; also <= lo while jj <= pr. Two loops (warp-uniform bounds), so that the rows past lo
+  // issue no predicated-off work for it.
+  auto key_row = [&](int jj, auto both_rows) {
+    constexpr bool kBoth = decltype(both_rows)::value;
     const int j = first + jj;
-    const bool both = jj <= pr;
     float s_hi = 0.f, s_lo = 0.f;
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int a = 4 * s + ((u + b) & 3) + 32 * (u >> 2);
       const float kj = k[ScoreTile::at(j, a)], gj = G[ScoreTile::at(j, a)];
       s_hi = fmaf(q_hi[u] * kj, exp2_fast(g_hi[u] - gj), s_hi);
-      if (both) s_lo = fmaf(q_lo[u] * kj, exp2_fast(g_lo[u] - gj), s_lo);
+      if (kBoth) s_lo = fmaf(q_lo[u] * kj, exp2_fast(g_lo[u] - gj), s_lo);
     }
 #pragma unroll
     for (int m = 4; m < 32; m <<= 1) {
       s_hi += __shfl_xor_sync(0xffffffffu, s_hi, m);
-      s_lo += __shfl_xor_sync(0xffffffffu, s_lo, m);
+      if (kBoth) s_lo += __shfl_xor_sync(0xffffffffu, s_lo, m);
     }
     if (s == 0) {
       A[hi * kLdF + j] += scale * s_hi;
-      if (both) A[lo * kLdF + j] += scale * s_lo;
+      if (kBoth) A[lo * kLdF + j] += scale * s_lo;
     }
-  }
+  };
+  int jj = 0;
+  for (; jj <= pr; ++jj) key_row(jj, std::true_type{});
+  for (; jj < kTri - pr; ++jj) key_row(jj, std::false_type{});
 }
 
 // TF32 tensor-core product (mma.sync m16n8k8, fp32 accumulate): c += a·b with a 16×8 row-major and b 8×8 col-major
 // fragments (PTX ISA fragment layouts: lane = 4g + t holds a[g][t], a[g+8][t], a[g][t+4], a[g+8][t+4], b[t][g],
 // b[t+4][g], and c[g][2t], c[g][2t+1], c[g+8][2t], c[g+8][2t+1]).
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t y;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
-  return y;
-}
+// The operands are rounded to TF32 by adding half a TF32 unit (bit 12) to the fp32 bit pattern: the tensor cores
+// read only the top 19 bits (they truncate), so this is cvt.rna's round to nearest, ties away from zero, in one integer
+// add instead of the several instructions that sm_90 spends on cvt.rna (CUTLASS's round_half_ulp_truncate). Exact for
+// every finite operand here (products of a bf16 value and a decay <= 1, far from the overflow at FLT_MAX).
+__device__ __forceinline__ uint32_t to_tf32(float x) { return __float_as_uint(x) + 0x1000u; }
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -881,16 +926,23 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    for (int idx = threadIdx.x; idx < kChunk * kTile; idx += kThreads) {
-      const int t = idx >> 6, a = idx & 63;
-      s.q[ScoreTile::at(t, a)] = load_f(s.Qb[t * ldq + k0 + a]);
-      s.k[ScoreTile::at(t, a)] = load_f(s.k_in[t * ldi + a]);
+    chunk_cumsum(s.G, ScoreTile::ld, s.seg);  // ends with a barrier
+    // One pass, four columns a thread: q and k widened into the fp32 tiles, and Q̄ = s·q ⊙ e^G over q's columns of Qb
+    // (each thread rewrites the elements it read).
+    for (int idx = threadIdx.x; idx < kChunk * kTile / 4; idx += kThreads) {
+      const int t = idx >> 4, a = (idx & 15) * 4;
+      float qv[4], kv[4], qbar[4];
+      load4(s.Qb + t * ldq + k0 + a, qv);
+      load4(s.k_in + t * ldi + a, kv);
+      const float4 gv = *reinterpret_cast<const float4*>(s.G + ScoreTile::at(t, a));
+      *reinterpret_cast<float4*>(s.q + ScoreTile::at(t, a)) = make_float4(qv[0], qv[1], qv[2], qv[3]);
+      *reinterpret_cast<float4*>(s.k + ScoreTile::at(t, a)) = make_float4(kv[0], kv[1], kv[2], kv[3]);
+      const float g4[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) qbar[e] = p.scale * qv[e] * exp2_fast(g4[e]);
+      store4(s.Qb + t * ldq + k0 + a, qbar);
     }
-    chunk_cumsum(s.G, ScoreTile::ld, s.seg);  // ends with a barrier: the widened tiles are complete too
-    for (int idx = threadIdx.x; idx < kChunk * kTile; idx += kThreads) {
-      const int t = idx >> 6, a = idx & 63;
-      s.Qb[t * ldq + k0 + a] = store_f<In>(p.scale * s.q[ScoreTile::at(t, a)] * exp2_fast(s.G[ScoreTile::at(t, a)]));
-    }
+    __syncthreads();  // the widened tiles are complete
     accumulate_scores<In>(s.A, s.q, s.k, s.G, s.Khat, s.Qhat, p.scale);
   }
   __syncthreads();
@@ -1399,38 +1451,53 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   float suffix = s.d_last[a];
   for (int later = 3; later > rg; --later) suffix += s.seg[later * 64 + a];
 
-  // Accumulate into the gradients: all old values are loaded before anything is stored (see TileRegs).
+  // Into the gradients. The usual case, a whole 16-row segment into the step's fresh gradient buffers (all three
+  // wanted, none accumulated), runs without per-row tests or old values: those tests and loads, unrolled over the 16
+  // rows, were a fifth of the kernel's instructions. Otherwise all old values are loaded before anything is stored
+  // (see TileRegs), two rounds of 8 rows keeping 24 of them live instead of 48 (the kernel is at its register cap).
   const int rows = a < kcols ? max(0, min(r_hi, n) - r_lo) : 0;
-  In* dq = p.dq ? static_cast<In*>(p.dq) + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
-  In* dk = p.dk ? static_cast<In*>(p.dk) + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
-  float* dg = p.dg ? p.dg + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
-  // Two rounds of 8 rows keep 24 old values live instead of 48 (the kernel is at its register cap).
+  const int64_t first = key_off + static_cast<int64_t>(r_lo) * key_stride + a;
+  In* dq = p.dq ? static_cast<In*>(p.dq) + first : nullptr;
+  In* dk = p.dk ? static_cast<In*>(p.dk) + first : nullptr;
+  float* dg = p.dg ? p.dg + first : nullptr;
+  const int64_t row_stride = key_stride;  // a plain variable: lambdas capture no structured bindings before C++20
+  auto write_rows = [&](auto general_case) {
+    constexpr bool kGeneral = decltype(general_case)::value;
 #pragma unroll
-  for (int half = 0; half < kSub; half += kSub / 2) {
-    float old_q[kSub / 2], old_k[kSub / 2], old_g[kSub / 2];
+    for (int half = 0; half < kSub; half += kSub / 2) {
+      float old_q[kSub / 2] = {}, old_k[kSub / 2] = {}, old_g[kSub / 2] = {};
+      if constexpr (kGeneral) {
 #pragma unroll
-    for (int u = 0; u < kSub / 2; ++u) {
-      const int i = half + u;
-      const bool in = i < rows;
-      old_q[u] = in && dq && p.accumulate_dq ? load_f(dq[i * key_stride]) : 0.f;
-      old_k[u] = in && dk && p.accumulate_dk ? load_f(dk[i * key_stride]) : 0.f;
-      old_g[u] = in && dg && p.accumulate_dg ? dg[i * key_stride] : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < kSub / 2; ++u) {
-      const int i = half + u;
-      if (i >= rows) break;
-      const int r = r_lo + i;
-      const float diag = s.dA[r * kLdD + r];
-      if (dq) dq[i * key_stride] = store_f<In>(old_q[u] + s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdB + a]));
-      if (dk) {
-        float val = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdB + a]);
-        if (r == last) val += s.dk_last[a];
-        dk[i * key_stride] = store_f<In>(old_k[u] + val);
+        for (int u = 0; u < kSub / 2; ++u) {
+          const int i = half + u;
+          const int64_t at = i * row_stride;
+          const bool in = i < rows;
+          if (in && dq && p.accumulate_dq) old_q[u] = load_f(dq[at]);
+          if (in && dk && p.accumulate_dk) old_k[u] = load_f(dk[at]);
+          if (in && dg && p.accumulate_dg) old_g[u] = dg[at];
+        }
       }
-      if (dg) dg[i * key_stride] = old_g[u] + s.G[r * kLdB + a] + suffix;
+#pragma unroll
+      for (int u = 0; u < kSub / 2; ++u) {
+        const int i = half + u;
+        if (kGeneral && i >= rows) break;
+        const int r = r_lo + i;
+        const int64_t at = i * row_stride;
+        const float diag = s.dA[r * kLdD + r];
+        if (!kGeneral || dq) dq[at] = store_f<In>(old_q[u] + s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdB + a]));
+        if (!kGeneral || dk) {
+          float val = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdB + a]);
+          if ((kGeneral || i == kSub - 1) && r == last) val += s.dk_last[a];  // a whole segment: only its last row
+          dk[at] = store_f<In>(old_k[u] + val);
+        }
+        if (!kGeneral || dg) dg[at] = old_g[u] + s.G[r * kLdB + a] + suffix;
+      }
     }
-  }
+  };
+  if (rows == kSub && dq && dk && dg && !p.accumulate_dq && !p.accumulate_dk && !p.accumulate_dg)
+    write_rows(std::false_type{});
+  else
+    write_rows(std::true_type{});
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
