@@ -1329,7 +1329,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   {
     // Intra, the diagonal block, strictly j < i (the j = i terms are held back), with the block's G, k and dk in
     // registers (fully unrolled) and dA_ij a broadcast read (one warp, one block). Pairs within one 8-row half:
-    // each pair's decay e^{G_i − G_j} is formed once and feeds both dq_i += dA_ij k_j e and dk_j += dA_ij q_i e.
+    // each pair's dA_ij e^{G_i − G_j} is formed once and feeds both dq_i += (dA_ij e) k_j and dk_j += (dA_ij e) q_i.
     // Pairs across the halves (j < 8 <= i): the decay factored at the second half's first row n,
     // e^{G_i − G_j} = e^{G_i − G_n}·e^{G_n − G_j} (both exponents <= 0), so that these 64 pairs cost 16 exp2
     // instead of 64 (the multi-function unit bounds this loop): dq_i += e^{G_i − G_n} Σ_j dA_ij k̂_j and
@@ -1376,9 +1376,9 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
           const float4 t = *reinterpret_cast<const float4*>(dA_row + j);
           x4[0] = t.x, x4[1] = t.y, x4[2] = t.z, x4[3] = t.w;
         }
-        const float x = x4[j % 4], e = exp2_fast(gk[i] - gk[j]);
-        dq = fmaf(x * kk[j], e, dq);
-        dk[j] = fmaf(x * qi, e, dk[j]);
+        const float xe = x4[j % 4] * exp2_fast(gk[i] - gk[j]);  // dA_ij e, shared by both sums
+        dq = fmaf(xe, kk[j], dq);
+        dk[j] = fmaf(xe, qi, dk[j]);
       }
       s.Pq[r * ldc + a] = s.Pq[r * ldc + a] * (p.scale * exp2_fast(gk[i])) + dq;
     }
