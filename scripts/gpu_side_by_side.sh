@@ -7,6 +7,10 @@
 # or from an installed fla. Builds build-gpu/ like gpu_tests.sh when it is missing.
 # Usage: scripts/gpu_side_by_side.sh [OUTPUT_DIR]   (default build-gpu/side-by-side)
 #   MODELS="hgrn2-150m hgrn2-385m hgrn2-1b"  PEER_MODES="amp-bf16 pure-bf16"  BENCH_STEPS=10 (hgrn)
+# fla compiles and autotunes its Triton kernels on first use: on a fresh H200 machine the first 385m peer run had not
+# finished after 270 s (session 14). Give it a run of its own with a generous limit, or carry a Triton cache from an
+# earlier run on that kind of machine (TRITON_CACHE_DIR, passed through). The peer's output is unbuffered, so a run
+# stopped at its limit still shows how far it got.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build-gpu/side-by-side}
@@ -37,7 +41,7 @@ shape() {  # the peer-baseline shapes: layers hidden batch
 for model in ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b}; do
   read -r layers hidden batch <<<"$(shape "$model")"
   for mode in ${PEER_MODES:-amp-bf16 pure-bf16}; do
-    python3 tools/peer_bench.py --layers "$layers" --hidden "$hidden" --batch "$batch" --mode "$mode" \
+    PYTHONUNBUFFERED=1 python3 tools/peer_bench.py --layers "$layers" --hidden "$hidden" --batch "$batch" --mode "$mode" \
       --json "$out/peer-$model-$mode.json" > "$out/peer-$model-$mode.txt" 2>&1 ||
       { echo "peer $model $mode failed:"; tail -5 "$out/peer-$model-$mode.txt"; }
   done
