@@ -191,24 +191,23 @@ __device__ void load_tile(Dst* dst, int ld, const Src* src, int64_t stride, int 
   t.commit(dst, ld);
 }
 
-// dst[r·stride + c] (+)= src[r][c] for r < rows, c < cols. Thread t takes columns 4(t % 16) .. +3 of rows t / 16 + 16i
-// (a warp: two rows of 64 columns), stored by one 4-element access per group where dst's rows are aligned to 4 elements,
-// element by element at a ragged right edge or otherwise. All old values are loaded before anything is stored (see
-// TileRegs).
+// dst[r·stride + c] (+)= src[r][c] for r < rows, c < cols, in TileVec's layout (a warp: two rows of 64 columns), stored
+// by one 4-element access per group where dst's rows are aligned to 4 elements, element by element at a ragged right
+// edge or otherwise. All old values are loaded before anything is stored (see TileRegs).
 template <typename Dst>
 __device__ void store_tile(Dst* dst, int64_t stride, const float* src, int ld, int rows, int cols, bool accumulate) {
   const bool vec = reinterpret_cast<uintptr_t>(dst) % (4 * sizeof(Dst)) == 0 && stride % 4 == 0;
-  const int c = (threadIdx.x & 15) * 4, r0 = threadIdx.x >> 4;
+  const int c = TileVec::col();
   float x[4][4] = {};
   if (accumulate)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (r0 + 16 * i < rows && c + e < cols) x[i][e] = load_f(dst[(r0 + 16 * i) * stride + c + e]);
+        if (TileVec::row(i) < rows && c + e < cols) x[i][e] = load_f(dst[TileVec::row(i) * stride + c + e]);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int r = r0 + 16 * i;
+    const int r = TileVec::row(i);
     if (r >= rows) break;
 #pragma unroll
     for (int e = 0; e < 4; ++e) x[i][e] += src[r * ld + c + e];
@@ -946,10 +945,12 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
     cp_async_wait<0>();
     __syncthreads();
     chunk_cumsum(s.G, ScoreTile::ld, s.seg);  // ends with a barrier
-    // One pass, four columns a thread: q and k widened into the fp32 tiles, and Q̄ = s·q ⊙ e^G over q's columns of Qb
-    // (each thread rewrites the elements it read).
-    for (int idx = threadIdx.x; idx < kChunk * kTile / 4; idx += kThreads) {
-      const int t = idx >> 4, a = (idx & 15) * 4;
+    // One pass, four columns a thread (TileVec's layout): q and k widened into the fp32 tiles, and Q̄ = s·q ⊙ e^G over
+    // q's columns of Qb (each thread rewrites the elements it read).
+    const int a = TileVec::col();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = TileVec::row(i);
       float qv[4], kv[4], qbar[4];
       load4(s.Qb + t * ldq + k0 + a, qv);
       load4(s.k_in + t * ldi + a, kv);
@@ -969,8 +970,9 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
     In* dst = static_cast<In*>(p.scores) + (static_cast<int64_t>(pair) * d.NT + c) * kChunk * kChunk;
     store_tile(dst, kChunk, s.A, kLdF, kChunk, kChunk, false);
   }
-  for (int idx = threadIdx.x; idx < kChunk * kChunk / 4; idx += kThreads) {  // four columns a thread
-    const int t = idx >> 4, a = (idx & 15) * 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // four columns a thread (TileVec's layout)
+    const int t = TileVec::row(i), a = TileVec::col();
     const float* row = s.A + t * kLdF + a;
     store4(s.Ain + t * ldi + a, {row[0], row[1], row[2], row[3]});
   }
@@ -1072,10 +1074,13 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   __syncthreads();
   for (int kt = 0; kt < d.nk; ++kt) {
     chunk_cumsum(s.G + kt * kTile, ldg, s.seg);  // ends with a barrier
-    // X = k ⊙ e^{G_L − G} in place, four columns a thread (the same four in every row it takes, so G_L once).
-    const int col = kt * kTile + (threadIdx.x & 15) * 4;
+    // X = k ⊙ e^{G_L − G} in place, four columns a thread in TileVec's layout (the same four in every row it takes,
+    // so G_L once).
+    const int col = kt * kTile + TileVec::col();
     const float4 gl = *reinterpret_cast<const float4*>(s.G + (kChunk - 1) * ldg + col);
-    for (int t = threadIdx.x >> 4; t < kChunk; t += kThreads / 16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = TileVec::row(i);
       float x[4];
       load4(s.X + t * ldx + col, x);
       const float4 gt = *reinterpret_cast<const float4*>(s.G + t * ldg + col);
