@@ -7,10 +7,14 @@
 # or from an installed fla. Builds build-gpu/ like gpu_tests.sh when it is missing.
 # Usage: scripts/gpu_side_by_side.sh [OUTPUT_DIR]   (default build-gpu/side-by-side)
 #   MODELS="hgrn2-150m hgrn2-385m hgrn2-1b"  PEER_MODES="amp-bf16 pure-bf16"  BENCH_STEPS=10 (hgrn)
-# fla compiles and autotunes its Triton kernels on first use: on a fresh H200 machine the first 385m peer run had not
-# finished after 270 s (session 14). Give it a run of its own with a generous limit, or carry a Triton cache from an
-# earlier run on that kind of machine (TRITON_CACHE_DIR, passed through). The peer's output is unbuffered, so a run
-# stopped at its limit still shows how far it got.
+# fla compiles and autotunes its Triton kernels on first use: on a fresh H200 machine the first peer run takes
+# 350-400 s (sessions 14, 15), the next ones of the same config 25 s. Give it a run of its own with a generous limit,
+# or carry a Triton cache from an earlier run on that kind of machine (TRITON_CACHE_DIR, passed through; fla keeps its
+# autotuning results there too). Only the cubins and json files are needed (77 MB for the three configs, 17 MB
+# gzipped), e.g. with TRITON_CACHE_DIR=/tmp/tc:
+#   pack:   find /tmp/tc -type f ! -name '*.cubin' ! -name '*.json' -delete; tar -C /tmp -czf - tc | split -b 15M - DIR/tc.tgz.part-
+#   unpack: cat DIR/tc.tgz.part-* | tar -C /tmp -xzf -
+# The peer's output is unbuffered, so a run stopped at its limit still shows how far it got.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build-gpu/side-by-side}
