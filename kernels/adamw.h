@@ -13,6 +13,9 @@ struct MultiTensorSlot {
   float* grad = nullptr;    // AdamW and the norm: read; the scale: scaled in place
   float* first = nullptr;   // AdamW's moments, updated in place
   float* second = nullptr;
+  // AdamW, where non-null: n bf16 values receiving the updated parameter rounded to nearest even, the bits a cast of
+  // it afterwards gives (the parameter's bf16 compute copy, kept valid instead of cast again by the next forward).
+  void* bf16_copy = nullptr;
   int64_t n = 0;            // elements
   int64_t decay = 0;        // AdamW: 1 = decoupled weight decay applies
   int64_t first_chunk = 0;  // set by the launchers: the slot's first chunk in the launch
@@ -29,7 +32,8 @@ double* cuda_multi_tensor_total(void* workspace, int64_t count, long long chunks
 
 // AdamW for every slot, in double with IEEE-rounded operations in the CPU's order (optimizer.cpp's adamw_update):
 // g = float(grad · grad_scale) (the gradient clipping would have left; grad itself is not written);
-// m = b1 m + (1-b1) g; v = b2 v + ((1-b2) g) g; p = p * (decay ? decay_factor : 1) - lr (m/bc1) / (sqrt(v/bc2) + eps).
+// m = b1 m + (1-b1) g; v = b2 v + ((1-b2) g) g; p = p * (decay ? decay_factor : 1) - lr (m/bc1) / (sqrt(v/bc2) + eps);
+// and bf16_copy = bf16(p) where the slot has one.
 // With clip_sum_of_squares (a device double, Σ grad²) grad_scale is replaced by the clip factor of that sum and
 // max_norm, formed on the device as grad_norm_and_clip_factor forms it on the host (the same bits): clipping
 // without a round trip through the host.

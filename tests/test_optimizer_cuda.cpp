@@ -290,6 +290,61 @@ TEST(OptimizerCuda, LoadStateFromCpuTensorsContinuesIdentically) {
   EXPECT_TRUE(same_bits(resumed_opt.first_moments()[3], gm[3]));
 }
 
+// linear's bf16 copy of a weight (Variable::compute_copy): the GPU update writes it along with the weight, so after
+// each step it must hold exactly the bits a cast of the updated weight gives (what the next forward would have made),
+// for both clip paths, every odd size and the parameter without a gradient (left alone). Where the update covers only
+// part of the parameter (a ZeRO-1 range), or the copy does not match the parameter, the copy is dropped instead.
+TEST(OptimizerCuda, UpdateKeepsTheBf16ComputeCopyEqualToTheCastWeight) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(406);
+  const std::vector<Tensor> init = random_init(rng);
+  Params p = make_params(init, Device::CUDA);
+  for (const Var& v : p.vars) v->compute_copy = v->value.to(DType::BF16);
+  const void* kept = p.vars[4]->compute_copy.raw_data();
+  AdamW opt(p.refs, kConfig);
+  for (int t = 1; t <= 4; ++t) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    set_grads(p, random_grads(rng, t % 2 ? 1.0 : 100.0));
+    if (t % 2) {
+      opt.step(3e-2 / t);
+    } else {
+      opt.clip_and_step(3e-2 / t, 0.5);  // the device-side clip: a different launch path for the same kernel
+    }
+    for (size_t i = 0; i < init.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "param " << i);
+      ASSERT_TRUE(p.vars[i]->compute_copy.defined());
+      EXPECT_TRUE(same_bits(p.vars[i]->compute_copy, p.vars[i]->value.to(DType::BF16)));
+    }
+    // Updated in place: the buffer the model's GEMMs read stays where it was.
+    EXPECT_EQ(p.vars[4]->compute_copy.raw_data(), kept);
+  }
+  EXPECT_TRUE(same_bits(p.vars[kNoGrad]->compute_copy, init[kNoGrad].to(Device::CUDA).to(DType::BF16)));
+  // The same steps without copies: the weights themselves do not depend on whether a copy is written.
+  Params plain = make_params(init, Device::CUDA);
+  AdamW plain_opt(plain.refs, kConfig);
+  Rng replay(406);
+  random_init(replay);
+  for (int t = 1; t <= 4; ++t) {
+    set_grads(plain, random_grads(replay, t % 2 ? 1.0 : 100.0));
+    if (t % 2) plain_opt.step(3e-2 / t);
+    else plain_opt.clip_and_step(3e-2 / t, 0.5);
+  }
+  for (size_t i = 0; i < init.size(); ++i)
+    EXPECT_TRUE(same_bits(plain.vars[i]->value, p.vars[i]->value)) << "param " << i;
+
+  // A ZeRO-1 range (elements [5, 25) of 40 x 25) and a copy of the wrong shape: dropped, not written.
+  Var ranged = make_var(init[2].to(Device::CUDA), true, "ranged");
+  Var odd = make_var(init[3].to(Device::CUDA), true, "odd");
+  ranged->compute_copy = ranged->value.to(DType::BF16);
+  odd->compute_copy = Tensor::zeros({7}, DType::BF16, Device::CUDA);
+  AdamW partial({{ranged, true, 5, 20}, {odd, true}}, kConfig);
+  grad_buffer(ranged).copy_from(random_tensor(rng, kShapes[2], 1.0, DType::F32));
+  grad_buffer(odd).copy_from(random_tensor(rng, kShapes[3], 1.0, DType::F32));
+  partial.step(1e-2);
+  EXPECT_FALSE(ranged->compute_copy.defined());
+  EXPECT_FALSE(odd->compute_copy.defined());
+}
+
 TEST(OptimizerCuda, ZeroGradKeepsBuffersAndRejectsNonFp32) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(405);

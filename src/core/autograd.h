@@ -22,7 +22,8 @@ struct Variable {
   bool requires_grad = false;
   std::string name;
   // GPU mixed precision: the bf16 copy of an fp32 weight that GEMMs read, made on first use and kept until the
-  // value changes. Whoever changes `value` (the optimiser, loading weights) must reset it: invalidate_compute_copy.
+  // value changes. Whoever changes `value` (loading weights, a CPU or partial optimiser update) must reset it:
+  // invalidate_compute_copy; the GPU optimiser rewrites it with the update instead (src/train/optimizer.cpp).
   Tensor compute_copy;
   void invalidate_compute_copy() { compute_copy = Tensor(); }
   // What the gradient buffer is made like once release_value has freed `value`.

@@ -1,7 +1,8 @@
 // linear.cpp: forward y = x·Wᵀ and backward dx += dy·W, dW += dyᵀ·x; on the CPU through the CPU GEMM (OpenBLAS),
 // on the GPU through cuBLASLt.
 // Mixed precision on the GPU: the weight is an fp32 master parameter while x may be bf16. Then the weight is cast to
-// bf16 once per optimiser step (Variable::compute_copy, 2 bytes per weight) and that copy feeds the forward GEMM
+// bf16 once (Variable::compute_copy, 2 bytes per weight), after which the GPU optimiser's update writes the copy
+// along with the weight (src/train/optimizer.cpp), and that copy feeds the forward GEMM
 // and the backward dx GEMM of every use; dW is produced by a bf16 x bf16 GEMM that accumulates in fp32 straight into
 // the fp32 gradient, so the weight gradient is never rounded to bf16. The backward fetches the copy again rather than
 // holding it, so that a model may drop the copies between its forward and backward (recompute_weight_copies): the
@@ -53,7 +54,8 @@ Tensor weight_for_input(const Var& weight, const Tensor& xv) {
 }
 
 const Tensor& bf16_weight_copy(const Var& weight) {
-  // The cast happens once per weight update, not once per use (the copy is dropped when the optimiser steps).
+  // The cast happens at the first use after the copy was dropped (recompute_weight_copies, a CPU or ZeRO-1 update,
+  // loaded weights), not once per use; the GPU optimiser keeps an existing copy up to date itself.
   if (!weight->compute_copy.defined()) weight->compute_copy = weight->value.to(DType::BF16);
   return weight->compute_copy;
 }

@@ -95,6 +95,20 @@ Tensor updated_range(const ParamRef& ref, const Tensor& full) {
   return ref.count < 0 ? full : full.flat_view(ref.begin, ref.count);
 }
 
+// Where the update rewrites the parameter's bf16 compute copy (linear's cast of it) along with the parameter: a GPU
+// parameter updated whole, whose copy exists. The kernel writes the bits a cast of the updated value gives, so the
+// copy stays valid and the next forward skips the cast (a launch and a pass over the weight). Null otherwise (the CPU,
+// a ZeRO-1 range: the rest of the parameter arrives later), and the caller drops the copy for a cast at next use.
+void* updated_bf16_copy(const ParamRef& ref) {
+  const Tensor& p = ref.param->value;
+  const Tensor& copy = ref.param->compute_copy;
+  const bool whole = ref.begin == 0 && ref.updated_elements() == p.numel();
+  if (!copy.defined() || !whole || p.device() != Device::CUDA || copy.device() != Device::CUDA ||
+      copy.dtype() != DType::BF16 || !copy.is_contiguous() || copy.numel() != p.numel())
+    return nullptr;
+  return copy.raw_data();
+}
+
 #ifdef HGRN_WITH_CUDA
 // A slot table on the device (cuda_upload_slot_table) and the launches' chunk count.
 struct DeviceSlotTable {
@@ -214,14 +228,15 @@ void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device
     if (!ref.param->grad.defined()) continue;
     settle_grad(ref.param);
     check_grad_matches(ref, i);
-    ref.param->invalidate_compute_copy();
+    void* copy = updated_bf16_copy(ref);
+    if (!copy) ref.param->invalidate_compute_copy();
     const int64_t n = ref.updated_elements();
     if (n == 0) continue;
     Tensor& p = ref.param->value;
     if (p.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
       gpu.add({p.data<float>() + ref.begin, ref.param->grad.data<float>() + ref.begin,
-               first_moments_[i].data<float>(), second_moments_[i].data<float>(), n, ref.decay ? 1 : 0, 0});
+               first_moments_[i].data<float>(), second_moments_[i].data<float>(), copy, n, ref.decay ? 1 : 0, 0});
       continue;
 #else
       throw Error("AdamW::step: this hgrn was built without CUDA");
