@@ -1,11 +1,14 @@
-// test_rng.cpp: Philox4x32-10 against the Random123 known-answer vectors, state save/restore, sub-streams and the
-// distributions drawn from it.
+// test_rng.cpp: Philox4x32-10 against the Random123 known-answer vectors, state save/restore, sub-streams, the
+// distributions drawn from it, and fill_normal (the parallel weight initialisation) against the sequential draws.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <set>
 #include <vector>
 
+#include <omp.h>
+
+#include "core/random_fill.h"
 #include "core/rng.h"
 
 namespace hgrn {
@@ -110,6 +113,33 @@ TEST(Rng, BelowStaysInRangeAndHitsEveryValue) {
   }
   const uint64_t big = (1ull << 63) + 12345;  // a bound where the rejection step matters
   for (int i = 0; i < 1000; ++i) ASSERT_LT(rng.below(big), big);
+}
+
+// fill_normal must give the values (after the dtype's rounding) and leave the generator where a loop of
+// scale · rng.normal() over the elements does, whatever the thread count: sizes below, at and across its 65536-element
+// tasks, fp32 and fp64, 1 and 3 threads (ctest runs tests with one OpenMP thread, so the count is set here).
+TEST(RandomFill, FillNormalEqualsTheSequentialDrawsOnAnyThreadCount) {
+  const int saved_threads = omp_get_max_threads();
+  for (const int64_t n : {int64_t{1}, int64_t{1000}, int64_t{65536}, int64_t{3 * 65536 + 17}}) {
+    for (const DType dtype : {DType::F32, DType::F64}) {
+      for (const int threads : {1, 3}) {
+        SCOPED_TRACE(::testing::Message() << "n " << n << " " << dtype_name(dtype) << " threads " << threads);
+        Rng sequential(Rng(77).fork(5).state());
+        sequential.next_block();  // start off counter 0
+        Rng parallel(sequential.state());
+        Tensor expected = Tensor::empty({n}, dtype), got = Tensor::empty({n}, dtype);
+        for (int64_t i = 0; i < n; ++i) expected.set_item(i, 0.02 * sequential.normal());
+        omp_set_num_threads(threads);
+        fill_normal(got, 0.02, parallel);
+        omp_set_num_threads(saved_threads);
+        EXPECT_EQ(parallel.state(), sequential.state());
+        int64_t mismatches = 0;
+        for (int64_t i = 0; i < n; ++i) mismatches += expected.item(i) != got.item(i);
+        EXPECT_EQ(mismatches, 0);
+        EXPECT_NE(got.item(n - 1), 0.0);  // filled to the end
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "core/random_fill.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/hgrn2_gates.h"
@@ -29,9 +30,7 @@ Hgrn2Model::Hgrn2Model(const ModelConfig& config, Rng& init_rng, DType dtype)
   for (const ParamSpec& spec : hgrn2_param_specs(config)) {
     Tensor value = Tensor::empty(spec.shape, dtype);
     switch (spec.init) {
-      case ParamInit::Normal:
-        for (int64_t i = 0; i < value.numel(); ++i) value.set_item(i, config.initializer_range * init_rng.normal());
-        break;
+      case ParamInit::Normal: fill_normal(value, config.initializer_range, init_rng); break;
       case ParamInit::Ones: value.fill(1.0); break;
       case ParamInit::Zeros: value.zero(); break;
     }
