@@ -6,6 +6,9 @@
 # Usage: scripts/gpu_ab.sh BASE_DIR [OUTPUT_DIR]   (default build-gpu/ab)
 #   AB_ROUNDS=2 (alternations)  AB_MODELS="hgrn2-385m"  AB_WARMUP=2  AB_STEPS=5
 #   AB_RECURRENCE=8,2048,8,128,128 (B,T,H,K,V; empty: skip)  HGRN_CMAKE_ARGS (both builds)
+#   AB_TIMELINE=1: also a kernel timeline of each model's steps for both trees (tools/kernel_timeline.cpp, 3 steps
+#     after 2 warm-up) and tools/timeline_summary.py --compare of the two: GPU time per step by part and kernel,
+#     which shows changes of well under 1% that the steps' wall-clock medians do not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base_src=$(cd "${1:?usage: scripts/gpu_ab.sh BASE_DIR [OUTPUT_DIR]}" && pwd)
@@ -49,3 +52,18 @@ done
   echo "|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "$out/ab.md"
+if [ "${AB_TIMELINE:-0}" = 1 ]; then
+  # The CUPTI library is this tree's; it records any binary's kernels.
+  cmake --build build-gpu -j"$(nproc)" --target hgrn_kernel_timeline > "$out/build-timeline.log" 2>&1 ||
+    { tail -30 "$out/build-timeline.log"; exit 1; }
+  for model in ${AB_MODELS-hgrn2-385m}; do
+    for side in base this; do
+      CUDA_INJECTION64_PATH=build-gpu/libhgrn_kernel_timeline.so HGRN_TIMELINE_OUT="$out/timeline-$model-$side.csv" \
+        "${bin[$side]}" bench --config "configs/$model.yaml" --warmup 2 --steps 3 > "$out/timeline-$model-$side.txt" 2>&1 ||
+        { echo "gpu_ab: the $model timeline ($side) failed:"; tail -5 "$out/timeline-$model-$side.txt"; continue 2; }
+    done
+    echo "== $model: GPU time per step, base -> this"
+    python3 tools/timeline_summary.py "$out/timeline-$model-this.csv" --steps 2 \
+      --compare "$out/timeline-$model-base.csv" | tee "$out/timeline-$model-compare.txt"
+  done
+fi

@@ -6,9 +6,13 @@ summarised: span, time the GPU ran kernels/memsets/memcpys, and idle time split 
   host-bound: the next operation's launch call returned only after the GPU had gone idle (the host was late: after a
               sync, or busy with its own work),
   launch latency: the launch was already queued, the gap is the GPU's own turnaround between two operations,
-plus the largest gaps with their neighbours, the host calls that waited for the GPU, and the kernels by total time.
+plus the largest gaps with their neighbours, the host calls that waited for the GPU, the step's time by part of the
+model (GEMMs, recurrence, norms, ...: PARTS below) and the kernels by total time.
+With --compare BASE.csv: the same summary for both timelines side by side (base, this, difference) by part and for
+the kernels whose time moved most: a same-machine A/B of GPU time per step, which moves far less from step to step
+than the steps' wall times do.
 
-  python3 tools/timeline_summary.py timeline.csv [--steps 2] [--top 25]
+  python3 tools/timeline_summary.py timeline.csv [--steps 2] [--top 25] [--compare base-timeline.csv]
 """
 import argparse
 import collections
@@ -24,19 +28,49 @@ def short_name(name):
     return name[:110]
 
 
+# The parts of a step, by kernel name (first match wins; anything else is "other": memsets, copies, embedding).
+PARTS = [
+    ("GEMMs", ("nvjet", "splitKreduce", "gemm", "cutlass", "xmma")),
+    ("recurrence", ("bwd_dqk", "fwd_output", "state_pass", "bwd_dv", "hgru2")),
+    ("RMSNorm", ("rmsnorm",)),
+    ("SwiGLU", ("swiglu",)),
+    ("gates", ("gates", "input_gate", "lower_bound")),
+    ("weight-gradient chunk sums", ("add_chunk_sums",)),
+    ("optimizer", ("adamw", "sum_of_squares", "sum_partials", "scale_kernel")),
+    ("loss", ("cross_entropy",)),
+    ("casts", ("cast_kernel",)),
+]
+
+
+def part_of(name):
+    for part, patterns in PARTS:
+        if any(p in name for p in patterns):
+            return part
+    return "other"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
     ap.add_argument("--steps", type=int, default=2, help="complete steps to summarise (the last ones)")
     ap.add_argument("--top", type=int, default=25, help="rows in the largest-gaps and kernel tables")
+    ap.add_argument("--compare", metavar="BASE_CSV", help="another run's timeline: print both, base first, and the "
+                    "differences (this - base) by part and kernel")
     args = ap.parse_args()
+    if args.compare:
+        compare(summarise(args.compare, args.steps), summarise(args.csv, args.steps), args.top)
+        return
+    report(summarise(args.csv, args.steps), args.top)
 
+
+def summarise(path, steps):
+    """The last `steps` complete steps of a timeline: per-step figures in ns and the per-kernel table."""
     device, api = [], {}
-    with open(args.csv) as f:
+    with open(path) as f:
         for n, line in enumerate(f, 1):
             parts = line.rstrip("\n").split(",", 4)
             if len(parts) != 5:
-                sys.exit(f"{args.csv}:{n}: expected kind,start,end,correlation,name; got {line.strip()!r}")
+                sys.exit(f"{path}:{n}: expected kind,start,end,correlation,name; got {line.strip()!r}")
             kind, start, end, corr, name = parts[0], int(parts[1]), int(parts[2]), int(parts[3]), parts[4]
             if kind == "api":
                 api[corr] = (start, end, name)
@@ -44,18 +78,17 @@ def main():
                 device.append((start, end, kind, name, corr))
     device.sort()
     if not device:
-        sys.exit(f"{args.csv}: no GPU records (was CUDA_INJECTION64_PATH set to libhgrn_kernel_timeline.so?)")
+        sys.exit(f"{path}: no GPU records (was CUDA_INJECTION64_PATH set to libhgrn_kernel_timeline.so?)")
 
     # Step ends: the last adamw_kernel before the next step's first non-optimiser work.
     ends = []
     for i, (s, e, kind, name, _) in enumerate(device):
         if "adamw_kernel" in name and (i + 1 == len(device) or "adamw_kernel" not in device[i + 1][3]):
             ends.append(e)
-    if len(ends) < args.steps + 1:
-        sys.exit(f"{args.csv}: found {len(ends)} optimiser steps; need {args.steps + 1} (run more steps)")
-    t0, t1 = ends[-args.steps - 1], ends[-1]
+    if len(ends) < steps + 1:
+        sys.exit(f"{path}: found {len(ends)} optimiser steps; need {steps + 1} (run more steps)")
+    t0, t1 = ends[-steps - 1], ends[-1]
     recs = [r for r in device if r[0] >= t0 and r[1] <= t1]
-    span = (t1 - t0) / args.steps
 
     busy = 0
     by_kind = collections.Counter()
@@ -80,33 +113,71 @@ def main():
         by_name[(kind, short_name(name))][1] += 1
         prev = (s, e, kind, name)
 
-    ms = lambda ns: ns / 1e6 / args.steps
-    print(f"{len(recs)} GPU operations in {args.steps} step(s); per step:")
-    print(f"  span {ms(t1 - t0):.2f} ms; GPU busy {ms(busy):.2f} ms ({100 * busy / (t1 - t0):.1f}%)")
-    for kind, total in by_kind.most_common():
-        print(f"    {kind:7s} {ms(total):8.2f} ms")
-    print(f"  idle {ms(t1 - t0 - busy):.2f} ms: host-bound {ms(host_bound):.2f} ms, launch latency {ms(latency):.2f} ms "
-          f"({sum(1 for g in gaps if not g[1]) / args.steps:.0f} gaps, mean "
-          f"{latency / max(1, sum(1 for g in gaps if not g[1])) / 1e3:.2f} us)")
-
-    print(f"\nlargest gaps (per occurrence, us; H = host-bound):")
-    for gap, late, before, after, call in sorted(gaps, reverse=True)[: args.top]:
-        print(f"  {gap / 1e3:9.1f} {'H' if late else ' '}  {short_name(before)[:60]:60s} -> {short_name(after)[:60]} "
-              f"[{call}]")
-
     waits = collections.defaultdict(lambda: [0, 0])
     for start, end, name in api.values():
         if start >= t0 and end <= t1 and ("Synchronize" in name or "Memcpy" in name and "Async" not in name):
             waits[name][0] += end - start
             waits[name][1] += 1
-    if waits:
+    by_part = collections.Counter()
+    for (kind, name), (total, _) in by_name.items():
+        by_part[part_of(name) if kind == "kernel" else "other"] += total
+    return {"steps": steps, "records": len(recs), "span": t1 - t0, "busy": busy, "by_kind": by_kind,
+            "host_bound": host_bound, "latency": latency, "latency_gaps": sum(1 for g in gaps if not g[1]),
+            "gaps": gaps, "waits": waits, "by_name": by_name, "by_part": by_part}
+
+
+def report(r, top):
+    steps = r["steps"]
+    ms = lambda ns: ns / 1e6 / steps
+    span, busy = r["span"], r["busy"]
+    print(f"{r['records']} GPU operations in {steps} step(s); per step:")
+    print(f"  span {ms(span):.2f} ms; GPU busy {ms(busy):.2f} ms ({100 * busy / span:.1f}%)")
+    for kind, total in r["by_kind"].most_common():
+        print(f"    {kind:7s} {ms(total):8.2f} ms")
+    print(f"  idle {ms(span - busy):.2f} ms: host-bound {ms(r['host_bound']):.2f} ms, launch latency "
+          f"{ms(r['latency']):.2f} ms ({r['latency_gaps'] / steps:.0f} gaps, mean "
+          f"{r['latency'] / max(1, r['latency_gaps']) / 1e3:.2f} us)")
+
+    print(f"\nlargest gaps (per occurrence, us; H = host-bound):")
+    for gap, late, before, after, call in sorted(r["gaps"], reverse=True)[:top]:
+        print(f"  {gap / 1e3:9.1f} {'H' if late else ' '}  {short_name(before)[:60]:60s} -> {short_name(after)[:60]} "
+              f"[{call}]")
+
+    if r["waits"]:
         print("\nhost calls that wait for the GPU (per step):")
-        for name, (total, count) in sorted(waits.items(), key=lambda kv: -kv[1][0]):
-            print(f"  {name:40s} {count / args.steps:6.1f} calls {ms(total):8.2f} ms")
+        for name, (total, count) in sorted(r["waits"].items(), key=lambda kv: -kv[1][0]):
+            print(f"  {name:40s} {count / steps:6.1f} calls {ms(total):8.2f} ms")
+
+    print(f"\nby part (per step; share of the span):")
+    for part, total in r["by_part"].most_common():
+        print(f"  {ms(total):8.3f} ms {100 * total / span:5.1f}%  {part}")
+    print(f"  {ms(span - busy):8.3f} ms {100 * (span - busy) / span:5.1f}%  GPU idle")
 
     print(f"\nGPU operations by total time (per step):")
-    for (kind, name), (total, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[: args.top]:
-        print(f"  {ms(total):8.3f} ms {count / args.steps:6.1f} x {total / count / 1e3:8.1f} us  {name}")
+    for (kind, name), (total, count) in sorted(r["by_name"].items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {ms(total):8.3f} ms {count / steps:6.1f} x {total / count / 1e3:8.1f} us  {name}")
+
+
+def compare(base, this, top):
+    """Per-step figures of two timelines: base, this and this - base (ms)."""
+    ms = lambda r, ns: ns / 1e6 / r["steps"]
+    row = lambda label, b, t: print(f"  {b:9.3f} {t:9.3f} {t - b:+9.3f}  {label}")
+    print(f"per step, ms:      base      this    change")
+    row("span", ms(base, base["span"]), ms(this, this["span"]))
+    row("GPU busy", ms(base, base["busy"]), ms(this, this["busy"]))
+    row("idle: host-bound", ms(base, base["host_bound"]), ms(this, this["host_bound"]))
+    row("idle: launch latency", ms(base, base["latency"]), ms(this, this["latency"]))
+    row("GPU operations (count, not ms)", base["records"] / base["steps"], this["records"] / this["steps"])
+    print(f"\nby part:")
+    parts = sorted(set(base["by_part"]) | set(this["by_part"]), key=lambda p: -this["by_part"].get(p, 0))
+    for part in parts:
+        row(part, ms(base, base["by_part"].get(part, 0)), ms(this, this["by_part"].get(part, 0)))
+    print(f"\nkernels whose time per step moved most (calls per step base -> this):")
+    names = set(base["by_name"]) | set(this["by_name"])
+    total = lambda r, key: ms(r, r["by_name"][key][0]) if key in r["by_name"] else 0.0
+    calls = lambda r, key: r["by_name"][key][1] / r["steps"] if key in r["by_name"] else 0.0
+    for key in sorted(names, key=lambda k: -abs(total(this, k) - total(base, k)))[:top]:
+        row(f"{key[1]} ({calls(base, key):g} -> {calls(this, key):g})", total(base, key), total(this, key))
 
 
 if __name__ == "__main__":
