@@ -1,7 +1,8 @@
 // adamw.cu: the optimiser's multi-tensor kernels (adamw.h): AdamW, the gradients' sum of squares and their scaling.
 // AdamW also writes a parameter's bf16 compute copy where the caller passes one (the cast the next forward would
-// otherwise make: a launch and a pass over every weight saved). One launch covers every parameter: the grid is cut into chunks of kChunk elements, each parameter owning
-// ceil(n / kChunk) consecutive chunks, and a block finds its parameter by binary search in the slot table.
+// otherwise make: a launch and a pass over every weight saved). One launch covers every parameter: the grid is cut
+// into chunks of kChunk elements, each parameter owning ceil(n / kChunk) consecutive chunks, and a block finds its
+// parameter by binary search in the slot table.
 // The AdamW arithmetic is the CPU's (src/train/optimizer.cpp) operation for operation in double, spelled with
 // the _rn intrinsics so that nvcc cannot contract a multiply-add into an FMA the CPU build (x86-64-v2) never
 // uses: the results are the CPU's to the bit. The norm is summed per chunk, then the chunk sums in chunk order;
@@ -94,7 +95,8 @@ __global__ void adamw_kernel(const MultiTensorSlot* slots, int count, AdamWArgs 
       const double step = __ddiv_rn(__dmul_rn(a.lr, m_hat), __dadd_rn(__dsqrt_rn(v_hat), a.eps));
       const float updated = __double2float_rn(__dsub_rn(p, step));
       s.param[i] = updated;
-      if (s.bf16_copy) static_cast<__nv_bfloat16*>(s.bf16_copy)[i] = __float2bfloat16_rn(updated);  // cast_kernel's rounding
+      // cast_kernel's rounding: the copy holds the bits a cast of the new weight would.
+      if (s.bf16_copy) static_cast<__nv_bfloat16*>(s.bf16_copy)[i] = __float2bfloat16_rn(updated);
     }
   }
 }

@@ -59,7 +59,8 @@ if [ "${AB_TIMELINE:-0}" = 1 ]; then
   for model in ${AB_MODELS-hgrn2-385m}; do
     for side in base this; do
       CUDA_INJECTION64_PATH=build-gpu/libhgrn_kernel_timeline.so HGRN_TIMELINE_OUT="$out/timeline-$model-$side.csv" \
-        "${bin[$side]}" bench --config "configs/$model.yaml" --warmup 2 --steps 3 > "$out/timeline-$model-$side.txt" 2>&1 ||
+        "${bin[$side]}" bench --config "configs/$model.yaml" --warmup 2 --steps 3 \
+        > "$out/timeline-$model-$side.txt" 2>&1 ||
         { echo "gpu_ab: the $model timeline ($side) failed:"; tail -5 "$out/timeline-$model-$side.txt"; continue 2; }
     done
     echo "== $model: GPU time per step, base -> this"

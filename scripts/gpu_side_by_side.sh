@@ -29,7 +29,8 @@ fi
 if [ -n "${PEER_CACHE_IN:-}" ]; then
   if ls "$PEER_CACHE_IN"/triton-cache.tgz.part-* >/dev/null 2>&1; then
     cat "$PEER_CACHE_IN"/triton-cache.tgz.part-* | tar -C "$TRITON_CACHE_DIR" -xzf - ||
-      { echo "PEER_CACHE_IN=$PEER_CACHE_IN: the parts do not make a gzipped tar (re-pack them with PEER_CACHE_OUT)" >&2; exit 1; }
+      { echo "PEER_CACHE_IN=$PEER_CACHE_IN: the parts do not make a gzipped tar (re-pack with PEER_CACHE_OUT)" >&2
+        exit 1; }
     packed_in=$(cat "$TRITON_CACHE_DIR/hgrn-cache-dir.txt" 2>/dev/null || true)
     if [ -n "$packed_in" ] && [ "$packed_in" != "$TRITON_CACHE_DIR" ]; then
       find "$TRITON_CACHE_DIR" -name '__grp__*.json' -exec sed -i "s#\"$packed_in/#\"$TRITON_CACHE_DIR/#g" {} +
@@ -48,11 +49,13 @@ pack_peer_cache() {
   local tmp
   tmp=$(mktemp -d "$PEER_CACHE_OUT/.packing.XXXXXX")
   echo "$TRITON_CACHE_DIR" > "$TRITON_CACHE_DIR/hgrn-cache-dir.txt"
-  if (cd "$TRITON_CACHE_DIR" && find . -type f \( -name '*.cubin' -o -name '*.json' -o -name hgrn-cache-dir.txt \) -print0 |
+  if (cd "$TRITON_CACHE_DIR" &&
+      find . -type f \( -name '*.cubin' -o -name '*.json' -o -name hgrn-cache-dir.txt \) -print0 |
       tar --null -T - -czf -) | split -b 15M - "$tmp/triton-cache.tgz.part-"; then
     rm -f "$PEER_CACHE_OUT"/triton-cache.tgz.part-*
     mv "$tmp"/triton-cache.tgz.part-* "$PEER_CACHE_OUT"/
-    echo "peer's Triton cache packed into $PEER_CACHE_OUT: $(du -ch "$PEER_CACHE_OUT"/triton-cache.tgz.part-* | tail -1 | cut -f1)"
+    echo "peer's Triton cache packed into $PEER_CACHE_OUT:" \
+      "$(du -ch "$PEER_CACHE_OUT"/triton-cache.tgz.part-* | tail -1 | cut -f1)"
   else
     echo "packing the peer's Triton cache failed; $PEER_CACHE_OUT left as it was" >&2
   fi
