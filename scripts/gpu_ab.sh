@@ -28,17 +28,19 @@ base_build=$!
 cmake --build build-gpu -j"$(nproc)" --target hgrn > "$out/build-this.log" 2>&1 || { tail -30 "$out/build-this.log"; exit 1; }
 wait "$base_build" || { tail -30 "$out/build-base.log"; exit 1; }
 declare -A bin=([base]=build-gpu/ab-base/hgrn [this]=build-gpu/hgrn)
+recurrence=${AB_RECURRENCE-8,2048,8,128,128}  # empty: skip
+models=${AB_MODELS-hgrn2-385m}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/machine.txt" || true
 rows=()
 for round in $(seq "${AB_ROUNDS:-2}"); do
   for side in base this; do
-    if [ -n "${AB_RECURRENCE-8,2048,8,128,128}" ]; then
+    if [ -n "$recurrence" ]; then
       log="$out/recurrence-$side-$round.json"
-      "${bin[$side]}" bench --recurrence "${AB_RECURRENCE:-8,2048,8,128,128}" --dtype bf16 --json "$log" > "$log.txt" 2>&1
+      "${bin[$side]}" bench --recurrence "$recurrence" --dtype bf16 --json "$log" > "$log.txt" 2>&1
       rows+=("$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f'| recurrence {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {r[\"forward_ms\"]:.4f} ms fwd, {r[\"forward_backward_ms\"]:.4f} ms fwd+bwd |')" \
-        "$log" "${AB_RECURRENCE:-8,2048,8,128,128}" "$side" "$round")")
+        "$log" "$recurrence" "$side" "$round")")
     fi
-    for model in ${AB_MODELS-hgrn2-385m}; do
+    for model in $models; do
       log="$out/$model-$side-$round.json"
       "${bin[$side]}" bench --config "configs/$model.yaml" --warmup "${AB_WARMUP:-2}" --steps "${AB_STEPS:-5}" \
         --json "$log" > "$log.txt" 2>&1 || { echo "gpu_ab: $model ($side) failed:"; tail -5 "$log.txt"; continue; }
@@ -56,7 +58,7 @@ if [ "${AB_TIMELINE:-0}" = 1 ]; then
   # The CUPTI library is this tree's; it records any binary's kernels.
   cmake --build build-gpu -j"$(nproc)" --target hgrn_kernel_timeline > "$out/build-timeline.log" 2>&1 ||
     { tail -30 "$out/build-timeline.log"; exit 1; }
-  for model in ${AB_MODELS-hgrn2-385m}; do
+  for model in $models; do
     for side in base this; do
       CUDA_INJECTION64_PATH=build-gpu/libhgrn_kernel_timeline.so HGRN_TIMELINE_OUT="$out/timeline-$model-$side.csv" \
         "${bin[$side]}" bench --config "configs/$model.yaml" --warmup 2 --steps 3 \

@@ -298,18 +298,21 @@ TEST(OptimizerCuda, UpdateKeepsTheBf16ComputeCopyEqualToTheCastWeight) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(406);
   const std::vector<Tensor> init = random_init(rng);
+  // Step t: host-scaled step(), or (even t, gradients 100x larger) the device-side clip: two launch paths of one kernel.
+  const auto step = [](const Params& params, AdamW& optimizer, Rng& grads_rng, int t) {
+    set_grads(params, random_grads(grads_rng, t % 2 ? 1.0 : 100.0));
+    if (t % 2)
+      optimizer.step(3e-2 / t);
+    else
+      optimizer.clip_and_step(3e-2 / t, 0.5);
+  };
   Params p = make_params(init, Device::CUDA);
   for (const Var& v : p.vars) v->compute_copy = v->value.to(DType::BF16);
   const void* kept = p.vars[4]->compute_copy.raw_data();
   AdamW opt(p.refs, kConfig);
   for (int t = 1; t <= 4; ++t) {
     SCOPED_TRACE(::testing::Message() << "step " << t);
-    set_grads(p, random_grads(rng, t % 2 ? 1.0 : 100.0));
-    if (t % 2) {
-      opt.step(3e-2 / t);
-    } else {
-      opt.clip_and_step(3e-2 / t, 0.5);  // the device-side clip: a different launch path for the same kernel
-    }
+    step(p, opt, rng, t);
     for (size_t i = 0; i < init.size(); ++i) {
       SCOPED_TRACE(::testing::Message() << "param " << i);
       ASSERT_TRUE(p.vars[i]->compute_copy.defined());
@@ -324,11 +327,7 @@ TEST(OptimizerCuda, UpdateKeepsTheBf16ComputeCopyEqualToTheCastWeight) {
   AdamW plain_opt(plain.refs, kConfig);
   Rng replay(406);
   random_init(replay);
-  for (int t = 1; t <= 4; ++t) {
-    set_grads(plain, random_grads(replay, t % 2 ? 1.0 : 100.0));
-    if (t % 2) plain_opt.step(3e-2 / t);
-    else plain_opt.clip_and_step(3e-2 / t, 0.5);
-  }
+  for (int t = 1; t <= 4; ++t) step(plain, plain_opt, replay, t);
   for (size_t i = 0; i < init.size(); ++i)
     EXPECT_TRUE(same_bits(plain.vars[i]->value, p.vars[i]->value)) << "param " << i;
 
