@@ -149,29 +149,47 @@ __device__ __forceinline__ void unpack(const Pack<__nv_bfloat16, V>& pk, float (
   for (int k = 0; k < V; ++k) out[k] = load_f(pk.v[k]);
 }
 
-// V fp32 values of an fp32 array starting at element first (a multiple of 4, 16-byte aligned): V / 4 float4 loads.
+// The backward's shared arrays (the weight, and each warp's weight-gradient sums) hold a lane's V columns of pack p as
+// V / 4 float4s, slot (p·(V/4) + q)·32 + lane for float4 q: a warp's float4 accesses are then 512 contiguous bytes
+// (conflict-free), where a lane-contiguous V-float layout (32-byte lane strides) took two passes per access.
 template <int V>
-__device__ __forceinline__ void load_f32(const float* p, long long first, float (&out)[V]) {
+__device__ __forceinline__ int lane_slot(int p, int q, int lane) {
+  return (p * (V / 4) + q) * 32 + lane;
+}
+// The slot (in floats) of column c in that layout.
+template <int V>
+__device__ __forceinline__ int column_slot(int c) {
+  const int pk = c / V, k = c % V;
+  return lane_slot<V>(pk / 32, k / 4, pk % 32) * 4 + k % 4;
+}
+
+// The weight's pack p of a lane from the backward's shared copy (lane_slot layout).
+template <int V>
+__device__ __forceinline__ void shared_weight(const float4* weight, int p, int lane, float (&out)[V]) {
 #pragma unroll
   for (int q = 0; q < V / 4; ++q) {
-    const float4 f = reinterpret_cast<const float4*>(p + first)[q];
+    const float4 f = weight[lane_slot<V>(p, q, lane)];
     out[4 * q] = f.x, out[4 * q + 1] = f.y, out[4 * q + 2] = f.z, out[4 * q + 3] = f.w;
   }
 }
 
-// The weight's pack pk (V values), all ones without a weight.
-template <int V>
-__device__ __forceinline__ void load_weight(const float* w, int pk, float (&out)[V]) {
-  if (w) {
-    load_f32<V>(w, (long long)pk * V, out);
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; ++k) out[k] = 1.f;
+// Stages the weight (all ones without one) for packs 0 .. 32·P − 1 into `weight` (lane_slot layout, 32·P·V / 4
+// float4s) by all threads of the block; the caller syncs before reading it. Read from global memory for each row
+// instead, the weight's 32-byte lane strides (two 16-byte loads a pack, half of each sector unused) were most of the
+// warp kernels' L1 traffic, their bottleneck.
+template <int P, int V>
+__device__ void stage_weight(float4* weight, const float* w, int row_packs) {
+  for (int i = threadIdx.x; i < 32 * P * V / 4; i += blockDim.x) {
+    const int pk = (i / 32 / (V / 4)) * 32 + i % 32, q = (i / 32) % (V / 4);
+    weight[i] = !w ? make_float4(1.f, 1.f, 1.f, 1.f)
+                   : pk < row_packs ? reinterpret_cast<const float4*>(w + (long long)pk * V)[q]
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 
-// Forward: rows grid-stride over all warps of the grid. add_rmsnorm (delta non-null) rounds x + delta to T, stores
-// it to sum and normalises the rounded value, as the block kernel does.
+// Forward: rows grid-stride over all warps of the grid (sized to what is resident: rmsnorm_forward_blocks), so that
+// the block stages the weight once (stage_weight) for many rows. The row stays in registers as packs of T. add_rmsnorm (delta non-null) rounds x + delta to T, stores it
+// to sum and normalises the rounded value, as the block kernel does.
 template <typename T, int P>
 __global__ void __launch_bounds__(kRowWarps * 32)
     rmsnorm_forward_warp_kernel(const T* x, const T* delta, T* sum, const float* w, T* y, float* rstd, long long rows,
@@ -181,10 +199,13 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const int lane = threadIdx.x % 32;
   const int row_packs = width / V;
   const long long warps = (long long)gridDim.x * kRowWarps;
+  __shared__ __align__(16) float4 weight[32 * P * V / 4];  // at most 8 KB
+  stage_weight<P, V>(weight, w, row_packs);
+  __syncthreads();
   for (long long row = blockIdx.x * (long long)kRowWarps + threadIdx.x / 32; row < rows; row += warps) {
     const long long base = row * width;  // a multiple of V: every row starts on a pack
     const PackT* xr = reinterpret_cast<const PackT*>(x + base);
-    float v[P][V];
+    PackT packs[P];
     float sum_sq = 0.f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
@@ -194,18 +215,16 @@ __global__ void __launch_bounds__(kRowWarps * 32)
         float a[V], b[V];
         unpack(xr[pk], a);
         unpack(reinterpret_cast<const PackT*>(delta + base)[pk], b);
-        PackT s;
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          s.v[k] = store_f<T>(a[k] + b[k]);
-          v[p][k] = load_f(s.v[k]);
-        }
-        reinterpret_cast<PackT*>(sum + base)[pk] = s;
+        for (int k = 0; k < V; ++k) packs[p].v[k] = store_f<T>(a[k] + b[k]);
+        reinterpret_cast<PackT*>(sum + base)[pk] = packs[p];
       } else {
-        unpack(xr[pk], v[p]);
+        packs[p] = xr[pk];
       }
+      float v[V];
+      unpack(packs[p], v);
 #pragma unroll
-      for (int k = 0; k < V; ++k) sum_sq += v[p][k] * v[p][k];
+      for (int k = 0; k < V; ++k) sum_sq += v[k] * v[k];
     }
     const float s = 1.f / sqrtf(warp_sum(sum_sq) / (float)width + eps);
     if (lane == 0) rstd[row] = s;
@@ -213,14 +232,15 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     for (int p = 0; p < P; ++p) {
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
-      float wv[V];
-      if (w) load_f32<V>(w, (long long)pk * V, wv);
+      float v[V], wv[V];
+      unpack(packs[p], v);
+      shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        v[p][k] *= s;
-        if (w) v[p][k] *= wv[k];
+        v[k] *= s;
+        if (w) v[k] *= wv[k];
       }
-      store_pack<V>(y + base, pk, v[p]);
+      store_pack<V>(y + base, pk, v);
     }
   }
 }
@@ -244,16 +264,20 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   constexpr int W = backward_row_warps<T, P>();
   using PackT = Pack<T, V>;
   __shared__ __align__(16) float warp_dw[W][32 * P * V];  // at most 32 KB
+  __shared__ __align__(16) float4 weight[32 * P * V / 4];  // at most 4 KB
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int row_packs = width / V;
-  // Registers bound the occupancy here, so the weight is re-read (from L1) where it is used, and each lane sums its
-  // columns' dy ⊙ x̂ in its warp's row of shared memory (only that lane touches those words until the barrier).
-  float* dw = warp_dw[warp];
+  // Registers bound the occupancy here, so the weight is staged in shared memory once per block (stage_weight) and
+  // read back where it is used; each lane sums its columns' dy ⊙ x̂ in its warp's row of shared memory (only that
+  // lane touches those words until the barrier).
+  stage_weight<P, V>(weight, w, row_packs);
+  float4* dw = reinterpret_cast<float4*>(warp_dw[warp]);
   if (partial)
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
-      for (int q = 0; q < V / 4; ++q) reinterpret_cast<float4*>(dw + (p * 32 + lane) * V)[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int q = 0; q < V / 4; ++q) dw[lane_slot<V>(p, q, lane)] = make_float4(0.f, 0.f, 0.f, 0.f);
+  __syncthreads();  // the weight is staged
   const long long r_begin = blockIdx.x * (long long)kWarpChunkRows;
   const long long r_end = min(rows, r_begin + kWarpChunkRows);
   // dsum is loaded only after the row's reduction, where it is needed, so that it holds no registers across the
@@ -279,7 +303,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
         float xv[V], dv[V], wv[V];
         unpack(xp[p], xv);
         unpack(dyp[p], dv);
-        load_weight<V>(w, p * 32 + lane, wv);
+        shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
         for (int k = 0; k < V; ++k) dot += dv[k] * wv[k] * xv[k] * s;
       }
@@ -294,14 +318,14 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       if (dy) {
         float dv[V], wv[V];
         unpack(dyp[p], dv);
-        load_weight<V>(w, pk, wv);
+        shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
         for (int k = 0; k < V; ++k) g[k] = s * (dv[k] * wv[k] - xv[k] * s * mean_dot);
         if (partial) {
-          // float4 at a time: a lane's V words are contiguous, so scalar accesses would conflict on the banks.
+          // float4 at a time, in the lane-contiguous layout (lane_slot).
 #pragma unroll
           for (int q = 0; q < V / 4; ++q) {
-            float4& acc = reinterpret_cast<float4*>(dw + pk * V)[q];
+            float4& acc = dw[lane_slot<V>(p, q, lane)];
             float4 t = acc;
             t.x += dv[4 * q] * xv[4 * q] * s;
             t.y += dv[4 * q + 1] * xv[4 * q + 1] * s;
@@ -340,7 +364,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   __syncthreads();
   for (int c = threadIdx.x; c < width; c += blockDim.x) {
     float total = 0.f;
-    for (int i = 0; i < W; ++i) total += warp_dw[i][c];
+    for (int i = 0; i < W; ++i) total += warp_dw[i][column_slot<V>(c)];
     partial[blockIdx.x * (long long)width + c] = total;
   }
 }
@@ -369,8 +393,16 @@ void with_packs(int packs, F&& f) {
   }
 }
 
-unsigned warp_row_blocks(int64_t rows) {
-  return static_cast<unsigned>(std::min<int64_t>((rows + kRowWarps - 1) / kRowWarps, int64_t{1} << 20));
+// Blocks for the forward's warp kernel: as many as the GPU holds at once (each warp then takes several rows, reading
+// its weights once), never more than one row per warp needs.
+template <auto kernel>
+unsigned rmsnorm_forward_blocks(int64_t rows) {
+  static const int64_t resident = [] {
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRowWarps * 32, 0));
+    return static_cast<int64_t>(std::max(per_sm, 1)) * cuda_device_properties().multiProcessorCount;
+  }();
+  return static_cast<unsigned>(std::min((rows + kRowWarps - 1) / kRowWarps, resident));
 }
 
 // Queues the weight gradient's second pass: dweight += Σ over chunks of partial [chunks, width].
@@ -400,8 +432,8 @@ void cuda_rmsnorm_forward(const void* x, const void* delta, void* sum, const flo
     const int packs = warp_packs<act_t>(width, {x, delta, sum, weight, y});
     if (packs > 0) {
       with_packs(packs, [&](auto p) {
-        rmsnorm_forward_warp_kernel<act_t, decltype(p)::value>
-            <<<warp_row_blocks(rows), kRowWarps * 32, 0, cuda_stream()>>>(
+        constexpr auto kernel = rmsnorm_forward_warp_kernel<act_t, decltype(p)::value>;
+        kernel<<<rmsnorm_forward_blocks<kernel>(rows), kRowWarps * 32, 0, cuda_stream()>>>(
                 static_cast<const act_t*>(x), static_cast<const act_t*>(delta), static_cast<act_t*>(sum), weight,
                 static_cast<act_t*>(y), rstd, rows, static_cast<int>(width), static_cast<float>(eps));
       });
