@@ -139,12 +139,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 template <int V>
-__device__ __forceinline__ void unpack(const Pack<float, V>& pk, float (&out)[V]) {
+__device__ __forceinline__ void unpack(const Pack<float, V> pk, float (&out)[V]) {
 #pragma unroll
   for (int k = 0; k < V; ++k) out[k] = pk.v[k];
 }
 template <int V>
-__device__ __forceinline__ void unpack(const Pack<__nv_bfloat16, V>& pk, float (&out)[V]) {
+__device__ __forceinline__ void unpack(const Pack<__nv_bfloat16, V> pk, float (&out)[V]) {
 #pragma unroll
   for (int k = 0; k < V; ++k) out[k] = load_f(pk.v[k]);
 }
