@@ -280,19 +280,15 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   __syncthreads();  // the weight is staged
   const long long r_begin = blockIdx.x * (long long)kWarpChunkRows;
   const long long r_end = min(rows, r_begin + kWarpChunkRows);
-  // dsum is loaded only after the row's reduction, where it is needed, so that it holds no registers across the
-  // shuffles (with all three rows held, the 1024-wide bf16 build spilled). Prefetching the next row's x and dy into
-  // registers as well made the kernel slower (H200, 385m: 118 us against 109 us per call).
+  // x and dy are read twice, for the row's reduction and again (from L1) for the gradients, rather than held in
+  // registers across it: held, they took the 1024-wide bf16 build to 118 registers and 2 blocks per SM, and the
+  // kernel waited on memory (0.5-0.8 eligible warps per scheduler under ncu); re-read, it takes 56 and fits 4.
+  // dsum is loaded only after the reduction, where it is needed. Prefetching the next row's x and dy into registers
+  // made the kernel slower (H200, 385m: 118 us against 109 us per call).
   for (long long row = r_begin + warp; row < r_end; row += W) {
     const long long base = row * width;
-    PackT xp[P], dyp[P];
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int pk = p * 32 + lane;
-      if (pk >= row_packs) continue;
-      xp[p] = reinterpret_cast<const PackT*>(x + base)[pk];
-      if (dy) dyp[p] = reinterpret_cast<const PackT*>(dy + base)[pk];
-    }
+    const PackT* xr = reinterpret_cast<const PackT*>(x + base);
+    const PackT* dyr = dy ? reinterpret_cast<const PackT*>(dy + base) : nullptr;  // read only with dy
     const float s = rstd[row];
     float mean_dot = 0.f;
     if (dy) {
@@ -301,8 +297,8 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       for (int p = 0; p < P; ++p) {
         if (p * 32 + lane >= row_packs) continue;
         float xv[V], dv[V], wv[V];
-        unpack(xp[p], xv);
-        unpack(dyp[p], dv);
+        unpack(xr[p * 32 + lane], xv);
+        unpack(dyr[p * 32 + lane], dv);
         shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
         for (int k = 0; k < V; ++k) dot += dv[k] * wv[k] * xv[k] * s;
@@ -314,10 +310,10 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
       float xv[V], g[V];
-      unpack(xp[p], xv);
+      unpack(xr[pk], xv);
       if (dy) {
         float dv[V], wv[V];
-        unpack(dyp[p], dv);
+        unpack(dyr[pk], dv);
         shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
         for (int k = 0; k < V; ++k) g[k] = s * (dv[k] * wv[k] - xv[k] * s * mean_dot);
