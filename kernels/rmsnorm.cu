@@ -1,7 +1,8 @@
 // rmsnorm.cu: RMSNorm and add + RMSNorm forward and backward (rmsnorm.h), llm.c-style.
-// Rows up to 256 16-byte packs wide (2048 bf16 or 1024 fp32 values: the model's D) take one warp per row with the
-// row held in registers as packs: one pass over the inputs, the row statistics (Σx², Σ dy·w·x̂) are warp shuffles, and the backward folds the
-// weight gradient into the same pass (a lane owns the same columns in every row, so it sums dy ⊙ x̂ in registers).
+// Rows up to 256 16-byte packs wide (2048 bf16 or 1024 fp32 values: the model's D) take one warp per row, a lane
+// owning the same 16-byte packs of every row: the row statistics (Σx², Σ dy·w·x̂) are warp shuffles, the values are
+// read again from L1 after them rather than held in registers (more warps fit), and the backward folds the weight
+// gradient into the same pass (each lane sums its columns' dy ⊙ x̂ in its warp's row of shared memory).
 // Other widths or unaligned views take one block per row (loops, block reductions) and a separate weight-gradient
 // pass. Either way the weight gradient Σ_rows dy ⊙ x̂ is summed without atomics, in fixed chunks of rows into an fp32
 // scratch [chunks, width] and then over the chunks in order, so its bits depend only on the shape and path taken.
@@ -128,7 +129,7 @@ constexpr int kFinalLanes = 16;
 
 // ---- one warp per row (at most kMaxWarpPacks packs per lane, width a multiple of the pack, 16-byte aligned) ----
 // Lane l holds packs l, l + 32, …, l + 32 (P − 1) of its row (coalesced: a warp's p-th access is 512 contiguous
-// bytes); packs past the row's end are skipped. Inputs stay in registers as packs (bf16 takes half the registers).
+// bytes); packs past the row's end are skipped.
 constexpr int kMaxWarpPacks = 8;      // 64 bf16 or 32 fp32 values per lane: rows up to 2048 bf16 / 1024 fp32 wide
 constexpr int kRowWarps = 8;          // warps per block
 constexpr int kWarpChunkRows = 64;    // rows per backward block: the weight gradient's chunk (fixes its bits)
@@ -188,8 +189,8 @@ __device__ void stage_weight(float4* weight, const float* w, int row_packs) {
 }
 
 // Forward: rows grid-stride over all warps of the grid (sized to what is resident: rmsnorm_forward_blocks), so that
-// the block stages the weight once (stage_weight) for many rows. The row stays in registers as packs of T. add_rmsnorm (delta non-null) rounds x + delta to T, stores it
-// to sum and normalises the rounded value, as the block kernel does.
+// the block stages the weight once (stage_weight) for many rows. add_rmsnorm (delta non-null) rounds x + delta to T,
+// stores it to sum and normalises the rounded value, as the block kernel does.
 template <typename T, int P>
 __global__ void __launch_bounds__(kRowWarps * 32)
     rmsnorm_forward_warp_kernel(const T* x, const T* delta, T* sum, const float* w, T* y, float* rstd, long long rows,
@@ -205,27 +206,30 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   for (long long row = blockIdx.x * (long long)kRowWarps + threadIdx.x / 32; row < rows; row += warps) {
     const long long base = row * width;  // a multiple of V: every row starts on a pack
     const PackT* xr = reinterpret_cast<const PackT*>(x + base);
-    PackT packs[P];
     float sum_sq = 0.f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
+      PackT pack;
       if (delta) {
         float a[V], b[V];
         unpack(xr[pk], a);
         unpack(reinterpret_cast<const PackT*>(delta + base)[pk], b);
 #pragma unroll
-        for (int k = 0; k < V; ++k) packs[p].v[k] = store_f<T>(a[k] + b[k]);
-        reinterpret_cast<PackT*>(sum + base)[pk] = packs[p];
+        for (int k = 0; k < V; ++k) pack.v[k] = store_f<T>(a[k] + b[k]);
+        reinterpret_cast<PackT*>(sum + base)[pk] = pack;
       } else {
-        packs[p] = xr[pk];
+        pack = xr[pk];
       }
       float v[V];
-      unpack(packs[p], v);
+      unpack(pack, v);
 #pragma unroll
       for (int k = 0; k < V; ++k) sum_sq += v[k] * v[k];
     }
+    // The row normalised is read again (the lane's own sum stores, or x from L1) rather than held in registers across
+    // the reduction: fewer registers, more warps in flight (as in the backward).
+    const PackT* normed_row = delta ? reinterpret_cast<const PackT*>(sum + base) : xr;
     const float s = 1.f / sqrtf(warp_sum(sum_sq) / (float)width + eps);
     if (lane == 0) rstd[row] = s;
 #pragma unroll
@@ -233,7 +237,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
       float v[V], wv[V];
-      unpack(packs[p], v);
+      unpack(normed_row[pk], v);
       shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -246,7 +250,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 }
 
 // Warps per backward block: kRowWarps, halved where their weight-gradient rows (32 P V floats each) would pass 32 KB
-// of shared memory (bf16 rows over 1024 wide), which also leaves those register-heavy warps the registers they need.
+// of shared memory (bf16 rows over 1024 wide).
 template <typename T, int P>
 __host__ __device__ constexpr int backward_row_warps() {
   return 32 * P * (16 / static_cast<int>(sizeof(T))) * kRowWarps * 4 <= 32768 ? kRowWarps : kRowWarps / 2;
@@ -365,8 +369,8 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   }
 }
 
-// Packs per lane for the warp path, 0 when the row does not qualify. At most kMaxWarpPacks, to keep the row in
-// registers.
+// Packs per lane for the warp path, 0 when the row does not qualify. At most kMaxWarpPacks (the backward's per-warp
+// weight-gradient rows in shared memory grow with it).
 template <typename T>
 int warp_packs(int64_t width, std::initializer_list<const void*> pointers) {
   constexpr int V = 16 / sizeof(T);
