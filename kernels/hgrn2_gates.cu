@@ -149,6 +149,15 @@ __device__ __forceinline__ ForgetGate forget_gate(float x, float gamma, float lo
 struct ForgetGateGrad {
   float lambda, dg_df, dg_dgamma;
 };
+// The λ < kSmallLambda branch, out of line: taken only where σ(x) nears underflow, and inlined its logs and
+// exponentials took registers from the common path (fewer threads per SM in the backward).
+__device__ __noinline__ ForgetGateGrad forget_gate_grad_small(float x, float gamma, float log_gamma,
+                                                              float log_one_minus_gamma, float tail_exp) {
+  const float g = forget_gate(x, gamma, log_gamma, log_one_minus_gamma).g;
+  const float tail = log1pf(tail_exp);
+  const float ls_x = std_min(x, 0.f) - tail, ls_minus_x = std_min(-x, 0.f) - tail;
+  return {expf(g), expf(log_one_minus_gamma + ls_x - g + ls_minus_x), expf(ls_minus_x - g)};
+}
 __device__ __forceinline__ ForgetGateGrad forget_gate_grad(float x, float gamma, float log_gamma,
                                                           float log_one_minus_gamma) {
   const Sigmoids s = sigmoids(x);
@@ -157,10 +166,7 @@ __device__ __forceinline__ ForgetGateGrad forget_gate_grad(float x, float gamma,
     const float inv = __fdividef(1.f, lambda);
     return {lambda, (1.f - gamma) * (s.of_x * inv) * s.of_minus_x, s.of_minus_x * inv};
   }
-  const float g = forget_gate(x, gamma, log_gamma, log_one_minus_gamma).g;
-  const float tail = log1pf(s.tail);
-  const float ls_x = std_min(x, 0.f) - tail, ls_minus_x = std_min(-x, 0.f) - tail;
-  return {expf(g), expf(log_one_minus_gamma + ls_x - g + ls_minus_x), expf(ls_minus_x - g)};
+  return forget_gate_grad_small(x, gamma, log_gamma, log_one_minus_gamma, s.tail);
 }
 
 
@@ -222,7 +228,7 @@ struct GatesBackwardParams {
 // gate into df_hat and (partials non-null) into the block's per-channel sum for γ, lanes added in lane order; dq_hat
 // gets silu's backward of dq. df_hat is stored before dq_hat is read, by the same thread, so the two may alias.
 template <typename T, int V>
-__global__ void gates_backward_kernel(const GatesBackwardParams<T> p) {
+__global__ void __launch_bounds__(kCols * kLanes, 4) gates_backward_kernel(const GatesBackwardParams<T> p) {
   __shared__ float lane_sums[kLanes][kCols * V];
   const long long pk = (long long)blockIdx.y * kCols + threadIdx.x;  // this thread's channel pack
   const long long r_begin = (long long)blockIdx.x * kRowsPerChunk;
