@@ -227,6 +227,8 @@ struct GatesBackwardParams {
 // +kRowsPerChunk). g's whole gradient, dg − λ·dk (λ = exp(g); a null part counts as zero), goes through the forget
 // gate into df_hat and (partials non-null) into the block's per-channel sum for γ, lanes added in lane order; dq_hat
 // gets silu's backward of dq. df_hat is stored before dq_hat is read, by the same thread, so the two may alias.
+// Capped at 64 registers, 4 blocks per SM (it needs no more with the small-λ branch out of line): with 80 it fit 3 and
+// waited on memory.
 template <typename T, int V>
 __global__ void __launch_bounds__(kCols * kLanes, 4) gates_backward_kernel(const GatesBackwardParams<T> p) {
   __shared__ float lane_sums[kLanes][kCols * V];

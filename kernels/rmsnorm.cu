@@ -139,6 +139,8 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// A pack widened to fp32. By value, so that a pack in global memory is read as one 16-byte load: through a reference
+// nvcc read it element by element.
 template <int V>
 __device__ __forceinline__ void unpack(const Pack<float, V> pk, float (&out)[V]) {
 #pragma unroll
