@@ -4,7 +4,11 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+
+#include "cuda_check.h"
 
 namespace hgrn {
 
@@ -19,6 +23,21 @@ inline unsigned grid_for(long long n, int threads) {
   if (blocks < 1) blocks = 1;
   if (blocks > 65535LL * 16) blocks = 65535LL * 16;
   return static_cast<unsigned>(blocks);
+}
+
+// How many blocks of `kernel` the GPU holds at once with `threads` threads and `dynamic_smem` bytes of dynamic shared
+// memory per block (both fixed per kernel): asked of the occupancy calculator once per kernel, after raising the
+// kernel's shared-memory limit to `dynamic_smem` (needed past 48 KB).
+template <auto kernel>
+int64_t resident_blocks(int threads, size_t dynamic_smem) {
+  static const int64_t resident = [threads, dynamic_smem] {
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_smem)));
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic_smem));
+    return static_cast<int64_t>(std::max(per_sm, 1)) * cuda_device_properties().multiProcessorCount;
+  }();
+  return resident;
 }
 
 }  // namespace hgrn

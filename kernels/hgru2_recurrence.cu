@@ -1570,16 +1570,10 @@ void launch(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, 
   CUDA_CHECK_LAUNCH(name);
 }
 
-// How many rounds `blocks` blocks of `kernel` take to pass through the GPU (its residency per SM asked of the
-// occupancy calculator once per kernel: `bytes` is fixed per kernel).
+// How many rounds `blocks` blocks of `kernel` take to pass through the GPU (`bytes` is fixed per kernel).
 template <auto kernel>
 int64_t waves(int64_t blocks, size_t bytes) {
-  static const int64_t slots = [bytes] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, bytes));
-    return static_cast<int64_t>(std::max(per_sm, 1)) * cuda_device_properties().multiProcessorCount;
-  }();
+  const int64_t slots = resident_blocks<kernel>(kThreads, bytes);
   return (blocks + slots - 1) / slots;
 }
 

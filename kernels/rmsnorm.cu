@@ -139,19 +139,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// A pack widened to fp32. By value, so that a pack in global memory is read as one 16-byte load: through a reference
-// nvcc read it element by element.
-template <int V>
-__device__ __forceinline__ void unpack(const Pack<float, V> pk, float (&out)[V]) {
-#pragma unroll
-  for (int k = 0; k < V; ++k) out[k] = pk.v[k];
-}
-template <int V>
-__device__ __forceinline__ void unpack(const Pack<__nv_bfloat16, V> pk, float (&out)[V]) {
-#pragma unroll
-  for (int k = 0; k < V; ++k) out[k] = load_f(pk.v[k]);
-}
-
 // The backward's shared arrays (the weight, and each warp's weight-gradient sums) hold a lane's V columns of pack p as
 // V / 4 float4s, slot (p·(V/4) + q)·32 + lane for float4 q: a warp's float4 accesses are then 512 contiguous bytes
 // (conflict-free), where a lane-contiguous V-float layout (32-byte lane strides) took two passes per access.
@@ -198,7 +185,6 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     rmsnorm_forward_warp_kernel(const T* x, const T* delta, T* sum, const float* w, T* y, float* rstd, long long rows,
                                 int width, float eps) {
   constexpr int V = 16 / sizeof(T);
-  using PackT = Pack<T, V>;
   const int lane = threadIdx.x % 32;
   const int row_packs = width / V;
   const long long warps = (long long)gridDim.x * kRowWarps;
@@ -207,31 +193,28 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   __syncthreads();
   for (long long row = blockIdx.x * (long long)kRowWarps + threadIdx.x / 32; row < rows; row += warps) {
     const long long base = row * width;  // a multiple of V: every row starts on a pack
-    const PackT* xr = reinterpret_cast<const PackT*>(x + base);
     float sum_sq = 0.f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
-      PackT pack;
-      if (delta) {
-        float a[V], b[V];
-        unpack(xr[pk], a);
-        unpack(reinterpret_cast<const PackT*>(delta + base)[pk], b);
-#pragma unroll
-        for (int k = 0; k < V; ++k) pack.v[k] = store_f<T>(a[k] + b[k]);
-        reinterpret_cast<PackT*>(sum + base)[pk] = pack;
-      } else {
-        pack = xr[pk];
-      }
       float v[V];
-      unpack(pack, v);
+      if (delta) {
+        float b[V];
+        load_pack<V>(x + base, pk, v);
+        load_pack<V>(delta + base, pk, b);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] = load_f(store_f<T>(v[k] + b[k]));  // the sum, rounded to T
+        store_pack<V>(sum + base, pk, v);
+      } else {
+        load_pack<V>(x + base, pk, v);
+      }
 #pragma unroll
       for (int k = 0; k < V; ++k) sum_sq += v[k] * v[k];
     }
     // The row normalised is read again (the lane's own sum stores, or x from L1) rather than held in registers across
     // the reduction: fewer registers, more warps in flight (as in the backward).
-    const PackT* normed_row = delta ? reinterpret_cast<const PackT*>(sum + base) : xr;
+    const T* normed_row = (delta ? sum : x) + base;
     const float s = 1.f / sqrtf(warp_sum(sum_sq) / (float)width + eps);
     if (lane == 0) rstd[row] = s;
 #pragma unroll
@@ -239,7 +222,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
       float v[V], wv[V];
-      unpack(normed_row[pk], v);
+      load_pack<V>(normed_row, pk, v);
       shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -268,7 +251,6 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
                                  T* dx1, bool add0, bool add1, float* partial, long long rows, int width) {
   constexpr int V = 16 / sizeof(T);
   constexpr int W = backward_row_warps<T, P>();
-  using PackT = Pack<T, V>;
   __shared__ __align__(16) float warp_dw[W][32 * P * V];  // at most 32 KB
   __shared__ __align__(16) float4 weight[32 * P * V / 4];  // at most 4 KB
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -293,8 +275,8 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   // made the kernel slower (H200, 385m: 118 us against 109 us per call).
   for (long long row = r_begin + warp; row < r_end; row += W) {
     const long long base = row * width;
-    const PackT* xr = reinterpret_cast<const PackT*>(x + base);
-    const PackT* dyr = dy ? reinterpret_cast<const PackT*>(dy + base) : nullptr;  // read only with dy
+    const T* xr = x + base;
+    const T* dyr = dy ? dy + base : nullptr;  // read only with dy
     const float s = rstd[row];
     float mean_dot = 0.f;
     if (dy) {
@@ -303,8 +285,8 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       for (int p = 0; p < P; ++p) {
         if (p * 32 + lane >= row_packs) continue;
         float xv[V], dv[V], wv[V];
-        unpack(xr[p * 32 + lane], xv);
-        unpack(dyr[p * 32 + lane], dv);
+        load_pack<V>(xr, p * 32 + lane, xv);
+        load_pack<V>(dyr, p * 32 + lane, dv);
         shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
         for (int k = 0; k < V; ++k) dot += dv[k] * wv[k] * xv[k] * s;
@@ -316,10 +298,10 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
       float xv[V], g[V];
-      unpack(xr[pk], xv);
+      load_pack<V>(xr, pk, xv);
       if (dy) {
         float dv[V], wv[V];
-        unpack(dyr[pk], dv);
+        load_pack<V>(dyr, pk, dv);
         shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
         for (int k = 0; k < V; ++k) g[k] = s * (dv[k] * wv[k] - xv[k] * s * mean_dot);
@@ -342,7 +324,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       }
       if (dsum) {
         float dv[V];
-        unpack(reinterpret_cast<const PackT*>(dsum + base)[pk], dv);
+        load_pack<V>(dsum + base, pk, dv);
 #pragma unroll
         for (int k = 0; k < V; ++k) g[k] += dv[k];
       }
@@ -399,12 +381,7 @@ void with_packs(int packs, F&& f) {
 // its weights once), never more than one row per warp needs.
 template <auto kernel>
 unsigned rmsnorm_forward_blocks(int64_t rows) {
-  static const int64_t resident = [] {
-    int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRowWarps * 32, 0));
-    return static_cast<int64_t>(std::max(per_sm, 1)) * cuda_device_properties().multiProcessorCount;
-  }();
-  return static_cast<unsigned>(std::min((rows + kRowWarps - 1) / kRowWarps, resident));
+  return static_cast<unsigned>(std::min((rows + kRowWarps - 1) / kRowWarps, resident_blocks<kernel>(kRowWarps * 32, 0)));
 }
 
 // Queues the weight gradient's second pass: dweight += Σ over chunks of partial [chunks, width].
