@@ -68,10 +68,10 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* delta, T* sum, const
 
 // g = s · (dy ⊙ w − x̂ · mean(dy ⊙ w ⊙ x̂)) + dsum per row, accumulated into dx0 and dx1 (either may be null; they may
 // alias, as when add_rmsnorm's residual and delta are one tensor: each element's two updates come from one thread).
-// add0/add1: accumulate into dx0/dx1, else overwrite them.
+// add0/add1: accumulate into dx0/dx1, else overwrite them. y non-null: the forward's output x̂ · w written again.
 template <typename T>
 __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const float* rstd, const T* dy,
-                                           const T* dsum, T* dx0, T* dx1, bool add0, bool add1, long long rows,
+                                           const T* dsum, T* dx0, T* dx1, bool add0, bool add1, T* y, long long rows,
                                            int width) {
   __shared__ float warp_sums[32];
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -90,6 +90,11 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const flo
       if (dsum) g += load_f(dsum[base + c]);
       if (dx0) dx0[base + c] = store_f<T>(add0 ? load_f(dx0[base + c]) + g : g);
       if (dx1) dx1[base + c] = store_f<T>(add1 ? load_f(dx1[base + c]) + g : g);
+      if (y) {  // the forward's output again, as rmsnorm_forward_kernel computes it
+        float v = load_f(x[base + c]) * s;
+        if (w) v *= w[c];
+        y[base + c] = store_f<T>(v);
+      }
     }
   }
 }
@@ -244,11 +249,11 @@ __host__ __device__ constexpr int backward_row_warps() {
 // Backward: block b takes rows [b·kWarpChunkRows, +kWarpChunkRows), warp i of them rows i, i + W, … (W =
 // backward_row_warps); with partial non-null (weight gradient wanted; needs dy) it writes the chunk's Σ dy ⊙ x̂ to
 // partial[b, :], warps added in warp order. dx0 is stored before dx1 is read (one thread per element), so the two may
-// alias.
+// alias. y non-null: the forward's output x̂ · w written again from the x it reads anyway.
 template <typename T, int P>
 __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
     rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, const T* dsum, T* dx0,
-                                 T* dx1, bool add0, bool add1, float* partial, long long rows, int width) {
+                                 T* dx1, bool add0, bool add1, float* partial, T* y, long long rows, int width) {
   constexpr int V = 16 / sizeof(T);
   constexpr int W = backward_row_warps<T, P>();
   __shared__ __align__(16) float warp_dw[W][32 * P * V];  // at most 32 KB
@@ -297,12 +302,21 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
     for (int p = 0; p < P; ++p) {
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
-      float xv[V], g[V];
+      float xv[V], g[V], wv[V];
       load_pack<V>(xr, pk, xv);
+      if (dy || y) shared_weight<V>(weight, p, lane, wv);
+      if (y) {  // the forward's output again, as rmsnorm_forward_warp_kernel computes it (w absent: wv = 1, exact)
+        float out[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          out[k] = xv[k] * s;
+          out[k] *= wv[k];
+        }
+        store_pack<V>(y + base, pk, out);
+      }
       if (dy) {
-        float dv[V], wv[V];
+        float dv[V];
         load_pack<V>(dyr, pk, dv);
-        shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
         for (int k = 0; k < V; ++k) g[k] = s * (dv[k] * wv[k] - xv[k] * s * mean_dot);
         if (partial) {
@@ -426,16 +440,16 @@ void cuda_rmsnorm_forward(const void* x, const void* delta, void* sum, const flo
 }
 
 void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, const void* dsum,
-                           void* dx0, void* dx1, bool add0, bool add1, float* dweight, int64_t rows, int64_t width,
-                           DType dtype) {
+                           void* dx0, void* dx1, bool add0, bool add1, float* dweight, void* y, int64_t rows,
+                           int64_t width, DType dtype) {
   check_width(width, "rmsnorm backward");
   if (rows == 0) return;
   const bool want_dx = (dx0 || dx1) && (dy || dsum), want_dw = dweight && dy;
-  if (!want_dx && !want_dw) return;
+  if (!want_dx && !want_dw && !y) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm backward", [&] {
     const act_t* xt = static_cast<const act_t*>(x);
     const act_t* dyt = static_cast<const act_t*>(dy);
-    const int packs = warp_packs<act_t>(width, {x, weight, dy, dsum, dx0, dx1});
+    const int packs = warp_packs<act_t>(width, {x, weight, dy, dsum, dx0, dx1, y});
     if (packs > 0) {
       // One pass for both gradients; the chunk partials of dweight go to a scratch summed by finalize_dweight.
       const int64_t chunks = (rows + kWarpChunkRows - 1) / kWarpChunkRows;
@@ -450,17 +464,18 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
             <<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, 0, cuda_stream()>>>(
                 xt, weight, rstd, dyt,
                 want_dx ? static_cast<const act_t*>(dsum) : nullptr, want_dx ? static_cast<act_t*>(dx0) : nullptr,
-                want_dx ? static_cast<act_t*>(dx1) : nullptr, add0, add1, partial_data, rows,
+                want_dx ? static_cast<act_t*>(dx1) : nullptr, add0, add1, partial_data, static_cast<act_t*>(y), rows,
                 static_cast<int>(width));
       });
       CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
       if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);
       return;
     }
-    if (want_dx) {
+    if (want_dx || y) {
       rmsnorm_backward_dx_kernel<act_t><<<row_blocks(rows), threads_for_width(width), 0, cuda_stream()>>>(
-          xt, weight, rstd, dyt, static_cast<const act_t*>(dsum), static_cast<act_t*>(dx0), static_cast<act_t*>(dx1),
-          add0, add1, rows, static_cast<int>(width));
+          xt, weight, rstd, want_dx ? dyt : nullptr, want_dx ? static_cast<const act_t*>(dsum) : nullptr,
+          want_dx ? static_cast<act_t*>(dx0) : nullptr, want_dx ? static_cast<act_t*>(dx1) : nullptr, add0, add1,
+          static_cast<act_t*>(y), rows, static_cast<int>(width));
       CUDA_CHECK_LAUNCH("rmsnorm_backward_dx");
     }
     if (want_dw) {

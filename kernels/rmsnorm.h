@@ -19,9 +19,10 @@ void cuda_rmsnorm_forward(const void* x, const void* delta, void* sum, const flo
 // add1 true accumulates, false overwrites every element (a fresh buffer). dx0 and dx1 may alias (one tensor as both
 // inputs): dx0 is written first, so pass add1 = true then. dweight += Σ_rows dy ⊙ x̂ (fp32; null for none; always
 // accumulated). dy null: no gradient reached y (g = dsum, dweight untouched); dsum null: no extra gradient. dweight
-// is reduced in a fixed order (no atomics): bits repeat run to run.
+// is reduced in a fixed order (no atomics): bits repeat run to run. y non-null: also writes the forward's output
+// x̂ · w again, with the forward's arithmetic (the same bits), for a caller that freed it (ops/recompute.h).
 void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, const void* dsum,
-                           void* dx0, void* dx1, bool add0, bool add1, float* dweight, int64_t rows, int64_t width,
-                           DType dtype);
+                           void* dx0, void* dx1, bool add0, bool add1, float* dweight, void* y, int64_t rows,
+                           int64_t width, DType dtype);
 
 }  // namespace hgrn

@@ -2,6 +2,8 @@
 // backward reads it, the gradients are those of keeping it, bit for bit; a value recomputed with another shape is
 // refused; an untaped (evaluation) forward keeps everything. release_value (a residual branch's output, which no
 // backward reads): freed at once, its gradient made like it and equal bit for bit; releasing it twice is an error.
+// release_until_producer_backward (a norm's output, written again by the norm's backward for the linears' weight
+// gradients that wait for it): the same gradients bit for bit; work waits only where a producer brings the value back.
 #include <gtest/gtest.h>
 
 #include "gradcheck.h"
@@ -104,6 +106,84 @@ TEST(ReleaseValue, TheBranchGradientIsTheSameWithoutItsValue) {
     const Tensor dy = testing::random_tensor(rng, {2, 5, 4}, 1.0, dtype);
     EXPECT_EQ(branch_gradient(r, d, w, dy, false), branch_gradient(r, d, w, dy, true));
   }
+}
+
+// Two linears read a norm's output (as q, f and i read attn_norm's): rmsnorm, or add_rmsnorm's normed output. With
+// the output released until the norm's backward, the linears' weight gradients wait for the norm to write it again:
+// every gradient must equal keeping it, bit for bit, and the value must be gone between the forward and then.
+struct NormRun {
+  std::vector<std::vector<double>> grads;
+  bool freed_after_forward = false, freed_after_backward = false;
+};
+NormRun norm_then_linears(const Tensor& x0, const Tensor& d0, const Tensor& g0, const Tensor& w0, const Tensor& v0,
+                          const Tensor& dy, bool add, bool released) {
+  Var x = make_var(x0.clone(), true, "x"), d = make_var(d0.clone(), true, "delta");
+  Var g = make_var(g0.clone(), true, "norm weight");
+  Var w = make_var(w0.clone(), true, "w"), v = make_var(v0.clone(), true, "v");
+  Tape tape;
+  AddRmsNormResult r;
+  if (add) r = add_rmsnorm(tape, x, d, g, 1e-6);
+  const Var normed = add ? r.normed : rmsnorm(tape, x, g, 1e-6);
+  Var y1 = linear(tape, normed, w), y2 = linear(tape, normed, v);
+  Var y = add ? add_rmsnorm(tape, y1, y2, nullptr, 1e-6).sum : add_rmsnorm(tape, y1, y2, nullptr, 1e-6).normed;
+  NormRun run;
+  if (released) {
+    release_until_producer_backward(tape, normed);
+    run.freed_after_forward = !normed->value.defined();
+  }
+  tape.backward(y, dy);
+  run.freed_after_backward = !normed->value.defined();
+  for (const Var& p : {x, d, g, w, v})
+    run.grads.push_back(p->grad.defined() ? p->grad.to_double_vector() : std::vector<double>{});
+  return run;
+}
+
+TEST(ReleaseUntilProducerBackward, NormOutputComesBackInTheNormsBackwardWithTheSameGradients) {
+  Rng rng(9);
+  for (DType dtype : {DType::F64, DType::F32}) {
+    for (bool add : {false, true}) {
+      SCOPED_TRACE(detail::concat(dtype_name(dtype), add ? " add_rmsnorm" : " rmsnorm"));
+      const Tensor x = testing::random_tensor(rng, {2, 5, 9}, 1.0, dtype);
+      const Tensor d = testing::random_tensor(rng, {2, 5, 9}, 1.0, dtype);
+      const Tensor g = testing::random_tensor(rng, {9}, 1.0, dtype);
+      const Tensor w = testing::random_tensor(rng, {4, 9}, 0.5, dtype);
+      const Tensor v = testing::random_tensor(rng, {4, 9}, 0.5, dtype);
+      const Tensor dy = testing::random_tensor(rng, {2, 5, 4}, 1.0, dtype);
+      const NormRun kept = norm_then_linears(x, d, g, w, v, dy, add, false);
+      const NormRun released = norm_then_linears(x, d, g, w, v, dy, add, true);
+      EXPECT_FALSE(kept.freed_after_forward);
+      EXPECT_TRUE(released.freed_after_forward);
+      EXPECT_TRUE(released.freed_after_backward) << "the value is freed again once the waiting work has run";
+      ASSERT_EQ(kept.grads.size(), released.grads.size());
+      for (size_t i = 0; i < kept.grads.size(); ++i) {
+        EXPECT_EQ(kept.grads[i].empty(), i == 1 && !add) << "gradient " << i;  // delta enters only add_rmsnorm
+        EXPECT_EQ(kept.grads[i], released.grads[i]) << "gradient " << i;
+      }
+    }
+  }
+}
+
+TEST(ReleaseUntilProducerBackward, WorkWaitsOnlyForAValueItsProducerWritesAgain) {
+  Var v = make_var(Tensor::zeros({3}, DType::F32), true, "v");
+  int ran = 0;
+  when_value_ready(v, [&] { ++ran; });  // the value is there: runs now
+  EXPECT_EQ(ran, 1);
+  release_value(v);  // freed for good (a residual branch's output): nothing would ever bring it back
+  try {
+    when_value_ready(v, [&] { ++ran; });
+    FAIL() << "work was queued for a value nothing writes again";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'v' has no value"), std::string::npos) << e.what();
+  }
+  Var u = make_var(Tensor::zeros({3}, DType::F32), true, "u");
+  Tape tape;
+  release_until_producer_backward(tape, u);
+  when_value_ready(u, [&] { ran += 10; });
+  EXPECT_EQ(ran, 1) << "queued, not run";
+  EXPECT_THROW(restore_value(u, Tensor::zeros({4}, DType::F32)), Error) << "a value of another shape";
+  restore_value(u, Tensor::zeros({3}, DType::F32));
+  EXPECT_EQ(ran, 11);
+  EXPECT_FALSE(u->value.defined());
 }
 
 TEST(ReleaseValue, ReleasingTwiceIsAnError) {

@@ -1,6 +1,7 @@
 // test_rmsnorm_cuda.cpp: the CUDA rmsnorm and add_rmsnorm against the fp64 CPU reference computed from the same
 // (rounded) inputs, fp32 and bf16 activations, odd row counts and widths, with and without a weight, gradients
-// accumulated onto existing ones; the weight gradient's bits repeat run to run. Skipped without a GPU.
+// accumulated onto existing ones; the weight gradient's bits repeat run to run; the backward writes the forward's
+// output again with the same bits (release_until_producer_backward). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,6 +11,8 @@
 #include "gpu_test.h"
 #include "gradcheck.h"
 #include "ops/elementwise.h"
+#include "ops/linear.h"
+#include "ops/recompute.h"
 #include "ops/rmsnorm.h"
 
 namespace hgrn {
@@ -250,6 +253,48 @@ TEST(RmsNormCuda, ManyRowsWeightGradient) {
       // fp32 sums of ~33k exact products: rounding grows ~sqrt(rows)·2^-24 relative; sums reach ~600.
       expect_close(gw->grad, rw->grad, 1e-5, 1e-2, "dweight over 32771 rows");
       if (x_grad) expect_close(gx->grad, rx->grad, act_rel(DType::BF16), act_abs(DType::BF16), "dx");
+    }
+  }
+}
+
+// The norm's output released until its backward, where two linears' weight gradients wait for it (as the model
+// does for q/f/i): the backward kernels write it again, so every gradient must equal keeping it, bit for bit. Warp
+// path (widths that are whole 16-byte packs) and block path (771), rmsnorm and add_rmsnorm, with and without weight.
+TEST(RmsNormCuda, OutputWrittenAgainByTheBackwardHasTheForwardsBits) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(107);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (int64_t width : {200, 771, 1024, 2048}) {
+      for (int variant = 0; variant < 3; ++variant) {  // rmsnorm with weight, without, add_rmsnorm with weight
+        const bool add = variant == 2, with_weight = variant != 1;
+        SCOPED_TRACE(case_name(dtype, 65, width, with_weight) + (add ? " add_rmsnorm" : " rmsnorm"));
+        const Tensor x = to_gpu(testing::random_tensor(rng, {65, width}, 2.0, DType::F32), dtype);
+        const Tensor d = to_gpu(testing::random_tensor(rng, {65, width}, 1.0, DType::F32), dtype);
+        const Tensor g = to_gpu(testing::random_tensor(rng, {width}, 1.0, DType::F32), DType::F32);
+        const Tensor w = to_gpu(testing::random_tensor(rng, {24, width}, 0.1, DType::F32), dtype);
+        const Tensor v = to_gpu(testing::random_tensor(rng, {24, width}, 0.1, DType::F32), dtype);
+        const Tensor dy = to_gpu(testing::random_tensor(rng, {65, 24}, 1.0, DType::F32), dtype);
+        std::vector<Tensor> runs[2];
+        for (int released = 0; released < 2; ++released) {
+          Var gx = make_var(x, true, "x"), gd = make_var(d, true, "delta");
+          Var gg = with_weight ? make_var(g, true, "norm weight") : nullptr;
+          Var gw = make_var(w, true, "w"), gv = make_var(v, true, "v");
+          Tape tape;
+          const Var normed = add ? add_rmsnorm(tape, gx, gd, gg, kEps).normed : rmsnorm(tape, gx, gg, kEps);
+          const Var y1 = linear(tape, normed, gw), y2 = linear(tape, normed, gv);
+          const Var y = add_rmsnorm(tape, y1, y2, nullptr, kEps).sum;
+          if (released) release_until_producer_backward(tape, normed);
+          EXPECT_EQ(normed->value.defined(), !released);
+          tape.backward(y, dy);
+          for (const Var& p : {gx, gd, gg, gw, gv})
+            if (p && p->grad.defined()) runs[released].push_back(p->grad.to(Device::CPU));
+        }
+        ASSERT_EQ(runs[0].size(), add ? 5u : with_weight ? 4u : 3u);
+        ASSERT_EQ(runs[0].size(), runs[1].size());
+        for (size_t k = 0; k < runs[0].size(); ++k)
+          EXPECT_EQ(std::memcmp(runs[0][k].raw_data(), runs[1][k].raw_data(), runs[0][k].nbytes()), 0)
+              << "gradient " << k << " differs with the output written again by the backward";
+      }
     }
   }
 }

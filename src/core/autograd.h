@@ -32,6 +32,11 @@ struct Variable {
     DType dtype = DType::F32;
     Device device = Device::CPU;
   } released;
+  // Set by release_until_producer_backward (ops/recompute.h): `value` is freed after the forward, and the backward
+  // of the op that made it, which runs after every consumer's, writes it again (restore_value). A consumer whose
+  // backward needs the value queues that part here (when_value_ready) instead of running it.
+  bool restored_by_producer = false;
+  std::vector<std::function<void()>> waiting_for_value;
 };
 using Var = std::shared_ptr<Variable>;
 

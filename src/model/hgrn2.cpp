@@ -84,13 +84,15 @@ void Hgrn2Model::to_device(Device device, DType activation_dtype) {
 std::vector<std::vector<Var>> Hgrn2Model::gradient_ready_groups() const {
   const int64_t num_layers = config_.num_hidden_layers;
   std::vector<std::vector<Var>> groups;
-  groups.push_back(config_.tie_word_embeddings ? std::vector<Var>{} : std::vector<Var>{lm_head_});
+  // Each group is reported once the backward has passed the norm that makes its first projections' input (see
+  // forward_hidden): the head with the final norm, each layer with its attn_norm, then the embedding and bounds.
+  groups.push_back(config_.tie_word_embeddings ? std::vector<Var>{final_norm_} : std::vector<Var>{lm_head_, final_norm_});
   for (int64_t l = num_layers - 1; l >= 0; --l) {
     const Layer& p = layers_[l];
-    groups.push_back({p.q_proj, p.f_proj, p.i_proj, p.g_norm, p.o_proj, p.mlp_norm, p.gate_proj, p.up_proj,
-                      p.down_proj, l + 1 < num_layers ? layers_[l + 1].attn_norm : final_norm_});
+    groups.push_back({p.attn_norm, p.q_proj, p.f_proj, p.i_proj, p.g_norm, p.o_proj, p.mlp_norm, p.gate_proj,
+                      p.up_proj, p.down_proj});
   }
-  std::vector<Var> first{embeddings_, num_layers > 0 ? layers_[0].attn_norm : final_norm_};
+  std::vector<Var> first{embeddings_};
   if (lower_bounds_) first.push_back(lower_bounds_);
   groups.push_back(first);
   return groups;
@@ -112,10 +114,19 @@ void Hgrn2Model::release_branch_output(Tape& tape, const Var& branch) const {
   if (tape.enabled()) release_value(branch);
 }
 
-// normed = RMSNorm(input) ⊙ weight (add_rmsnorm's output included: the same bits as rmsnorm of its sum) is
-// recomputed from input, which the norm's own backward keeps, instead of being kept for its consumers' backward.
-void Hgrn2Model::renormalize_in_backward(Tape& tape, const Var& normed, const Var& input, const Var& weight,
-                                         double eps) const {
+// normed = RMSNorm(input) ⊙ weight (add_rmsnorm's output included) is not kept for its consumers' backward (under
+// recompute_elementwise). Where only linears read it (read_early false), the norm's own backward, which reads input
+// anyway, writes it again and the linears' weight gradients run there (release_until_producer_backward): no pass of
+// its own. Where something reads it before that backward (a block replayed whole, training.recompute; the MLP's
+// gate and up recomputed from it, training.recompute_mlp_projections), a forward recomputes it from input (the same
+// bits as rmsnorm of add_rmsnorm's sum) before the first consumer's backward.
+void Hgrn2Model::free_norm_output(Tape& tape, const Var& normed, const Var& input, const Var& weight, double eps,
+                                  bool read_early) const {
+  if (!recompute_elementwise_) return;
+  if (!read_early) {
+    release_until_producer_backward(tape, normed);
+    return;
+  }
   recompute_in_backward(tape, {normed}, [input, weight, eps](Tape& untaped) {
     return std::vector<Tensor>{rmsnorm(untaped, input, weight, eps)->value};
   });
@@ -163,7 +174,7 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   TraceLayer trace(tape, "g_norm + o_proj");
   const Var normed = rmsnorm(tape, r.output, p.g_norm, kOutputNormEps);
   const Var out = linear(tape, normed, p.o_proj);
-  renormalize_in_backward(tape, normed, r.output, p.g_norm, kOutputNormEps);
+  free_norm_output(tape, normed, r.output, p.g_norm, kOutputNormEps, /*read_early=*/false);
   return out;
 }
 
@@ -202,13 +213,16 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
   if (recurrent_states) recurrent_states->resize(config_.num_hidden_layers);
   const Tensor ids = on_device(input_ids, device_);
   const size_t num_layers = static_cast<size_t>(config_.num_hidden_layers);
-  mark_gradients_ready(tape, num_layers + 1);  // the embedding, lower bounds and first norm: complete last
+  mark_gradients_ready(tape, num_layers + 1);  // the embedding and lower bounds: complete last
   Var h;
   {
     TraceLayer trace(tape, "embedding");
     h = embedding(tape, embeddings_, ids, activation_dtype_);
   }
   Var gamma = config_.use_lower_bound ? lower_bound_transform(tape, lower_bounds_) : nullptr;
+  // A group's marker is recorded just before the norm that makes its first projections' input, so that it fires
+  // after that norm's backward, where those projections' weight gradients may run (free_norm_output).
+  mark_gradients_ready(tape, num_layers);  // layer 0's group (or, without layers, the head's)
   Var x = rmsnorm(tape, h, layers_.empty() ? final_norm_ : layers_[0].attn_norm, config_.norm_eps);
   // A block of the layer, run under recomputation when training.recompute is on.
   auto block = [&](const std::vector<Var>& inputs, const RecomputedFn& f) {
@@ -223,20 +237,21 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
     const Layer& p = layers_[l];
     const Var& next_norm = l + 1 < config_.num_hidden_layers ? layers_[l + 1].attn_norm : final_norm_;
     Var* state = recurrent_states ? &(*recurrent_states)[l] : nullptr;
-    mark_gradients_ready(tape, num_layers - static_cast<size_t>(l));
     TraceLayer trace(tape, "layer " + std::to_string(l));
     // A carried state flows out of the token mixer, so that call is never recomputed.
     const Var mixed = state ? token_mixer(tape, l, x, gamma, state)
                             : block({x, gamma}, [this, l](Tape& t, const std::vector<Var>& in) {
                                 return token_mixer(t, l, in[0], in[1], nullptr);
                               });
-    // Each block's normalised input is recomputed from the residual stream for its projections' backward.
-    renormalize_in_backward(tape, x, h, p.attn_norm, config_.norm_eps);
+    // Each block's normalised input comes back from the residual stream for its projections' weight gradients.
+    free_norm_output(tape, x, h, p.attn_norm, config_.norm_eps, /*read_early=*/recompute_);
     AddRmsNormResult r = residual_norm(h, mixed, p.mlp_norm);
     release_branch_output(tape, mixed);
     const Var mlp_out =
         block({r.normed}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0]); });
-    renormalize_in_backward(tape, r.normed, r.sum, p.mlp_norm, config_.norm_eps);
+    free_norm_output(tape, r.normed, r.sum, p.mlp_norm, config_.norm_eps,
+                     /*read_early=*/recompute_ || recompute_mlp_projections_);
+    mark_gradients_ready(tape, l + 1 < config_.num_hidden_layers ? num_layers - static_cast<size_t>(l + 1) : 0);
     r = residual_norm(r.sum, mlp_out, next_norm);
     release_branch_output(tape, mlp_out);
     // The layer's bf16 weight copies (2 bytes per weight) are next read by its backward: with
@@ -247,8 +262,7 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
     h = r.sum;
     x = r.normed;
   }
-  // Whatever uses lm_head next (linear, linear_cross_entropy) is recorded after this marker.
-  mark_gradients_ready(tape, 0);
+  // Whatever uses lm_head next (linear, linear_cross_entropy) is recorded after group 0's marker (above).
   return x;
 }
 

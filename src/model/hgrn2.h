@@ -72,8 +72,10 @@ class Hgrn2Model {
   void recompute_in_backward(Tape& tape, const std::vector<Var>& vars, RematerializeFn values) const;
   // Frees a residual branch's output once it is summed into the stream (training only: nothing reads it again).
   void release_branch_output(Tape& tape, const Var& branch) const;
-  // recompute_in_backward for an RMSNorm output `normed` of `input`.
-  void renormalize_in_backward(Tape& tape, const Var& normed, const Var& input, const Var& weight, double eps) const;
+  // Under recompute_elementwise: an RMSNorm output `normed` of `input` is not kept for the backward; it comes back in
+  // the norm's own backward, or (read_early: something reads it before then) by a forward of its own (hgrn2.cpp).
+  void free_norm_output(Tape& tape, const Var& normed, const Var& input, const Var& weight, double eps,
+                        bool read_early) const;
 
   ModelConfig config_;
   Device device_ = Device::CPU;

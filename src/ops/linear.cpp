@@ -7,9 +7,11 @@
 // the fp32 gradient, so the weight gradient is never rounded to bf16. The backward fetches the copy again rather than
 // holding it, so that a model may drop the copies between its forward and backward (recompute_weight_copies): the
 // cast is then made again, with the same bits, at the first backward use.
+// The weight gradient waits where x is released until its producer's backward (ops/recompute.h).
 #include "ops/linear.h"
 
 #include "ops/gemm_cpu.h"
+#include "ops/recompute.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/gemm.h"
 #endif
@@ -88,7 +90,7 @@ Var linear(Tape& tape, const Var& x, const Var& weight) {
   const bool copied = w_compute.dtype() != weight->value.dtype();
   tape.record([x, weight, out, copied] {
     if (!out->grad.defined()) return;
-    const Tensor& dy = out->grad;
+    const Tensor dy = out->grad;
     // dx: the first gradient to reach x overwrites a fresh buffer (beta 0) instead of adding to a zero-filled one,
     // which would cost a fill and a read of [rows, in].
     if (wants_grad(x)) {
@@ -96,7 +98,10 @@ Var linear(Tape& tape, const Var& x, const Var& weight) {
       Tensor& dx = grad_buffer_for_write(x, &accumulate);
       linear_input_gradient(dy, copied ? bf16_weight_copy(weight) : weight->value, accumulate ? 1.0f : 0.0f, dx);
     }
-    if (wants_grad(weight)) linear_weight_gradient(dy, x->value, weight);
+    // dW reads x, which may come back only in its producer's backward (an RMSNorm output: ops/recompute.h); dy is
+    // kept until then. x outlives the queued work (its producer runs it), so it is held by pointer, not in a cycle.
+    if (wants_grad(weight))
+      when_value_ready(x, [dy, xp = x.get(), weight] { linear_weight_gradient(dy, xp->value, weight); });
   });
   return out;
 }

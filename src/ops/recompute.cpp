@@ -52,4 +52,33 @@ void rematerialize(Tape& tape, const std::vector<Var>& vars, RematerializeFn val
   });
 }
 
+void release_until_producer_backward(Tape& tape, const Var& v) {
+  if (!tape.enabled() || replaying) return;
+  release_value(v);
+  v->restored_by_producer = true;
+}
+
+void when_value_ready(const Var& v, std::function<void()> work) {
+  if (v->value.defined()) {
+    work();
+    return;
+  }
+  HGRN_CHECK(v->restored_by_producer, "when_value_ready: '", v->name,
+             "' has no value and no producer that writes it again in the backward");
+  v->waiting_for_value.push_back(std::move(work));
+}
+
+void restore_value(const Var& v, Tensor value) {
+  HGRN_CHECK(v->restored_by_producer && !v->value.defined(), "restore_value: '", v->name,
+             "' was not released until its producer's backward");
+  HGRN_CHECK(value.shape() == v->released.shape && value.dtype() == v->released.dtype,
+             "restore_value: the value came back as ", shape_str(value.shape()), " ", dtype_name(value.dtype()),
+             ", the forward made ", shape_str(v->released.shape), " ", dtype_name(v->released.dtype));
+  v->value = std::move(value);
+  std::vector<std::function<void()>> waiting = std::move(v->waiting_for_value);
+  v->waiting_for_value.clear();
+  for (auto& work : waiting) work();
+  v->value = Tensor();
+}
+
 }  // namespace hgrn

@@ -9,6 +9,8 @@
 //    and saves the tensor's memory from the end of its forward to its backward, which is where the step's memory
 //    peaks. The model calls it under training.recompute_elementwise (on by default) and
 //    training.recompute_mlp_projections.
+//  - release_until_producer_backward(): the same saving with no separate recomputation, where the op that made the
+//    value can write it again in its own backward (below).
 #pragma once
 #include <functional>
 #include <vector>
@@ -29,5 +31,19 @@ using RematerializeFn = std::function<std::vector<Tensor>(Tape& untaped)>;
 // checked; the same kernels on the same inputs, so the same bits). Does nothing when the tape is disabled, nor
 // inside recompute()'s replay of a block (whose backward follows at once: nothing would be saved).
 void rematerialize(Tape& tape, const std::vector<Var>& vars, RematerializeFn values);
+
+// The cheaper grain where the producer's backward reads what it needs to make the value anyway (an RMSNorm's input):
+// v's value is freed now, and the op that made v writes it again in its own backward, which runs after every
+// consumer's backward. Consumers queue the parts of their backward that read the value (when_value_ready: a linear's
+// weight gradient) and the producer runs them (restore_value). Every op reading v's value in its backward must go
+// through when_value_ready, and the producer must call restore_value; a direct read finds no value and fails. Call
+// after the last forward op that reads v. Like rematerialize: nothing happens when the tape is disabled or inside
+// recompute()'s replay.
+void release_until_producer_backward(Tape& tape, const Var& v);
+// In a consumer's backward: runs work now when v's value is there, else queues it for v's producer's backward.
+void when_value_ready(const Var& v, std::function<void()> work);
+// In the producer's backward of a Var released by release_until_producer_backward: puts `value` back (its shape and
+// dtype checked against the forward's), runs the queued work in the order it was queued, and frees the value again.
+void restore_value(const Var& v, Tensor value);
 
 }  // namespace hgrn

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "ops/cpu_parallel.h"
+#include "ops/recompute.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/rmsnorm.h"
 #endif
@@ -42,14 +43,23 @@ static void rmsnorm_forward_cpu(const T* x, const T* delta, T* sum, const T* w, 
 
 // With g = dx (from dy; 0 when dy is null: no gradient reached y) + dsum (when non-null), accumulates dx0 += g and
 // dx1 += g (each when non-null) and dw += Σ_rows dy ⊙ x̂ (when dw and dy are non-null). dw is a sum over rows, taken
-// in fixed row blocks so that its bits do not depend on the thread count.
+// in fixed row blocks so that its bits do not depend on the thread count. y non-null: the forward's output written
+// again, with the forward's expressions (the same bits), for a caller that freed it (release_until_producer_backward).
 template <typename T>
 static void rmsnorm_backward_cpu(const T* x, const T* w, const T* rstd, const T* dy, const T* dsum, T* dx0, T* dx1,
-                                 T* dw, int64_t rows, int64_t width) {
+                                 T* dw, T* y, int64_t rows, int64_t width) {
   reduce_rows_in_fixed_blocks(rows, width, dy ? dw : nullptr, [&](int64_t r, T* dw_block) {
     const T* xr = x + r * width;
     const T* dyr = dy ? dy + r * width : nullptr;
     const T s = rstd[r];
+    if (y) {
+      T* yr = y + r * width;
+      if (w) {
+        for (int64_t c = 0; c < width; ++c) yr[c] = xr[c] * s * w[c];
+      } else {
+        for (int64_t c = 0; c < width; ++c) yr[c] = xr[c] * s;
+      }
+    }
     if (dx0 || dx1) {
       T mean_dot = 0;
       if (dyr) {
@@ -121,8 +131,9 @@ static void norm_forward(const Tensor& x, const Tensor* delta, Tensor* sum, cons
 // accumulates into grad_buffer. The GPU overwrites an input gradient it sees first (grad_buffer_for_write: no zero
 // fill to write and read back), asking for in0's buffer before in1's, the order the kernel writes them in, so that
 // add_rmsnorm(x, x) adds the second contribution onto the first. dw always accumulates (a parameter gradient).
+// y non-null: the op's output written again (see rmsnorm_backward_cpu).
 static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd, const Tensor* dy,
-                          const Tensor* dsum, const Var& in0, const Var& in1, bool dw_wanted, int64_t rows,
+                          const Tensor* dsum, const Var& in0, const Var& in1, bool dw_wanted, Tensor* y, int64_t rows,
                           int64_t width) {
   const auto check_grad = [&](const Tensor* g) {
     HGRN_CHECK(!g || (g->dtype() == x.dtype() && g->device() == x.device() && g->numel() == x.numel() &&
@@ -143,7 +154,7 @@ static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd
     cuda_rmsnorm_backward(x.raw_data(), w ? w->data<float>() : nullptr, rstd.data<float>(),
                           dy ? dy->raw_data() : nullptr, dsum ? dsum->raw_data() : nullptr,
                           dx0 ? dx0->raw_data() : nullptr, dx1 ? dx1->raw_data() : nullptr, add0, add1,
-                          dw ? dw->data<float>() : nullptr, rows, width, x.dtype());
+                          dw ? dw->data<float>() : nullptr, y ? y->raw_data() : nullptr, rows, width, x.dtype());
     return;
 #else
     throw Error("rmsnorm: this hgrn was built without CUDA");
@@ -158,12 +169,19 @@ static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd
     rmsnorm_backward_cpu(x.data<scalar_t>(), w ? w->data<scalar_t>() : nullptr, rstd.data<scalar_t>(),
                          dy ? dy->data<scalar_t>() : nullptr, dsum ? dsum->data<scalar_t>() : nullptr,
                          dx0 ? dx0->data<scalar_t>() : nullptr, dx1 ? dx1->data<scalar_t>() : nullptr,
-                         dw ? dw->data<scalar_t>() : nullptr, rows, width);
+                         dw ? dw->data<scalar_t>() : nullptr, y ? y->data<scalar_t>() : nullptr, rows, width);
   });
 }
 
 static Tensor empty_rstd(const Tensor& x, int64_t rows) {
   return Tensor::empty({rows}, x.device() == Device::CUDA ? DType::F32 : x.dtype(), x.device());
+}
+
+// The output's value, when the model freed it until this backward (release_until_producer_backward) and some
+// consumer's backward waits for it: a buffer for norm_backward to write it into, else an undefined tensor.
+static Tensor output_to_restore(const Var& out) {
+  if (!out->restored_by_producer || out->waiting_for_value.empty()) return Tensor();
+  return Tensor::empty(out->released.shape, out->released.dtype, out->released.device);
 }
 
 Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps) {
@@ -177,8 +195,12 @@ Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps) {
   Var out = weight ? op_output(tape, y, {x, weight}) : op_output(tape, y, {x});
   if (!out->requires_grad) return out;
   tape.record([x, weight, out, rstd, rows, width] {
-    if (!out->grad.defined()) return;
-    norm_backward(x->value, weight, rstd, &out->grad, nullptr, x, nullptr, wants_grad(weight), rows, width);
+    Tensor y = output_to_restore(out);
+    const Tensor* dy = out->grad.defined() ? &out->grad : nullptr;
+    if (!dy && !y.defined()) return;
+    norm_backward(x->value, weight, rstd, dy, nullptr, dy ? x : nullptr, nullptr, dy && wants_grad(weight),
+                  y.defined() ? &y : nullptr, rows, width);
+    if (y.defined()) restore_value(out, std::move(y));
   });
   return out;
 }
@@ -204,10 +226,14 @@ AddRmsNormResult add_rmsnorm(Tape& tape, const Var& residual, const Var& delta, 
   // normed requires a gradient whenever sum does, so this one closure serves both outputs.
   if (!normed->requires_grad) return {sum_out, normed};
   tape.record([residual, delta, weight, sum_out, normed, rstd, rows, width] {
+    Tensor y = output_to_restore(normed);
     const Tensor* dy = normed->grad.defined() ? &normed->grad : nullptr;
     const Tensor* dsum = sum_out->grad.defined() ? &sum_out->grad : nullptr;
-    if (!dy && !dsum) return;
-    norm_backward(sum_out->value, weight, rstd, dy, dsum, residual, delta, dy && wants_grad(weight), rows, width);
+    if (!dy && !dsum && !y.defined()) return;
+    const bool any_grad = dy || dsum;
+    norm_backward(sum_out->value, weight, rstd, dy, dsum, any_grad ? residual : nullptr, any_grad ? delta : nullptr,
+                  dy && wants_grad(weight), y.defined() ? &y : nullptr, rows, width);
+    if (y.defined()) restore_value(normed, std::move(y));
   });
   return {sum_out, normed};
 }
