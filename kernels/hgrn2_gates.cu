@@ -130,6 +130,10 @@ constexpr float kSmallLambda = 0x1p-100f;
 // they are as accurate: k = u = (1 − γ)·σ(−x) directly (a product of two accurate factors; fla's k = 1 − λ) instead of
 // −expm1(g), and for λ <= 1/2, g = log λ of the sum λ = γ + (1 − γ)·σ(x) of two non-negative terms (one rounding)
 // instead of logaddexp, unless λ < kSmallLambda (σ(x) near underflow), where the log-space form keeps its precision.
+// For λ > 1/2, log1p(−u) is log w + e/w with w = 1 − u rounded and e = (1 − u) − w its rounding error, exact by
+// Fast2Sum (1 − w is exact by Sterbenz); the neglected (e/w)²/2 is below 2^-47. So both branches take one logf (of w or
+// λ) on the same path: a warp's lanes take either branch, and with a log1pf on one and a logf on the other every warp
+// ran both one after the other.
 struct ForgetGate {
   float g, k;
 };
@@ -137,10 +141,14 @@ __device__ __forceinline__ ForgetGate forget_gate(float x, float gamma, float lo
   const Sigmoids s = sigmoids(x);
   if (gamma == 0.f) return {std_min(x, 0.f) - log1pf(s.tail), s.of_minus_x};
   const float u = (1.f - gamma) * s.of_minus_x;  // 1 − λ
-  if (u < 0.5f) return {std_max(log1pf(-u), log_gamma), u};
+  const bool near_one = u < 0.5f;                // λ > 1/2
   const float lambda = gamma + (1.f - gamma) * s.of_x;
-  if (lambda >= kSmallLambda) return {logf(lambda), u};
-  return {log_add_exp(log_gamma, log_one_minus_gamma + (std_min(x, 0.f) - log1pf(s.tail))), u};
+  if (!near_one && lambda < kSmallLambda)
+    return {log_add_exp(log_gamma, log_one_minus_gamma + (std_min(x, 0.f) - log1pf(s.tail))), u};
+  const float w = near_one ? 1.f - u : lambda;
+  const float e = near_one ? (1.f - w) - u : 0.f;
+  const float g = logf(w) + __fdividef(e, w);  // w in [1/2, 1]: the approximate division is safe
+  return {near_one ? std_max(g, log_gamma) : g, u};
 }
 
 // λ, ∂g/∂f̂ = (1 − γ)·σ(x)·σ(−x)/λ and ∂g/∂γ = σ(−x)/λ of one element (γ = 0: unbounded), with λ recomputed from f̂
