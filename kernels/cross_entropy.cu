@@ -1,6 +1,6 @@
 // cross_entropy.cu: the CUDA cross-entropy (cross_entropy.h).
 // Forward: one block per row reads the row once; each thread keeps an online (max, sum of exp(x - max), first
-// argmax) over its strided elements (two of them, even and odd elements, merged at the end), in fp32 whatever the logits' dtype, so no fp32 copy of the logits is made; the
+// argmax) over its strided elements, in fp32 whatever the logits' dtype, so no fp32 copy of the logits is made; the
 // block merges the threads' states in a fixed tree. Per-row losses land in an fp32 buffer that a single block sums
 // in a fixed order (no atomics), so the loss is bitwise reproducible. The log-sum-exp per row is kept for the
 // backward, which recomputes softmax from the logits instead of storing it. Both passes move 16 bytes per access
@@ -117,16 +117,12 @@ __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targe
     return;
   }
   const act_t* x = logits + r * vocab;
-  // Two states per thread, for the even and the odd elements of each pack: every element's update waits for the
-  // previous one of its state (an exp and an add), and one chain per thread left the kernel waiting on that latency
-  // (143 us per 2668 x 50304 bf16 chunk on an H200, about half the copy rate). Each state visits its indices in
-  // increasing order, so a strict > keeps its first maximal logit, and merge keeps the lower index of equal maxima.
-  SoftmaxState states[2] = {{-INFINITY, 0.0f, INT_MAX}, {-INFINITY, 0.0f, INT_MAX}};
+  SoftmaxState s{-INFINITY, 0.0f, INT_MAX};
+  // Each thread visits its indices in increasing order, so a strict > keeps its first maximal logit.
   for (long long base = threadIdx.x * VEC; base < vocab; base += blockDim.x * VEC) {
     const Pack<act_t, VEC> p = *reinterpret_cast<const Pack<act_t, VEC>*>(x + base);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      SoftmaxState& s = states[k % 2];
       const float xv = load_f(p.v[k]);
       if (xv > s.max) {
         s.sum = s.sum * expf(s.max - xv) + 1.0f;
@@ -137,7 +133,7 @@ __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targe
       }
     }
   }
-  SoftmaxState s = block_merge(merge(states[0], states[1]));
+  s = block_merge(s);
   if (threadIdx.x == 0) {
     const float lse = s.max + logf(s.sum);
     row_loss[r] = lse - load_f(x[t]);
