@@ -9,6 +9,8 @@
 
 #include "gradcheck.h"
 #include "ops/elementwise.h"
+#include "ops/activations.h"
+#include "ops/linear.h"
 #include "ops/rmsnorm.h"
 
 namespace hgrn {
@@ -202,6 +204,32 @@ TEST(AddRmsNorm, FrozenResidualAndOneTensorAsBothInputs) {
         return std::vector<Var>{o.normed, o.sum};
       },
       {d, w});
+}
+
+// When residual and delta are both op outputs (the model's residual stream and branch output), add_rmsnorm gives them
+// one gradient buffer, written once. Here the residual also feeds a linear recorded before the add, whose backward
+// runs after the add's and adds into the residual's gradient: the residual must get its own copy first, so that the
+// delta's gradient stays the add's. Finite differences check every leaf's gradient.
+TEST(AddRmsNorm, ResidualAndDeltaShareOneGradientUntilOneIsAddedTo) {
+  Rng rng(31);
+  Var a = make_var(testing::random_tensor(rng, {3, 8}), true, "a");
+  Var b = make_var(testing::random_tensor(rng, {3, 8}), true, "b");
+  Var v = make_var(testing::random_tensor(rng, {8, 8}, 0.5), true, "v");
+  Var w = make_var(testing::random_tensor(rng, {8}), true, "weight");
+  Var r, d;  // the first (taped) build's residual and delta
+  testing::expect_gradients_match_outputs(
+      [&](Tape& t, const std::vector<Var>& in) {
+        Var residual = silu(t, in[0]), delta = silu(t, in[1]);
+        Var side = linear(t, residual, in[2]);
+        AddRmsNormResult o = add_rmsnorm(t, residual, delta, in[3], 1e-6);
+        if (!r) r = residual, d = delta;
+        return std::vector<Var>{o.normed, side};
+      },
+      {a, b, v, w});
+  ASSERT_TRUE(r && d && r->grad.defined() && d->grad.defined());
+  EXPECT_TRUE(d->grad_shared) << "the delta's gradient is the buffer the add wrote";
+  EXPECT_FALSE(r->grad_shared) << "the residual's was copied before the linear added to it";
+  EXPECT_NE(r->grad.raw_data(), d->grad.raw_data());
 }
 
 TEST(AddRmsNorm, RejectsBadArguments) {

@@ -26,19 +26,41 @@ Tensor new_gradient(const Var& v, bool zero) {
   const Device device = live ? v->value.device() : v->released.device;
   return zero ? Tensor::zeros(shape, dtype, device) : Tensor::empty(shape, dtype, device);
 }
+
+
+// A gradient shared with another Var (share_fresh_gradient) becomes v's own copy before anything writes into it.
+void unshare_grad(const Var& v) {
+  if (!v->grad_shared) return;
+  v->grad_shared = false;
+  if (v->grad.defined()) v->grad = v->grad.clone();
+}
 }  // namespace
 
 Tensor& grad_buffer(const Var& v) {
+  unshare_grad(v);
   if (!v->grad.defined()) v->grad = new_gradient(v, true);
   settle_grad(v);
   return v->grad;
 }
 
 Tensor& grad_buffer_for_write(const Var& v, bool* accumulate) {
+  unshare_grad(v);
   *accumulate = v->grad.defined() && !v->grad_stale;
   if (!v->grad.defined()) v->grad = new_gradient(v, false);
   v->grad_stale = false;
   return v->grad;
+}
+
+bool share_fresh_gradient(const Var& a, const Var& b, bool zero) {
+  if (a == b || !a->from_op || !b->from_op || a->grad.defined() || b->grad.defined()) return false;
+  a->grad = new_gradient(a, zero);
+  const Tensor like_b = new_gradient(b, false);
+  HGRN_CHECK(like_b.shape() == a->grad.shape() && like_b.dtype() == a->grad.dtype() &&
+                 like_b.device() == a->grad.device(),
+             "share_fresh_gradient: '", a->name, "' and '", b->name, "' differ in shape, dtype or device");
+  b->grad = a->grad;
+  a->grad_shared = b->grad_shared = true;
+  return true;
 }
 
 void mark_grad_zero(const Var& v) {
@@ -77,7 +99,9 @@ Var op_output(Tape& tape, Tensor value, std::initializer_list<Var> inputs) {
   bool needs = false;
   if (tape.enabled())
     for (const Var& v : inputs) needs = needs || wants_grad(v);
-  return make_var(std::move(value), needs);
+  Var out = make_var(std::move(value), needs);
+  out->from_op = true;
+  return out;
 }
 
 }  // namespace hgrn

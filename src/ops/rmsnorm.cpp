@@ -143,11 +143,14 @@ static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd
   check_grad(dy);
   check_grad(dsum);
   const Tensor* w = weight ? &weight->value : nullptr;
+  // add_rmsnorm's residual and delta get the same gradient: one buffer for both where both are fresh (the usual
+  // case: a residual stream and a branch output), written once.
+  const bool shared = wants_grad(in0) && wants_grad(in1) && share_fresh_gradient(in0, in1, x.device() == Device::CPU);
   if (x.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
     bool add0 = false, add1 = false;
-    Tensor* dx0 = wants_grad(in0) ? &grad_buffer_for_write(in0, &add0) : nullptr;
-    Tensor* dx1 = wants_grad(in1) ? &grad_buffer_for_write(in1, &add1) : nullptr;
+    Tensor* dx0 = shared ? &in0->grad : wants_grad(in0) ? &grad_buffer_for_write(in0, &add0) : nullptr;
+    Tensor* dx1 = !shared && wants_grad(in1) ? &grad_buffer_for_write(in1, &add1) : nullptr;
     Tensor* dw = dw_wanted ? &grad_buffer(weight) : nullptr;
     check_grad(dx0);
     check_grad(dx1);
@@ -160,8 +163,8 @@ static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd
     throw Error("rmsnorm: this hgrn was built without CUDA");
 #endif
   }
-  Tensor* dx0 = wants_grad(in0) ? &grad_buffer(in0) : nullptr;
-  Tensor* dx1 = wants_grad(in1) ? &grad_buffer(in1) : nullptr;
+  Tensor* dx0 = shared ? &in0->grad : wants_grad(in0) ? &grad_buffer(in0) : nullptr;
+  Tensor* dx1 = !shared && wants_grad(in1) ? &grad_buffer(in1) : nullptr;
   Tensor* dw = dw_wanted ? &grad_buffer(weight) : nullptr;
   check_grad(dx0);
   check_grad(dx1);
