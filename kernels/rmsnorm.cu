@@ -137,7 +137,7 @@ constexpr int kFinalLanes = 16;
 // bytes); packs past the row's end are skipped.
 constexpr int kMaxWarpPacks = 8;      // 64 bf16 or 32 fp32 values per lane: rows up to 2048 bf16 / 1024 fp32 wide
 constexpr int kRowWarps = 8;          // warps per block
-constexpr int kWarpChunkRows = 64;    // rows per backward block: the weight gradient's chunk (fixes its bits)
+constexpr int kRowsPerWarp = 8;       // backward rows per warp of a block: its chunk, 8·warps rows, fixes dW's bits
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -245,8 +245,16 @@ template <typename T, int P>
 __host__ __device__ constexpr int backward_row_warps() {
   return 32 * P * (16 / static_cast<int>(sizeof(T))) * kRowWarps * 4 <= 32768 ? kRowWarps : kRowWarps / 2;
 }
+// Rows per backward block (the weight gradient's chunk): kRowsPerWarp per warp, so that blocks of half the warps take
+// half the rows and the grid keeps its size. At a fixed 64 rows the 2048-wide bf16 rows of hgrn2-1b (16384 of them)
+// made 256 blocks of 4 warps, about 8 warps per SM, and ran at half the 1024-wide rows' bandwidth (220 against 102 us
+// for the same 64 MB).
+template <typename T, int P>
+__host__ __device__ constexpr int backward_chunk_rows() {
+  return kRowsPerWarp * backward_row_warps<T, P>();
+}
 
-// Backward: block b takes rows [b·kWarpChunkRows, +kWarpChunkRows), warp i of them rows i, i + W, … (W =
+// Backward: block b takes rows [b·R, +R) (R = backward_chunk_rows), warp i of them rows i, i + W, … (W =
 // backward_row_warps); with partial non-null (weight gradient wanted; needs dy) it writes the chunk's Σ dy ⊙ x̂ to
 // partial[b, :], warps added in warp order. dx0 is stored before dx1 is read (one thread per element), so the two may
 // alias. y non-null: the forward's output x̂ · w written again from the x it reads anyway.
@@ -271,8 +279,8 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
 #pragma unroll
       for (int q = 0; q < V / 4; ++q) dw[lane_slot<V>(p, q, lane)] = make_float4(0.f, 0.f, 0.f, 0.f);
   __syncthreads();  // the weight is staged
-  const long long r_begin = blockIdx.x * (long long)kWarpChunkRows;
-  const long long r_end = min(rows, r_begin + kWarpChunkRows);
+  const long long r_begin = blockIdx.x * (long long)backward_chunk_rows<T, P>();
+  const long long r_end = min(rows, r_begin + backward_chunk_rows<T, P>());
   // x and dy are read twice, for the row's reduction and again (from L1) for the gradients, rather than held in
   // registers across it: held, they took the 1024-wide bf16 build to 118 registers and 2 blocks per SM, and the
   // kernel waited on memory (0.5-0.8 eligible warps per scheduler under ncu); re-read, it takes 56 and fits 4.
@@ -452,23 +460,23 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
     const int packs = warp_packs<act_t>(width, {x, weight, dy, dsum, dx0, dx1, y});
     if (packs > 0) {
       // One pass for both gradients; the chunk partials of dweight go to a scratch summed by finalize_dweight.
-      const int64_t chunks = (rows + kWarpChunkRows - 1) / kWarpChunkRows;
-      HGRN_CHECK(chunks <= 0x7fffffffLL, "rmsnorm backward: ", rows, " rows exceed the launch grid");
-      // Freed at the end of this scope but reused only by work queued after these kernels (one stream).
-      Tensor partial;
-      if (want_dw) partial = Tensor::empty({chunks, width}, DType::F32, Device::CUDA);
-      float* partial_data = want_dw ? static_cast<float*>(partial.raw_data()) : nullptr;
       with_packs(packs, [&](auto p) {
         constexpr int P = decltype(p)::value;
+        const int64_t chunks = (rows + backward_chunk_rows<act_t, P>() - 1) / backward_chunk_rows<act_t, P>();
+        HGRN_CHECK(chunks <= 0x7fffffffLL, "rmsnorm backward: ", rows, " rows exceed the launch grid");
+        // Freed at the end of this scope but reused only by work queued after these kernels (one stream).
+        Tensor partial;
+        if (want_dw) partial = Tensor::empty({chunks, width}, DType::F32, Device::CUDA);
+        float* partial_data = want_dw ? static_cast<float*>(partial.raw_data()) : nullptr;
         rmsnorm_backward_warp_kernel<act_t, P>
             <<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, 0, cuda_stream()>>>(
                 xt, weight, rstd, dyt,
                 want_dx ? static_cast<const act_t*>(dsum) : nullptr, want_dx ? static_cast<act_t*>(dx0) : nullptr,
                 want_dx ? static_cast<act_t*>(dx1) : nullptr, add0, add1, partial_data, static_cast<act_t*>(y), rows,
                 static_cast<int>(width));
+        CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
+        if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);
       });
-      CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
-      if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);
       return;
     }
     if (want_dx || y) {
