@@ -25,7 +25,7 @@ constexpr long long kChunk = 4096;  // elements per block: 16 per thread
 constexpr size_t kTableAlign = 256;
 
 struct AdamWArgs {
-  double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay_factor, bias_correction1, bias_correction2,
+  double beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay_factor, step_size, inv_sqrt_bias_correction2,
       grad_scale;
   const double* clip_sum_of_squares;  // non-null: grad_scale is the clip factor of this Σ grad² and max_norm
   double max_norm;
@@ -89,10 +89,9 @@ __global__ void adamw_kernel(const MultiTensorSlot* slots, int count, AdamWArgs 
                                  __dmul_rn(__dmul_rn(a.one_minus_beta2, g), g));
       s.first[i] = __double2float_rn(m);
       s.second[i] = __double2float_rn(v);
-      const double m_hat = __ddiv_rn(m, a.bias_correction1);
-      const double v_hat = __ddiv_rn(v, a.bias_correction2);
+      const double denom = __dadd_rn(__dmul_rn(__dsqrt_rn(v), a.inv_sqrt_bias_correction2), a.eps);
       const double p = __dmul_rn(static_cast<double>(param[u]), decay_factor);
-      const double step = __ddiv_rn(__dmul_rn(a.lr, m_hat), __dadd_rn(__dsqrt_rn(v_hat), a.eps));
+      const double step = __ddiv_rn(__dmul_rn(a.step_size, m), denom);
       const float updated = __double2float_rn(__dsub_rn(p, step));
       s.param[i] = updated;
       // cast_kernel's rounding: the copy holds the bits a cast of the new weight would.
@@ -175,19 +174,18 @@ double* cuda_multi_tensor_total(void* workspace, int64_t count, long long chunks
   return partials_of(workspace, count) + chunks;
 }
 
-void cuda_adamw_update(const void* workspace, int64_t count, long long chunks, double lr, double beta1, double beta2,
-                       double eps, double decay_factor, double bias_correction1, double bias_correction2,
-                       double grad_scale, const double* clip_sum_of_squares, double max_norm) {
+void cuda_adamw_update(const void* workspace, int64_t count, long long chunks, double beta1, double beta2, double eps,
+                       double decay_factor, const AdamWStep& step, double grad_scale,
+                       const double* clip_sum_of_squares, double max_norm) {
   if (count == 0 || chunks == 0) return;
-  const AdamWArgs args{lr,
-                       beta1,
+  const AdamWArgs args{beta1,
                        1.0 - beta1,
                        beta2,
                        1.0 - beta2,
                        eps,
                        decay_factor,
-                       bias_correction1,
-                       bias_correction2,
+                       step.step_size,
+                       step.inv_sqrt_bias_correction2,
                        grad_scale,
                        clip_sum_of_squares,
                        max_norm};

@@ -1,5 +1,6 @@
 // adamw.h: the optimiser's multi-tensor GPU kernels (src/train/optimizer.cpp): the AdamW update, the gradients'
-// sum of squares and their in-place scaling, each one launch over every fp32 parameter at once.
+// sum of squares and their in-place scaling, each one launch over every fp32 parameter at once. Declarations only
+// (no CUDA types), so the CPU build includes it too, for AdamWStep.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +22,13 @@ struct MultiTensorSlot {
   int64_t first_chunk = 0;  // set by the launchers: the slot's first chunk in the launch
 };
 
+// The per-step constants of the AdamW update (CPU and GPU alike: src/train/optimizer.cpp includes this header in
+// every build): step_size = lr / (1 − β1^t), inv_sqrt_bias_correction2 = 1 / √(1 − β2^t).
+struct AdamWStep {
+  double step_size;
+  double inv_sqrt_bias_correction2;
+};
+
 // Bytes of device memory the launchers below need as `workspace` for `count` slots holding `elements` in all.
 size_t cuda_multi_tensor_workspace_bytes(int64_t count, int64_t elements);
 
@@ -32,14 +40,15 @@ double* cuda_multi_tensor_total(void* workspace, int64_t count, long long chunks
 
 // AdamW for every slot, in double with IEEE-rounded operations in the CPU's order (optimizer.cpp's adamw_update):
 // g = float(grad · grad_scale) (the gradient clipping would have left; grad itself is not written);
-// m = b1 m + (1-b1) g; v = b2 v + ((1-b2) g) g; p = p * (decay ? decay_factor : 1) - lr (m/bc1) / (sqrt(v/bc2) + eps);
+// m = b1 m + (1-b1) g; v = b2 v + ((1-b2) g) g;
+// p = p * (decay ? decay_factor : 1) - (step_size m) / (sqrt(v) inv_sqrt_bias_correction2 + eps);
 // and bf16_copy = bf16(p) where the slot has one.
 // With clip_sum_of_squares (a device double, Σ grad²) grad_scale is replaced by the clip factor of that sum and
 // max_norm, formed on the device as grad_norm_and_clip_factor forms it on the host (the same bits): clipping
 // without a round trip through the host.
-void cuda_adamw_update(const void* workspace, int64_t count, long long chunks, double lr, double beta1, double beta2,
-                       double eps, double decay_factor, double bias_correction1, double bias_correction2,
-                       double grad_scale, const double* clip_sum_of_squares, double max_norm);
+void cuda_adamw_update(const void* workspace, int64_t count, long long chunks, double beta1, double beta2, double eps,
+                       double decay_factor, const AdamWStep& step, double grad_scale,
+                       const double* clip_sum_of_squares, double max_norm);
 // *total = Σ grad² over every slot, in double, reduced in an order fixed by the slots' sizes alone (bitwise
 // reproducible); total is device memory and nothing waits for it.
 void cuda_grad_sum_of_squares(void* workspace, int64_t count, long long chunks, double* total);

@@ -10,9 +10,7 @@
 #include <cmath>
 #include <string>
 
-#ifdef HGRN_WITH_CUDA
-#include "kernels/adamw.h"
-#endif
+#include "kernels/adamw.h"  // AdamWStep in every build; its launchers only with HGRN_WITH_CUDA
 
 namespace hgrn {
 
@@ -36,10 +34,12 @@ inline double scaled(T g, double factor) {
   return static_cast<double>(static_cast<T>(static_cast<double>(g) * factor));
 }
 
+// The bias corrections enter as torch's fused AdamW applies them, through two per-step constants (AdamWStep): the
+// step lr·m̂/(√v̂ + eps) is step_size·m / (√v · inv_sqrt_bc2 + eps) with step_size = lr/bc1, inv_sqrt_bc2 = 1/√bc2,
+// one division per element where m/bc1, v/bc2 and the quotient took three (the GPU kernel's fp64 divisions).
 template <typename T>
-void adamw_update(T* param, const T* grad, T* first, T* second, int64_t n, double lr, double beta1, double beta2,
-                  double eps, double decay_factor, double bias_correction1, double bias_correction2,
-                  double grad_scale) {
+void adamw_update(T* param, const T* grad, T* first, T* second, int64_t n, double beta1, double beta2, double eps,
+                  double decay_factor, const AdamWStep& step, double grad_scale) {
 #pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) {
     const double g = scaled(grad[i], grad_scale);
@@ -47,11 +47,10 @@ void adamw_update(T* param, const T* grad, T* first, T* second, int64_t n, doubl
     const double v = beta2 * static_cast<double>(second[i]) + (1.0 - beta2) * g * g;
     first[i] = static_cast<T>(m);
     second[i] = static_cast<T>(v);
-    const double m_hat = m / bias_correction1;
-    const double v_hat = v / bias_correction2;
+    const double denom = std::sqrt(v) * step.inv_sqrt_bias_correction2 + eps;
     // Decoupled decay first, then the Adam step, as torch.optim.AdamW orders them.
     double p = static_cast<double>(param[i]) * decay_factor;
-    p -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    p -= step.step_size * m / denom;
     param[i] = static_cast<T>(p);
   }
 }
@@ -222,6 +221,7 @@ void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device
   const int64_t t = step_count_ + 1;
   const double bias_correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(t));
   const double bias_correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(t));
+  const AdamWStep adam_step{lr / bias_correction1, 1.0 / std::sqrt(bias_correction2)};
   [[maybe_unused]] GpuSlots gpu;
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& ref = params_[i];
@@ -245,9 +245,8 @@ void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device
     const double decay_factor = ref.decay ? 1.0 - lr * config_.weight_decay : 1.0;
     HGRN_DISPATCH_FLOAT(p.dtype(), "AdamW::step", [&] {
       adamw_update<scalar_t>(p.data<scalar_t>() + ref.begin, ref.param->grad.data<scalar_t>() + ref.begin,
-                             first_moments_[i].data<scalar_t>(), second_moments_[i].data<scalar_t>(), n, lr,
-                             config_.beta1, config_.beta2, config_.eps, decay_factor, bias_correction1,
-                             bias_correction2, grad_scale);
+                             first_moments_[i].data<scalar_t>(), second_moments_[i].data<scalar_t>(), n,
+                             config_.beta1, config_.beta2, config_.eps, decay_factor, adam_step, grad_scale);
     });
   }
 #ifdef HGRN_WITH_CUDA
@@ -256,9 +255,8 @@ void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device
     // Measured with the update's own table: the same slots and order as grad_norm_and_clip_factor's.
     if (device_sum_of_squares)
       cuda_grad_sum_of_squares(table.data(), table.count, table.chunks, device_sum_of_squares);
-    cuda_adamw_update(table.data(), table.count, table.chunks, lr, config_.beta1, config_.beta2, config_.eps,
-                      1.0 - lr * config_.weight_decay, bias_correction1, bias_correction2, grad_scale,
-                      device_sum_of_squares, max_norm);
+    cuda_adamw_update(table.data(), table.count, table.chunks, config_.beta1, config_.beta2, config_.eps,
+                      1.0 - lr * config_.weight_decay, adam_step, grad_scale, device_sum_of_squares, max_norm);
   }
 #endif
   step_count_ = t;
