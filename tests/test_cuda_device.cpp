@@ -1,5 +1,5 @@
-// test_cuda_device.cpp: device memory through Tensor: round trips between host and GPU, and the out-of-memory
-// message. Skipped (never passed) where this build has no CUDA or no GPU is visible.
+// test_cuda_device.cpp: device memory through Tensor: round trips between host and GPU, the fp32 -> bf16 cast's
+// bits, and the out-of-memory message. Skipped (never passed) where this build has no CUDA or no GPU is visible.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -29,6 +29,34 @@ TEST(CudaDevice, TensorsRoundTripThroughDeviceMemory) {
     Tensor back = device2.to(Device::CPU);
     EXPECT_EQ(back.device(), Device::CPU);
     EXPECT_EQ(std::memcmp(back.raw_data(), host.raw_data(), host.nbytes()), 0);
+  }
+}
+
+// fp32 -> bf16 on the GPU (the weights' compute copies: packs of 4 over the aligned bulk, one at a time over the
+// tail and unaligned views) gives the CPU's bits, round to nearest even: random values, exact ties, and sizes and
+// offsets that leave tails and misalignment.
+TEST(CudaDevice, Fp32ToBf16CastMatchesTheCpuBitForBit) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(12);
+  const int64_t n = 4099;
+  Tensor host = Tensor::empty({n}, DType::F32);
+  float* h = host.data<float>();
+  for (int64_t i = 0; i < n; ++i) h[i] = static_cast<float>((static_cast<double>(rng.below(1 << 30)) - (1 << 29)) * 1e-6);
+  for (int64_t i = 0; i < n; i += 7) {  // exact ties: the low 16 bits 0x8000, both parities of the kept bit
+    uint32_t bits;
+    std::memcpy(&bits, &h[i], 4);
+    bits = (bits & 0xffff0000u) | 0x8000u;
+    std::memcpy(&h[i], &bits, 4);
+  }
+  const Tensor device = host.to(Device::CUDA);
+  for (int64_t begin : {int64_t{0}, int64_t{1}, int64_t{4}}) {
+    for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{4}, n - 8}) {
+      SCOPED_TRACE(::testing::Message() << "elements [" << begin << ", " << begin + count << ")");
+      const Tensor want = host.flat_view(begin, count).to(DType::BF16);
+      const Tensor got = device.flat_view(begin, count).to(DType::BF16).to(Device::CPU);
+      ASSERT_EQ(got.dtype(), DType::BF16);
+      EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0);
+    }
   }
 }
 
