@@ -32,6 +32,10 @@ __device__ float block_sum(float v, float* warp_sums) {
   return total;
 }
 
+// The op's output element x̂ · w = (x · rstd) · w, w = 1 without a weight (exact), as every kernel here writes it: the
+// forwards, and the backwards that write it again for a caller that freed it, so all give the same bits.
+__device__ __forceinline__ float normalized(float x, float rstd, float w) { return x * rstd * w; }
+
 // A row per block (grid-striding over rows). delta non-null: add_rmsnorm, the row normalised is the rounded x + delta,
 // which this thread stored to `sum` and reads back (its own writes: no barrier needed).
 template <typename T>
@@ -58,11 +62,8 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* delta, T* sum, const
     }
     const float s = 1.f / sqrtf(block_sum(sum_sq, warp_sums) / (float)width + eps);
     if (threadIdx.x == 0) rstd[row] = s;
-    for (int c = threadIdx.x; c < width; c += blockDim.x) {
-      float v = load_f(xr[c]) * s;
-      if (w) v *= w[c];
-      y[base + c] = store_f<T>(v);
-    }
+    for (int c = threadIdx.x; c < width; c += blockDim.x)
+      y[base + c] = store_f<T>(normalized(load_f(xr[c]), s, w ? w[c] : 1.f));
   }
 }
 
@@ -90,11 +91,7 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const flo
       if (dsum) g += load_f(dsum[base + c]);
       if (dx0) dx0[base + c] = store_f<T>(add0 ? load_f(dx0[base + c]) + g : g);
       if (dx1) dx1[base + c] = store_f<T>(add1 ? load_f(dx1[base + c]) + g : g);
-      if (y) {  // the forward's output again, as rmsnorm_forward_kernel computes it
-        float v = load_f(x[base + c]) * s;
-        if (w) v *= w[c];
-        y[base + c] = store_f<T>(v);
-      }
+      if (y) y[base + c] = store_f<T>(normalized(load_f(x[base + c]), s, w ? w[c] : 1.f));
     }
   }
 }
@@ -230,10 +227,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       load_pack<V>(normed_row, pk, v);
       shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        v[k] *= s;
-        if (w) v[k] *= wv[k];
-      }
+      for (int k = 0; k < V; ++k) v[k] = normalized(v[k], s, wv[k]);  // wv = 1 without a weight (stage_weight)
       store_pack<V>(y + base, pk, v);
     }
   }
@@ -313,13 +307,10 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       float xv[V], g[V], wv[V];
       load_pack<V>(xr, pk, xv);
       if (dy || y) shared_weight<V>(weight, p, lane, wv);
-      if (y) {  // the forward's output again, as rmsnorm_forward_warp_kernel computes it (w absent: wv = 1, exact)
+      if (y) {  // the forward's output again
         float out[V];
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          out[k] = xv[k] * s;
-          out[k] *= wv[k];
-        }
+        for (int k = 0; k < V; ++k) out[k] = normalized(xv[k], s, wv[k]);
         store_pack<V>(y + base, pk, out);
       }
       if (dy) {

@@ -18,15 +18,22 @@ void release_value(const Var& v) {
 }
 
 namespace {
-// A gradient buffer for v: like its value, or like the value release_value freed.
-Tensor new_gradient(const Var& v, bool zero) {
-  const bool live = v->value.defined();
-  const Shape& shape = live ? v->value.shape() : v->released.shape;
-  const DType dtype = live ? v->value.dtype() : v->released.dtype;
-  const Device device = live ? v->value.device() : v->released.device;
-  return zero ? Tensor::zeros(shape, dtype, device) : Tensor::empty(shape, dtype, device);
+// What v's gradient is made like: its value, or the value release_value freed.
+struct GradientLayout {
+  Shape shape;
+  DType dtype;
+  Device device;
+  bool operator==(const GradientLayout&) const = default;
+};
+GradientLayout gradient_layout(const Var& v) {
+  if (v->value.defined()) return {v->value.shape(), v->value.dtype(), v->value.device()};
+  return {v->released.shape, v->released.dtype, v->released.device};
 }
 
+Tensor new_gradient(const Var& v, bool zero) {
+  const GradientLayout l = gradient_layout(v);
+  return zero ? Tensor::zeros(l.shape, l.dtype, l.device) : Tensor::empty(l.shape, l.dtype, l.device);
+}
 
 // A gradient shared with another Var (share_fresh_gradient) becomes v's own copy before anything writes into it.
 void unshare_grad(const Var& v) {
@@ -53,11 +60,9 @@ Tensor& grad_buffer_for_write(const Var& v, bool* accumulate) {
 
 bool share_fresh_gradient(const Var& a, const Var& b, bool zero) {
   if (a == b || !a->from_op || !b->from_op || a->grad.defined() || b->grad.defined()) return false;
+  HGRN_CHECK(gradient_layout(a) == gradient_layout(b), "share_fresh_gradient: '", a->name, "' and '", b->name,
+             "' differ in shape, dtype or device");
   a->grad = new_gradient(a, zero);
-  const Tensor like_b = new_gradient(b, false);
-  HGRN_CHECK(like_b.shape() == a->grad.shape() && like_b.dtype() == a->grad.dtype() &&
-                 like_b.device() == a->grad.device(),
-             "share_fresh_gradient: '", a->name, "' and '", b->name, "' differ in shape, dtype or device");
   b->grad = a->grad;
   a->grad_shared = b->grad_shared = true;
   return true;

@@ -11,6 +11,15 @@ struct ReplayScope {
   ReplayScope() { replaying = true; }
   ~ReplayScope() { replaying = false; }
 };
+
+// A value made again for v must be the one the forward made: same shape and dtype (what rematerialize's recompute and
+// a producer's backward return); `what` (formatted only on failure) names what came back instead.
+template <typename... What>
+void check_like_released(const Var& v, const Tensor& value, const What&... what) {
+  HGRN_CHECK(value.shape() == v->released.shape && value.dtype() == v->released.dtype, what..., " came back as ",
+             shape_str(value.shape()), " ", dtype_name(value.dtype()), ", the forward made ",
+             shape_str(v->released.shape), " ", dtype_name(v->released.dtype));
+}
 }  // namespace
 
 Var recompute(Tape& tape, const std::vector<Var>& inputs, RecomputedFn f) {
@@ -42,11 +51,7 @@ void rematerialize(Tape& tape, const std::vector<Var>& vars, RematerializeFn val
     HGRN_CHECK(recomputed.size() == vars.size(), "rematerialize: ", recomputed.size(), " values for ", vars.size(),
                " tensors");
     for (size_t i = 0; i < vars.size(); ++i) {
-      const auto& made = vars[i]->released;
-      HGRN_CHECK(recomputed[i].shape() == made.shape && recomputed[i].dtype() == made.dtype,
-                 "rematerialize: tensor ", i, " came back as ", shape_str(recomputed[i].shape()), " ",
-                 dtype_name(recomputed[i].dtype()), ", the forward made ", shape_str(made.shape), " ",
-                 dtype_name(made.dtype));
+      check_like_released(vars[i], recomputed[i], "rematerialize: tensor ", i);
       vars[i]->value = std::move(recomputed[i]);
     }
   });
@@ -71,9 +76,7 @@ void when_value_ready(const Var& v, std::function<void()> work) {
 void restore_value(const Var& v, Tensor value) {
   HGRN_CHECK(v->restored_by_producer && !v->value.defined(), "restore_value: '", v->name,
              "' was not released until its producer's backward");
-  HGRN_CHECK(value.shape() == v->released.shape && value.dtype() == v->released.dtype,
-             "restore_value: the value came back as ", shape_str(value.shape()), " ", dtype_name(value.dtype()),
-             ", the forward made ", shape_str(v->released.shape), " ", dtype_name(v->released.dtype));
+  check_like_released(v, value, "restore_value: the value");
   v->value = std::move(value);
   std::vector<std::function<void()>> waiting = std::move(v->waiting_for_value);
   v->waiting_for_value.clear();

@@ -15,6 +15,17 @@
 
 namespace hgrn {
 
+// Row r of the op's output, y = (x · rstd) · w (w null: x · rstd): the forward's, and the backward's when it writes
+// the output again, so both give the same bits.
+template <typename T>
+static void normalized_row(const T* xr, T s, const T* w, T* yr, int64_t width) {
+  if (w) {
+    for (int64_t c = 0; c < width; ++c) yr[c] = xr[c] * s * w[c];
+  } else {
+    for (int64_t c = 0; c < width; ++c) yr[c] = xr[c] * s;
+  }
+}
+
 // delta non-null (add_rmsnorm): sum = x + delta is written and normalised instead of x.
 template <typename T>
 static void rmsnorm_forward_cpu(const T* x, const T* delta, T* sum, const T* w, T* y, T* rstd, int64_t rows,
@@ -28,23 +39,18 @@ static void rmsnorm_forward_cpu(const T* x, const T* delta, T* sum, const T* w, 
       for (int64_t c = 0; c < width; ++c) sr[c] = xr[c] + dr[c];
       xr = sr;
     }
-    T* yr = y + r * width;
     T sum_sq = 0;
     for (int64_t c = 0; c < width; ++c) sum_sq += xr[c] * xr[c];
     const T s = T(1) / std::sqrt(sum_sq / static_cast<T>(width) + eps);
     rstd[r] = s;
-    if (w) {
-      for (int64_t c = 0; c < width; ++c) yr[c] = xr[c] * s * w[c];
-    } else {
-      for (int64_t c = 0; c < width; ++c) yr[c] = xr[c] * s;
-    }
+    normalized_row(xr, s, w, y + r * width, width);
   }
 }
 
 // With g = dx (from dy; 0 when dy is null: no gradient reached y) + dsum (when non-null), accumulates dx0 += g and
 // dx1 += g (each when non-null) and dw += Σ_rows dy ⊙ x̂ (when dw and dy are non-null). dw is a sum over rows, taken
 // in fixed row blocks so that its bits do not depend on the thread count. y non-null: the forward's output written
-// again, with the forward's expressions (the same bits), for a caller that freed it (release_until_producer_backward).
+// again by the forward's normalized_row (the same bits), for a caller that freed it (release_until_producer_backward).
 template <typename T>
 static void rmsnorm_backward_cpu(const T* x, const T* w, const T* rstd, const T* dy, const T* dsum, T* dx0, T* dx1,
                                  T* dw, T* y, int64_t rows, int64_t width) {
@@ -52,14 +58,7 @@ static void rmsnorm_backward_cpu(const T* x, const T* w, const T* rstd, const T*
     const T* xr = x + r * width;
     const T* dyr = dy ? dy + r * width : nullptr;
     const T s = rstd[r];
-    if (y) {
-      T* yr = y + r * width;
-      if (w) {
-        for (int64_t c = 0; c < width; ++c) yr[c] = xr[c] * s * w[c];
-      } else {
-        for (int64_t c = 0; c < width; ++c) yr[c] = xr[c] * s;
-      }
-    }
+    if (y) normalized_row(xr, s, w, y + r * width, width);
     if (dx0 || dx1) {
       T mean_dot = 0;
       if (dyr) {
