@@ -1587,9 +1587,12 @@ struct Launcher {
   // The pass is sequential over the chunks, so it takes (waves of blocks) x (one block's time). For bf16, three
   // blocks fit on an SM, but each then runs slower (the pass is bound by instruction issue and latency, capped at
   // 80 registers): the three-block build runs only where it takes off a wave (hgrn2-150m: B·H = 96, 384 blocks:
-  // two waves of 264 on an H200, one of 396), else the two-block one (measured: no gain at equal waves). Where
-  // that still leaves several waves and the V-tiles pair up, a block takes two V-tiles (reading x and g once for
-  // both, half the blocks) if that takes off a wave (hgrn2-385m: B·H = 128, 512 blocks: two waves, then one).
+  // two waves of 264 on an H200, one of 396), else the two-block one (measured: no gain at equal waves). Where the
+  // V-tiles pair up, a block takes two V-tiles (reading x and g once for both: half the blocks, ~30% less traffic)
+  // where that takes off a wave (hgrn2-385m's B·H = 128: 512 blocks, two waves, then one), or where the paired
+  // blocks fit one to an SM (B·H = 64, the peer's benchmark shape: 128 blocks, ~10 us faster a pass on an H200
+  // than 256 two to an SM). Not at equal waves otherwise: at B·H = 96 (hgrn2-150m) 192 paired blocks, one or two to
+  // an SM, ran the recurrence 1.5% slower than 384 three to an SM.
   template <bool REVERSE>
   void state_pass(const StatePassParams& p) const {
     const char* name = REVERSE ? "hgru2_state_pass_reverse" : "hgru2_state_pass";
@@ -1601,7 +1604,9 @@ struct Launcher {
       const size_t bytes2 = StatePassSmem<In, 2>::carve(nullptr, &s2);
       const int64_t waves2 = waves<state_pass_kernel<In, REVERSE, 2, 1>>(blocks, bytes);
       const int64_t waves3 = waves<state_pass_kernel<In, REVERSE, 3, 1>>(blocks, bytes);
-      if (d.nv % 2 == 0 && waves<state_pass_kernel<In, REVERSE, 2, 2>>(blocks / 2, bytes2) < std::min(waves2, waves3)) {
+      const int64_t paired_waves = waves<state_pass_kernel<In, REVERSE, 2, 2>>(blocks / 2, bytes2);
+      const bool one_per_sm = blocks / 2 <= cuda_device_properties().multiProcessorCount;
+      if (d.nv % 2 == 0 && (paired_waves < std::min(waves2, waves3) || one_per_sm)) {
         launch(state_pass_kernel<In, REVERSE, 2, 2>, dim3(d.nk, d.nv / 2, pairs), bytes2, name, p);
         return;
       }
