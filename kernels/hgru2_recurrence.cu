@@ -1591,8 +1591,9 @@ struct Launcher {
   // V-tiles pair up, a block takes two V-tiles (reading x and g once for both: half the blocks, ~30% less traffic)
   // where that takes off a wave (hgrn2-385m's B·H = 128: 512 blocks, two waves, then one), or where the paired
   // blocks fit one to an SM (B·H = 64, the peer's benchmark shape: 128 blocks, ~10 us faster a pass on an H200
-  // than 256 two to an SM). Not at equal waves otherwise: at B·H = 96 (hgrn2-150m) 192 paired blocks, one or two to
-  // an SM, ran the recurrence 1.5% slower than 384 three to an SM.
+  // than 256 two to an SM), there built without the two-block register cap (~200 registers instead of 128: another
+  // ~4 us; a third cp.async stage did not help). Not at equal waves otherwise: at B·H = 96 (hgrn2-150m) 192 paired
+  // blocks, one or two to an SM, ran the recurrence 1.5% slower than 384 three to an SM.
   template <bool REVERSE>
   void state_pass(const StatePassParams& p) const {
     const char* name = REVERSE ? "hgru2_state_pass_reverse" : "hgru2_state_pass";
@@ -1606,7 +1607,11 @@ struct Launcher {
       const int64_t waves3 = waves<state_pass_kernel<In, REVERSE, 3, 1>>(blocks, bytes);
       const int64_t paired_waves = waves<state_pass_kernel<In, REVERSE, 2, 2>>(blocks / 2, bytes2);
       const bool one_per_sm = blocks / 2 <= cuda_device_properties().multiProcessorCount;
-      if (d.nv % 2 == 0 && (paired_waves < std::min(waves2, waves3) || one_per_sm)) {
+      if (d.nv % 2 == 0 && one_per_sm) {  // the register cap of two blocks an SM would only cost here
+        launch(state_pass_kernel<In, REVERSE, 1, 2>, dim3(d.nk, d.nv / 2, pairs), bytes2, name, p);
+        return;
+      }
+      if (d.nv % 2 == 0 && paired_waves < std::min(waves2, waves3)) {
         launch(state_pass_kernel<In, REVERSE, 2, 2>, dim3(d.nk, d.nv / 2, pairs), bytes2, name, p);
         return;
       }
