@@ -17,7 +17,7 @@ __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, long lon
     if constexpr (kHasUp) load_pack<V>(up, i, u);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      g[k] = g[k] * stable_sigmoid(g[k]);
+      g[k] = g[k] * stable_sigmoid<T>(g[k]);
       if constexpr (kHasUp) g[k] *= u[k];
     }
     store_pack<V>(y, i, g);
@@ -36,7 +36,7 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, 
     load_pack<V>(dy, i, d);
     if constexpr (kHasUp) load_pack<V>(up, i, u);
 #pragma unroll
-    for (int k = 0; k < V; ++k) s[k] = stable_sigmoid(g[k]);
+    for (int k = 0; k < V; ++k) s[k] = stable_sigmoid<T>(g[k]);
     if (y) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {

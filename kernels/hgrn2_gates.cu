@@ -213,7 +213,7 @@ __global__ void gates_forward_kernel(const T* __restrict__ q_hat, const T* __res
     if (q) {
       load_pack<V>(q_hat + base, pk, x);
 #pragma unroll
-      for (int c = 0; c < V; ++c) x[c] *= stable_sigmoid(x[c]);
+      for (int c = 0; c < V; ++c) x[c] *= stable_sigmoid<T>(x[c]);
       store_pack<V>(q + base, pk, x);
     }
   }
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kCols * kLanes, 4) gates_backward_kernel(const
         if (p.add_dq) load_pack<V>(p.dq_hat + base, pk, dx);
 #pragma unroll
         for (int c = 0; c < V; ++c) {
-          const float v = silu_backward_value(x[c], stable_sigmoid(x[c]), d[c]);
+          const float v = silu_backward_value(x[c], stable_sigmoid<T>(x[c]), d[c]);
           dx[c] = p.add_dq ? dx[c] + v : v;
         }
         store_pack<V>(p.dq_hat + base, pk, dx);
