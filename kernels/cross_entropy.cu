@@ -100,17 +100,8 @@ struct alignas(sizeof(act_t) * VEC) Pack {
   act_t v[VEC];
 };
 
-// e^x for the forward's online softmax, x <= 0. bf16 logits: the multi-function unit's 2^(x·log2 e) (__expf, a few
-// ulp), whose error is thousands of times below the logits' own rounding (2^-9); the accurate expf took the kernel's
-// issue slots (86% busy under ncu, 153 us per 2560 x 50304 chunk, against ~64 us to read it). fp32 logits keep expf.
-template <typename act_t>
-__device__ __forceinline__ float softmax_exp(float x) {
-  if constexpr (std::is_same_v<act_t, float>)
-    return expf(x);
-  else
-    return __expf(x);
-}
-
+// The online softmax's e^x (x <= 0) is act_exp: for bf16 logits the accurate expf took the kernel's issue slots (86%
+// busy under ncu, 153 us per 2560 x 50304 chunk, against ~64 us to read it).
 template <typename act_t, int VEC, typename T>
 __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targets, long long vocab,
                                              long long ignore_index, float* row_loss, float* log_sum_exp,
@@ -136,11 +127,11 @@ __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targe
     for (int k = 0; k < VEC; ++k) {
       const float xv = load_f(p.v[k]);
       if (xv > s.max) {
-        s.sum = s.sum * softmax_exp<act_t>(s.max - xv) + 1.0f;
+        s.sum = s.sum * act_exp<act_t>(s.max - xv) + 1.0f;
         s.max = xv;
         s.index = static_cast<int>(base + k);
       } else {
-        s.sum += softmax_exp<act_t>(xv - s.max);
+        s.sum += act_exp<act_t>(xv - s.max);
       }
     }
   }

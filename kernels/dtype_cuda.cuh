@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <string>
+#include <type_traits>
 
 #include "core/check.h"
 #include "core/dtype.h"
@@ -15,6 +16,18 @@ __device__ __forceinline__ float load_f(__nv_bfloat16 x) { return __bfloat162flo
 template <typename T> __device__ __forceinline__ T store_f(float x);
 template <> __device__ __forceinline__ float store_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 store_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// e^x for a result that enters values of activation dtype Act. bf16: the multi-function unit's 2^(x·log2 e) (__expf:
+// relative error below 2^-16 where the result is a normal number, 0 where it would underflow), far under bf16's 2^-9
+// rounding, instead of expf's range reduction in kernels bound by their arithmetic (the fused gates, the loss's online
+// softmax). fp32 keeps expf, whose accuracy its tolerances need.
+template <typename Act>
+__device__ __forceinline__ float act_exp(float x) {
+  if constexpr (std::is_same_v<Act, float>)
+    return expf(x);
+  else
+    return __expf(x);
+}
 
 }  // namespace hgrn
 

@@ -1605,15 +1605,16 @@ struct Launcher {
       const size_t bytes2 = StatePassSmem<In, 2>::carve(nullptr, &s2);
       const int64_t waves2 = waves<state_pass_kernel<In, REVERSE, 2, 1>>(blocks, bytes);
       const int64_t waves3 = waves<state_pass_kernel<In, REVERSE, 3, 1>>(blocks, bytes);
-      const int64_t paired_waves = waves<state_pass_kernel<In, REVERSE, 2, 2>>(blocks / 2, bytes2);
-      const bool one_per_sm = blocks / 2 <= cuda_device_properties().multiProcessorCount;
-      if (d.nv % 2 == 0 && one_per_sm) {  // the register cap of two blocks an SM would only cost here
-        launch(state_pass_kernel<In, REVERSE, 1, 2>, dim3(d.nk, d.nv / 2, pairs), bytes2, name, p);
-        return;
-      }
-      if (d.nv % 2 == 0 && paired_waves < std::min(waves2, waves3)) {
-        launch(state_pass_kernel<In, REVERSE, 2, 2>, dim3(d.nk, d.nv / 2, pairs), bytes2, name, p);
-        return;
+      if (d.nv % 2 == 0) {
+        const dim3 paired_grid(d.nk, d.nv / 2, pairs);
+        if (blocks / 2 <= cuda_device_properties().multiProcessorCount) {  // one to an SM: no two-block register cap
+          launch(state_pass_kernel<In, REVERSE, 1, 2>, paired_grid, bytes2, name, p);
+          return;
+        }
+        if (waves<state_pass_kernel<In, REVERSE, 2, 2>>(blocks / 2, bytes2) < std::min(waves2, waves3)) {
+          launch(state_pass_kernel<In, REVERSE, 2, 2>, paired_grid, bytes2, name, p);
+          return;
+        }
       }
       if (waves3 < waves2) {
         launch(state_pass_kernel<In, REVERSE, 3, 1>, dim3(d.nk, d.nv, pairs), bytes, name, p);

@@ -2,19 +2,17 @@
 // and the fused HGRN2 gates (hgrn2_gates.cu, where q = silu(q̂)), so both compute the very same bits for a dtype.
 #pragma once
 
-#include <type_traits>
+#include "dtype_cuda.cuh"
 
 namespace hgrn {
 
 // As the CPU's stable_sigmoid: exp only of a non-positive number, so large |x| gives 0 or 1, never inf/inf. The
 // divisor 1 + e^−|x| lies in [1, 2], where the hardware's approximate division (__fdividef, 2 ulp) is safe; it
 // saves the IEEE division's ~10 instructions in kernels whose arithmetic, not memory, sets the time. Act: the dtype
-// the result is rounded to. bf16 takes the multi-function unit's exponential (__expf: relative error below 2^-16 for
-// the |x| < 88 where e^−|x| is a normal number, else 0 as expf's), far under bf16's 2^-9 rounding, for the accurate
-// expf's range reduction (the fused gates' forward is bound by its arithmetic); fp32 keeps expf.
+// the result is rounded to, which picks the exponential (act_exp).
 template <typename Act>
 __device__ __forceinline__ float stable_sigmoid(float x) {
-  const float e = std::is_same_v<Act, float> ? expf(-fabsf(x)) : __expf(-fabsf(x));
+  const float e = act_exp<Act>(-fabsf(x));
   return __fdividef(x >= 0.f ? 1.f : e, 1.f + e);
 }
 
