@@ -27,9 +27,9 @@ int64_t hgru2_cuda_scores_elements(const Hgru2CudaShape& shape);
 // and chunk-ready counters): 1 + B·H·NT.
 int64_t hgru2_cuda_sync_elements(const Hgru2CudaShape& shape);
 
-// How the forward runs its two stages: Auto (the overlapped launch wherever it applies: bf16, enough SMs for the state
-// pass's jobs; else one after the other), or pinned to Sequential (state pass, then the output kernel) for tests and
-// benchmarks. Process-wide.
+// How the forward runs its two stages: Auto (one launch running both side by side wherever that applies: bf16, two
+// blocks to an SM (K <= 128 on Hopper), no more state-pass jobs than SMs; else one after the other), or pinned to
+// Sequential (state pass, then the output kernel) for tests and benchmarks. Process-wide.
 enum class Hgru2ForwardSchedule { Auto, Sequential };
 void hgru2_cuda_set_forward_schedule(Hgru2ForwardSchedule schedule);
 // Whether Auto runs this shape's forward as one overlapped launch on this GPU.
