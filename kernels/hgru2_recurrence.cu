@@ -8,8 +8,6 @@
 //   fwd_output   (B·H, chunk): the intra-chunk scores A and o = s·(q ⊙ e^G) S^(c) + A v.
 //   bwd_dv       (B·H, chunk): dv = Aᵀ dO + (k ⊙ e^{G_L − G}) dS_e, and dA = s·dO vᵀ.
 //   bwd_dqk      (B·H, chunk, K-tile): intra and inter dq, dk, and dg.
-// In bf16, where the state pass has no more jobs than the GPU has SMs, the forward runs its state pass and fwd_output
-// jobs in one launch (forward_kernel), each output job waiting for its chunk's states.
 // Products, bf16 activations: every chunk-sized product is a 64×64×64 block product (tile_mma) on the tensor cores
 // (mma.sync, bf16 in, fp32 accumulate) with operands in shared memory and the accumulator in registers (WarpTile):
 // the state pass keeps its running tile there across the chunks, and sums over K- or V-tiles stay there too. The
@@ -39,7 +37,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -628,33 +625,16 @@ struct StatePassSmem {
   }
 };
 
-// Chunk-ready counters, by which one launch runs the state pass and the output kernel's work side by side (see
-// forward_kernel): ready[pair·NT + c] counts the state-pass jobs of `pair` that have stored S^(c). A job publishes
-// after a barrier that follows its stores (__threadfence, then an atomic add, by one thread: the pattern of a grid
-// barrier); a consumer's thread 0 waits until the count reaches the pair's number of jobs, fences, and releases its
-// block by a barrier.
-__device__ __forceinline__ void publish_ready(int* counter) {
-  __threadfence();
-  atomicAdd(counter, 1);
-}
-__device__ void wait_ready(const int* counter, int target) {
-  if (threadIdx.x == 0) {
-    while (*static_cast<const volatile int*>(counter) < target) __nanosleep(64);
-    __threadfence();
-  }
-  __syncthreads();
-}
-
-// One state-pass job: K-tile kt, V-tiles vg·kVTiles .. +kVTiles, of `pair`, through all the chunks. With `ready`
-// non-null, it counts each stored S^(c) there (the forward, in forward_kernel). kVTiles: V-tiles per job (2 only
-// where the V-tiles pair up evenly), which reads x and g once for both (see Launcher::state_pass).
-template <typename In, bool REVERSE, int kVTiles>
-__device__ void state_pass_job(const StatePassParams& p, int kt, int vg, int pair, char* smem, int* ready) {
+// kBlocksPerSm: the residency the registers are capped for; kVTiles: V-tiles per block (2 only where the V-tiles
+// pair up evenly), which reads x and g once for both (see Launcher::state_pass).
+template <typename In, bool REVERSE, int kBlocksPerSm, int kVTiles>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(StatePassParams p) {
+  extern __shared__ __align__(128) char smem[];
   StatePassSmem<In, kVTiles> s;
   StatePassSmem<In, kVTiles>::carve(smem, &s);
   constexpr int ldi = TileLd<In>::in;
   const Dims& d = p.d;
-  const int k0 = kt * kTile, v0 = vg * kVTiles * kTile;
+  const int k0 = blockIdx.x * kTile, v0 = blockIdx.y * kVTiles * kTile, pair = blockIdx.z;
   const int b = pair / d.H, h = pair % d.H;
   const int krows = min(kTile, d.K - k0);
   int vcols[kVTiles];
@@ -703,8 +683,7 @@ __device__ void state_pass_job(const StatePassParams& p, int kt, int vg, int pai
       else
         M[vt].store(static_cast<float*>(p.stored) + stored_off + vt * kTile, d.V, krows, vcols[vt], false);
     }
-    __syncthreads();  // this chunk's tiles have landed (and every thread's stores of S^(c) are issued)
-    if (ready && threadIdx.x == 0) publish_ready(ready + static_cast<int64_t>(pair) * d.NT + c);
+    __syncthreads();  // this chunk's tiles have landed
     float* G = s.G + buf * s.kGSize;
     chunk_cumsum(G, kLdS, s.seg);
     const float* GL = G + (kChunk - 1) * kLdS;
@@ -745,14 +724,6 @@ __device__ void state_pass_job(const StatePassParams& p, int kt, int vg, int pai
     if (p.final_out) M[vt].store(p.final_out + state_off + vt * kTile, d.V, krows, vcols[vt], false);
     if (p.final_acc) M[vt].store(p.final_acc + state_off + vt * kTile, d.V, krows, vcols[vt], true);
   }
-}
-
-// The state pass on its own: one job per block, grid (K-tiles, V-tile groups, pairs). kBlocksPerSm: the residency the
-// registers are capped for.
-template <typename In, bool REVERSE, int kBlocksPerSm, int kVTiles>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(StatePassParams p) {
-  extern __shared__ __align__(128) char smem[];
-  state_pass_job<In, REVERSE, kVTiles>(p, blockIdx.x, blockIdx.y, blockIdx.z, smem, nullptr);
 }
 
 // Four consecutive elements of an operand tile in shared memory as floats, and back: one 8-byte access for bf16 (rows
@@ -995,16 +966,15 @@ __device__ void accumulate_scores(float* A, const float* q, const float* k, cons
   }
 }
 
-// One output job: chunk c_ of pair_. With `ready` non-null, the states S^(c) are waited for (wait_ready, `jobs`
-// state-pass jobs) after the scores, which do not need them.
 template <typename In>
-__device__ void fwd_output_job(const FwdOutputParams& p, int c_, int pair_, char* smem, const int* ready, int jobs) {
+__global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams p) {
+  extern __shared__ __align__(128) char smem[];
   FwdOutputSmem<In> s;
   FwdOutputSmem<In>::carve(smem, p.d.key_pad, &s);
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
   const int ldq = d.key_pad + TileLd<In>::pad;
-  const auto [c, pair, b, h, t0, n, key_stride, value_stride] = chunk_block(d, c_, pair_);
+  const auto [c, pair, b, h, t0, n, key_stride, value_stride] = chunk_block(d, blockIdx.x, blockIdx.y);
   const In* q = static_cast<const In*>(p.q) + row_offset(d, b, t0, h, d.K);
   const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
@@ -1057,7 +1027,6 @@ __device__ void fwd_output_job(const FwdOutputParams& p, int c_, int pair_, char
     store4(s.Ain + t * ldi + a, {row[0], row[1], row[2], row[3]});
   }
 
-  if (ready) wait_ready(ready + static_cast<int64_t>(pair) * d.NT + c, jobs);
   const In* state = static_cast<const In*>(p.states) + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V;
   In* out = static_cast<In*>(p.output) + row_offset(d, b, t0, h, d.V);
   const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
@@ -1080,58 +1049,6 @@ __device__ void fwd_output_job(const FwdOutputParams& p, int c_, int pair_, char
     __syncthreads();
     store_tile(out + v0, value_stride, s.O, ldc, n, vcols, false);
   }
-}
-
-// The output kernel on its own (after the state pass): one job per block, grid (chunks, pairs).
-template <typename In>
-__global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams p) {
-  extern __shared__ __align__(128) char smem[];
-  fwd_output_job<In>(p, blockIdx.x, blockIdx.y, smem, nullptr, 0);
-}
-
-// ---------------------------------------------------------------------------------------------------------------------
-// The forward in one launch (bf16): the state pass and the output kernel's jobs side by side. Run one after the other,
-// the output kernel waits out the whole state pass, whose one job per SM (the benchmark's B·H = 64: 128 jobs) leaves
-// most SMs' second slot empty for ~100 us. Here the grid is one block per job, two blocks fit an SM, and every block
-// first takes a ticket (an atomic counter, in the order blocks start): the first `workers` tickets run the state
-// pass's jobs, the rest the output jobs, chunk by chunk; an output job computes its scores, then waits for S^(c)
-// (wait_ready). Every job an output job waits for holds a lower ticket, so it is running (and never waits itself):
-// the launch cannot deadlock, whatever order the hardware starts blocks in.
-// Measured on an H200 (B=8 H=8 T=2048 K=V=128; per-job globaltimer stamps): a state-pass job beside any other block,
-// output or state, takes ~175 us instead of ~100 alone, while output jobs keep their ~23 us; the two kernels' work is
-// what bounds the forward (~270 us of SM time at two blocks per SM), and the overlap fills the gaps: 0.261 ms against
-// 0.274 one after the other. Placing the state-pass jobs one to an SM (first block of each SM) measured slower
-// (0.266 ms) than the start order, which puts about half of them two to an SM.
-// (One job per block: a worker looping over several jobs spilled at the 128-register cap of two blocks per SM.)
-struct ForwardSchedule {
-  int* ticket;         // zero before the launch
-  int* ready;          // [pairs·NT] chunk-ready counters (publish_ready), zero before the launch
-  int workers;         // state-pass jobs: pairs · jobs_per_pair
-  int jobs_per_pair;   // K-tiles × V-tile groups
-  int pairs;
-};
-
-struct ForwardParams {
-  StatePassParams sp;
-  FwdOutputParams op;
-  ForwardSchedule f;
-};
-
-template <typename In, int kVTiles>
-__global__ void __launch_bounds__(kThreads, 2) forward_kernel(ForwardParams p) {
-  extern __shared__ __align__(128) char smem[];
-  const ForwardSchedule& f = p.f;
-  __shared__ int ticket;
-  if (threadIdx.x == 0) ticket = atomicAdd(f.ticket, 1);
-  __syncthreads();
-  const int job = ticket;
-  if (job < f.workers) {
-    const int pair = job / f.jobs_per_pair, j = job % f.jobs_per_pair;
-    state_pass_job<In, false, kVTiles>(p.sp, j % p.sp.d.nk, j / p.sp.d.nk, pair, smem, f.ready);
-    return;
-  }
-  const int o = job - f.workers;
-  fwd_output_job<In>(p.op, o / f.pairs, o % f.pairs, smem, f.ready, f.jobs_per_pair);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -1672,8 +1589,6 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 // ---------------------------------------------------------------------------------------------------------------------
 // Host side.
 
-Hgru2ForwardSchedule forward_schedule = Hgru2ForwardSchedule::Auto;
-
 Dims make_dims(const Hgru2CudaShape& shape) {
   HGRN_CHECK(shape.batch > 0 && shape.time > 0 && shape.heads > 0 && shape.key_dim > 0 && shape.value_dim > 0,
              "hgru2 CUDA: empty shape");
@@ -1758,53 +1673,6 @@ struct Launcher {
     }
     launch(state_pass_kernel<In, REVERSE, 2, 1>, dim3(d.nk, d.nv, pairs), bytes, name, p);
   }
-  // The forward in one launch (forward_kernel): where it applies (bf16; two blocks to an SM, which the shared memory
-  // allows up to K = 128 on Hopper; no more state-pass jobs than SMs), its shared memory and state-pass jobs per pair,
-  // else bytes = 0.
-  struct OverlapPlan {
-    size_t bytes = 0;
-    int jobs_per_pair = 0;
-    bool paired = false;  // two V-tiles per state-pass job
-  };
-  OverlapPlan overlap_plan() const {
-    OverlapPlan plan;
-    if constexpr (!std::is_same_v<In, float>) {
-      plan.paired = d.nv % 2 == 0;
-      plan.jobs_per_pair = d.nk * (plan.paired ? d.nv / 2 : d.nv);
-      StatePassSmem<In, 1> s1;
-      StatePassSmem<In, 2> s2;
-      FwdOutputSmem<In> so;
-      const size_t bytes = std::max(plan.paired ? StatePassSmem<In, 2>::carve(nullptr, &s2)
-                                                : StatePassSmem<In, 1>::carve(nullptr, &s1),
-                                    FwdOutputSmem<In>::carve(nullptr, d.key_pad, &so));
-      // Residency depends on the shared memory, which grows with K (Q̄ is full-K): asked once per K-tile count.
-      static std::atomic<int> per_sm_by_nk[2][kMaxKey / kTile + 1] = {};
-      std::atomic<int>& cached = per_sm_by_nk[plan.paired][d.nk];
-      int per_sm = cached.load();
-      if (per_sm == 0) {
-        const auto kernel = plan.paired ? forward_kernel<In, 2> : forward_kernel<In, 1>;
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, bytes));
-        cached.store(per_sm);
-      }
-      const int64_t workers = static_cast<int64_t>(pairs) * plan.jobs_per_pair;
-      if (per_sm >= 2 && workers <= cuda_device_properties().multiProcessorCount &&
-          workers + static_cast<int64_t>(d.NT) * pairs <= INT32_MAX)
-        plan.bytes = bytes;
-    }
-    return plan;
-  }
-  // Launches it (the plan applies; sync: the caller's hgru2_cuda_sync_elements scratch, zeroed here).
-  void overlapped_forward(const OverlapPlan& plan, const StatePassParams& sp, const FwdOutputParams& op,
-                          int* sync) const {
-    const int workers = static_cast<int>(pairs) * plan.jobs_per_pair;
-    const size_t counters = 1 + static_cast<size_t>(pairs) * d.NT;
-    CUDA_CHECK(cudaMemsetAsync(sync, 0, counters * sizeof(int), cuda_stream()));
-    const ForwardParams p{sp, op,
-                          ForwardSchedule{sync, sync + 1, workers, plan.jobs_per_pair, static_cast<int>(pairs)}};
-    const dim3 grid(static_cast<unsigned>(workers + static_cast<int64_t>(d.NT) * pairs));
-    launch(plan.paired ? forward_kernel<In, 2> : forward_kernel<In, 1>, grid, plan.bytes, "hgru2_forward", p);
-  }
   void fwd_output(const FwdOutputParams& p) const {
     FwdOutputSmem<In> s;
     launch(fwd_output_kernel<In>, dim3(d.NT, pairs), FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s),
@@ -1824,18 +1692,8 @@ template <typename In>
 void forward_impl(const Dims& d, unsigned pairs, const Hgru2CudaForwardArgs& a) {
   const Launcher<In> launcher{d, pairs};
   const StatePassParams sp{a.k, a.v, a.g, a.initial_state, a.states, true, a.final_state, nullptr, 1.0f, d};
-  const FwdOutputParams op{a.q, a.k, a.v, a.g, a.states, a.scale, a.output, a.scores, d};
-  if constexpr (!std::is_same_v<In, float>) {  // fp32 blocks do not fit two to an SM
-    if (a.sync && forward_schedule != Hgru2ForwardSchedule::Sequential) {
-      const auto plan = launcher.overlap_plan();
-      if (plan.bytes > 0) {
-        launcher.overlapped_forward(plan, sp, op, a.sync);
-        return;
-      }
-    }
-  }
   launcher.template state_pass<false>(sp);
-  launcher.fwd_output(op);
+  launcher.fwd_output(FwdOutputParams{a.q, a.k, a.v, a.g, a.states, a.scale, a.output, a.scores, d});
 }
 
 template <typename In>
@@ -1861,21 +1719,6 @@ void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a
 
 int64_t hgru2_cuda_states_elements(const Hgru2CudaShape& s) {
   return s.batch * s.heads * ((s.time + kChunk - 1) / kChunk) * s.key_dim * s.value_dim;
-}
-
-int64_t hgru2_cuda_sync_elements(const Hgru2CudaShape& s) {
-  return 1 + s.batch * s.heads * ((s.time + kChunk - 1) / kChunk);
-}
-
-void hgru2_cuda_set_forward_schedule(Hgru2ForwardSchedule schedule) { forward_schedule = schedule; }
-
-bool hgru2_cuda_forward_overlaps(const Hgru2CudaShape& shape, DType act) {
-  const Dims d = make_dims(shape);
-  const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
-  bool overlaps = false;
-  HGRN_CUDA_DISPATCH_ACT(act, "hgru2_cuda_forward_overlaps",
-                         [&] { overlaps = Launcher<act_t>{d, pairs}.overlap_plan().bytes > 0; });
-  return overlaps;
 }
 
 int64_t hgru2_cuda_scores_elements(const Hgru2CudaShape& s) {

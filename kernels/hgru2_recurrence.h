@@ -23,18 +23,6 @@ int64_t hgru2_cuda_states_elements(const Hgru2CudaShape& shape);
 // B·H·NT·64·64.
 int64_t hgru2_cuda_scores_elements(const Hgru2CudaShape& shape);
 
-// Elements of the forward's int32 scratch for running the state pass and the output side by side (a ticket counter
-// and chunk-ready counters): 1 + B·H·NT.
-int64_t hgru2_cuda_sync_elements(const Hgru2CudaShape& shape);
-
-// How the forward runs its two stages: Auto (one launch running both side by side wherever that applies: bf16, two
-// blocks to an SM (K <= 128 on Hopper), no more state-pass jobs than SMs; else one after the other), or pinned to
-// Sequential (state pass, then the output kernel) for tests and benchmarks. Process-wide.
-enum class Hgru2ForwardSchedule { Auto, Sequential };
-void hgru2_cuda_set_forward_schedule(Hgru2ForwardSchedule schedule);
-// Whether Auto runs this shape's forward as one overlapped launch on this GPU.
-bool hgru2_cuda_forward_overlaps(const Hgru2CudaShape& shape, DType act);
-
 struct Hgru2CudaForwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -51,8 +39,6 @@ struct Hgru2CudaForwardArgs {
   // Scratch: the states buffer, in the activation dtype. The forward only uses the states rounded to it (operands of
   // q̄·S), so storing them rounded is exact and halves their traffic for bf16 (as fla stores them).
   void* states = nullptr;
-  // Scratch: hgru2_cuda_sync_elements int32s, or null (the stages then run one after the other).
-  int* sync = nullptr;
 };
 void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs& args);
 

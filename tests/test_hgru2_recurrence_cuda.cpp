@@ -17,9 +17,6 @@
 #include "gpu_test.h"
 #include "gradcheck.h"
 #include "ops/hgru2_recurrence.h"
-#ifdef HGRN_WITH_CUDA
-#include "kernels/hgru2_recurrence.h"
-#endif
 
 namespace hgrn {
 namespace {
@@ -305,51 +302,6 @@ TEST(Hgru2RecurrenceCuda, BitwiseDeterministic) {
       }
     }
   }
-}
-
-#ifdef HGRN_WITH_CUDA
-// Restores the Auto forward schedule when a test that pinned another one ends, however it ends.
-struct ForwardScheduleGuard {
-  ~ForwardScheduleGuard() { hgru2_cuda_set_forward_schedule(Hgru2ForwardSchedule::Auto); }
-};
-#endif
-
-TEST(Hgru2RecurrenceCuda, OverlappedForwardMatchesSequentialBitwise) {
-  HGRN_SKIP_WITHOUT_GPU();
-  // The overlapped forward (state pass and output jobs in one launch, kernels/hgru2_recurrence.cu forward_kernel) runs
-  // the same per-block arithmetic as the two sequential kernels, so everything (the output, the final state, and
-  // through the saved scores every gradient) must agree bit for bit. Shapes: T = 1, partial chunks, one K-tile and
-  // an odd V-tile count (V-tiles not paired), paired V-tiles, B·H·jobs up to 64 workers (the peer's shape is 128).
-  const std::vector<Sizes> shapes{{1, 1, 2, 16, 32},   {2, 65, 3, 60, 40},    {3, 200, 5, 128, 128},
-                                  {2, 130, 3, 128, 96}, {1, 100, 2, 128, 192}, {4, 1000, 8, 128, 128}};
-#ifdef HGRN_WITH_CUDA
-  ForwardScheduleGuard guard;
-  auto overlaps = [](const Sizes& s) {
-    return hgru2_cuda_forward_overlaps({s.batch, s.time, s.heads, s.key_dim, s.value_dim}, DType::BF16);
-  };
-  if (!overlaps(shapes.front()))
-    GTEST_SKIP() << "the overlapped forward does not apply on this GPU (it needs two ~106 KB blocks per SM)";
-  int variant = 0;
-  for (const Sizes& s : shapes) {
-    SCOPED_TRACE(s.str());
-    ASSERT_TRUE(overlaps(s)) << "expected this shape to run overlapped on a GPU that runs the smallest so";
-    Rng rng(7000 + variant);
-    const Problem p = make_problem(rng, s, variant % 2 == 0, true, variant % 3 != 1);
-    ++variant;
-    hgru2_cuda_set_forward_schedule(Hgru2ForwardSchedule::Sequential);
-    const Result a = run(p, s.heads, Device::CUDA, DType::BF16, 0.3);
-    hgru2_cuda_set_forward_schedule(Hgru2ForwardSchedule::Auto);
-    const Result b = run(p, s.heads, Device::CUDA, DType::BF16, 0.3);
-    const Tensor* xs[] = {&a.output, &a.final_state, &a.dq, &a.dk, &a.dv, &a.dg, &a.ds0};
-    const Tensor* ys[] = {&b.output, &b.final_state, &b.dq, &b.dk, &b.dv, &b.dg, &b.ds0};
-    for (int i = 0; i < 7; ++i) {
-      ASSERT_EQ(xs[i]->defined(), ys[i]->defined()) << "result " << i;
-      if (!xs[i]->defined()) continue;
-      ASSERT_EQ(xs[i]->numel(), ys[i]->numel());
-      EXPECT_EQ(std::memcmp(xs[i]->raw_data(), ys[i]->raw_data(), xs[i]->nbytes()), 0) << "result " << i;
-    }
-  }
-#endif
 }
 
 TEST(Hgru2RecurrenceCuda, RejectsWrongDtypes) {

@@ -8,9 +8,6 @@
 #include <sstream>
 
 #include "config/config.h"
-#ifdef HGRN_WITH_CUDA
-#include "kernels/hgru2_recurrence.h"
-#endif
 #include "dist/world.h"
 #include "train/bench.h"
 #include "train/trainer.h"
@@ -36,11 +33,6 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       ->capture_default_str();
   bench->add_option("--device", args.device, "Recurrence: auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str();
-  bench->add_option("--recurrence-forward", args.recurrence_forward,
-                    "Recurrence on the GPU: how the forward runs the state pass and the output kernel (auto: side by "
-                    "side in one launch where that applies; sequential: one after the other)")
-      ->check(CLI::IsMember({"auto", "sequential"}))
       ->capture_default_str();
   bench->add_option("--warmup", args.warmup, "Untimed steps (or calls) first")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -93,10 +85,6 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
     const Device device = resolve_device(args.device);
     const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;
     HGRN_CHECK(dtype == DType::F32 || device == Device::CUDA, "hgrn bench: bf16 needs the GPU (use --dtype fp32)");
-#ifdef HGRN_WITH_CUDA
-    hgru2_cuda_set_forward_schedule(args.recurrence_forward == "sequential" ? Hgru2ForwardSchedule::Sequential
-                                                                            : Hgru2ForwardSchedule::Auto);
-#endif
     const auto& s = args.recurrence;
     for (int64_t x : s) HGRN_CHECK(x > 0, "hgrn bench --recurrence: B,T,H,K,V must be positive");
     const RecurrenceBench r = bench_recurrence(s[0], s[1], s[2], s[3], s[4], dtype, device, args.warmup, args.iters);

@@ -9,7 +9,6 @@ struct BenchArgs {
   std::vector<int64_t> recurrence;  // B, T, H, K, V
   std::string dtype = "bf16";
   std::string device = "auto";
-  std::string recurrence_forward = "auto";
   int64_t warmup = 5, steps = 20, iters = 50;
   std::string json_path;
 };

@@ -858,7 +858,6 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     final_state = Tensor::empty(state_shape, DType::F32, device);
     if (records) saved_scores = Tensor::empty({hgru2_cuda_scores_elements(shape)}, dtype, device);
     const Tensor states = Tensor::empty({hgru2_cuda_states_elements(shape)}, dtype, device);
-    const Tensor sync = Tensor::empty({hgru2_cuda_sync_elements(shape)}, DType::I32, device);
     Hgru2CudaForwardArgs a;
     a.q = qv.raw_data();
     a.k = k->value.raw_data();
@@ -871,7 +870,6 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     a.final_state = final_state.data<float>();
     a.scores = saved_scores.defined() ? saved_scores.raw_data() : nullptr;
     a.states = states.raw_data();
-    a.sync = sync.data<int32_t>();
     hgru2_cuda_forward(shape, a);
 #else
     throw Error("hgru2_recurrence: this hgrn was built without CUDA");
