@@ -4,7 +4,9 @@
 // block merges the threads' states in a fixed tree. Per-row losses land in an fp32 buffer that a single block sums
 // in a fixed order (no atomics), so the loss is bitwise reproducible. The log-sum-exp per row is kept for the
 // backward, which recomputes softmax from the logits instead of storing it. Both passes move 16 bytes per access
-// where the rows allow it: element-wise bf16 loads left them at a quarter of the memory bandwidth.
+// where the rows allow it: element-wise bf16 loads left them at a quarter of the memory bandwidth. Where the gradient
+// is wanted at once (the chunked head, linear_cross_entropy) and two rows fit in an SM's shared memory, one kernel does
+// both: it keeps the row in shared memory as it reads it and writes softmax − onehot over it, reading the logits once.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -100,8 +102,81 @@ struct alignas(sizeof(act_t) * VEC) Pack {
   act_t v[VEC];
 };
 
-// The online softmax's e^x (x <= 0) is act_exp: for bf16 logits the accurate expf took the kernel's issue slots (86%
-// busy under ncu, 153 us per 2560 x 50304 chunk, against ~64 us to read it).
+// Adds a pack of VEC consecutive logits (the first at index `base`) to a thread's online softmax state. The pack's
+// maximum is found first, so the running sum is rescaled at most once a pack rather than at every new maximum, with
+// one branch a pack: per element a compare-and-branch, an exponential and a rescale had made the forward issue-bound
+// (86% of cycles under ncu). The state's index stays the first maximal logit: a pack only takes over on a strictly
+// greater maximum, and then at its first element equal to it. The online softmax's e^x (x <= 0) is act_exp: for bf16
+// logits the accurate expf took the issue slots too (153 us per 2560 x 50304 chunk, against ~64 us to read it).
+template <typename act_t, int VEC>
+__device__ __forceinline__ void add_pack(SoftmaxState& s, const Pack<act_t, VEC>& p, long long base) {
+  float x[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) x[k] = load_f(p.v[k]);
+  float pack_max = x[0];
+#pragma unroll
+  for (int k = 1; k < VEC; ++k) pack_max = fmaxf(pack_max, x[k]);
+  if (pack_max > s.max) {
+    int first = VEC - 1;
+#pragma unroll
+    for (int k = VEC - 1; k >= 0; --k)
+      if (x[k] == pack_max) first = k;
+    // An empty state (max -inf, sum 0) stays 0: e^-inf = 0.
+    s.sum *= act_exp<act_t>(s.max - pack_max);
+    s.max = pack_max;
+    s.index = static_cast<int>(base + first);
+  }
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) s.sum += act_exp<act_t>(x[k] - s.max);
+}
+
+// Thread 0, with the block's merged state of row r: the row's loss, log-sum-exp, target and status; returns lse.
+template <typename act_t>
+__device__ __forceinline__ float finish_row(const SoftmaxState& s, float target_logit, long long r, long long t,
+                                            float* row_loss, float* log_sum_exp, int32_t* row_target,
+                                            int32_t* row_status) {
+  const float lse = s.max + logf(s.sum);
+  row_loss[r] = lse - target_logit;
+  log_sum_exp[r] = lse;
+  row_target[r] = static_cast<int32_t>(t);
+  row_status[r] = s.index == t ? kCorrect : kWrong;
+  return lse;
+}
+
+// Rows that do not count (ignored, or a bad target): zero loss and log-sum-exp, no target.
+__device__ __forceinline__ void skip_row(long long r, bool bad, float* row_loss, float* log_sum_exp,
+                                         int32_t* row_target, int32_t* row_status) {
+  row_loss[r] = 0.0f;
+  log_sum_exp[r] = 0.0f;
+  row_target[r] = -1;
+  row_status[r] = bad ? kBadTarget : kIgnored;
+}
+
+// One element of the unscaled gradient, softmax − onehot: the backward's arithmetic at scale 1 (the same bits). The
+// exponential is act_exp, as in the backward: for bf16 gradients the accurate expf made both kernels issue-bound.
+template <typename act_t>
+__device__ __forceinline__ float softmax_minus_onehot(float x, float lse, bool is_target) {
+  const float g = act_exp<act_t>(x - lse);
+  return is_target ? g - 1.0f : g;
+}
+
+// Visits this thread's packs of a row (indices threadIdx.x·VEC, then a block's width on) in increasing order, kUnroll
+// 16-byte loads issued before the first is used, rather than one load in flight per thread.
+constexpr int kLoadsAhead = 4;
+template <int kUnroll, typename act_t, int VEC, typename F>
+__device__ __forceinline__ void for_each_row_pack(const act_t* x, long long vocab, F&& f) {
+  const long long stride = static_cast<long long>(blockDim.x) * VEC;
+  for (long long base0 = threadIdx.x * VEC; base0 < vocab; base0 += kUnroll * stride) {
+    Pack<act_t, VEC> p[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (base0 + u * stride < vocab) p[u] = *reinterpret_cast<const Pack<act_t, VEC>*>(x + base0 + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (base0 + u * stride < vocab) f(p[u], base0 + u * stride);
+  }
+}
+
 template <typename act_t, int VEC, typename T>
 __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targets, long long vocab,
                                              long long ignore_index, float* row_loss, float* log_sum_exp,
@@ -110,38 +185,66 @@ __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targe
   const long long t = static_cast<long long>(targets[r]);
   const bool ignored = t == ignore_index, bad = !ignored && (t < 0 || t >= vocab);
   if (ignored || bad) {  // the same for every thread of the block: they all leave together
-    if (threadIdx.x == 0) {
-      row_loss[r] = 0.0f;
-      log_sum_exp[r] = 0.0f;
-      row_target[r] = -1;
-      row_status[r] = bad ? kBadTarget : kIgnored;
-    }
+    if (threadIdx.x == 0) skip_row(r, bad, row_loss, log_sum_exp, row_target, row_status);
     return;
   }
   const act_t* x = logits + r * vocab;
   SoftmaxState s{-INFINITY, 0.0f, INT_MAX};
   // Each thread visits its indices in increasing order, so a strict > keeps its first maximal logit.
-  for (long long base = threadIdx.x * VEC; base < vocab; base += blockDim.x * VEC) {
-    const Pack<act_t, VEC> p = *reinterpret_cast<const Pack<act_t, VEC>*>(x + base);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float xv = load_f(p.v[k]);
-      if (xv > s.max) {
-        s.sum = s.sum * act_exp<act_t>(s.max - xv) + 1.0f;
-        s.max = xv;
-        s.index = static_cast<int>(base + k);
-      } else {
-        s.sum += act_exp<act_t>(xv - s.max);
-      }
-    }
-  }
+  for_each_row_pack<kLoadsAhead, act_t, VEC>(x, vocab,
+                                              [&](const Pack<act_t, VEC>& p, long long base) { add_pack(s, p, base); });
   s = block_merge(s);
-  if (threadIdx.x == 0) {
-    const float lse = s.max + logf(s.sum);
-    row_loss[r] = lse - load_f(x[t]);
-    log_sum_exp[r] = lse;
-    row_target[r] = static_cast<int32_t>(t);
-    row_status[r] = s.index == t ? kCorrect : kWrong;
+  if (threadIdx.x == 0) finish_row<act_t>(s, load_f(x[t]), r, t, row_loss, log_sum_exp, row_target, row_status);
+}
+
+// The forward and the unscaled gradient of one row in one pass over the logits: the row is read once (loads ahead,
+// as the forward kernel), kept in shared memory (vocab elements, dynamic) while the block merges its softmax state,
+// then softmax − onehot is written over it in the logits' place, so the logits cross DRAM once each way instead of
+// three times in the two kernels. Per row the forward kernel's results bit for bit (the same threads visit the same
+// packs in the same order, the same merge tree), and the gradient the backward's at scale 1
+// (cross_entropy_backward_cuda with dloss 1, one target). Measured on an H200 at 2560 x 50304 bf16 (hgrn2-385m's
+// head chunks): 206 us against 257-265 us for the two kernels; staging the row by cp.async instead took 213 us, with
+// 1024 threads 220 us, and a second read of the row from L2 instead of shared memory 280 us (the resident blocks'
+// rows do not stay in L2).
+template <typename act_t, int VEC, typename T>
+__global__ void cross_entropy_fused_kernel(act_t* logits, const T* targets, long long vocab, long long ignore_index,
+                                           float* row_loss, float* log_sum_exp, int32_t* row_target,
+                                           int32_t* row_status) {
+  extern __shared__ __align__(16) unsigned char row_bytes[];
+  auto* row = reinterpret_cast<Pack<act_t, VEC>*>(row_bytes);
+  __shared__ float row_lse;
+  const long long r = blockIdx.x;
+  const long long t = static_cast<long long>(targets[r]);
+  const bool ignored = t == ignore_index, bad = !ignored && (t < 0 || t >= vocab);
+  act_t* x = logits + r * vocab;
+  const long long stride = static_cast<long long>(blockDim.x) * VEC;
+  if (ignored || bad) {  // as the backward: a row that does not count gets a zero gradient
+    if (threadIdx.x == 0) skip_row(r, bad, row_loss, log_sum_exp, row_target, row_status);
+    Pack<act_t, VEC> zero;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) zero.v[k] = store_f<act_t>(0.0f);
+    for (long long base = threadIdx.x * VEC; base < vocab; base += stride)
+      *reinterpret_cast<Pack<act_t, VEC>*>(x + base) = zero;
+    return;
+  }
+  SoftmaxState s{-INFINITY, 0.0f, INT_MAX};
+  for_each_row_pack<kLoadsAhead, act_t, VEC>(x, vocab, [&](const Pack<act_t, VEC>& p, long long base) {
+    row[base / VEC] = p;  // each thread later rereads only its own packs
+    add_pack(s, p, base);
+  });
+  s = block_merge(s);  // its barrier also orders every thread's packs before thread 0 reads the target's
+  if (threadIdx.x == 0)
+    row_lse = finish_row<act_t>(s, load_f(row[t / VEC].v[t % VEC]), r, t, row_loss, log_sum_exp, row_target,
+                                row_status);
+  __syncthreads();
+  const float lse = row_lse;
+  for (long long base = threadIdx.x * VEC; base < vocab; base += stride) {
+    const Pack<act_t, VEC> p = row[base / VEC];
+    Pack<act_t, VEC> d;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      d.v[k] = store_f<act_t>(softmax_minus_onehot<act_t>(load_f(p.v[k]), lse, base + k == t));
+    *reinterpret_cast<Pack<act_t, VEC>*>(x + base) = d;
   }
 }
 
@@ -186,7 +289,7 @@ __global__ void cross_entropy_backward_kernel(const act_t* logits, const float* 
     if (accumulate) dp = *reinterpret_cast<const Pack<act_t, VEC>*>(dx + base);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      float g = (accumulate ? load_f(dp.v[k]) : 0.0f) + scale * expf(load_f(xp.v[k]) - lse);
+      float g = (accumulate ? load_f(dp.v[k]) : 0.0f) + scale * act_exp<act_t>(load_f(xp.v[k]) - lse);
       if (base + k == t) g -= scale;
       dp.v[k] = store_f<act_t>(g);
     }
@@ -245,6 +348,41 @@ void cross_entropy_forward_cuda(const void* logits, DType logits_dtype, const vo
   cross_entropy_reduce_kernel<<<1, kReduceThreads, 0, cuda_stream()>>>(row_loss, row_status, rows, loss,
                                                                        reinterpret_cast<long long*>(counts));
   CUDA_CHECK_LAUNCH("cross_entropy_reduce");
+}
+
+bool cross_entropy_forward_gradient_cuda(void* logits, DType logits_dtype, const void* targets, DType targets_dtype,
+                                         int64_t rows, int64_t vocab, int64_t ignore_index, float* loss,
+                                         float* log_sum_exp, int32_t* row_target, int64_t* counts, void* scratch) {
+  // The row lives in shared memory. Where two rows do not fit on an SM (fp32 logits of a 50k vocabulary) the blocks
+  // would run one to an SM, too little in flight; unaligned rows would move element by element. Both keep the two
+  // kernels.
+  const size_t row_bytes = static_cast<size_t>(vocab) * dtype_size(logits_dtype);
+  const auto& props = cuda_device_properties();
+  const bool packed = vocab % (16 / static_cast<int64_t>(dtype_size(logits_dtype))) == 0 &&
+                      reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  if (!packed || rows <= 0 || vocab >= (int64_t{1} << 31) || rows >= (int64_t{1} << 31) ||
+      2 * (row_bytes + props.reservedSharedMemPerBlock + 1024) > props.sharedMemPerMultiprocessor)
+    return false;
+  char* ws = static_cast<char*>(scratch);
+  auto* row_loss = reinterpret_cast<float*>(ws);
+  auto* row_status = reinterpret_cast<int32_t*>(ws + align_up(static_cast<size_t>(rows) * 4));
+  with_target_type(targets_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    HGRN_CUDA_DISPATCH_ACT(logits_dtype, "cross_entropy", [&] {
+      constexpr int kVec = 16 / sizeof(act_t);
+      const auto kernel = cross_entropy_fused_kernel<act_t, kVec, T>;
+      CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(row_bytes)));
+      kernel<<<static_cast<unsigned>(rows), row_threads(vocab), row_bytes, cuda_stream()>>>(
+          static_cast<act_t*>(logits), static_cast<const T*>(targets), vocab, ignore_index, row_loss, log_sum_exp,
+          row_target, row_status);
+    });
+  });
+  CUDA_CHECK_LAUNCH("cross_entropy_fused");
+  cross_entropy_reduce_kernel<<<1, kReduceThreads, 0, cuda_stream()>>>(row_loss, row_status, rows, loss,
+                                                                       reinterpret_cast<long long*>(counts));
+  CUDA_CHECK_LAUNCH("cross_entropy_reduce");
+  return true;
 }
 
 std::vector<CrossEntropyCounts> cross_entropy_counts_to_host(const int64_t* counts, int64_t chunks, const void* targets,

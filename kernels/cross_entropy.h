@@ -30,6 +30,15 @@ void cross_entropy_forward_cuda(const void* logits, DType logits_dtype, const vo
                                 int32_t* row_target, int64_t* counts, void* scratch);
 size_t cross_entropy_scratch_bytes(int64_t rows);
 
+// The forward as above and, in the same pass over each row (the row read once, kept in shared memory), the unscaled
+// gradient softmax − onehot written over the logits: the bits of cross_entropy_forward_cuda followed by
+// cross_entropy_backward_cuda(logits, ..., dloss = 1, num_targets = 1, dlogits = logits, accumulate = false). Returns
+// false, having done nothing, where a row does not suit the kernel (rows not 16-byte aligned, or two rows too large
+// for an SM's shared memory); the caller then runs those two.
+bool cross_entropy_forward_gradient_cuda(void* logits, DType logits_dtype, const void* targets, DType targets_dtype,
+                                         int64_t rows, int64_t vocab, int64_t ignore_index, float* loss,
+                                         float* log_sum_exp, int32_t* row_target, int64_t* counts, void* scratch);
+
 // Reads `chunks` consecutive count slots back to the host (synchronises the stream). targets: the device targets
 // the counts were taken of, chunk i's starting at row i·chunk_rows (to fetch a bad row's target for the message).
 std::vector<CrossEntropyCounts> cross_entropy_counts_to_host(const int64_t* counts, int64_t chunks, const void* targets,

@@ -1,6 +1,7 @@
 // test_cross_entropy_cuda.cpp: the CUDA cross-entropy against an fp64 reference (loss, target and correct counts,
 // accumulated dlogits with a non-unit dloss) for fp32 and bf16 logits, odd row counts, small and real vocab sizes
-// and ignored rows; ties and extreme logits; bitwise reproducibility; logits past 2^31 elements; target errors.
+// and ignored rows; ties and extreme logits; bitwise reproducibility; logits past 2^31 elements; target errors; the
+// one-pass forward + gradient against the two kernels, bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,9 @@
 #include "gpu_test.h"
 #include "gradcheck.h"
 #include "ops/cross_entropy.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/cross_entropy.h"
+#endif
 
 namespace hgrn {
 namespace {
@@ -188,6 +192,70 @@ TEST(CrossEntropyCuda, BitwiseReproducible) {
       EXPECT_TRUE(same_bits(lg->grad, first_grad));
     }
   }
+}
+
+// The chunked head's one-pass forward + gradient (cross_entropy_forward_gradient_cuda) against the forward and
+// backward kernels it stands for (dloss 1, one target, overwriting the logits): loss, log-sum-exp, targets, counts and
+// the gradient bit for bit, on rows with ignored and out-of-range targets, ties (integer logits), small and real
+// vocabularies. Where a row does not suit it (unaligned rows; fp32 rows of the 50k vocabulary, two of which exceed
+// an SM's shared memory) it must say so and leave everything untouched.
+TEST(CrossEntropyCuda, OnePassGradientHasTheTwoKernelBits) {
+  HGRN_SKIP_WITHOUT_GPU();
+#ifdef HGRN_WITH_CUDA
+  struct Case {
+    DType act;
+    int64_t rows, vocab;
+    bool one_pass;
+  };
+  for (const Case& c : {Case{DType::BF16, 37, 64, true}, Case{DType::BF16, 129, 1000, true},
+                        Case{DType::F32, 65, 1004, true}, Case{DType::BF16, 300, 50304, true},
+                        Case{DType::F32, 7, 50304, false}, Case{DType::BF16, 9, 37, false}}) {
+    SCOPED_TRACE(detail::concat(dtype_name(c.act), " rows ", c.rows, " vocab ", c.vocab));
+    Rng rng(static_cast<uint64_t>(c.rows * 7 + c.vocab));
+    Tensor x = random_tensor(rng, {c.rows, c.vocab}, 3.0);
+    for (int64_t v = 0; v < c.vocab; v += 3) x.set_item(2 * c.vocab + v, 5.0);  // row 2: ties at its maximum
+    const Tensor logits = to_gpu(x, c.act);
+    std::vector<int64_t> t(static_cast<size_t>(c.rows));
+    for (int64_t r = 0; r < c.rows; ++r) t[r] = r % 5 == 1 ? kIgnore : static_cast<int64_t>(rng.below(c.vocab));
+    t[0] = c.vocab;  // out of range: the row counts as ignored, and the counts name it
+    const Tensor targets = targets_tensor(t, DType::I32).to(Device::CUDA);
+    struct Outputs {
+      Tensor logits, loss, lse, row_target, counts, scratch;
+    };
+    auto outputs = [&]() {
+      return Outputs{logits.clone(), Tensor::zeros({1}, DType::F32, Device::CUDA),
+                     Tensor::zeros({c.rows}, DType::F32, Device::CUDA),
+                     Tensor::zeros({c.rows}, DType::I32, Device::CUDA),
+                     Tensor::zeros({kCrossEntropyCountSlots}, DType::I64, Device::CUDA),
+                     Tensor::zeros({static_cast<int64_t>((cross_entropy_scratch_bytes(c.rows) + 7) / 8)}, DType::I64,
+                                   Device::CUDA)};
+    };
+    Outputs two = outputs(), one = outputs();
+    const Tensor dloss = Tensor::full({}, 1.0, DType::F32, Device::CUDA);
+    cross_entropy_forward_cuda(two.logits.raw_data(), c.act, targets.raw_data(), DType::I32, c.rows, c.vocab, kIgnore,
+                               two.loss.data<float>(), two.lse.data<float>(), two.row_target.data<int32_t>(),
+                               two.counts.data<int64_t>(), two.scratch.raw_data());
+    cross_entropy_backward_cuda(two.logits.raw_data(), c.act, two.lse.data<float>(), two.row_target.data<int32_t>(),
+                                dloss.data<float>(), 1, two.logits.raw_data(), c.rows, c.vocab, false);
+    const bool ran = cross_entropy_forward_gradient_cuda(
+        one.logits.raw_data(), c.act, targets.raw_data(), DType::I32, c.rows, c.vocab, kIgnore, one.loss.data<float>(),
+        one.lse.data<float>(), one.row_target.data<int32_t>(), one.counts.data<int64_t>(), one.scratch.raw_data());
+    ASSERT_EQ(ran, c.one_pass);
+    if (!ran) {
+      EXPECT_TRUE(same_bits(one.logits, logits)) << "logits changed";
+      EXPECT_EQ(one.counts.to(Device::CPU).item(0), 0) << "counts written";
+      continue;
+    }
+    EXPECT_TRUE(same_bits(one.logits, two.logits)) << "dlogits";
+    EXPECT_TRUE(same_bits(one.loss, two.loss)) << "loss";
+    EXPECT_TRUE(same_bits(one.lse, two.lse)) << "log-sum-exp";
+    EXPECT_TRUE(same_bits(one.row_target, two.row_target)) << "targets";
+    EXPECT_TRUE(same_bits(one.counts, two.counts)) << "counts";
+    EXPECT_EQ(one.counts.to(Device::CPU).item(2), 0) << "the first bad row";
+    EXPECT_GT(one.counts.to(Device::CPU).item(0), c.rows / 2) << "targets counted";
+    EXPECT_FALSE(same_bits(one.logits, logits)) << "the gradient was written over the logits";
+  }
+#endif
 }
 
 // More than 2^31 logits (42700 rows of a 50304 vocab, bf16): any 32-bit index in the kernels would wrap. The rows

@@ -64,16 +64,24 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
     const int64_t n = std::min(chunk, rows - r0);
     const Tensor x_rows = xr.flat_view(r0 * width, n * width);
     linear_gemm(false, true, n, vocab, width, x_rows, width, w, width, 0.0f, logits, vocab);
-    cross_entropy_forward_cuda(logits.raw_data(), act,
-                               target_bytes + r0 * static_cast<int64_t>(dtype_size(targets.dtype())), targets.dtype(),
-                               n, vocab, ignore_index, chunk_losses.data<float>() + i, log_sum_exp.data<float>() + r0,
-                               row_target.data<int32_t>() + r0,
-                               chunk_counts.data<int64_t>() + i * kCrossEntropyCountSlots, scratch.raw_data());
+    const void* chunk_targets = target_bytes + r0 * static_cast<int64_t>(dtype_size(targets.dtype()));
+    float* chunk_loss = chunk_losses.data<float>() + i;
+    int64_t* chunk_count_slots = chunk_counts.data<int64_t>() + i * kCrossEntropyCountSlots;
+    int32_t* chunk_row_target = row_target.data<int32_t>() + r0;
+    float* chunk_lse = log_sum_exp.data<float>() + r0;
+    // dlogits (unscaled) in place of the logits, in the loss's own pass over them where a row fits in shared memory
+    // (else by the backward kernel), then this chunk's share of dx and of the sum over rows of dW.
+    const bool fused = records && cross_entropy_forward_gradient_cuda(logits.raw_data(), act, chunk_targets,
+                                                                      targets.dtype(), n, vocab, ignore_index,
+                                                                      chunk_loss, chunk_lse, chunk_row_target,
+                                                                      chunk_count_slots, scratch.raw_data());
+    if (!fused)
+      cross_entropy_forward_cuda(logits.raw_data(), act, chunk_targets, targets.dtype(), n, vocab, ignore_index,
+                                 chunk_loss, chunk_lse, chunk_row_target, chunk_count_slots, scratch.raw_data());
     if (!records) continue;
-    // dlogits (unscaled) in place of the logits, then this chunk's share of dx and of the sum over rows of dW.
-    cross_entropy_backward_cuda(logits.raw_data(), act, log_sum_exp.data<float>() + r0, row_target.data<int32_t>() + r0,
-                                one.data<float>(), /*num_targets=*/1, logits.raw_data(), n, vocab,
-                                /*accumulate=*/false);
+    if (!fused)
+      cross_entropy_backward_cuda(logits.raw_data(), act, chunk_lse, chunk_row_target, one.data<float>(),
+                                  /*num_targets=*/1, logits.raw_data(), n, vocab, /*accumulate=*/false);
     if (dx_unscaled.defined()) {
       Tensor dx_rows = dx_unscaled.flat_view(r0 * width, n * width);
       linear_gemm(false, false, n, width, vocab, logits, vocab, w, width, 0.0f, dx_rows, width);
