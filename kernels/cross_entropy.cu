@@ -152,19 +152,30 @@ __device__ __forceinline__ void skip_row(long long r, bool bad, float* row_loss,
   row_status[r] = bad ? kBadTarget : kIgnored;
 }
 
-// One element of the unscaled gradient, softmax − onehot: the backward's arithmetic at scale 1 (the same bits). The
-// exponential is act_exp, as in the backward: for bf16 gradients the accurate expf made both kernels issue-bound.
+// One element of the gradient: old + scale·(softmax − onehot), as the CPU forms it ((dloss / count)·p). The backward
+// and the one-pass kernel (old 0, scale 1) share it, so their bits agree. The exponential is act_exp: for bf16
+// gradients the accurate expf made the kernels issue-bound.
 template <typename act_t>
-__device__ __forceinline__ float softmax_minus_onehot(float x, float lse, bool is_target) {
-  const float g = act_exp<act_t>(x - lse);
-  return is_target ? g - 1.0f : g;
+__device__ __forceinline__ float softmax_gradient(float x, float lse, bool is_target, float scale, float old) {
+  const float g = old + scale * act_exp<act_t>(x - lse);
+  return is_target ? g - scale : g;
 }
 
-// Visits this thread's packs of a row (indices threadIdx.x·VEC, then a block's width on) in increasing order, kUnroll
+// A row that does not count, overwritten: zeros, in packs.
+template <typename act_t, int VEC>
+__device__ __forceinline__ void zero_row(act_t* x, long long vocab) {
+  Pack<act_t, VEC> zero;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) zero.v[k] = store_f<act_t>(0.0f);
+  for (long long base = threadIdx.x * VEC; base < vocab; base += static_cast<long long>(blockDim.x) * VEC)
+    *reinterpret_cast<Pack<act_t, VEC>*>(x + base) = zero;
+}
+
+// Visits this thread's packs of a row (indices threadIdx.x·VEC, then a block's width on) in increasing order, four
 // 16-byte loads issued before the first is used, rather than one load in flight per thread.
-constexpr int kLoadsAhead = 4;
-template <int kUnroll, typename act_t, int VEC, typename F>
+template <typename act_t, int VEC, typename F>
 __device__ __forceinline__ void for_each_row_pack(const act_t* x, long long vocab, F&& f) {
+  constexpr int kUnroll = 4;
   const long long stride = static_cast<long long>(blockDim.x) * VEC;
   for (long long base0 = threadIdx.x * VEC; base0 < vocab; base0 += kUnroll * stride) {
     Pack<act_t, VEC> p[kUnroll];
@@ -191,7 +202,7 @@ __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targe
   const act_t* x = logits + r * vocab;
   SoftmaxState s{-INFINITY, 0.0f, INT_MAX};
   // Each thread visits its indices in increasing order, so a strict > keeps its first maximal logit.
-  for_each_row_pack<kLoadsAhead, act_t, VEC>(x, vocab,
+  for_each_row_pack<act_t, VEC>(x, vocab,
                                               [&](const Pack<act_t, VEC>& p, long long base) { add_pack(s, p, base); });
   s = block_merge(s);
   if (threadIdx.x == 0) finish_row<act_t>(s, load_f(x[t]), r, t, row_loss, log_sum_exp, row_target, row_status);
@@ -220,15 +231,11 @@ __global__ void cross_entropy_fused_kernel(act_t* logits, const T* targets, long
   const long long stride = static_cast<long long>(blockDim.x) * VEC;
   if (ignored || bad) {  // as the backward: a row that does not count gets a zero gradient
     if (threadIdx.x == 0) skip_row(r, bad, row_loss, log_sum_exp, row_target, row_status);
-    Pack<act_t, VEC> zero;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) zero.v[k] = store_f<act_t>(0.0f);
-    for (long long base = threadIdx.x * VEC; base < vocab; base += stride)
-      *reinterpret_cast<Pack<act_t, VEC>*>(x + base) = zero;
+    zero_row<act_t, VEC>(x, vocab);
     return;
   }
   SoftmaxState s{-INFINITY, 0.0f, INT_MAX};
-  for_each_row_pack<kLoadsAhead, act_t, VEC>(x, vocab, [&](const Pack<act_t, VEC>& p, long long base) {
+  for_each_row_pack<act_t, VEC>(x, vocab, [&](const Pack<act_t, VEC>& p, long long base) {
     row[base / VEC] = p;  // each thread later rereads only its own packs
     add_pack(s, p, base);
   });
@@ -243,7 +250,7 @@ __global__ void cross_entropy_fused_kernel(act_t* logits, const T* targets, long
     Pack<act_t, VEC> d;
 #pragma unroll
     for (int k = 0; k < VEC; ++k)
-      d.v[k] = store_f<act_t>(softmax_minus_onehot<act_t>(load_f(p.v[k]), lse, base + k == t));
+      d.v[k] = store_f<act_t>(softmax_gradient<act_t>(load_f(p.v[k]), lse, base + k == t, 1.0f, 0.0f));
     *reinterpret_cast<Pack<act_t, VEC>*>(x + base) = d;
   }
 }
@@ -276,8 +283,7 @@ __global__ void cross_entropy_backward_kernel(const act_t* logits, const float* 
   const long long t = row_target[r];
   act_t* dx = dlogits + r * vocab;
   if (t < 0) {  // an ignored row adds nothing; overwritten, it becomes zeros
-    if (!accumulate)
-      for (long long v = threadIdx.x; v < vocab; v += blockDim.x) dx[v] = store_f<act_t>(0.0f);
+    if (!accumulate) zero_row<act_t, VEC>(dx, vocab);
     return;
   }
   const float scale = dloss[0] / num_targets;  // as the CPU: (dloss / count) * p
@@ -288,11 +294,9 @@ __global__ void cross_entropy_backward_kernel(const act_t* logits, const float* 
     Pack<act_t, VEC> dp;
     if (accumulate) dp = *reinterpret_cast<const Pack<act_t, VEC>*>(dx + base);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      float g = (accumulate ? load_f(dp.v[k]) : 0.0f) + scale * act_exp<act_t>(load_f(xp.v[k]) - lse);
-      if (base + k == t) g -= scale;
-      dp.v[k] = store_f<act_t>(g);
-    }
+    for (int k = 0; k < VEC; ++k)
+      dp.v[k] = store_f<act_t>(
+          softmax_gradient<act_t>(load_f(xp.v[k]), lse, base + k == t, scale, accumulate ? load_f(dp.v[k]) : 0.0f));
     *reinterpret_cast<Pack<act_t, VEC>*>(dx + base) = dp;
   }
 }
@@ -360,8 +364,9 @@ bool cross_entropy_forward_gradient_cuda(void* logits, DType logits_dtype, const
   const auto& props = cuda_device_properties();
   const bool packed = vocab % (16 / static_cast<int64_t>(dtype_size(logits_dtype))) == 0 &&
                       reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  constexpr size_t kStaticShared = 1024;  // block_merge's partials and the row's lse, rounded up
   if (!packed || rows <= 0 || vocab >= (int64_t{1} << 31) || rows >= (int64_t{1} << 31) ||
-      2 * (row_bytes + props.reservedSharedMemPerBlock + 1024) > props.sharedMemPerMultiprocessor)
+      2 * (row_bytes + kStaticShared + props.reservedSharedMemPerBlock) > props.sharedMemPerMultiprocessor)
     return false;
   char* ws = static_cast<char*>(scratch);
   auto* row_loss = reinterpret_cast<float*>(ws);

@@ -47,7 +47,8 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
   const auto fp32_buffer = [](int64_t r, int64_t c) { return Tensor::empty({r, c}, DType::F32, Device::CUDA); };
   Tensor dx_unscaled = records && wants_grad(x) ? fp32_buffer(rows, width) : Tensor();
   Tensor dw_unscaled = records && wants_grad(weight) ? fp32_buffer(vocab, width) : Tensor();
-  const Tensor one = records ? on_device(Tensor::full({}, 1.0, DType::F32), Device::CUDA) : Tensor();
+  // dloss 1 for the backward kernel: made (a host-to-device copy) only where the one-pass kernel does not fit.
+  Tensor one;
   Tensor log_sum_exp = Tensor::empty({rows}, DType::F32, Device::CUDA);
   Tensor row_target = Tensor::empty({rows}, DType::I32, Device::CUDA);
   Tensor logits = Tensor::empty({std::max<int64_t>(chunk, 1) * vocab}, act, Device::CUDA);
@@ -79,9 +80,11 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
       cross_entropy_forward_cuda(logits.raw_data(), act, chunk_targets, targets.dtype(), n, vocab, ignore_index,
                                  chunk_loss, chunk_lse, chunk_row_target, chunk_count_slots, scratch.raw_data());
     if (!records) continue;
-    if (!fused)
+    if (!fused) {
+      if (!one.defined()) one = on_device(Tensor::full({}, 1.0, DType::F32), Device::CUDA);
       cross_entropy_backward_cuda(logits.raw_data(), act, chunk_lse, chunk_row_target, one.data<float>(),
                                   /*num_targets=*/1, logits.raw_data(), n, vocab, /*accumulate=*/false);
+    }
     if (dx_unscaled.defined()) {
       Tensor dx_rows = dx_unscaled.flat_view(r0 * width, n * width);
       linear_gemm(false, false, n, width, vocab, logits, vocab, w, width, 0.0f, dx_rows, width);
