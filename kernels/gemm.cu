@@ -143,10 +143,15 @@ Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int6
 void set_gemm_autotune(bool enabled) { autotune = enabled; }
 
 void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
-               const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype) {
+               const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype,
+               const void* c_in) {
   if (m == 0 || n == 0) return;
-  if (k == 0) {  // cuBLASLt rejects k = 0; the product is empty, so C = beta·C
+  if (!c_in) c_in = c;
+  if (k == 0) {  // cuBLASLt rejects k = 0; the product is empty, so C = beta·c_in
     HGRN_CHECK(beta == 0.0f || beta == 1.0f, "cuda_gemm: k = 0 with beta ", beta);
+    if (beta == 1.0f && c_in != c)
+      CUDA_CHECK(cudaMemcpy2DAsync(c, ldc * dtype_size(c_dtype), c_in, ldc * dtype_size(c_dtype),
+                                   n * dtype_size(c_dtype), m, cudaMemcpyDeviceToDevice, cuda_stream()));
     if (beta == 0.0f)
       for (int64_t r = 0; r < m; ++r)
         CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(c) + r * ldc * dtype_size(c_dtype), 0, n * dtype_size(c_dtype),
@@ -169,7 +174,7 @@ void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   }
   size_t workspace_bytes = 0;
   void* workspace = cublaslt_workspace(&workspace_bytes);
-  CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan->op, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c, c,
+  CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan->op, &alpha, b, plan->a, a, plan->b, &beta, c_in, plan->c, c,
                               plan->c, &plan->algo, workspace, workspace_bytes, cuda_stream()));
 }
 

@@ -10,8 +10,11 @@ namespace hgrn {
 // (A is stored [m, k] with leading dimension lda, or [k, m] when trans_a) and op(B) is [k, n] (stored [k, n], or
 // [n, k] when trans_b). A and B share ab_dtype (fp32 or bf16); C is fp32 or bf16. Accumulation is always fp32:
 // fp32 inputs use true fp32 (no TF32), so the fp32 GPU path stays comparable to the CPU reference.
+// c_in non-null (with beta != 0): the addend is read from c_in instead of C, C = alpha · op(A) · op(B) + beta · c_in,
+// c_in laid out like C; the sum is rounded to C's dtype once (a residual added in the GEMM's epilogue).
 void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
-               const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype);
+               const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype,
+               const void* c_in = nullptr);
 
 }  // namespace hgrn
 

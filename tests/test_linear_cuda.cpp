@@ -1,5 +1,6 @@
 // test_linear_cuda.cpp: the projection on the GPU (cuBLASLt) against the CPU reference in fp64: forward, dx and dW,
-// for fp32 activations and for bf16 activations with an fp32 master weight (the mixed-precision case).
+// for fp32 activations and for bf16 activations with an fp32 master weight (the mixed-precision case), with and
+// without a residual added by the GEMM.
 #include <gtest/gtest.h>
 
 #include "gpu_test.h"
@@ -18,9 +19,9 @@ struct LinearCase {
   int64_t rows, in, out;
 };
 
-void check_linear(const LinearCase& c, DType act) {
+void check_linear(const LinearCase& c, DType act, bool with_residual) {
   SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " in " << c.in << " out " << c.out << " act "
-                                    << dtype_name(act));
+                                    << dtype_name(act) << (with_residual ? " with a residual" : ""));
   Rng rng(c.rows * 131 + c.in * 7 + c.out);
   // The reference sees exactly the values the GPU sees: x and dy rounded through the activation dtype, and for
   // bf16 activations the weight rounded too (the GEMM runs on the bf16 copy of the fp32 master weight).
@@ -28,15 +29,17 @@ void check_linear(const LinearCase& c, DType act) {
   Tensor w = random_tensor(rng, {c.out, c.in}, 0.1);
   Tensor dy = round_through(random_tensor(rng, {c.rows, c.out}), act);
   Tensor w_seen = round_through(w, act);
+  Tensor r = round_through(random_tensor(rng, {c.rows, c.out}), act);
 
   Tape cpu_tape;
-  Var xc = make_var(x, true), wc = make_var(w_seen, true);
-  Var yc = linear(cpu_tape, xc, wc);
+  Var xc = make_var(x, true), wc = make_var(w_seen, true), rc = with_residual ? make_var(r, true) : nullptr;
+  Var yc = linear(cpu_tape, xc, wc, rc);
   cpu_tape.backward(yc, dy);
 
   Tape gpu_tape;
   Var xg = make_var(to_gpu(x, act), true), wg = make_var(to_gpu(w, DType::F32), true);
-  Var yg = linear(gpu_tape, xg, wg);
+  Var rg = with_residual ? make_var(to_gpu(r, act), true) : nullptr;
+  Var yg = linear(gpu_tape, xg, wg, rg);
   ASSERT_EQ(yg->value.dtype(), act);
   gpu_tape.backward(yg, to_gpu(dy, act));
   ASSERT_EQ(wg->grad.dtype(), DType::F32) << "weight gradients stay fp32";
@@ -48,6 +51,8 @@ void check_linear(const LinearCase& c, DType act) {
   expect_close(yg->value, yc->value, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(c.in), "y");
   expect_close(xg->grad, xc->grad, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(c.out), "dx");
   expect_close(wg->grad, wc->grad, 1e-5, 1e-3 * std::sqrt(c.rows), "dW");
+  // The residual's gradient is dy itself: exact.
+  if (with_residual) expect_close(rg->grad, rc->grad, 0.0, 0.0, "dresidual");
 }
 
 TEST(LinearCuda, MatchesCpuReferenceOnOddShapes) {
@@ -55,7 +60,7 @@ TEST(LinearCuda, MatchesCpuReferenceOnOddShapes) {
   for (DType act : {DType::F32, DType::BF16})
     for (LinearCase c : {LinearCase{1, 96, 200}, LinearCase{63, 771, 96}, LinearCase{65, 128, 384},
                          LinearCase{2047, 200, 771}})
-      check_linear(c, act);
+      for (bool with_residual : {false, true}) check_linear(c, act, with_residual);
 }
 
 TEST(LinearCuda, BackwardAccumulatesIntoExistingGradients) {

@@ -23,6 +23,22 @@ TEST(SwigluLinear, GradientsMatchFiniteDifferences) {
   }
 }
 
+TEST(SwigluLinear, ResidualGradientsMatchFiniteDifferences) {
+  for (bool keep_hidden : {true, false}) {
+    SCOPED_TRACE(keep_hidden ? "hidden kept" : "hidden recomputed");
+    Rng rng(44);
+    Var gate = make_var(testing::random_tensor(rng, {2, 3, 5}, 3.0), true, "gate");
+    Var up = make_var(testing::random_tensor(rng, {2, 3, 5}), true, "up");
+    Var w = make_var(testing::random_tensor(rng, {4, 5}, 0.5), true, "w");
+    Var r = make_var(testing::random_tensor(rng, {2, 3, 4}), true, "r");
+    testing::expect_gradients_match(
+        [keep_hidden](Tape& t, const std::vector<Var>& in) {
+          return swiglu_linear(t, in[0], in[1], in[2], keep_hidden, in[3]);
+        },
+        {gate, up, w, r});
+  }
+}
+
 // Same GEMM calls and the same element-wise arithmetic as the composition, and hidden recomputed with the forward's
 // expression: every value and gradient is identical, not merely close.
 TEST(SwigluLinear, SameBitsAsTheComposition) {

@@ -29,7 +29,7 @@ double max_magnitude(const Tensor& t) {
   return m;
 }
 
-// Which inputs want a gradient.
+// Which inputs want a gradient (All: also a residual added by the GEMM).
 enum class Wants { All, WeightOnly, InputsOnly };
 
 void check(const Case& c, DType act, bool keep_hidden, Wants wants) {
@@ -43,17 +43,21 @@ void check(const Case& c, DType act, bool keep_hidden, Wants wants) {
   const Tensor up = round_through(random_tensor(rng, {c.rows, c.width}), act);
   const Tensor w = random_tensor(rng, {c.out, c.width}, 0.1);
   const Tensor dy = round_through(random_tensor(rng, {c.rows, c.out}), act);
+  const Tensor r = round_through(random_tensor(rng, {c.rows, c.out}), act);
+  const bool with_residual = wants == Wants::All;
   const bool inputs_grad = wants != Wants::WeightOnly, weight_grad = wants != Wants::InputsOnly;
 
   Tape ref_tape;
   Var rg = make_var(gate, inputs_grad), ru = make_var(up, inputs_grad), rw = make_var(round_through(w, act), weight_grad);
-  Var ry = swiglu_linear(ref_tape, rg, ru, rw, true);
+  Var rr = with_residual ? make_var(r, true) : nullptr;
+  Var ry = swiglu_linear(ref_tape, rg, ru, rw, true, rr);
   ref_tape.backward(ry, dy);
 
   Tape tape;
   Var gg = make_var(to_gpu(gate, act), inputs_grad), gu = make_var(to_gpu(up, act), inputs_grad);
   Var gw = make_var(to_gpu(w, DType::F32), weight_grad);
-  Var gy = swiglu_linear(tape, gg, gu, gw, keep_hidden);
+  Var gr = with_residual ? make_var(to_gpu(r, act), true) : nullptr;
+  Var gy = swiglu_linear(tape, gg, gu, gw, keep_hidden, gr);
   tape.backward(gy, to_gpu(dy, act));
 
   // fp32: true fp32 GEMMs and expf: ~1e-6 relative RMS (summation order, exp's last bits), bound 1e-5; max abs
@@ -70,6 +74,7 @@ void check(const Case& c, DType act, bool keep_hidden, Wants wants) {
     EXPECT_FALSE(gg->grad.defined());
     EXPECT_FALSE(gu->grad.defined());
   }
+  if (with_residual) expect_close(gr->grad, rr->grad, 0.0, 0.0, "dresidual");  // dy itself: exact
   if (weight_grad) {
     ASSERT_EQ(gw->grad.dtype(), DType::F32) << "weight gradients stay fp32";
     expect_close(gw->grad, rw->grad, rel, abs_tol(rw->grad), "dW");

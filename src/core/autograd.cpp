@@ -35,11 +35,12 @@ Tensor new_gradient(const Var& v, bool zero) {
   return zero ? Tensor::zeros(l.shape, l.dtype, l.device) : Tensor::empty(l.shape, l.dtype, l.device);
 }
 
-// A gradient shared with another Var (share_fresh_gradient) becomes v's own copy before anything writes into it.
+// A gradient shared with another Var (share_fresh_gradient, hand_over_gradient) becomes v's own copy before anything
+// writes into it, unless nothing else holds its storage any more (the other Var, or a queued closure, let it go).
 void unshare_grad(const Var& v) {
   if (!v->grad_shared) return;
   v->grad_shared = false;
-  if (v->grad.defined()) v->grad = v->grad.clone();
+  if (v->grad.defined() && v->grad.storage_shared()) v->grad = v->grad.clone();
 }
 }  // namespace
 

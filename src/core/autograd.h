@@ -19,8 +19,10 @@ struct Variable {
   // and the next grad_buffer zeroes it, the next grad_buffer_for_write overwrites it, and settle_grad (for code that
   // reads grad directly) zeroes it. Saves the fill of every weight gradient on every step.
   bool grad_stale = false;
-  // `grad` may be one buffer with another Var's (share_fresh_gradient): read it freely; grad_buffer and
-  // grad_buffer_for_write give this Var a copy of its own before anything writes into it.
+  // `grad` may be one buffer with another Var's (share_fresh_gradient), or be held elsewhere too (a buffer handed
+  // over by hand_over_gradient, which a queued closure may still read): read it freely; grad_buffer and
+  // grad_buffer_for_write give this Var a copy of its own before anything writes into it, where its storage is still
+  // held by another tensor.
   bool grad_shared = false;
   // Made by op_output: an intermediate, whose gradient lives for one backward (a parameter's persists, and the
   // optimiser and data parallelism write it in place, so it is never shared).

@@ -49,6 +49,8 @@ class Tensor {
   Device device() const { return storage_ ? storage_->device : Device::CPU; }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   bool is_contiguous() const;
+  // Another Tensor (a view, a copy of this handle) holds the same storage.
+  bool storage_shared() const { return storage_.use_count() > 1; }
 
   void* raw_data() const;
   template <typename T>

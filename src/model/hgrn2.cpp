@@ -3,7 +3,8 @@
 //   h = Embedding[ids];  gamma = lower_bound_transform(Γ)
 //   per layer: h += TokenMixer(RMSNorm(h), gamma_l);  h += GatedMLP(RMSNorm(h))
 //   logits = RMSNorm(h) · W_lmᵀ   (W_lm = embedding matrix when tie_word_embeddings)
-// Each residual add is fused with the RMSNorm that follows it (add_rmsnorm): one pass over the residual stream.
+// Each residual add is made by the branch's last GEMM (o_proj, down_proj: h + x·Wᵀ in the epilogue), so a branch's
+// output is never stored on its own and the norm that follows reads only the new h.
 // NVTX ranges name every layer's forward and (through markers on the tape) its backward, for Nsight timelines.
 #include "model/hgrn2.h"
 
@@ -108,18 +109,12 @@ void Hgrn2Model::recompute_in_backward(Tape& tape, const std::vector<Var>& vars,
   if (recompute_elementwise_) rematerialize(tape, vars, std::move(values));
 }
 
-// A residual branch's output (token mixer, MLP) only enters the stream's sum, whose backward needs its gradient but
-// not its value; the add's closure would keep the value alive until the backward (2 x [tokens, D] per layer).
-void Hgrn2Model::release_branch_output(Tape& tape, const Var& branch) const {
-  if (tape.enabled()) release_value(branch);
-}
-
-// normed = RMSNorm(input) ⊙ weight (add_rmsnorm's output included) is not kept for its consumers' backward (under
-// recompute_elementwise). Where only linears read it (read_early false), the norm's own backward, which reads input
-// anyway, writes it again and the linears' weight gradients run there (release_until_producer_backward): no pass of
-// its own. Where something reads it before that backward (a block replayed whole, training.recompute; the MLP's
-// gate and up recomputed from it, training.recompute_mlp_projections), a forward recomputes it from input (the same
-// bits as rmsnorm of add_rmsnorm's sum) before the first consumer's backward.
+// normed = RMSNorm(input) ⊙ weight is not kept for its consumers' backward (under recompute_elementwise). Where only
+// linears read it (read_early false), the norm's own backward, which reads input anyway, writes it again and the
+// linears' weight gradients run there (release_until_producer_backward): no pass of its own. Where something reads
+// it before that backward (a block replayed whole, training.recompute; the MLP's gate and up recomputed from it,
+// training.recompute_mlp_projections), a forward recomputes it from input (the same bits) before the first
+// consumer's backward.
 void Hgrn2Model::free_norm_output(Tape& tape, const Var& normed, const Var& input, const Var& weight, double eps,
                                   bool read_early) const {
   if (!recompute_elementwise_) return;
@@ -133,9 +128,10 @@ void Hgrn2Model::free_norm_output(Tape& tape, const Var& normed, const Var& inpu
 }
 
 // HGRN2Attention (spec 1.2): q = silu(x Wqᵀ), g = lower-bounded log forget gate of x Wfᵀ, k = 1 - exp(g),
-// i = x Wiᵀ; the HGRU2 recurrence per head; then RMSNorm over all of D and o_proj.
+// i = x Wiᵀ; the HGRU2 recurrence per head; then RMSNorm over all of D and o_proj, whose GEMM adds the residual
+// stream h: returns h + TokenMixer(x).
 // `state` (optional): in, the initial recurrent state (or an undefined Var for zero); out, the final state.
-Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamma, Var* state) const {
+Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamma, const Var& h, Var* state) const {
   const Layer& p = layers_[l];
   Var q_hat, f_hat, i;
   {
@@ -173,13 +169,13 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
     });
   TraceLayer trace(tape, "g_norm + o_proj");
   const Var normed = rmsnorm(tape, r.output, p.g_norm, kOutputNormEps);
-  const Var out = linear(tape, normed, p.o_proj);
+  const Var out = linear(tape, normed, p.o_proj, /*residual=*/h);
   free_norm_output(tape, normed, r.output, p.g_norm, kOutputNormEps, /*read_early=*/false);
   return out;
 }
 
-// GatedMLP: down(silu(gate(x)) * up(x)).
-Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
+// GatedMLP: down(silu(gate(x)) * up(x)), whose GEMM adds the residual stream h: returns h + GatedMLP(x).
+Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x, const Var& h) const {
   const Layer& p = layers_[l];
   Var gate, up;
   {
@@ -190,7 +186,7 @@ Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x) const {
   TraceLayer trace(tape, "swiglu + down projection");
   // The MLP's widest activation, silu(gate) ⊙ up, is kept for the backward only without elementwise recomputation;
   // with it, the backward makes it again in the pass that reads gate and up for their gradients.
-  const Var out = swiglu_linear(tape, gate, up, p.down_proj, /*keep_hidden=*/!recompute_elementwise_);
+  const Var out = swiglu_linear(tape, gate, up, p.down_proj, /*keep_hidden=*/!recompute_elementwise_, /*residual=*/h);
   // gate and up themselves (2 x the MLP width per token), recomputed from x by the same GEMMs: recorded after the
   // op above, so in the backward they are back before its backward reads them. x is kept, or (an RMSNorm
   // output) recomputed by a step recorded after this one, which therefore runs first.
@@ -228,39 +224,38 @@ Var Hgrn2Model::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<
   auto block = [&](const std::vector<Var>& inputs, const RecomputedFn& f) {
     return recompute_ ? recompute(tape, inputs, f) : f(tape, inputs);
   };
-  // The residual add fused with the norm that follows it.
-  auto residual_norm = [&](const Var& residual, const Var& delta, const Var& weight) {
-    TraceLayer trace(tape, "add + rmsnorm");
-    return add_rmsnorm(tape, residual, delta, weight, config_.norm_eps);
-  };
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& p = layers_[l];
     const Var& next_norm = l + 1 < config_.num_hidden_layers ? layers_[l + 1].attn_norm : final_norm_;
     Var* state = recurrent_states ? &(*recurrent_states)[l] : nullptr;
     TraceLayer trace(tape, "layer " + std::to_string(l));
-    // A carried state flows out of the token mixer, so that call is never recomputed.
-    const Var mixed = state ? token_mixer(tape, l, x, gamma, state)
-                            : block({x, gamma}, [this, l](Tape& t, const std::vector<Var>& in) {
-                                return token_mixer(t, l, in[0], in[1], nullptr);
+    // h + TokenMixer(x). A carried state flows out of the token mixer, so that call is never recomputed.
+    const Var mixed = state ? token_mixer(tape, l, x, gamma, h, state)
+                            : block({x, gamma, h}, [this, l](Tape& t, const std::vector<Var>& in) {
+                                return token_mixer(t, l, in[0], in[1], in[2], nullptr);
                               });
     // Each block's normalised input comes back from the residual stream for its projections' weight gradients.
     free_norm_output(tape, x, h, p.attn_norm, config_.norm_eps, /*read_early=*/recompute_);
-    AddRmsNormResult r = residual_norm(h, mixed, p.mlp_norm);
-    release_branch_output(tape, mixed);
+    h = mixed;
+    {
+      TraceLayer trace(tape, "rmsnorm");
+      x = rmsnorm(tape, h, p.mlp_norm, config_.norm_eps);
+    }
     const Var mlp_out =
-        block({r.normed}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0]); });
-    free_norm_output(tape, r.normed, r.sum, p.mlp_norm, config_.norm_eps,
+        block({x, h}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0], in[1]); });
+    free_norm_output(tape, x, h, p.mlp_norm, config_.norm_eps,
                      /*read_early=*/recompute_ || recompute_mlp_projections_);
+    h = mlp_out;
     mark_gradients_ready(tape, l + 1 < config_.num_hidden_layers ? num_layers - static_cast<size_t>(l + 1) : 0);
-    r = residual_norm(r.sum, mlp_out, next_norm);
-    release_branch_output(tape, mlp_out);
+    {
+      TraceLayer trace(tape, "rmsnorm");
+      x = rmsnorm(tape, h, next_norm, config_.norm_eps);
+    }
     // The layer's bf16 weight copies (2 bytes per weight) are next read by its backward: with
     // recompute_weight_copies they are dropped until then, and linear's backward casts them again (the same bits).
     if (recompute_weight_copies_ && tape.enabled())
       for (const Var* w : {&p.q_proj, &p.f_proj, &p.i_proj, &p.o_proj, &p.gate_proj, &p.up_proj, &p.down_proj})
         (*w)->invalidate_compute_copy();
-    h = r.sum;
-    x = r.normed;
   }
   // Whatever uses lm_head next (linear, linear_cross_entropy) is recorded after group 0's marker (above).
   return x;

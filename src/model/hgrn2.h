@@ -65,13 +65,12 @@ class Hgrn2Model {
   struct Layer {
     Var attn_norm, q_proj, f_proj, i_proj, g_norm, o_proj, mlp_norm, gate_proj, up_proj, down_proj;
   };
-  Var token_mixer(Tape& tape, int64_t layer, const Var& x, const Var& gamma, Var* state) const;
-  Var mlp(Tape& tape, int64_t layer, const Var& x) const;
+  // Each returns h + the block's output (the residual add made by the block's last GEMM).
+  Var token_mixer(Tape& tape, int64_t layer, const Var& x, const Var& gamma, const Var& h, Var* state) const;
+  Var mlp(Tape& tape, int64_t layer, const Var& x, const Var& h) const;
   void mark_gradients_ready(Tape& tape, size_t group) const;
   // rematerialize(tape, vars, values) when recompute_elementwise_ is on; else the values are kept.
   void recompute_in_backward(Tape& tape, const std::vector<Var>& vars, RematerializeFn values) const;
-  // Frees a residual branch's output once it is summed into the stream (training only: nothing reads it again).
-  void release_branch_output(Tape& tape, const Var& branch) const;
   // Under recompute_elementwise: an RMSNorm output `normed` of `input` is not kept for the backward; it comes back in
   // the norm's own backward, or (read_early: something reads it before then) by a forward of its own (hgrn2.cpp).
   void free_norm_output(Tape& tape, const Var& normed, const Var& input, const Var& weight, double eps,

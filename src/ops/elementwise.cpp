@@ -1,4 +1,5 @@
-// elementwise.cpp: add and reshape, forward and backward (on the GPU through kernels/elementwise.h).
+// elementwise.cpp: add and reshape, forward and backward (on the GPU through kernels/elementwise.h), and the
+// gradient hand-over.
 #include "ops/elementwise.h"
 
 #ifdef HGRN_WITH_CUDA
@@ -54,6 +55,24 @@ static void pass_gradient(const Var& v, const Tensor& g) {
     return;
   }
   accumulate(grad_buffer(v), g);
+}
+
+void hand_over_gradient(const Var& from, const Var& to) {
+  if (!from->grad.defined() || !wants_grad(to)) return;
+  if (to->from_op && !to->grad.defined()) {
+    const bool kept = to->value.defined();  // else release_value freed it and left its layout
+    const Shape& shape = kept ? to->value.shape() : to->released.shape;
+    const DType dtype = kept ? to->value.dtype() : to->released.dtype;
+    HGRN_CHECK(from->grad.shape() == shape && from->grad.dtype() == dtype, "hand_over_gradient: ",
+               dtype_name(from->grad.dtype()), " ", shape_str(from->grad.shape()), " does not fit '", to->name, "', ",
+               dtype_name(dtype), " ", shape_str(shape));
+    to->grad = std::move(from->grad);
+    from->grad = Tensor();
+    to->grad_shared = true;
+    return;
+  }
+  pass_gradient(to, from->grad);
+  from->grad = Tensor();
 }
 
 Var add(Tape& tape, const Var& a, const Var& b) {

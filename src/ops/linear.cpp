@@ -8,7 +8,11 @@
 // holding it, so that a model may drop the copies between its forward and backward (recompute_weight_copies): the
 // cast is then made again, with the same bits, at the first backward use.
 // The weight gradient waits where x is released until its producer's backward (ops/recompute.h).
+// With a residual, y = residual + x·Wᵀ: the residual stream's add happens in the GEMM's epilogue (beta 1, the addend
+// read from the residual), so the branch's output is never stored on its own, and the sum is rounded once.
 #include "ops/linear.h"
+
+#include "ops/elementwise.h"
 
 #include "ops/gemm_cpu.h"
 #include "ops/recompute.h"
@@ -21,18 +25,26 @@ namespace hgrn {
 // One dispatch for the three products, so forward and backward cannot disagree about layouts.
 // On the GPU a and b share one dtype.
 void linear_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,
-                 const Tensor& b, int64_t ldb, float beta, Tensor& c, int64_t ldc) {
+                 const Tensor& b, int64_t ldb, float beta, Tensor& c, int64_t ldc, const Tensor* c_in) {
+  if (c_in) {
+    HGRN_CHECK(beta != 0.0f && c_in->shape() == c.shape() && c_in->dtype() == c.dtype() &&
+                   c_in->device() == c.device() && c_in->is_contiguous() && c.is_contiguous(),
+               "linear: the addend ", dtype_name(c_in->dtype()), " ", shape_str(c_in->shape()), " on ",
+               device_name(c_in->device()), " does not match the output ", dtype_name(c.dtype()), " ",
+               shape_str(c.shape()), " on ", device_name(c.device()));
+  }
   if (c.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
     HGRN_CHECK(a.dtype() == b.dtype(), "linear: GEMM operands are ", dtype_name(a.dtype()), " and ",
                dtype_name(b.dtype()));
     cuda_gemm(trans_a, trans_b, m, n, k, 1.0f, a.raw_data(), lda, b.raw_data(), ldb, a.dtype(), beta, c.raw_data(),
-              ldc, c.dtype());
+              ldc, c.dtype(), c_in ? c_in->raw_data() : nullptr);
     return;
 #else
     throw Error("linear: this hgrn was built without CUDA");
 #endif
   }
+  if (c_in) c.copy_from(*c_in);  // the CPU GEMM adds beta·C in place
   HGRN_DISPATCH_FLOAT(c.dtype(), "linear", [&] {
     gemm_cpu<scalar_t>(trans_a, trans_b, m, n, k, 1, a.data<scalar_t>(), lda, b.data<scalar_t>(), ldb,
                        static_cast<scalar_t>(beta), c.data<scalar_t>(), ldc);
@@ -62,12 +74,12 @@ const Tensor& bf16_weight_copy(const Var& weight) {
   return weight->compute_copy;
 }
 
-Tensor linear_product(const Tensor& x, const Tensor& w) {
+Tensor linear_product(const Tensor& x, const Tensor& w, const Tensor* residual) {
   const int64_t in = w.size(1), out_features = w.size(0), rows = x.numel() / in;
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
-  linear_gemm(false, true, rows, out_features, in, x, in, w, in, 0.0f, y, out_features);
+  linear_gemm(false, true, rows, out_features, in, x, in, w, in, residual ? 1.0f : 0.0f, y, out_features, residual);
   return y;
 }
 
@@ -83,12 +95,13 @@ void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight
   linear_gemm(true, false, out_features, in, rows, dy, out_features, x, in, accumulate ? 1.0f : 0.0f, dw, in);
 }
 
-Var linear(Tape& tape, const Var& x, const Var& weight) {
+Var linear(Tape& tape, const Var& x, const Var& weight, const Var& residual) {
   const Tensor w_compute = weight_for_input(weight, x->value);
-  Var out = op_output(tape, linear_product(x->value, w_compute), {x, weight});
+  Var out = op_output(tape, linear_product(x->value, w_compute, residual ? &residual->value : nullptr),
+                      {x, weight, residual});
   if (!out->requires_grad) return out;
   const bool copied = w_compute.dtype() != weight->value.dtype();
-  tape.record([x, weight, out, copied] {
+  tape.record([x, weight, residual, out, copied] {
     if (!out->grad.defined()) return;
     const Tensor dy = out->grad;
     // dx: the first gradient to reach x overwrites a fresh buffer (beta 0) instead of adding to a zero-filled one,
@@ -102,6 +115,8 @@ Var linear(Tape& tape, const Var& x, const Var& weight) {
     // kept until then. x outlives the queued work (its producer runs it), so it is held by pointer, not in a cycle.
     if (wants_grad(weight))
       when_value_ready(x, [dy, xp = x.get(), weight] { linear_weight_gradient(dy, xp->value, weight); });
+    // Last: dy may become the residual's own gradient buffer (hand_over_gradient).
+    if (wants_grad(residual)) hand_over_gradient(out, residual);
   });
   return out;
 }

@@ -4,7 +4,9 @@
 
 namespace hgrn {
 
-Var linear(Tape& tape, const Var& x, const Var& weight);
+// residual (optional, [..., out] like y, same dtype and device): y = residual + x·Wᵀ, the pre-norm residual stream's
+// add made by the GEMM (beta 1), whose gradient passes to residual unchanged.
+Var linear(Tape& tape, const Var& x, const Var& weight, const Var& residual = nullptr);
 
 // The pieces linear is made of, for ops that fuse a projection with what follows it (linear_cross_entropy):
 // The tensor linear's GEMMs read for `weight` when the input is `x`: the weight itself, or, for a bf16 input and an
@@ -15,14 +17,16 @@ Tensor weight_for_input(const Var& weight, const Tensor& x);
 const Tensor& bf16_weight_copy(const Var& weight);
 // linear's three products, with the weight's compute tensor w [out, in] (weight_for_input) and rows = the rows of
 // x [..., in] / dy [..., out]. y = x·Wᵀ, a new tensor [..., out]:
-Tensor linear_product(const Tensor& x, const Tensor& w);
+// residual non-null: y = residual + x·Wᵀ (one rounding to y's dtype).
+Tensor linear_product(const Tensor& x, const Tensor& w, const Tensor* residual = nullptr);
 // dx = dy·W + beta·dx (beta 0: dx may be a fresh, uninitialised buffer):
 void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor& dx);
 // weight's gradient += dyᵀ·x (into the fp32 master gradient for bf16 inputs: accumulated in fp32, never rounded to
 // bf16); the first write after zero_grad overwrites the buffer (beta 0) instead of adding to a filled one:
 void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight);
 // C[m, n] = op(A)·op(B) + beta·C on the tensors' device, with the gemm_cpu contract (row-major, leading dimensions).
+// c_in non-null (contiguous, like C; beta != 0): the addend is beta·c_in instead of beta·C.
 void linear_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,
-                 const Tensor& b, int64_t ldb, float beta, Tensor& c, int64_t ldc);
+                 const Tensor& b, int64_t ldb, float beta, Tensor& c, int64_t ldc, const Tensor* c_in = nullptr);
 
 }  // namespace hgrn

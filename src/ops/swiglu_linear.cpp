@@ -2,11 +2,13 @@
 #include "ops/swiglu_linear.h"
 
 #include "ops/activations.h"
+#include "ops/elementwise.h"
 #include "ops/linear.h"
 
 namespace hgrn {
 
-Var swiglu_linear(Tape& tape, const Var& gate, const Var& up, const Var& weight, bool keep_hidden) {
+Var swiglu_linear(Tape& tape, const Var& gate, const Var& up, const Var& weight, bool keep_hidden,
+                  const Var& residual) {
   HGRN_CHECK(gate && up && weight, "swiglu_linear: an input is null");
   const Tensor& gv = gate->value;
   HGRN_CHECK(gv.is_contiguous() && up->value.is_contiguous(), "swiglu_linear: gate and up must be contiguous");
@@ -18,12 +20,13 @@ Var swiglu_linear(Tape& tape, const Var& gate, const Var& up, const Var& weight,
   Tensor hidden = Tensor::empty(gv.shape(), gv.dtype(), gv.device());
   swiglu_forward(gv, &up->value, hidden);
   const Tensor w_compute = weight_for_input(weight, hidden);
-  Var out = op_output(tape, linear_product(hidden, w_compute), {gate, up, weight});
+  Var out = op_output(tape, linear_product(hidden, w_compute, residual ? &residual->value : nullptr),
+                      {gate, up, weight, residual});
   if (!out->requires_grad) return out;
   const bool copied = w_compute.dtype() != weight->value.dtype();
   if (!keep_hidden) hidden = Tensor();
   // gate and up are read through their Vars when the backward runs: a model may release and rematerialize them.
-  tape.record([gate, up, weight, out, hidden, copied] {
+  tape.record([gate, up, weight, residual, out, hidden, copied] {
     if (!out->grad.defined()) return;
     const Tensor& dy = out->grad;
     const Tensor& g = gate->value;
@@ -38,6 +41,7 @@ Var swiglu_linear(Tape& tape, const Var& gate, const Var& up, const Var& weight,
       swiglu_forward(g, &up->value, h);
     }
     if (wants_grad(weight)) linear_weight_gradient(dy, h, weight);
+    if (wants_grad(residual)) hand_over_gradient(out, residual);  // last: dy may become residual's buffer
   });
   return out;
 }

@@ -13,7 +13,9 @@ namespace hgrn {
 
 // gate, up [..., F] (same shape, dtype, device); weight [out, F] (linear's contract: an fp32 master weight serves
 // bf16 inputs through its bf16 copy). keep_hidden: keep hidden from the forward for the backward (F values per row
-// held across the step) instead of recomputing it there.
-Var swiglu_linear(Tape& tape, const Var& gate, const Var& up, const Var& weight, bool keep_hidden);
+// held across the step) instead of recomputing it there. residual (optional, [..., out]): y = residual + hidden·Wᵀ,
+// added by the GEMM as in linear.
+Var swiglu_linear(Tape& tape, const Var& gate, const Var& up, const Var& weight, bool keep_hidden,
+                  const Var& residual = nullptr);
 
 }  // namespace hgrn
