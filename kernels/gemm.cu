@@ -33,7 +33,9 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool>;
+// The last two: beta != 0, and the addend read from another buffer than the output (c_in != c), for which cuBLASLt
+// runs other kernels than in place.
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, bool>;
 
 bool autotune = false;
 
@@ -63,15 +65,17 @@ float best_time_ms(int reps, Launch&& launch) {
   return best;
 }
 
-// Times one algorithm (best of 3 runs after one warm-up) into a scratch output.
-float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* c_scratch,
-                float beta) {
+// Times one algorithm (best of 3 runs after one warm-up) into a scratch output; the addend is the scratch itself, or
+// for an out-of-place GEMM the caller's c_in (only read).
+float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, const void* c_in,
+                void* c_scratch, float beta) {
   size_t workspace_bytes = 0;
   void* workspace = cublaslt_workspace(&workspace_bytes);
   const float alpha = 1.0f;
+  const void* addend = c_in ? c_in : c_scratch;
   return best_time_ms(4, [&] {
-    return cublasLtMatmul(cublaslt_handle(), p.op, &alpha, b, p.a, a, p.b, &beta, c_scratch, p.c, c_scratch, p.c,
-                          &algo, workspace, workspace_bytes, cuda_stream()) == CUBLAS_STATUS_SUCCESS;
+    return cublasLtMatmul(cublaslt_handle(), p.op, &alpha, b, p.a, a, p.b, &beta, addend, p.c, c_scratch, p.c, &algo,
+                          workspace, workspace_bytes, cuda_stream()) == CUBLAS_STATUS_SUCCESS;
   });
 }
 
@@ -87,8 +91,10 @@ void log_algo(const cublasLtMatmulAlgo_t& algo, int index, float ms, double flop
                stages, ms * 1e3, flops / (ms * 1e-3) / 1e12);
 }
 
+// c_in_ptr: the addend of an out-of-place GEMM (else null), which the timing runs read as theirs will.
 Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-               DType ab_dtype, DType c_dtype, bool accumulate, const void* a_ptr, const void* b_ptr) {
+               DType ab_dtype, DType c_dtype, bool accumulate, const void* a_ptr, const void* b_ptr,
+               const void* c_in_ptr) {
   Plan p;
   const cudaDataType_t ab = cuda_type(ab_dtype), ct = cuda_type(c_dtype);
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -119,13 +125,14 @@ Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int6
   if (log)
     std::fprintf(stderr, "gemm %s%s m %lld n %lld k %lld %s -> %s%s: %d candidate(s)\n", trans_a ? "T" : "N",
                  trans_b ? "T" : "N", static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-                 dtype_name(ab_dtype), dtype_name(c_dtype), accumulate ? " (accumulate)" : "", found);
+                 dtype_name(ab_dtype), dtype_name(c_dtype),
+                 c_in_ptr ? " (accumulate, addend apart)" : accumulate ? " (accumulate)" : "", found);
   if (found > 1) {
     void* scratch = cuda_alloc(static_cast<size_t>(m) * ldc * dtype_size(c_dtype));
     float best = 1e30f;
     int chosen = 0;
     for (int i = 0; i < found; ++i) {
-      const float ms = time_algo(p, results[i].algo, a_ptr, b_ptr, scratch, accumulate ? 1.0f : 0.0f);
+      const float ms = time_algo(p, results[i].algo, a_ptr, b_ptr, c_in_ptr, scratch, accumulate ? 1.0f : 0.0f);
       if (log) log_algo(results[i].algo, i, ms, 2.0 * m * n * k);
       if (ms < best) {
         best = ms;
@@ -160,15 +167,17 @@ void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   }
   static std::mutex mutex;
   static std::map<Key, Plan>* plans = new std::map<Key, Plan>();  // never destroyed, like the handle it uses
+  const bool apart = beta != 0.0f && c_in != c;
   const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_dtype), static_cast<int>(c_dtype),
-                beta != 0.0f};
+                beta != 0.0f, apart};
   const Plan* plan;
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = plans->find(key);
     if (it == plans->end())
       it = plans
-               ->emplace(key, make_plan(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, c_dtype, beta != 0.0f, a, b))
+               ->emplace(key, make_plan(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, c_dtype, beta != 0.0f, a, b,
+                                        apart ? c_in : nullptr))
                .first;
     plan = &it->second;
   }

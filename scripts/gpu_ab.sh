@@ -6,6 +6,8 @@
 # Usage: scripts/gpu_ab.sh BASE_DIR [OUTPUT_DIR]   (default build-gpu/ab)
 #   AB_ROUNDS=2 (alternations)  AB_MODELS="hgrn2-385m"  AB_WARMUP=2  AB_STEPS=5
 #   AB_RECURRENCE=8,2048,8,128,128 (B,T,H,K,V; empty: skip)  HGRN_CMAKE_ARGS (both builds)
+#   AB_SET="training.deterministic=true ..." (config overrides for every model run, e.g. cuBLASLt's heuristic GEMM
+#     picks instead of timed ones, so that autotuning's run-to-run choices do not blur a small change)
 #   AB_TIMELINE=1: also a kernel timeline of each model's steps for both trees (tools/kernel_timeline.cpp, 3 steps
 #     after 2 warm-up) and tools/timeline_summary.py --compare of the two: GPU time per step by part and kernel,
 #     which shows changes of well under 1% that the steps' wall-clock medians do not.
@@ -30,6 +32,8 @@ wait "$base_build" || { tail -30 "$out/build-base.log"; exit 1; }
 declare -A bin=([base]=build-gpu/ab-base/hgrn [this]=build-gpu/hgrn)
 recurrence=${AB_RECURRENCE-8,2048,8,128,128}  # empty: skip
 models=${AB_MODELS-hgrn2-385m}
+overrides=()
+for o in ${AB_SET:-}; do overrides+=(--set "$o"); done
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/machine.txt" || true
 rows=()
 for round in $(seq "${AB_ROUNDS:-2}"); do
@@ -42,8 +46,8 @@ for round in $(seq "${AB_ROUNDS:-2}"); do
     fi
     for model in $models; do
       log="$out/$model-$side-$round.json"
-      "${bin[$side]}" bench --config "configs/$model.yaml" --warmup "${AB_WARMUP:-2}" --steps "${AB_STEPS:-5}" \
-        --json "$log" > "$log.txt" 2>&1 || { echo "gpu_ab: $model ($side) failed:"; tail -5 "$log.txt"; continue; }
+      "${bin[$side]}" bench --config "configs/$model.yaml" ${overrides[@]+"${overrides[@]}"} --warmup "${AB_WARMUP:-2}" \
+        --steps "${AB_STEPS:-5}" --json "$log" > "$log.txt" 2>&1 || { echo "gpu_ab: $model ($side) failed:"; tail -5 "$log.txt"; continue; }
       rows+=("$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f'| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {r[\"median_ms\"]:.2f} ms, {r[\"tokens_per_s\"]:.0f} tok/s, {r[\"peak_memory_gib\"]:.2f} GiB |')" \
         "$log" "$model" "$side" "$round")")
     done
@@ -61,7 +65,7 @@ if [ "${AB_TIMELINE:-0}" = 1 ]; then
   for model in $models; do
     for side in base this; do
       CUDA_INJECTION64_PATH=build-gpu/libhgrn_kernel_timeline.so HGRN_TIMELINE_OUT="$out/timeline-$model-$side.csv" \
-        "${bin[$side]}" bench --config "configs/$model.yaml" --warmup 2 --steps 3 \
+        "${bin[$side]}" bench --config "configs/$model.yaml" ${overrides[@]+"${overrides[@]}"} --warmup 2 --steps 3 \
         > "$out/timeline-$model-$side.txt" 2>&1 ||
         { echo "gpu_ab: the $model timeline ($side) failed:"; tail -5 "$out/timeline-$model-$side.txt"; continue 2; }
     done
