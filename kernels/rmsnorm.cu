@@ -1,4 +1,4 @@
-// rmsnorm.cu: RMSNorm and add + RMSNorm forward and backward (rmsnorm.h), llm.c-style.
+// rmsnorm.cu: RMSNorm forward and backward (rmsnorm.h), llm.c-style.
 // Rows up to 256 16-byte packs wide (2048 bf16 or 1024 fp32 values: the model's D) take one warp per row, a lane
 // owning the same 16-byte packs of every row: the row statistics (Σx², Σ dy·w·x̂) are warp shuffles, the values are
 // read again from L1 after them rather than held in registers (more warps fit), and the backward folds the weight
@@ -36,29 +36,18 @@ __device__ float block_sum(float v, float* warp_sums) {
 // forwards, and the backwards that write it again for a caller that freed it, so all give the same bits.
 __device__ __forceinline__ float normalized(float x, float rstd, float w) { return x * rstd * w; }
 
-// A row per block (grid-striding over rows). delta non-null: add_rmsnorm, the row normalised is the rounded x + delta,
-// which this thread stored to `sum` and reads back (its own writes: no barrier needed).
+// A row per block (grid-striding over rows).
 template <typename T>
-__global__ void rmsnorm_forward_kernel(const T* x, const T* delta, T* sum, const float* w, T* y, float* rstd,
-                                       long long rows, int width, float eps) {
+__global__ void rmsnorm_forward_kernel(const T* x, const float* w, T* y, float* rstd, long long rows, int width,
+                                       float eps) {
   __shared__ float warp_sums[32];
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
     const long long base = row * width;
     const T* xr = x + base;
     float sum_sq = 0.f;
-    if (delta) {
-      for (int c = threadIdx.x; c < width; c += blockDim.x) {
-        const T s = store_f<T>(load_f(xr[c]) + load_f(delta[base + c]));
-        sum[base + c] = s;
-        const float v = load_f(s);
-        sum_sq += v * v;
-      }
-      xr = sum + base;
-    } else {
-      for (int c = threadIdx.x; c < width; c += blockDim.x) {
-        const float v = load_f(xr[c]);
-        sum_sq += v * v;
-      }
+    for (int c = threadIdx.x; c < width; c += blockDim.x) {
+      const float v = load_f(xr[c]);
+      sum_sq += v * v;
     }
     const float s = 1.f / sqrtf(block_sum(sum_sq, warp_sums) / (float)width + eps);
     if (threadIdx.x == 0) rstd[row] = s;
@@ -67,13 +56,11 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* delta, T* sum, const
   }
 }
 
-// g = s · (dy ⊙ w − x̂ · mean(dy ⊙ w ⊙ x̂)) + dsum per row, accumulated into dx0 and dx1 (either may be null; they may
-// alias, as when add_rmsnorm's residual and delta are one tensor: each element's two updates come from one thread).
-// add0/add1: accumulate into dx0/dx1, else overwrite them. y non-null: the forward's output x̂ · w written again.
+// g = s · (dy ⊙ w − x̂ · mean(dy ⊙ w ⊙ x̂)) per row, into dx (null: not wanted; add: accumulate, else overwrite).
+// y non-null: the forward's output x̂ · w written again.
 template <typename T>
-__global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const float* rstd, const T* dy,
-                                           const T* dsum, T* dx0, T* dx1, bool add0, bool add1, T* y, long long rows,
-                                           int width) {
+__global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx, bool add,
+                                           T* y, long long rows, int width) {
   __shared__ float warp_sums[32];
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
     const long long base = row * width;
@@ -86,11 +73,10 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const flo
       mean_dot = block_sum(dot, warp_sums) / (float)width;
     }
     for (int c = threadIdx.x; c < width; c += blockDim.x) {
-      float g = 0.f;
-      if (dy) g = s * (load_f(dy[base + c]) * (w ? w[c] : 1.f) - load_f(x[base + c]) * s * mean_dot);
-      if (dsum) g += load_f(dsum[base + c]);
-      if (dx0) dx0[base + c] = store_f<T>(add0 ? load_f(dx0[base + c]) + g : g);
-      if (dx1) dx1[base + c] = store_f<T>(add1 ? load_f(dx1[base + c]) + g : g);
+      if (dx) {
+        const float g = s * (load_f(dy[base + c]) * (w ? w[c] : 1.f) - load_f(x[base + c]) * s * mean_dot);
+        dx[base + c] = store_f<T>(add ? load_f(dx[base + c]) + g : g);
+      }
       if (y) y[base + c] = store_f<T>(normalized(load_f(x[base + c]), s, w ? w[c] : 1.f));
     }
   }
@@ -180,12 +166,10 @@ __device__ void stage_weight(float4* weight, const float* w, int row_packs) {
 }
 
 // Forward: rows grid-stride over all warps of the grid (sized to what is resident: rmsnorm_forward_blocks), so that
-// the block stages the weight once (stage_weight) for many rows. add_rmsnorm (delta non-null) rounds x + delta to T,
-// stores it to sum and normalises the rounded value, as the block kernel does.
+// the block stages the weight once (stage_weight) for many rows.
 template <typename T, int P>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    rmsnorm_forward_warp_kernel(const T* x, const T* delta, T* sum, const float* w, T* y, float* rstd, long long rows,
-                                int width, float eps) {
+    rmsnorm_forward_warp_kernel(const T* x, const float* w, T* y, float* rstd, long long rows, int width, float eps) {
   constexpr int V = 16 / sizeof(T);
   const int lane = threadIdx.x % 32;
   const int row_packs = width / V;
@@ -201,22 +185,13 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
       float v[V];
-      if (delta) {
-        float b[V];
-        load_pack<V>(x + base, pk, v);
-        load_pack<V>(delta + base, pk, b);
-#pragma unroll
-        for (int k = 0; k < V; ++k) v[k] = load_f(store_f<T>(v[k] + b[k]));  // the sum, rounded to T
-        store_pack<V>(sum + base, pk, v);
-      } else {
-        load_pack<V>(x + base, pk, v);
-      }
+      load_pack<V>(x + base, pk, v);
 #pragma unroll
       for (int k = 0; k < V; ++k) sum_sq += v[k] * v[k];
     }
-    // The row normalised is read again (the lane's own sum stores, or x from L1) rather than held in registers across
-    // the reduction: fewer registers, more warps in flight (as in the backward).
-    const T* normed_row = (delta ? sum : x) + base;
+    // The row normalised is read again (from L1) rather than held in registers across the reduction: fewer
+    // registers, more warps in flight (as in the backward).
+    const T* normed_row = x + base;
     const float s = 1.f / sqrtf(warp_sum(sum_sq) / (float)width + eps);
     if (lane == 0) rstd[row] = s;
 #pragma unroll
@@ -250,12 +225,12 @@ __host__ __device__ constexpr int backward_chunk_rows() {
 
 // Backward: block b takes rows [b·R, +R) (R = backward_chunk_rows), warp i of them rows i, i + W, … (W =
 // backward_row_warps); with partial non-null (weight gradient wanted; needs dy) it writes the chunk's Σ dy ⊙ x̂ to
-// partial[b, :], warps added in warp order. dx0 is stored before dx1 is read (one thread per element), so the two may
-// alias. y non-null: the forward's output x̂ · w written again from the x it reads anyway.
+// partial[b, :], warps added in warp order. dx (needs dy) is accumulated into (add) or overwritten. y non-null: the
+// forward's output x̂ · w written again from the x it reads anyway.
 template <typename T, int P>
 __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
-    rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, const T* dsum, T* dx0,
-                                 T* dx1, bool add0, bool add1, float* partial, T* y, long long rows, int width) {
+    rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx, bool add,
+                                 float* partial, T* y, long long rows, int width) {
   constexpr int V = 16 / sizeof(T);
   constexpr int W = backward_row_warps<T, P>();
   __shared__ __align__(16) float warp_dw[W][32 * P * V];  // at most 32 KB
@@ -278,7 +253,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   // x and dy are read twice, for the row's reduction and again (from L1) for the gradients, rather than held in
   // registers across it: held, they took the 1024-wide bf16 build to 118 registers and 2 blocks per SM, and the
   // kernel waited on memory (0.5-0.8 eligible warps per scheduler under ncu); re-read, it takes 56 and fits 4.
-  // dsum is loaded only after the reduction, where it is needed. Prefetching the next row's x and dy into registers
+  // An accumulated dx is loaded only after the reduction, where it is needed. Prefetching the next row's x and dy into registers
   // made the kernel slower (H200, 385m: 118 us against 109 us per call).
   for (long long row = r_begin + warp; row < r_end; row += W) {
     const long long base = row * width;
@@ -304,7 +279,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
     for (int p = 0; p < P; ++p) {
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
-      float xv[V], g[V], wv[V];
+      float xv[V], wv[V];
       load_pack<V>(xr, pk, xv);
       if (dy || y) shared_weight<V>(weight, p, lane, wv);
       if (y) {  // the forward's output again
@@ -313,47 +288,31 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
         for (int k = 0; k < V; ++k) out[k] = normalized(xv[k], s, wv[k]);
         store_pack<V>(y + base, pk, out);
       }
-      if (dy) {
-        float dv[V];
-        load_pack<V>(dyr, pk, dv);
+      if (!dy) continue;
+      float dv[V];
+      load_pack<V>(dyr, pk, dv);
+      if (partial) {
+        // float4 at a time, in the lane-contiguous layout (lane_slot).
 #pragma unroll
-        for (int k = 0; k < V; ++k) g[k] = s * (dv[k] * wv[k] - xv[k] * s * mean_dot);
-        if (partial) {
-          // float4 at a time, in the lane-contiguous layout (lane_slot).
-#pragma unroll
-          for (int q = 0; q < V / 4; ++q) {
-            float4& acc = dw[lane_slot<V>(p, q, lane)];
-            float4 t = acc;
-            t.x += dv[4 * q] * xv[4 * q] * s;
-            t.y += dv[4 * q + 1] * xv[4 * q + 1] * s;
-            t.z += dv[4 * q + 2] * xv[4 * q + 2] * s;
-            t.w += dv[4 * q + 3] * xv[4 * q + 3] * s;
-            acc = t;
-          }
+        for (int q = 0; q < V / 4; ++q) {
+          float4& acc = dw[lane_slot<V>(p, q, lane)];
+          float4 t = acc;
+          t.x += dv[4 * q] * xv[4 * q] * s;
+          t.y += dv[4 * q + 1] * xv[4 * q + 1] * s;
+          t.z += dv[4 * q + 2] * xv[4 * q + 2] * s;
+          t.w += dv[4 * q + 3] * xv[4 * q + 3] * s;
+          acc = t;
         }
-      } else {
-#pragma unroll
-        for (int k = 0; k < V; ++k) g[k] = 0.f;
       }
-      if (dsum) {
-        float dv[V];
-        load_pack<V>(dsum + base, pk, dv);
-#pragma unroll
-        for (int k = 0; k < V; ++k) g[k] += dv[k];
-      }
-      if (dx0) {
+      if (dx) {
         float out[V];
-        if (add0) load_pack<V>(dx0 + base, pk, out);
+        if (add) load_pack<V>(dx + base, pk, out);
 #pragma unroll
-        for (int k = 0; k < V; ++k) out[k] = add0 ? out[k] + g[k] : g[k];
-        store_pack<V>(dx0 + base, pk, out);
-      }
-      if (dx1) {
-        float out[V];
-        if (add1) load_pack<V>(dx1 + base, pk, out);
-#pragma unroll
-        for (int k = 0; k < V; ++k) out[k] = add1 ? out[k] + g[k] : g[k];
-        store_pack<V>(dx1 + base, pk, out);
+        for (int k = 0; k < V; ++k) {
+          const float g = s * (dv[k] * wv[k] - xv[k] * s * mean_dot);
+          out[k] = add ? out[k] + g : g;
+        }
+        store_pack<V>(dx + base, pk, out);
       }
     }
   }
@@ -415,40 +374,39 @@ void check_width(int64_t width, const char* op) {
 }
 }  // namespace
 
-void cuda_rmsnorm_forward(const void* x, const void* delta, void* sum, const float* weight, void* y, float* rstd,
-                          int64_t rows, int64_t width, double eps, DType dtype) {
+void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rstd, int64_t rows, int64_t width,
+                          double eps, DType dtype) {
   check_width(width, "rmsnorm");
-  HGRN_CHECK(!delta || sum, "add_rmsnorm: no buffer for the sum");
   if (rows == 0) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm", [&] {
-    const int packs = warp_packs<act_t>(width, {x, delta, sum, weight, y});
+    const int packs = warp_packs<act_t>(width, {x, weight, y});
     if (packs > 0) {
       with_packs(packs, [&](auto p) {
         constexpr auto kernel = rmsnorm_forward_warp_kernel<act_t, decltype(p)::value>;
         kernel<<<rmsnorm_forward_blocks<kernel>(rows), kRowWarps * 32, 0, cuda_stream()>>>(
-                static_cast<const act_t*>(x), static_cast<const act_t*>(delta), static_cast<act_t*>(sum), weight,
-                static_cast<act_t*>(y), rstd, rows, static_cast<int>(width), static_cast<float>(eps));
+            static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
+            static_cast<float>(eps));
       });
     } else {
       rmsnorm_forward_kernel<act_t><<<row_blocks(rows), threads_for_width(width), 0, cuda_stream()>>>(
-          static_cast<const act_t*>(x), static_cast<const act_t*>(delta), static_cast<act_t*>(sum), weight,
-          static_cast<act_t*>(y), rstd, rows, static_cast<int>(width), static_cast<float>(eps));
+          static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
+          static_cast<float>(eps));
     }
     CUDA_CHECK_LAUNCH("rmsnorm_forward");
   });
 }
 
-void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, const void* dsum,
-                           void* dx0, void* dx1, bool add0, bool add1, float* dweight, void* y, int64_t rows,
-                           int64_t width, DType dtype) {
+void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, void* dx, bool add,
+                           float* dweight, void* y, int64_t rows, int64_t width, DType dtype) {
   check_width(width, "rmsnorm backward");
   if (rows == 0) return;
-  const bool want_dx = (dx0 || dx1) && (dy || dsum), want_dw = dweight && dy;
+  const bool want_dx = dx && dy, want_dw = dweight && dy;
   if (!want_dx && !want_dw && !y) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm backward", [&] {
     const act_t* xt = static_cast<const act_t*>(x);
     const act_t* dyt = static_cast<const act_t*>(dy);
-    const int packs = warp_packs<act_t>(width, {x, weight, dy, dsum, dx0, dx1, y});
+    act_t* dxt = want_dx ? static_cast<act_t*>(dx) : nullptr;
+    const int packs = warp_packs<act_t>(width, {x, weight, dy, dx, y});
     if (packs > 0) {
       // One pass for both gradients; the chunk partials of dweight go to a scratch summed by finalize_dweight.
       with_packs(packs, [&](auto p) {
@@ -461,10 +419,7 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
         float* partial_data = want_dw ? static_cast<float*>(partial.raw_data()) : nullptr;
         rmsnorm_backward_warp_kernel<act_t, P>
             <<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, 0, cuda_stream()>>>(
-                xt, weight, rstd, dyt,
-                want_dx ? static_cast<const act_t*>(dsum) : nullptr, want_dx ? static_cast<act_t*>(dx0) : nullptr,
-                want_dx ? static_cast<act_t*>(dx1) : nullptr, add0, add1, partial_data, static_cast<act_t*>(y), rows,
-                static_cast<int>(width));
+                xt, weight, rstd, dyt, dxt, add, partial_data, static_cast<act_t*>(y), rows, static_cast<int>(width));
         CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
         if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);
       });
@@ -472,9 +427,7 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
     }
     if (want_dx || y) {
       rmsnorm_backward_dx_kernel<act_t><<<row_blocks(rows), threads_for_width(width), 0, cuda_stream()>>>(
-          xt, weight, rstd, want_dx ? dyt : nullptr, want_dx ? static_cast<const act_t*>(dsum) : nullptr,
-          want_dx ? static_cast<act_t*>(dx0) : nullptr, want_dx ? static_cast<act_t*>(dx1) : nullptr, add0, add1,
-          static_cast<act_t*>(y), rows, static_cast<int>(width));
+          xt, weight, rstd, want_dx ? dyt : nullptr, dxt, add, static_cast<act_t*>(y), rows, static_cast<int>(width));
       CUDA_CHECK_LAUNCH("rmsnorm_backward_dx");
     }
     if (want_dw) {

@@ -23,7 +23,6 @@ struct GradientLayout {
   Shape shape;
   DType dtype;
   Device device;
-  bool operator==(const GradientLayout&) const = default;
 };
 GradientLayout gradient_layout(const Var& v) {
   if (v->value.defined()) return {v->value.shape(), v->value.dtype(), v->value.device()};
@@ -35,8 +34,8 @@ Tensor new_gradient(const Var& v, bool zero) {
   return zero ? Tensor::zeros(l.shape, l.dtype, l.device) : Tensor::empty(l.shape, l.dtype, l.device);
 }
 
-// A gradient shared with another Var (share_fresh_gradient, hand_over_gradient) becomes v's own copy before anything
-// writes into it, unless nothing else holds its storage any more (the other Var, or a queued closure, let it go).
+// A gradient handed over from another Var (hand_over_gradient) becomes v's own copy before anything writes into it,
+// unless nothing else holds its storage any more (a queued closure that read it has run and let it go).
 void unshare_grad(const Var& v) {
   if (!v->grad_shared) return;
   v->grad_shared = false;
@@ -57,16 +56,6 @@ Tensor& grad_buffer_for_write(const Var& v, bool* accumulate) {
   if (!v->grad.defined()) v->grad = new_gradient(v, false);
   v->grad_stale = false;
   return v->grad;
-}
-
-bool share_fresh_gradient(const Var& a, const Var& b, bool zero) {
-  if (a == b || !a->from_op || !b->from_op || a->grad.defined() || b->grad.defined()) return false;
-  HGRN_CHECK(gradient_layout(a) == gradient_layout(b), "share_fresh_gradient: '", a->name, "' and '", b->name,
-             "' differ in shape, dtype or device");
-  a->grad = new_gradient(a, zero);
-  b->grad = a->grad;
-  a->grad_shared = b->grad_shared = true;
-  return true;
 }
 
 void mark_grad_zero(const Var& v) {

@@ -1,4 +1,4 @@
-// elementwise.h: the small ops that glue the larger ones together: the residual add, a reshape, and the hand-over of
+// elementwise.h: the small ops that glue the larger ones together: an add, a reshape, and the hand-over of
 // a gradient that passes through an op unchanged.
 #pragma once
 #include "core/autograd.h"
