@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
     for (int p = 0; p < P; ++p) {
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
-      float xv[V], wv[V];
+      float xv[V], g[V], wv[V];
       load_pack<V>(xr, pk, xv);
       if (dy || y) shared_weight<V>(weight, p, lane, wv);
       if (y) {  // the forward's output again
@@ -288,30 +288,33 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
         for (int k = 0; k < V; ++k) out[k] = normalized(xv[k], s, wv[k]);
         store_pack<V>(y + base, pk, out);
       }
-      if (!dy) continue;
-      float dv[V];
-      load_pack<V>(dyr, pk, dv);
-      if (partial) {
-        // float4 at a time, in the lane-contiguous layout (lane_slot).
+      if (dy) {
+        float dv[V];
+        load_pack<V>(dyr, pk, dv);
 #pragma unroll
-        for (int q = 0; q < V / 4; ++q) {
-          float4& acc = dw[lane_slot<V>(p, q, lane)];
-          float4 t = acc;
-          t.x += dv[4 * q] * xv[4 * q] * s;
-          t.y += dv[4 * q + 1] * xv[4 * q + 1] * s;
-          t.z += dv[4 * q + 2] * xv[4 * q + 2] * s;
-          t.w += dv[4 * q + 3] * xv[4 * q + 3] * s;
-          acc = t;
+        for (int k = 0; k < V; ++k) g[k] = s * (dv[k] * wv[k] - xv[k] * s * mean_dot);
+        if (partial) {
+          // float4 at a time, in the lane-contiguous layout (lane_slot).
+#pragma unroll
+          for (int q = 0; q < V / 4; ++q) {
+            float4& acc = dw[lane_slot<V>(p, q, lane)];
+            float4 t = acc;
+            t.x += dv[4 * q] * xv[4 * q] * s;
+            t.y += dv[4 * q + 1] * xv[4 * q + 1] * s;
+            t.z += dv[4 * q + 2] * xv[4 * q + 2] * s;
+            t.w += dv[4 * q + 3] * xv[4 * q + 3] * s;
+            acc = t;
+          }
         }
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) g[k] = 0.f;
       }
-      if (dx) {
+      if (dx) {  // non-null only with dy
         float out[V];
         if (add) load_pack<V>(dx + base, pk, out);
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float g = s * (dv[k] * wv[k] - xv[k] * s * mean_dot);
-          out[k] = add ? out[k] + g : g;
-        }
+        for (int k = 0; k < V; ++k) out[k] = add ? out[k] + g[k] : g[k];
         store_pack<V>(dx + base, pk, out);
       }
     }
