@@ -13,7 +13,6 @@
 #include "ops/linear.h"
 
 #include "ops/elementwise.h"
-
 #include "ops/gemm_cpu.h"
 #include "ops/recompute.h"
 #ifdef HGRN_WITH_CUDA
