@@ -10,32 +10,23 @@
 namespace hgrn {
 namespace {
 
+// With and without a residual added by the GEMM (its gradient is the output's).
 TEST(SwigluLinear, GradientsMatchFiniteDifferences) {
-  for (bool keep_hidden : {true, false}) {
-    SCOPED_TRACE(keep_hidden ? "hidden kept" : "hidden recomputed");
-    Rng rng(41);
-    Var gate = make_var(testing::random_tensor(rng, {2, 3, 5}, 3.0), true, "gate");
-    Var up = make_var(testing::random_tensor(rng, {2, 3, 5}), true, "up");
-    Var w = make_var(testing::random_tensor(rng, {4, 5}, 0.5), true, "w");
-    testing::expect_gradients_match(
-        [keep_hidden](Tape& t, const std::vector<Var>& in) { return swiglu_linear(t, in[0], in[1], in[2], keep_hidden); },
-        {gate, up, w});
-  }
-}
-
-TEST(SwigluLinear, ResidualGradientsMatchFiniteDifferences) {
-  for (bool keep_hidden : {true, false}) {
-    SCOPED_TRACE(keep_hidden ? "hidden kept" : "hidden recomputed");
-    Rng rng(44);
-    Var gate = make_var(testing::random_tensor(rng, {2, 3, 5}, 3.0), true, "gate");
-    Var up = make_var(testing::random_tensor(rng, {2, 3, 5}), true, "up");
-    Var w = make_var(testing::random_tensor(rng, {4, 5}, 0.5), true, "w");
-    Var r = make_var(testing::random_tensor(rng, {2, 3, 4}), true, "r");
-    testing::expect_gradients_match(
-        [keep_hidden](Tape& t, const std::vector<Var>& in) {
-          return swiglu_linear(t, in[0], in[1], in[2], keep_hidden, in[3]);
-        },
-        {gate, up, w, r});
+  for (bool with_residual : {false, true}) {
+    for (bool keep_hidden : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << (keep_hidden ? "hidden kept" : "hidden recomputed")
+                                        << (with_residual ? ", with a residual" : ""));
+      Rng rng(41);
+      std::vector<Var> inputs{make_var(testing::random_tensor(rng, {2, 3, 5}, 3.0), true, "gate"),
+                              make_var(testing::random_tensor(rng, {2, 3, 5}), true, "up"),
+                              make_var(testing::random_tensor(rng, {4, 5}, 0.5), true, "w")};
+      if (with_residual) inputs.push_back(make_var(testing::random_tensor(rng, {2, 3, 4}), true, "r"));
+      testing::expect_gradients_match(
+          [keep_hidden](Tape& t, const std::vector<Var>& in) {
+            return swiglu_linear(t, in[0], in[1], in[2], keep_hidden, in.size() > 3 ? in[3] : nullptr);
+          },
+          inputs);
+    }
   }
 }
 
