@@ -34,7 +34,7 @@ Tensor new_gradient(const Var& v, bool zero) {
   return zero ? Tensor::zeros(l.shape, l.dtype, l.device) : Tensor::empty(l.shape, l.dtype, l.device);
 }
 
-// A gradient handed over from another Var (hand_over_gradient) becomes v's own copy before anything writes into it,
+// A gradient adopted from elsewhere (adopt_gradient) becomes v's own copy before anything writes into it,
 // unless nothing else holds its storage any more (a queued closure that read it has run and let it go).
 void unshare_grad(const Var& v) {
   if (!v->grad_shared) return;
@@ -56,6 +56,17 @@ Tensor& grad_buffer_for_write(const Var& v, bool* accumulate) {
   if (!v->grad.defined()) v->grad = new_gradient(v, false);
   v->grad_stale = false;
   return v->grad;
+}
+
+bool adopt_gradient(const Var& v, Tensor&& g) {
+  if (!v->from_op || v->grad.defined()) return false;
+  const GradientLayout l = gradient_layout(v);
+  HGRN_CHECK(g.shape() == l.shape && g.dtype() == l.dtype && g.device() == l.device, "adopt_gradient: ",
+             dtype_name(g.dtype()), " ", shape_str(g.shape()), " on ", device_name(g.device()), " does not fit '",
+             v->name, "', ", dtype_name(l.dtype), " ", shape_str(l.shape), " on ", device_name(l.device));
+  v->grad = std::move(g);
+  v->grad_shared = true;
+  return true;
 }
 
 void mark_grad_zero(const Var& v) {

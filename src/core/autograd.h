@@ -19,9 +19,9 @@ struct Variable {
   // and the next grad_buffer zeroes it, the next grad_buffer_for_write overwrites it, and settle_grad (for code that
   // reads grad directly) zeroes it. Saves the fill of every weight gradient on every step.
   bool grad_stale = false;
-  // `grad` may be held elsewhere too (a buffer handed over by hand_over_gradient, ops/elementwise.h, which a queued
-  // closure may still read): read it freely; grad_buffer and grad_buffer_for_write give this Var a copy of its own
-  // before anything writes into it, where its storage is still held by another tensor.
+  // `grad` may be held elsewhere too (a buffer taken over by adopt_gradient, which a queued closure may still read):
+  // read it freely; grad_buffer and grad_buffer_for_write give this Var a copy of its own before anything writes
+  // into it, where its storage is still held by another tensor.
   bool grad_shared = false;
   // Made by op_output: an intermediate, whose gradient lives for one backward (a parameter's persists, and the
   // optimiser and data parallelism write it in place, so it is never shared).
@@ -59,6 +59,10 @@ void settle_grad(const Var& v);
 // caller must add into it). Saves the zero fill and its read-back on the GPU. Two writes into one Var's buffer by one
 // op (a tensor passed as two inputs) must ask twice, in the order they write: the second call says accumulate.
 Tensor& grad_buffer_for_write(const Var& v, bool* accumulate);
+// Makes g v's gradient buffer itself (no copy) where v is an op output with no gradient yet, and returns true; the
+// buffer is marked shared (grad_shared), so it is copied before a write while another tensor still holds it. Else
+// does nothing and returns false (the caller adds g into v's gradient). g must be laid out as v's gradient would be.
+bool adopt_gradient(const Var& v, Tensor&& g);
 // Frees v's value now, keeping its shape, dtype and device for the gradient buffer: for a Var that no backward
 // reads (a residual branch's output, only summed into the stream), which the closures of the ops that consumed it
 // would otherwise keep alive until the backward. Reading the value afterwards is an error.

@@ -59,19 +59,7 @@ static void pass_gradient(const Var& v, const Tensor& g) {
 
 void hand_over_gradient(const Var& from, const Var& to) {
   if (!from->grad.defined() || !wants_grad(to)) return;
-  if (to->from_op && !to->grad.defined()) {
-    const bool kept = to->value.defined();  // else release_value freed it and left its layout
-    const Shape& shape = kept ? to->value.shape() : to->released.shape;
-    const DType dtype = kept ? to->value.dtype() : to->released.dtype;
-    HGRN_CHECK(from->grad.shape() == shape && from->grad.dtype() == dtype, "hand_over_gradient: ",
-               dtype_name(from->grad.dtype()), " ", shape_str(from->grad.shape()), " does not fit '", to->name, "', ",
-               dtype_name(dtype), " ", shape_str(shape));
-    to->grad = std::move(from->grad);
-    from->grad = Tensor();
-    to->grad_shared = true;
-    return;
-  }
-  pass_gradient(to, from->grad);
+  if (!adopt_gradient(to, std::move(from->grad))) pass_gradient(to, from->grad);
   from->grad = Tensor();
 }
 
