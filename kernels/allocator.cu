@@ -224,4 +224,18 @@ void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device,
   if (kind != cudaMemcpyDeviceToDevice) CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
 }
 
+void cuda_copy_rows(void* dst, Device dst_device, size_t dst_pitch, const void* src, Device src_device,
+                    size_t src_pitch, size_t row_bytes, size_t rows) {
+  if (!row_bytes || !rows) return;
+  cudaMemcpyKind kind = dst_device == Device::CUDA
+                            ? (src_device == Device::CUDA ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                            : cudaMemcpyDeviceToHost;
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind, cuda_stream()));
+  if (kind != cudaMemcpyDeviceToDevice) CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+}
+
+void cuda_zero_rows(void* dst, size_t pitch, size_t row_bytes, size_t rows) {
+  if (row_bytes && rows) CUDA_CHECK(cudaMemset2DAsync(dst, pitch, 0, row_bytes, rows, cuda_stream()));
+}
+
 }  // namespace hgrn

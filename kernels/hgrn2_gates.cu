@@ -37,9 +37,11 @@ constexpr int kVec = 4;
 // The forward's block: kThreads threads over (rows, channel packs); each row lane walks about kForwardRows rows.
 constexpr int kForwardRows = 16;
 
-// kVec when width is a multiple of kVec and every (non-null) pointer is 16-byte aligned, else 1.
-int vec_for(int64_t width, std::initializer_list<const void*> pointers) {
+// kVec when width and every row stride are multiples of kVec and every (non-null) pointer is 16-byte aligned, else 1.
+int vec_for(int64_t width, std::initializer_list<const void*> pointers, std::initializer_list<int64_t> strides = {}) {
   if (width % kVec != 0) return 1;
+  for (int64_t s : strides)
+    if (s % kVec != 0) return 1;
   for (const void* p : pointers)
     if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
   return kVec;
@@ -181,11 +183,13 @@ __device__ __forceinline__ ForgetGateGrad forget_gate_grad(float x, float gamma,
 // One pass over [rows, width] for a layer's gates: g = the log forget gate of f̂ (fp32), and where asked (non-null)
 // k = 1 − exp(g) and q = silu(q̂), both in T, so that f̂ and q̂ are read once and g is never read back.
 // Thread (x, y) of a block takes channel pack blockIdx.x·blockDim.x + x (V channels) of rows blockIdx.y·blockDim.y + y,
-// then every gridDim.y·blockDim.y-th row.
+// then every gridDim.y·blockDim.y-th row. q̂ and f̂ rows lie q_stride and f_stride elements apart (the outputs'
+// width apart).
 template <typename T, int V>
 __global__ void gates_forward_kernel(const T* __restrict__ q_hat, const T* __restrict__ f_hat,
                                      const float* __restrict__ gamma_row, T* __restrict__ q, float* __restrict__ g,
-                                     T* __restrict__ k, long long rows, long long width) {
+                                     T* __restrict__ k, long long rows, long long width, long long q_stride,
+                                     long long f_stride) {
   const long long pk = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (pk * V >= width) return;
   float gamma[V], log_gamma[V], log_one_minus_gamma[V];
@@ -201,7 +205,7 @@ __global__ void gates_forward_kernel(const T* __restrict__ q_hat, const T* __res
   for (long long r = blockIdx.y * (long long)blockDim.y + threadIdx.y; r < rows; r += stride) {
     const long long base = r * width;
     float x[V], kv[V];
-    load_pack<V>(f_hat + base, pk, x);
+    load_pack<V>(f_hat + r * f_stride, pk, x);
 #pragma unroll
     for (int c = 0; c < V; ++c) {
       const ForgetGate fg = forget_gate(x[c], gamma[c], log_gamma[c], log_one_minus_gamma[c]);
@@ -211,7 +215,7 @@ __global__ void gates_forward_kernel(const T* __restrict__ q_hat, const T* __res
     store_pack<V>(g + base, pk, x);
     if (k) store_pack<V>(k + base, pk, kv);
     if (q) {
-      load_pack<V>(q_hat + base, pk, x);
+      load_pack<V>(q_hat + r * q_stride, pk, x);
 #pragma unroll
       for (int c = 0; c < V; ++c) x[c] *= stable_sigmoid<T>(x[c]);
       store_pack<V>(q + base, pk, x);
@@ -229,6 +233,7 @@ struct GatesBackwardParams {
   bool add_dq, add_df;
   float* partials;
   long long rows, width;
+  long long q_hat_stride, f_hat_stride, dq_hat_stride, df_hat_stride;  // row strides (the others: width)
 };
 
 // Block (kCols, kLanes) covers channels [blockIdx.y kCols V, +kCols V) of rows [blockIdx.x kRowsPerChunk,
@@ -260,10 +265,10 @@ __global__ void __launch_bounds__(kCols * kLanes, 4) gates_backward_kernel(const
       const long long base = r * p.width;
       if (forget) {
         float x[V], d[V], dk[V], df[V];
-        load_pack<V>(p.f_hat + base, pk, x);
+        load_pack<V>(p.f_hat + r * p.f_hat_stride, pk, x);
         if (p.dg) load_pack<V>(p.dg + base, pk, d);
         if (p.dk) load_pack<V>(p.dk + base, pk, dk);
-        if (p.df_hat && p.add_df) load_pack<V>(p.df_hat + base, pk, df);
+        if (p.df_hat && p.add_df) load_pack<V>(p.df_hat + r * p.df_hat_stride, pk, df);
 #pragma unroll
         for (int c = 0; c < V; ++c) {
           const ForgetGateGrad fg = forget_gate_grad(x[c], gamma[c], log_gamma[c], log_one_minus_gamma[c]);
@@ -273,19 +278,19 @@ __global__ void __launch_bounds__(kCols * kLanes, 4) gates_backward_kernel(const
           if (p.gamma_row) acc[c] += total * fg.dg_dgamma;
           df[c] = p.add_df ? df[c] + v : v;
         }
-        if (p.df_hat) store_pack<V>(p.df_hat + base, pk, df);
+        if (p.df_hat) store_pack<V>(p.df_hat + r * p.df_hat_stride, pk, df);
       }
       if (p.dq_hat) {
         float x[V], d[V], dx[V];
-        load_pack<V>(p.q_hat + base, pk, x);
+        load_pack<V>(p.q_hat + r * p.q_hat_stride, pk, x);
         load_pack<V>(p.dq + base, pk, d);
-        if (p.add_dq) load_pack<V>(p.dq_hat + base, pk, dx);
+        if (p.add_dq) load_pack<V>(p.dq_hat + r * p.dq_hat_stride, pk, dx);
 #pragma unroll
         for (int c = 0; c < V; ++c) {
           const float v = silu_backward_value(x[c], stable_sigmoid<T>(x[c]), d[c]);
           dx[c] = p.add_dq ? dx[c] + v : v;
         }
-        store_pack<V>(p.dq_hat + base, pk, dx);
+        store_pack<V>(p.dq_hat + r * p.dq_hat_stride, pk, dx);
       }
     }
   }
@@ -351,10 +356,13 @@ void cuda_lower_bound_backward(const float* probs, const float* dgamma, float* d
 }
 
 void cuda_hgrn2_gates_forward(const void* q_hat, const void* f_hat, DType dtype, const float* gamma_row, void* q,
-                              float* g, void* k, int64_t rows, int64_t width) {
+                              float* g, void* k, int64_t rows, int64_t width, int64_t q_hat_stride,
+                              int64_t f_hat_stride) {
   HGRN_CHECK(!q == !q_hat, "cuda_hgrn2_gates_forward: q and q_hat come together");
   if (rows * width == 0) return;
-  with_vec(vec_for(width, {q_hat, f_hat, gamma_row, q, g, k}), [&](auto vec) {
+  if (!q_hat_stride) q_hat_stride = width;
+  if (!f_hat_stride) f_hat_stride = width;
+  with_vec(vec_for(width, {q_hat, f_hat, gamma_row, q, g, k}, {q_hat_stride, f_hat_stride}), [&](auto vec) {
     constexpr int V = decltype(vec)::value;
     const long long packs = width / V;
     const int tx = static_cast<int>(std::min<long long>(kThreads, (packs + 31) / 32 * 32)), ty = kThreads / tx;
@@ -365,7 +373,7 @@ void cuda_hgrn2_gates_forward(const void* q_hat, const void* f_hat, DType dtype,
     HGRN_CUDA_DISPATCH_ACT(dtype, "hgrn2 gates", [&] {
       gates_forward_kernel<act_t, V><<<grid, dim3(tx, ty), 0, cuda_stream()>>>(
           static_cast<const act_t*>(q_hat), static_cast<const act_t*>(f_hat), gamma_row, static_cast<act_t*>(q), g,
-          static_cast<act_t*>(k), rows, width);
+          static_cast<act_t*>(k), rows, width, q_hat_stride, f_hat_stride);
     });
   });
   CUDA_CHECK_LAUNCH("hgrn2_gates_forward");
@@ -381,7 +389,11 @@ void cuda_hgrn2_gates_backward(const Hgrn2GatesBackwardArgs& a) {
   if (a.rows * a.width == 0 || (!forget && !a.dq_hat)) return;
   float* partials = forget && a.dgamma_row ? a.workspace : nullptr;
   const long long chunks = row_chunks(a.rows);
-  with_vec(vec_for(a.width, {a.q_hat, a.f_hat, a.gamma_row, a.dq, a.dg, a.dk, a.dq_hat, a.df_hat, partials}),
+  const auto stride_or_width = [&](int64_t stride) { return stride ? stride : a.width; };
+  const int64_t strides[4] = {stride_or_width(a.q_hat_stride), stride_or_width(a.f_hat_stride),
+                              stride_or_width(a.dq_hat_stride), stride_or_width(a.df_hat_stride)};
+  with_vec(vec_for(a.width, {a.q_hat, a.f_hat, a.gamma_row, a.dq, a.dg, a.dk, a.dq_hat, a.df_hat, partials},
+                   {strides[0], strides[1], strides[2], strides[3]}),
            [&](auto vec) {
     constexpr int V = decltype(vec)::value;
     const long long col_tiles = (a.width / V + kCols - 1) / kCols;
@@ -403,6 +415,10 @@ void cuda_hgrn2_gates_backward(const Hgrn2GatesBackwardArgs& a) {
       p.partials = partials;
       p.rows = a.rows;
       p.width = a.width;
+      p.q_hat_stride = strides[0];
+      p.f_hat_stride = strides[1];
+      p.dq_hat_stride = strides[2];
+      p.df_hat_stride = strides[3];
       gates_backward_kernel<act_t, V><<<grid, block, 0, cuda_stream()>>>(p);
     });
   });

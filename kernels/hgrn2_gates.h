@@ -17,9 +17,11 @@ void cuda_lower_bound_backward(const float* probs, const float* dgamma, float* d
 
 // A layer's gates over [rows, width], q̂ and f̂ in `dtype` (fp32/bf16) -> g fp32, and where non-null
 // q = silu(q̂) and k = −expm1(g) in `dtype` (q and q_hat come together). gamma_row (fp32 [width]) is null for an
-// unbounded gate (layer 0, or no lower bounds). One pass: f̂ and q̂ read once, g not read back.
+// unbounded gate (layer 0, or no lower bounds). One pass: f̂ and q̂ read once, g not read back. q̂ and f̂ may be
+// row-strided (rows *_stride elements apart; 0 = width): column blocks of a fused projection's output.
 void cuda_hgrn2_gates_forward(const void* q_hat, const void* f_hat, DType dtype, const float* gamma_row, void* q,
-                              float* g, void* k, int64_t rows, int64_t width);
+                              float* g, void* k, int64_t rows, int64_t width, int64_t q_hat_stride = 0,
+                              int64_t f_hat_stride = 0);
 // Floats of scratch cuda_hgrn2_gates_backward needs for γ's gradient (0 when no dgamma_row is asked for).
 int64_t cuda_hgrn2_gates_backward_workspace(int64_t rows, int64_t width);
 // The backward of cuda_hgrn2_gates_forward, one pass; g is recomputed from f̂, not read. Cotangents dq, dk (`dtype`) and dg (fp32) may each be null
@@ -42,6 +44,8 @@ struct Hgrn2GatesBackwardArgs {
   float* dgamma_row = nullptr;
   float* workspace = nullptr;
   int64_t rows = 0, width = 0;
+  // Row strides of q̂, f̂ and their gradients (0 = width: contiguous); dq, dg and dk are contiguous.
+  int64_t q_hat_stride = 0, f_hat_stride = 0, dq_hat_stride = 0, df_hat_stride = 0;
 };
 void cuda_hgrn2_gates_backward(const Hgrn2GatesBackwardArgs& args);
 

@@ -90,6 +90,8 @@ struct Dims {
   int T, H, K, V, NT;  // NT = number of chunks
   int nk, nv;          // K-tiles, V-tiles
   int key_pad;         // nk·64
+  // Row strides of v and dv (H·V when contiguous; wider for a column block of a fused projection's output).
+  int64_t v_stride, dv_stride;
 };
 
 // What a per-chunk block (fwd_output, bwd_dv, bwd_dqk) works on: chunk c (rows t0 .. t0+n) of head h of batch b
@@ -107,6 +109,10 @@ __device__ ChunkBlock chunk_block(const Dims& d, int c, int pair) {
 // Offset of row t of head h of batch b in a [B, T, H·width] tensor.
 __device__ __forceinline__ int64_t row_offset(const Dims& d, int b, int t, int h, int width) {
   return ((static_cast<int64_t>(b) * d.T + t) * d.H + h) * width;
+}
+// The same in a row-strided one (rows `stride` elements apart: v, dv).
+__device__ __forceinline__ int64_t strided_row_offset(const Dims& d, int b, int t, int h, int width, int64_t stride) {
+  return (static_cast<int64_t>(b) * d.T + t) * stride + static_cast<int64_t>(h) * width;
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -595,6 +601,7 @@ __device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, cons
 struct StatePassParams {
   const void* x;        // k or q
   const void* y;        // v or dO (null: zero)
+  int64_t y_stride;     // y's row stride
   const float* g;
   const float* init;    // S0 or dS_T (null: zero)
   void* stored;         // [B·H][NT][K][V]: fp32, or with stored_in_act in the activation dtype
@@ -643,19 +650,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
   const In* x = static_cast<const In*>(p.x);
   const In* y = static_cast<const In*>(p.y);
   const int64_t state_off = static_cast<int64_t>(pair) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0;
-  const int64_t key_stride = static_cast<int64_t>(d.H) * d.K, value_stride = static_cast<int64_t>(d.H) * d.V;
+  const int64_t key_stride = static_cast<int64_t>(d.H) * d.K;
   const bool g_async = async_copyable<float>(p.g, d.K, key_stride, kLdS);
   const bool x_async = async_copyable<In>(x, d.K, key_stride, ldi);
-  const bool y_async = async_copyable<In>(y, d.V, value_stride, ldi);
+  const bool y_async = async_copyable<In>(y, d.V, p.y_stride, ldi);
   auto stage = [&](int step, int buf) {
     const int c = REVERSE ? d.NT - 1 - step : step;
     const int t0 = c * kChunk, n = min(kChunk, d.T - t0);
-    const int64_t key_at = row_offset(d, b, t0, h, d.K) + k0, value_at = row_offset(d, b, t0, h, d.V) + v0;
+    const int64_t key_at = row_offset(d, b, t0, h, d.K) + k0,
+                  value_at = strided_row_offset(d, b, t0, h, d.V, p.y_stride) + v0;
     stage_tile(s.G + buf * s.kGSize, kLdS, p.g + key_at, key_stride, n, krows, g_async);
     stage_tile(s.xs + buf * s.kInSize, ldi, x + key_at, key_stride, n, krows, x_async);
 #pragma unroll
     for (int vt = 0; vt < kVTiles; ++vt)
-      stage_tile(s.ys + (buf * kVTiles + vt) * s.kInSize, ldi, y ? y + value_at + vt * kTile : y, value_stride, n,
+      stage_tile(s.ys + (buf * kVTiles + vt) * s.kInSize, ldi, y ? y + value_at + vt * kTile : y, p.y_stride, n,
                  vcols[vt], y_async);
     cp_async_commit();
   };
@@ -1029,16 +1037,16 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
 
   const In* state = static_cast<const In*>(p.states) + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V;
   In* out = static_cast<In*>(p.output) + row_offset(d, b, t0, h, d.V);
-  const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
+  const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
   // v goes straight to shared memory by cp.async, arriving during the state product without holding registers
   // across it (the kernel is at its register cap).
-  const bool v_async = async_copyable<In>(v, d.V, value_stride, ldi);
+  const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
     __syncthreads();  // scores-phase buffers (aliased) and the previous tile's store are done
     WarpTile O;
     O.zero();
-    stage_tile(s.W, ldi, v + v0, value_stride, n, vcols, v_async);
+    stage_tile(s.W, ldi, v + v0, d.v_stride, n, vcols, v_async);
     cp_async_commit();
     accumulate_state_product(O, s.Qb, ldq, state, d, v0, s.Y);
     cp_async_wait<0>();
@@ -1146,18 +1154,18 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
 
   const float* d_state = p.d_states + chunk_index * d.K * d.V;
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
-  const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
-  In* dv = p.dv ? static_cast<In*>(p.dv) + row_offset(d, b, t0, h, d.V) : nullptr;
+  const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
+  In* dv = p.dv ? static_cast<In*>(p.dv) + strided_row_offset(d, b, t0, h, d.V, d.dv_stride) : nullptr;
   // dO and v go straight to shared memory by cp.async, arriving during the state product (as in fwd_output).
   const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
-  const bool v_async = async_copyable<In>(v, d.V, value_stride, ldi);
+  const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
     __syncthreads();  // the prologue's buffers (aliased) and the previous tile's products and store are done
     WarpTile O;
     O.zero();
     stage_tile(s.dO, ldi, d_out ? d_out + v0 : d_out, value_stride, n, vcols, do_async);
-    stage_tile(s.Vt, ldi, v + v0, value_stride, n, vcols, v_async);
+    stage_tile(s.Vt, ldi, v + v0, d.v_stride, n, vcols, v_async);
     cp_async_commit();
     accumulate_state_product(O, s.X, ldx, d_state, d, v0, s.Y);
     cp_async_wait<0>();
@@ -1167,7 +1175,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
     if (dv) {  // through shared memory, as in fwd_output
       O.store_shared(s.O, ldc);
       __syncthreads();
-      store_tile(dv + v0, value_stride, s.O, ldc, n, vcols, p.accumulate_dv);
+      store_tile(dv + v0, d.dv_stride, s.O, ldc, n, vcols, p.accumulate_dv);
     }
   }
   // dA, lower triangle (j <= i) with s, zeros above: straight from the registers (fp32, whole 64×64 tile).
@@ -1319,7 +1327,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 
   // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) from the fp32 values.
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
-  const In* v = static_cast<const In*>(p.v) + row_offset(d, b, t0, h, d.V);
+  const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
   const float* state = p.states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   const float* d_state = p.d_states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   float prod[4][4];  // this thread's share of S_p ⊙ dS_e summed over the V-tiles (TileVec layout)
@@ -1330,7 +1338,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   // dO and v (copied as they are) go to shared memory by cp.async, saving the registers of two tiles; the states
   // pass through registers, whose fp32 values also feed the row sums.
   const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
-  const bool v_async = async_copyable<In>(v, d.V, value_stride, ldi);
+  const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
     TileVec spr, dsr;
@@ -1338,7 +1346,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     dsr.fetch(d_state + v0, d.V, kcols, vcols);
     __syncthreads();  // the previous tile's products are done
     stage_tile(s.dO, ldi, d_out ? d_out + v0 : d_out, value_stride, n, vcols, do_async);
-    stage_tile(s.Vt, ldi, v + v0, value_stride, n, vcols, v_async);
+    stage_tile(s.Vt, ldi, v + v0, d.v_stride, n, vcols, v_async);
     cp_async_commit();
     spr.commit(s.Sp, ldi);
     dsr.commit(s.dS, ldi);
@@ -1589,7 +1597,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 // ---------------------------------------------------------------------------------------------------------------------
 // Host side.
 
-Dims make_dims(const Hgru2CudaShape& shape) {
+// v_stride, dv_stride: 0 = H·V (contiguous).
+Dims make_dims(const Hgru2CudaShape& shape, int64_t v_stride, int64_t dv_stride) {
   HGRN_CHECK(shape.batch > 0 && shape.time > 0 && shape.heads > 0 && shape.key_dim > 0 && shape.value_dim > 0,
              "hgru2 CUDA: empty shape");
   HGRN_CHECK(shape.key_dim <= kMaxKey, "hgru2 CUDA: key dim ", shape.key_dim, " > ", kMaxKey, " is not supported");
@@ -1606,6 +1615,11 @@ Dims make_dims(const Hgru2CudaShape& shape) {
   d.nk = (d.K + kTile - 1) / kTile;
   d.nv = (d.V + kTile - 1) / kTile;
   d.key_pad = d.nk * kTile;
+  d.v_stride = v_stride ? v_stride : static_cast<int64_t>(d.H) * d.V;
+  d.dv_stride = dv_stride ? dv_stride : static_cast<int64_t>(d.H) * d.V;
+  HGRN_CHECK(d.v_stride >= static_cast<int64_t>(d.H) * d.V && d.dv_stride >= static_cast<int64_t>(d.H) * d.V,
+             "hgru2 CUDA: v's row stride ", d.v_stride, " or dv's ", d.dv_stride, " is narrower than H·V = ",
+             static_cast<int64_t>(d.H) * d.V);
   return d;
 }
 
@@ -1691,7 +1705,7 @@ struct Launcher {
 template <typename In>
 void forward_impl(const Dims& d, unsigned pairs, const Hgru2CudaForwardArgs& a) {
   const Launcher<In> launcher{d, pairs};
-  const StatePassParams sp{a.k, a.v, a.g, a.initial_state, a.states, true, a.final_state, nullptr, 1.0f, d};
+  const StatePassParams sp{a.k, a.v, d.v_stride, a.g, a.initial_state, a.states, true, a.final_state, nullptr, 1.0f, d};
   launcher.template state_pass<false>(sp);
   launcher.fwd_output(FwdOutputParams{a.q, a.k, a.v, a.g, a.states, a.scale, a.output, a.scores, d});
 }
@@ -1701,11 +1715,11 @@ void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a
   const Launcher<In> launcher{d, pairs};
   const bool need_dqk = a.dq || a.dk || a.dg;
   if (need_dqk) {  // S^(c), recomputed: only dq, dk and dg read them
-    const StatePassParams sp{a.k, a.v, a.g, a.initial_state, a.states, false, nullptr, nullptr, 1.0f, d};
+    const StatePassParams sp{a.k, a.v, d.v_stride, a.g, a.initial_state, a.states, false, nullptr, nullptr, 1.0f, d};
     launcher.template state_pass<false>(sp);
   }
-  const StatePassParams dsp{a.q,     a.d_output, a.g, a.d_final_state, a.d_states, false, nullptr, a.d_initial_state,
-                            a.scale, d};
+  const StatePassParams dsp{a.q,           a.d_output, static_cast<int64_t>(d.H) * d.V, a.g, a.d_final_state,
+                            a.d_states,    false,      nullptr, a.d_initial_state, a.scale, d};
   launcher.template state_pass<true>(dsp);
   if (need_dqk || a.dv)
     launcher.bwd_dv(
@@ -1726,7 +1740,7 @@ int64_t hgru2_cuda_scores_elements(const Hgru2CudaShape& s) {
 }
 
 void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs& args) {
-  const Dims d = make_dims(shape);
+  const Dims d = make_dims(shape, args.v_stride, 0);
   HGRN_CHECK(args.q && args.k && args.v && args.g && args.output && args.final_state && args.states,
              "hgru2_cuda_forward: missing tensor");
   const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
@@ -1734,7 +1748,7 @@ void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs&
 }
 
 void hgru2_cuda_backward(const Hgru2CudaShape& shape, const Hgru2CudaBackwardArgs& args) {
-  const Dims d = make_dims(shape);
+  const Dims d = make_dims(shape, args.v_stride, args.dv_stride);
   HGRN_CHECK(args.q && args.k && args.v && args.g && args.scores && args.d_states && args.d_scores,
              "hgru2_cuda_backward: missing tensor");
   HGRN_CHECK(args.states || !(args.dq || args.dk || args.dg), "hgru2_cuda_backward: dq, dk, dg need the states buffer");

@@ -1,6 +1,7 @@
 // hgru2_recurrence.h: the HGRU2 (= gated linear attention) chunkwise recurrence on the GPU, forward and backward
 // (spec section 7): S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t, o_t = s·q_t S_t, per (batch, head), in chunks of 64 steps.
-// q, k: [B, T, H·K] and v: [B, T, H·V] in the activation dtype (fp32 or bf16, all three the same); g: [B, T, H·K] fp32
+// q, k: [B, T, H·K] and v: [B, T, H·V] (row-strided: rows v_stride elements apart) in the activation dtype (fp32
+// or bf16, all three the same); g: [B, T, H·K] fp32
 // (log forget gate, <= 0); states fp32 [B, H, K, V]; output [B, T, H·V] in the activation dtype. K <= 256, any V.
 // The caller provides the scratch buffers (sizes below), so that all memory goes through hgrn's allocator.
 #pragma once
@@ -27,6 +28,7 @@ struct Hgru2CudaForwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
+  int64_t v_stride = 0;                 // elements between v's rows; 0 = H·V (contiguous)
   DType act = DType::F32;               // dtype of q, k, v and output
   const float* g = nullptr;
   const float* initial_state = nullptr;  // null: S_0 = 0
@@ -46,6 +48,7 @@ struct Hgru2CudaBackwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
+  int64_t v_stride = 0, dv_stride = 0;  // elements between v's and dv's rows; 0 = H·V (contiguous)
   DType act = DType::F32;
   const float* g = nullptr;
   const float* initial_state = nullptr;  // null: S_0 = 0

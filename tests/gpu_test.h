@@ -71,4 +71,18 @@ inline Discrepancy expect_close(const Tensor& got, const Tensor& want, double re
   return d;
 }
 
+// Host tensors of one shape but the last axis side by side along it: the parent of split_columns' blocks.
+inline Tensor concat_columns(const std::vector<Tensor>& parts) {
+  Shape shape = parts.at(0).shape();
+  shape.back() = 0;
+  for (const Tensor& p : parts) shape.back() += p.size(-1);
+  Tensor out = Tensor::empty(shape, parts[0].dtype());
+  int64_t col = 0;
+  for (const Tensor& p : parts) {
+    out.columns(col, p.size(-1)).copy_from(p);
+    col += p.size(-1);
+  }
+  return out;
+}
+
 }  // namespace hgrn::testing

@@ -11,6 +11,7 @@
 
 #include "gpu_test.h"
 #include "gradcheck.h"
+#include "ops/elementwise.h"
 #include "ops/hgrn2_gates.h"
 
 namespace hgrn {
@@ -280,8 +281,10 @@ TEST(Hgrn2GatesCuda, CpuInputGateRejectsAnotherOutputDtype) {
 // ---- hgrn2_gates: a layer's q, g, k fused -------------------------------------------------------------------------
 
 // Which cotangents reach the outputs, and whether q̂'s and f̂'s gradients exist before the backward (accumulate).
+// blocks: q̂ and f̂ are column blocks of one tensor [q̂ | f̂ | 8 more columns] (split_columns, as the model's fused
+// projection makes them), read and given their gradients row-strided on the GPU; the 8 columns get none (zeros).
 struct Cotangents {
-  bool dq = true, dg = true, dk = true, existing_grads = false, alias = false;
+  bool dq = true, dg = true, dk = true, existing_grads = false, alias = false, blocks = false;
 };
 
 struct FusedResult {
@@ -296,14 +299,25 @@ FusedResult run_fused(const Tensor& q_hat, const Tensor& f_hat, const Tensor& ga
   FusedResult r;
   const bool gpu = device == Device::CUDA;
   const auto act_var = [&](const Tensor& t) { return gpu ? to_gpu(t, act) : round_through(t, act); };
-  r.f_hat = make_var(act_var(f_hat), true, "f_hat");
-  r.q_hat = c.alias ? r.f_hat : make_var(act_var(q_hat), true, "q_hat");
+  Tape tape;
+  Var parent;
+  const int64_t width = f_hat.size(-1);
+  if (c.blocks) {
+    Shape extra = f_hat.shape();
+    extra.back() = 8;
+    parent = make_var(act_var(testing::concat_columns({q_hat, f_hat, Tensor::full(extra, 1.0, DType::F64)})), true);
+    const std::vector<Var> blocks = split_columns(tape, parent, {width, width, 8});
+    r.q_hat = blocks[0];
+    r.f_hat = blocks[1];
+  } else {
+    r.f_hat = make_var(act_var(f_hat), true, "f_hat");
+    r.q_hat = c.alias ? r.f_hat : make_var(act_var(q_hat), true, "q_hat");
+  }
   if (c.existing_grads) {
     r.f_hat->grad = act_var(df0);
     if (!c.alias) r.q_hat->grad = act_var(dq0);
   }
   if (bound != Bound::None) r.gamma = make_var(gpu ? to_gpu(gamma, DType::F32) : gamma.clone(), true, "gamma");
-  Tape tape;
   r.out = hgrn2_gates(tape, r.q_hat, r.f_hat, r.gamma, bound == Bound::Layer3 ? 3 : 0);
   const Tensor dg_value = gpu ? to_gpu(dg, DType::F32) : dg.clone();
   // One cotangent seeds the backward, the others are set directly.
@@ -323,6 +337,16 @@ FusedResult run_fused(const Tensor& q_hat, const Tensor& f_hat, const Tensor& ga
       seeded = r.out.g, seed = dg_value;
   }
   tape.backward(seeded, seed);
+  if (c.blocks) {  // the blocks' gradients ended in the parent's: read them back from there
+    if (!parent->grad.defined()) {
+      ADD_FAILURE() << "the split's parent got no gradient";
+      return r;
+    }
+    const Tensor extra = to_host_f64(parent->grad.columns(2 * width, 8).clone());
+    for (int64_t i = 0; i < extra.numel(); ++i) EXPECT_EQ(extra.item(i), 0.0) << "a column no block gradient reached";
+    if (c.dq) r.q_hat->grad = parent->grad.columns(0, width).clone();
+    if (c.dg || c.dk) r.f_hat->grad = parent->grad.columns(width, width).clone();
+  }
   return r;
 }
 
@@ -366,6 +390,24 @@ TEST(Hgrn2GatesCuda, FusedGatesMatchCpuFp64) {
     ASSERT_EQ(got.out.q->value.dtype(), act);
     ASSERT_EQ(got.out.k->value.dtype(), act);
     expect_fused_match(got, ref, all, bound, act);
+  });
+}
+
+// q̂ and f̂ as column blocks of one tensor (the fused projection's output): read and written row-strided on the GPU.
+TEST(Hgrn2GatesCuda, FusedGatesOnColumnBlocksMatchCpuFp64) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(309);
+  Cotangents blocks;
+  blocks.blocks = true;
+  for_each_gate_case([&](DType act, const Shape& shape, int64_t width, Bound bound) {
+    const Tensor q_hat = random_tensor(rng, shape, 3.0), f_hat = random_tensor(rng, shape, 3.0);
+    const Tensor gamma = random_gamma(rng, 5, width);
+    const Tensor dq = random_tensor(rng, shape), dg = f32_exact(random_tensor(rng, shape));
+    const Tensor dk = random_tensor(rng, shape);
+    FusedResult ref = run_fused(q_hat, f_hat, gamma, bound, dq, dg, dk, {}, {}, blocks, Device::CPU, act);
+    FusedResult got = run_fused(q_hat, f_hat, gamma, bound, dq, dg, dk, {}, {}, blocks, Device::CUDA, act);
+    ASSERT_EQ(got.q_hat->value.row_stride(), 2 * width + 8);
+    expect_fused_match(got, ref, blocks, bound, act);
   });
 }
 

@@ -16,6 +16,7 @@
 
 #include "gpu_test.h"
 #include "gradcheck.h"
+#include "ops/elementwise.h"
 #include "ops/hgru2_recurrence.h"
 
 namespace hgrn {
@@ -85,16 +86,27 @@ struct Wants {
 };
 
 // Runs the op with inputs on `device` (CUDA: q, k, v, dO in act, the rest fp32; CPU: everything fp64, chunk form with
-// 64-step chunks, the reference) and backpropagates L = <output, dO> + <final_state, dS_T>.
+// 64-step chunks, the reference) and backpropagates L = <output, dO> + <final_state, dS_T>. v_offset >= 0: v is a
+// column block of [v_offset columns | v | 5 columns] (split_columns, as the fused q/f/i projection's output), read
+// and given its gradient row-strided on the GPU.
 Result run(const Problem& p, int64_t heads, Device device, DType act, double scale, const Wants& wants = {},
-           const Problem* initial_grads = nullptr, RecurrenceMode mode = RecurrenceMode::Chunk) {
+           const Problem* initial_grads = nullptr, RecurrenceMode mode = RecurrenceMode::Chunk,
+           int64_t v_offset = -1) {
   const bool gpu = device == Device::CUDA;
   auto put = [&](const Tensor& t, DType dtype) { return gpu ? to_gpu(t, dtype) : t.clone(); };
   const DType act_dtype = gpu ? act : DType::F64, f32 = gpu ? DType::F32 : DType::F64;
   Tape tape;
   Var q = make_var(put(p.q, act_dtype), wants.q, "q");
   Var k = make_var(put(p.k, act_dtype), wants.k, "k");
-  Var v = make_var(put(p.v, act_dtype), wants.v, "v");
+  Var v, v_parent;
+  const int64_t v_width = p.v.size(-1);
+  if (v_offset >= 0) {
+    const auto ones = [&](int64_t n) { return Tensor::full({p.v.size(0), p.v.size(1), n}, 1.0, DType::F64); };
+    v_parent = make_var(put(testing::concat_columns({ones(v_offset), p.v, ones(5)}), act_dtype), wants.v, "v_parent");
+    v = split_columns(tape, v_parent, {v_offset, v_width, 5})[1];
+  } else {
+    v = make_var(put(p.v, act_dtype), wants.v, "v");
+  }
   Var g = make_var(put(p.g, f32), wants.g, "g");
   Var s0 = p.s0.defined() ? make_var(put(p.s0, f32), wants.s0, "s0") : nullptr;
   if (initial_grads) {  // gradients already there: the backward must add to them
@@ -114,6 +126,14 @@ Result run(const Problem& p, int64_t heads, Device device, DType act, double sca
     }
   }
   auto grad = [](const Var& x) { return x && x->grad.defined() ? to_host_f64(x->grad) : Tensor(); };
+  if (v_parent && v_parent->grad.defined()) {  // v's gradient ended in the parent's; the other columns got none
+    const Tensor whole = to_host_f64(v_parent->grad);
+    for (int64_t r = 0; r < whole.numel() / whole.size(-1); ++r)
+      for (int64_t c = 0; c < whole.size(-1); ++c)
+        if (c < v_offset || c >= v_offset + v_width)
+          EXPECT_EQ(whole.item(r * whole.size(-1) + c), 0.0) << "column " << c << " of row " << r;
+    v->grad = v_parent->grad.columns(v_offset, v_width).clone();
+  }
   return {to_host_f64(r.output->value), to_host_f64(r.final_state->value), grad(q), grad(k), grad(v), grad(g),
           grad(s0)};
 }
@@ -198,6 +218,28 @@ TEST(Hgru2RecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
       const Result got = run(p, s.heads, Device::CUDA, act, scale);
       const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, scale);
       expect_matches(got, want, tol_for(act), context);
+    }
+  }
+}
+
+// v as a column block of a wider tensor (the fused projection's output): rows further apart than H·V, at offsets
+// that keep cp.async's 16-byte rows (8 bf16 / 4 fp32 columns) and one that does not (3).
+TEST(Hgru2RecurrenceCuda, RowStridedValuesMatchCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const std::vector<Sizes> shapes{{2, 1, 2, 16, 32}, {2, 65, 2, 16, 32}, {1, 200, 3, 60, 40}, {2, 130, 4, 128, 128}};
+  int variant = 0;
+  for (const Sizes& s : shapes) {
+    for (DType act : {DType::F32, DType::BF16}) {
+      for (int64_t offset : {int64_t{0}, int64_t{8}, int64_t{3}}) {
+        const std::string context = s.str() + " " + dtype_name(act) + " v at column " + std::to_string(offset);
+        SCOPED_TRACE(context);
+        Rng rng(3000 + variant++);
+        const Problem p = make_problem(rng, s, variant % 2 == 0, true, variant % 3 == 0);
+        const Result got = run(p, s.heads, Device::CUDA, act, 0.25, {}, nullptr, RecurrenceMode::Chunk, offset);
+        const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.25, {}, nullptr,
+                                RecurrenceMode::Chunk, offset);
+        expect_matches(got, want, tol_for(act), context);
+      }
     }
   }
 }

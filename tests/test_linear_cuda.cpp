@@ -1,6 +1,7 @@
 // test_linear_cuda.cpp: the projection on the GPU (cuBLASLt) against the CPU reference in fp64: forward, dx and dW,
 // for fp32 activations and for bf16 activations with an fp32 master weight (the mixed-precision case), with and
-// without a residual added by the GEMM.
+// without a residual added by the GEMM; and linear_columns (several weights side by side: one GEMM each way where they
+// are adjacent, one per weight otherwise).
 #include <gtest/gtest.h>
 
 #include "gpu_test.h"
@@ -61,6 +62,49 @@ TEST(LinearCuda, MatchesCpuReferenceOnOddShapes) {
     for (LinearCase c : {LinearCase{1, 96, 200}, LinearCase{63, 771, 96}, LinearCase{65, 128, 384},
                          LinearCase{2047, 200, 771}})
       for (bool with_residual : {false, true}) check_linear(c, act, with_residual);
+}
+
+// linear_columns on the GPU against the CPU in fp64: fp32 master weights in one buffer (adjacent: one GEMM each way,
+// their bf16 copies made adjacent, their gradients made adjacent) or apart (one GEMM per weight into and from its
+// columns). Tolerances as check_linear's.
+TEST(LinearCuda, ColumnsMatchCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const std::vector<int64_t> outs{96, 200, 8};
+  const int64_t rows = 65, in = 771, width = 304;
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (bool adjacent : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(act) << (adjacent ? ", adjacent" : ", apart"));
+      Rng rng(77);
+      const Tensor x = round_through(random_tensor(rng, {rows, in}), act);
+      const Tensor w = random_tensor(rng, {width, in}, 0.1);
+      const Tensor dy = round_through(random_tensor(rng, {rows, width}), act);
+      const Tensor w_gpu = to_gpu(w, DType::F32);
+      std::vector<Var> wc, wg;
+      int64_t row = 0;
+      for (int64_t o : outs) {
+        wc.push_back(make_var(round_through(w, act).rows(row, o).clone(), true));
+        wg.push_back(make_var(adjacent ? w_gpu.rows(row, o) : w_gpu.rows(row, o).clone(), true));
+        row += o;
+      }
+      Tape cpu_tape;
+      Var xc = make_var(x, true);
+      Var yc = linear_columns(cpu_tape, xc, wc);
+      cpu_tape.backward(yc, dy);
+      Tape gpu_tape;
+      Var xg = make_var(to_gpu(x, act), true);
+      Var yg = linear_columns(gpu_tape, xg, wg);
+      gpu_tape.backward(yg, to_gpu(dy, act));
+      std::vector<Tensor> copies, grads;
+      for (const Var& v : wg) copies.push_back(v->compute_copy), grads.push_back(v->grad);
+      if (act == DType::BF16) EXPECT_TRUE(Tensor::adjacent_rows(copies).defined()) << "bf16 copies made apart";
+      EXPECT_TRUE(Tensor::adjacent_rows(grads).defined()) << "first weight gradients made apart";
+      const double out_tol = act == DType::F32 ? 1e-5 : 1e-2;
+      expect_close(yg->value, yc->value, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(in), "y");
+      expect_close(xg->grad, xc->grad, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(width), "dx");
+      for (size_t i = 0; i < outs.size(); ++i)
+        expect_close(wg[i]->grad, wc[i]->grad, 1e-5, 1e-3 * std::sqrt(rows), "dW " + std::to_string(i));
+    }
+  }
 }
 
 TEST(LinearCuda, BackwardAccumulatesIntoExistingGradients) {

@@ -104,6 +104,51 @@ TEST(Tensor, FactoriesAndElementAccess) {
   EXPECT_THROW(a.copy_from(Tensor::zeros({4}, DType::F32)), Error);
 }
 
+TEST(Tensor, ColumnsAreRowStridedViews) {
+  Tensor t = Tensor::from_vector<double>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {2, 2, 3});
+  Tensor c = t.columns(1, 2);  // [[1, 2], [4, 5]], [[7, 8], [10, 11]]
+  EXPECT_EQ(c.shape(), (Shape{2, 2, 2}));
+  EXPECT_FALSE(c.is_contiguous());
+  EXPECT_TRUE(c.is_row_strided());
+  EXPECT_EQ(c.row_stride(), 3);
+  EXPECT_EQ(c.raw_data(), t.data<double>() + 1);
+  EXPECT_EQ(c.clone().to_double_vector(), (std::vector<double>{1, 2, 4, 5, 7, 8, 10, 11}));
+  EXPECT_EQ(t.row_stride(), 3);
+  EXPECT_THROW(t.columns(2, 2), Error);
+  EXPECT_THROW(c.columns(0, 1), Error);  // a view of a view: not contiguous
+  EXPECT_THROW(c.reshape({8}), Error);
+}
+
+TEST(Tensor, RowStridedCopyAndZeroTouchOnlyTheirColumns) {
+  Tensor t = Tensor::from_vector<double>({0, 1, 2, 3, 4, 5}, {2, 3});
+  t.columns(0, 2).copy_from(Tensor::from_vector<double>({10, 11, 12, 13}, {2, 2}));
+  EXPECT_EQ(t.to_double_vector(), (std::vector<double>{10, 11, 2, 12, 13, 5}));
+  t.columns(1, 1).zero();
+  EXPECT_EQ(t.to_double_vector(), (std::vector<double>{10, 0, 2, 12, 0, 5}));
+  Tensor u = Tensor::zeros({2, 3}, DType::F64);
+  u.columns(2, 1).copy_from(t.columns(0, 1));  // strided to strided
+  EXPECT_EQ(u.to_double_vector(), (std::vector<double>{0, 0, 10, 0, 0, 12}));
+  // A dtype conversion needs contiguous tensors.
+  EXPECT_THROW(u.columns(0, 1).copy_from(Tensor::zeros({2, 1}, DType::F32)), Error);
+}
+
+TEST(Tensor, AdjacentRowsJoinOnlyNeighboursInOneStorage) {
+  Tensor all = Tensor::from_vector<double>({0, 1, 2, 3, 4, 5, 6, 7}, {4, 2});
+  const Tensor a = all.rows(0, 1), b = all.rows(1, 2), c = all.rows(3, 1);
+  EXPECT_EQ(b.to_double_vector(), (std::vector<double>{2, 3, 4, 5}));
+  const Tensor joined = Tensor::adjacent_rows({a, b, c});
+  ASSERT_TRUE(joined.defined());
+  EXPECT_EQ(joined.shape(), (Shape{4, 2}));
+  EXPECT_EQ(joined.raw_data(), all.raw_data());
+  EXPECT_TRUE(Tensor::adjacent_rows({b, c}).defined());
+  EXPECT_FALSE(Tensor::adjacent_rows({a, c}).defined());  // a gap
+  EXPECT_FALSE(Tensor::adjacent_rows({b, a}).defined());  // out of order
+  EXPECT_FALSE(Tensor::adjacent_rows({a, a.clone()}).defined());  // another storage
+  EXPECT_FALSE(Tensor::adjacent_rows({a, Tensor()}).defined());
+  const Tensor flat = all.reshape({8});
+  EXPECT_FALSE(Tensor::adjacent_rows({a, flat.flat_view(2, 4).reshape({1, 4})}).defined());  // another width
+}
+
 TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(bf16::from_float(1.0f), 0x3f80);
   EXPECT_EQ(bf16::from_float(-2.0f), 0xc000);

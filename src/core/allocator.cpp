@@ -13,6 +13,12 @@ static void cuda_free(void*) {}
 static void cuda_copy(void*, Device, const void*, Device, size_t) {
   throw Error("this hgrn was built without CUDA: use device: cpu");
 }
+static void cuda_copy_rows(void*, Device, size_t, const void*, Device, size_t, size_t, size_t) {
+  throw Error("this hgrn was built without CUDA: use device: cpu");
+}
+static void cuda_zero_rows(void*, size_t, size_t, size_t) {
+  throw Error("this hgrn was built without CUDA: use device: cpu");
+}
 bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
 void cuda_use_device(int) { throw Error("this hgrn was built without CUDA: use device: cpu"); }
@@ -26,6 +32,9 @@ std::string cuda_device_name() { return ""; }
 void* cuda_alloc(size_t bytes);  // kernels/allocator.cu
 void cuda_free(void* ptr);
 void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+void cuda_copy_rows(void* dst, Device dst_device, size_t dst_pitch, const void* src, Device src_device,
+                    size_t src_pitch, size_t row_bytes, size_t rows);
+void cuda_zero_rows(void* dst, size_t pitch, size_t row_bytes, size_t rows);
 #endif
 
 void* device_alloc(size_t bytes, Device device) {
@@ -47,6 +56,26 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
     return;
   }
   cuda_copy(dst, dst_device, src, src_device, bytes);
+}
+
+void device_copy_rows(void* dst, Device dst_device, size_t dst_pitch, const void* src, Device src_device,
+                      size_t src_pitch, size_t row_bytes, size_t rows) {
+  if (dst_device == Device::CPU && src_device == Device::CPU) {
+    for (size_t r = 0; r < rows; ++r)
+      if (row_bytes)
+        std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, row_bytes);
+    return;
+  }
+  cuda_copy_rows(dst, dst_device, dst_pitch, src, src_device, src_pitch, row_bytes, rows);
+}
+
+void device_zero_rows(void* dst, Device device, size_t pitch, size_t row_bytes, size_t rows) {
+  if (device == Device::CPU) {
+    for (size_t r = 0; r < rows; ++r)
+      if (row_bytes) std::memset(static_cast<char*>(dst) + r * pitch, 0, row_bytes);
+    return;
+  }
+  cuda_zero_rows(dst, pitch, row_bytes, rows);
 }
 
 }  // namespace hgrn

@@ -12,6 +12,11 @@ void* device_alloc(size_t bytes, Device device);
 void device_free(void* ptr, Device device);
 // Copies bytes between any two devices (CPU<->CUDA, CUDA<->CUDA, CPU<->CPU).
 void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// `rows` rows of `row_bytes` each, `dst_pitch` and `src_pitch` bytes apart (row-strided tensors; on the GPU one
+// 2-D copy); and the zeroing of such rows.
+void device_copy_rows(void* dst, Device dst_device, size_t dst_pitch, const void* src, Device src_device,
+                      size_t src_pitch, size_t row_bytes, size_t rows);
+void device_zero_rows(void* dst, Device device, size_t pitch, size_t row_bytes, size_t rows);
 bool cuda_available();  // true when built with CUDA and a GPU is visible
 int cuda_device_count();  // GPUs visible to this process (0 in a CPU-only build)
 // One process per GPU: binds this process to visible GPU `index`. Must come before any other GPU use (an Error

@@ -50,9 +50,17 @@ Tensor& grad_buffer(const Var& v) {
   return v->grad;
 }
 
-Tensor& grad_buffer_for_write(const Var& v, bool* accumulate) {
+Tensor& grad_buffer_for_write(const Var& v, bool* accumulate, GradLayout layout) {
   unshare_grad(v);
   *accumulate = v->grad.defined() && !v->grad_stale;
+  if (!v->grad.defined() && v->split && layout == GradLayout::RowStrided) {
+    SplitGradient& s = *v->split;
+    if (!s.buffer.defined()) s.buffer = Tensor::empty(s.shape, s.dtype, s.device);
+    const GradientLayout l = gradient_layout(v);
+    v->grad = s.buffer.columns(v->split_column, l.shape.back());
+    HGRN_CHECK(v->grad.shape() == l.shape && s.dtype == l.dtype && s.device == l.device, "grad_buffer_for_write: '",
+               v->name, "' (", shape_str(l.shape), ") does not fit its split's gradient ", shape_str(s.shape));
+  }
   if (!v->grad.defined()) v->grad = new_gradient(v, false);
   v->grad_stale = false;
   return v->grad;

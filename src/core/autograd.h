@@ -12,6 +12,16 @@
 
 namespace hgrn {
 
+// The gradient of a tensor split into column blocks (split_columns, ops/elementwise.h), made lazily by the first
+// block whose gradient is written whole: each block's gradient is then a column view of `buffer`, so that the blocks'
+// gradients, written by their own consumers, are already the tensor's gradient, with no copy.
+struct SplitGradient {
+  Shape shape;
+  DType dtype = DType::F32;
+  Device device = Device::CPU;
+  Tensor buffer;
+};
+
 struct Variable {
   Tensor value;
   Tensor grad;  // undefined until a gradient flows in; parameters keep theirs across micro-batches until zero_grad
@@ -44,6 +54,9 @@ struct Variable {
   // backward needs the value queues that part here (when_value_ready) instead of running it.
   bool restored_by_producer = false;
   std::vector<std::function<void()>> waiting_for_value;
+  // Set by split_columns: this Var is columns [split_column, + width) of a larger tensor, whose gradient is `split`.
+  std::shared_ptr<SplitGradient> split;
+  int64_t split_column = 0;
 };
 using Var = std::shared_ptr<Variable>;
 
@@ -58,7 +71,10 @@ void settle_grad(const Var& v);
 // (*accumulate = false: the caller must overwrite every element), else the existing buffer (*accumulate = true: the
 // caller must add into it). Saves the zero fill and its read-back on the GPU. Two writes into one Var's buffer by one
 // op (a tensor passed as two inputs) must ask twice, in the order they write: the second call says accumulate.
-Tensor& grad_buffer_for_write(const Var& v, bool* accumulate);
+// With GradLayout::RowStrided the caller's kernel honours the buffer's row stride (Tensor::row_stride): a column block
+// of a split (split_columns) then gets its column view of the split's gradient (fresh, *accumulate false).
+enum class GradLayout { Contiguous, RowStrided };
+Tensor& grad_buffer_for_write(const Var& v, bool* accumulate, GradLayout layout = GradLayout::Contiguous);
 // Makes g v's gradient buffer itself (no copy) where v is an op output with no gradient yet, and returns true; the
 // buffer is marked shared (grad_shared), so it is copied before a write while another tensor still holds it. Else
 // does nothing and returns false (the caller adds g into v's gradient). g must be laid out as v's gradient would be.

@@ -71,6 +71,22 @@ int64_t Tensor::size(int64_t axis) const {
 
 bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
 
+bool Tensor::is_row_strided() const {
+  const int64_t d = dim();
+  if (d == 0) return true;
+  if (strides_[d - 1] != 1 && shape_[d - 1] > 1) return false;
+  if (d >= 2 && strides_[d - 2] < shape_[d - 1]) return false;
+  for (int64_t i = 0; i + 2 < d; ++i)
+    if (strides_[i] != strides_[i + 1] * shape_[i + 1]) return false;
+  return true;
+}
+
+int64_t Tensor::row_stride() const {
+  HGRN_CHECK(is_row_strided(), "tensor ", shape_str(shape_), " with strides ", shape_str(strides_),
+             " is not row-strided");
+  return dim() >= 2 ? strides_[dim() - 2] : (dim() == 1 ? shape_[0] : 1);
+}
+
 void* Tensor::raw_data() const {
   HGRN_CHECK(defined(), "access to an undefined tensor");
   return static_cast<char*>(storage_->data) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
@@ -120,6 +136,45 @@ Tensor Tensor::flat_view(int64_t begin, int64_t count) const {
   return t;
 }
 
+Tensor Tensor::columns(int64_t begin, int64_t count) const {
+  HGRN_CHECK(is_contiguous() && dim() >= 1, "columns() needs a contiguous tensor of at least one axis, got ",
+             shape_str(shape_));
+  HGRN_CHECK(begin >= 0 && count >= 0 && begin + count <= shape_.back(), "columns [", begin, ", ", begin + count,
+             ") out of range for a last axis of ", shape_.back());
+  Tensor t = *this;
+  t.shape_.back() = count;
+  t.offset_ = offset_ + begin;
+  return t;
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t count) const {
+  HGRN_CHECK(is_contiguous() && dim() >= 1, "rows() needs a contiguous tensor of at least one axis, got ",
+             shape_str(shape_));
+  HGRN_CHECK(begin >= 0 && count >= 0 && begin + count <= shape_[0], "rows [", begin, ", ", begin + count,
+             ") out of range for ", shape_[0], " rows");
+  Tensor t = *this;
+  t.shape_[0] = count;
+  t.offset_ = offset_ + begin * (shape_[0] ? numel() / shape_[0] : 0);
+  return t;
+}
+
+Tensor Tensor::adjacent_rows(const std::vector<Tensor>& parts) {
+  if (parts.empty() || !parts[0].defined()) return Tensor();
+  const Tensor& first = parts[0];
+  Tensor t = first;
+  if (!first.is_contiguous() || first.dim() < 1) return Tensor();
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const Tensor& p = parts[i];
+    if (!p.defined() || p.storage_ != first.storage_ || p.dtype_ != first.dtype_ || !p.is_contiguous() ||
+        p.dim() != first.dim() || !std::equal(p.shape_.begin() + 1, p.shape_.end(), first.shape_.begin() + 1) ||
+        p.offset_ != t.offset_ + t.numel())
+      return Tensor();
+    t.shape_[0] += p.shape_[0];
+  }
+  t.strides_ = contiguous_strides(t.shape_);
+  return t;
+}
+
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device());
   t.copy_from(*this);
@@ -162,7 +217,17 @@ static void store_from_double(void* p, DType d, int64_t i, double v) {
 
 void Tensor::copy_from(const Tensor& src) {
   HGRN_CHECK(src.shape_ == shape_, "copy_from: shape ", shape_str(src.shape_), " into ", shape_str(shape_));
-  HGRN_CHECK(src.is_contiguous() && is_contiguous(), "copy_from needs contiguous tensors");
+  if (!(src.is_contiguous() && is_contiguous())) {
+    HGRN_CHECK(src.dtype_ == dtype_ && src.is_row_strided() && is_row_strided(),
+               "copy_from needs contiguous tensors, or row-strided ones of one dtype: ", dtype_name(src.dtype_), " ",
+               shape_str(src.shape_), " (strides ", shape_str(src.strides_), ") into ", dtype_name(dtype_), " ",
+               shape_str(shape_), " (strides ", shape_str(strides_), ")");
+    const size_t size = dtype_size(dtype_);
+    const int64_t width = dim() ? shape_.back() : 1;
+    device_copy_rows(raw_data(), device(), row_stride() * size, src.raw_data(), src.device(), src.row_stride() * size,
+                     width * size, width ? numel() / width : 0);
+    return;
+  }
   if (src.dtype_ == dtype_) {
     device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
     return;
@@ -203,6 +268,14 @@ void Tensor::fill(double value) {
 }
 
 void Tensor::zero() {
+  if (!is_contiguous()) {  // a row-strided view: row by row (on the GPU one 2-D memset)
+    HGRN_CHECK(is_row_strided(), "zero: tensor ", shape_str(shape_), " with strides ", shape_str(strides_),
+               " is neither contiguous nor row-strided");
+    const size_t size = dtype_size(dtype_);
+    const int64_t width = shape_.back();
+    device_zero_rows(raw_data(), device(), row_stride() * size, width * size, width ? numel() / width : 0);
+    return;
+  }
   if (device() == Device::CPU) {
     std::memset(raw_data(), 0, nbytes());
     return;

@@ -49,6 +49,11 @@ class Tensor {
   Device device() const { return storage_ ? storage_->device : Device::CPU; }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   bool is_contiguous() const;
+  // Row-strided: the last axis has unit stride and its vectors (the rows: every index of the leading axes) lie
+  // row_stride() elements apart, in order. A contiguous tensor is row-strided, and so is a columns() view of one.
+  // copy_from, zero and the GPU kernels that take strided operands (the gates, the recurrence's v, SwiGLU) accept it.
+  bool is_row_strided() const;
+  int64_t row_stride() const;  // elements between consecutive rows; checks is_row_strided()
   // Another Tensor (a view, a copy of this handle) holds the same storage.
   bool storage_shared() const { return storage_.use_count() > 1; }
 
@@ -65,14 +70,24 @@ class Tensor {
   Tensor select_row(int64_t index) const;  // index into axis 0 of a contiguous tensor: shape[1:]
   // Elements [begin, begin + count) of a contiguous tensor, flattened: a 1-D view (reshape it for another shape).
   Tensor flat_view(int64_t begin, int64_t count) const;
+  // Columns [begin, begin + count) of the last axis of a contiguous tensor: a row-strided view whose rows keep the
+  // full width as their stride (the blocks of a fused projection's output, ops/elementwise.h: split_columns).
+  Tensor columns(int64_t begin, int64_t count) const;
+  // Rows [begin, begin + count) of axis 0 of a contiguous tensor (a view).
+  Tensor rows(int64_t begin, int64_t count) const;
+  // Contiguous tensors of one dtype and trailing shape that lie one after another in one storage, as one tensor
+  // stacked along axis 0 (a view, no copy); undefined when they do not lie so. Adjacent weights (ParamSpec::
+  // adjacent_to_previous) are read this way as one GEMM operand.
+  static Tensor adjacent_rows(const std::vector<Tensor>& parts);
 
   // Copies.
   Tensor clone() const;
   Tensor to(DType dtype) const;    // converting copy on the same device (always copies)
   Tensor to(Device device) const;  // copy across devices
-  void copy_from(const Tensor& src);  // same shape; converts dtype within one device
+  // Same shape; converts dtype within one device. Both contiguous, or (same dtype) both row-strided.
+  void copy_from(const Tensor& src);
   void fill(double value);
-  void zero();
+  void zero();  // contiguous or row-strided
 
   // Element access for tests and small host code (any float/int dtype, converts through double). item() also reads
   // one element of a GPU tensor (a synchronous copy); set_item is CPU only.

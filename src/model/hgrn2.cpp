@@ -28,8 +28,21 @@ constexpr double kOutputNormEps = 1e-5;
 
 Hgrn2Model::Hgrn2Model(const ModelConfig& config, Rng& init_rng, DType dtype)
     : config_(config), activation_dtype_(dtype) {
-  for (const ParamSpec& spec : hgrn2_param_specs(config)) {
-    Tensor value = Tensor::empty(spec.shape, dtype);
+  const std::vector<ParamSpec> specs = hgrn2_param_specs(config);
+  Tensor run;  // the buffer of a run of adjacent parameters (ParamSpec::adjacent_to_previous), and its next row
+  int64_t run_row = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ParamSpec& spec = specs[i];
+    if (!spec.adjacent_to_previous) {
+      Shape run_shape = spec.shape;
+      for (size_t j = i + 1; j < specs.size() && specs[j].adjacent_to_previous; ++j) run_shape[0] += specs[j].shape[0];
+      run = Tensor::empty(run_shape, dtype);
+      run_row = 0;
+    }
+    HGRN_CHECK(Shape(spec.shape.begin() + 1, spec.shape.end()) == Shape(run.shape().begin() + 1, run.shape().end()),
+               "parameter ", spec.name, " ", shape_str(spec.shape), " cannot follow ", shape_str(run.shape()));
+    Tensor value = run.rows(run_row, spec.shape[0]);
+    run_row += spec.shape[0];
     switch (spec.init) {
       case ParamInit::Normal: fill_normal(value, config.initializer_range, init_rng); break;
       case ParamInit::Ones: value.fill(1.0); break;
@@ -75,8 +88,29 @@ void Hgrn2Model::to_device(Device device, DType activation_dtype) {
                  (activation_dtype == DType::BF16 && device == Device::CUDA),
              "activations in ", dtype_name(activation_dtype), " on ", device_name(device),
              ": bf16 activations need the GPU");
-  for (auto& [spec, var] : params_)
-    if (var->value.device() != device) var->value = var->value.to(device);
+  // Runs of adjacent parameters move as one buffer and stay adjacent.
+  for (size_t i = 0; i < params_.size();) {
+    size_t end = i + 1;
+    while (end < params_.size() && params_[end].first.adjacent_to_previous) ++end;
+    std::vector<Tensor> values;
+    for (size_t j = i; j < end; ++j) values.push_back(params_[j].second->value);
+    const Tensor run = Tensor::adjacent_rows(values);
+    if (run.defined() && run.device() != device) {
+      const Tensor moved = run.to(device);
+      int64_t row = 0;
+      for (size_t j = i; j < end; ++j) {
+        Tensor& value = params_[j].second->value;
+        const int64_t rows = value.size(0);
+        value = moved.rows(row, rows);
+        row += rows;
+      }
+    }
+    for (size_t j = i; j < end; ++j) {
+      Tensor& value = params_[j].second->value;
+      if (value.device() != device) value = value.to(device);
+    }
+    i = end;
+  }
   for (auto& [spec, var] : params_) var->invalidate_compute_copy();
   device_ = device;
   activation_dtype_ = activation_dtype;
@@ -136,9 +170,14 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   Var q_hat, f_hat, i;
   {
     TraceLayer trace(tape, "q/f/i projections");
-    q_hat = linear(tape, x, p.q_proj);
-    f_hat = linear(tape, x, p.f_proj);
-    i = linear(tape, x, p.i_proj);
+    // One GEMM for the three (their weights are adjacent). The gates and the recurrence read column blocks of its
+    // output in place, and write their gradients into one buffer, which dx reads in one GEMM too.
+    const std::vector<Var> qfi = split_columns(tape, linear_columns(tape, x, {p.q_proj, p.f_proj, p.i_proj}),
+                                               {config_.heads() * config_.key_dim(), config_.heads() * config_.key_dim(),
+                                                config_.hidden_size});
+    q_hat = qfi[0];
+    f_hat = qfi[1];
+    i = qfi[2];
   }
   // q = silu(q̂), g = the lower-bounded log forget gate of f̂ (fp32 on the GPU, spec 1.3) and k = 1 − exp(g) in the
   // activation dtype (f̂'s).

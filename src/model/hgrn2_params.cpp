@@ -26,8 +26,8 @@ std::vector<ParamSpec> hgrn2_param_specs(const ModelConfig& c) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     specs.push_back({p + "attn_norm.weight", {D}, ParamGroup::Norm, ParamInit::Ones});
     specs.push_back({p + "attn.q_proj.weight", {F, D}, ParamGroup::Mixer, ParamInit::Normal});
-    specs.push_back({p + "attn.f_proj.weight", {F, D}, ParamGroup::Mixer, ParamInit::Normal});
-    specs.push_back({p + "attn.i_proj.weight", {D, D}, ParamGroup::Mixer, ParamInit::Normal});
+    specs.push_back({p + "attn.f_proj.weight", {F, D}, ParamGroup::Mixer, ParamInit::Normal, true});
+    specs.push_back({p + "attn.i_proj.weight", {D, D}, ParamGroup::Mixer, ParamInit::Normal, true});
     specs.push_back({p + "attn.g_norm.weight", {D}, ParamGroup::Norm, ParamInit::Ones});
     specs.push_back({p + "attn.o_proj.weight", {D, D}, ParamGroup::Mixer, ParamInit::Normal});
     specs.push_back({p + "mlp_norm.weight", {D}, ParamGroup::Norm, ParamInit::Ones});

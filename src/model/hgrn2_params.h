@@ -19,6 +19,10 @@ struct ParamSpec {
   Shape shape;
   ParamGroup group;
   ParamInit init;
+  // Allocated right after the previous parameter, in one buffer with it (same trailing shape): the q/f/i
+  // projections, which one GEMM reads together (ops/linear.h: linear_columns). Checkpoints and exports still see
+  // separate tensors.
+  bool adjacent_to_previous = false;
 };
 
 // In the order the model registers them (which is also the order of the RNG draws at initialisation).

@@ -24,6 +24,7 @@
 
 #include "ops/activations.h"
 #include "ops/cpu_parallel.h"
+#include "ops/elementwise.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/hgrn2_gates.h"
 #endif
@@ -215,9 +216,10 @@ static bool check_forget_gate_args(const char* op, const Var& f_hat, const Var& 
   const Tensor& fv = f_hat->value;
   HGRN_CHECK(fv.dim() >= 1 && fv.size(-1) > 0, op, ": f_hat must have a non-empty last axis, got ",
              shape_str(fv.shape()));
-  HGRN_CHECK(fv.is_contiguous(), op, ": f_hat must be contiguous");
-  HGRN_CHECK(layer >= 0, op, ": layer must be non-negative, got ", layer);
   const bool on_gpu = fv.device() == Device::CUDA;
+  HGRN_CHECK(on_gpu ? fv.is_row_strided() : fv.is_contiguous(), op,
+             ": f_hat must be contiguous (on the GPU, row-strided)");
+  HGRN_CHECK(layer >= 0, op, ": layer must be non-negative, got ", layer);
   const int64_t width = fv.size(-1);
   const bool bounded = gamma && layer > 0;
   if (!gamma) return false;
@@ -255,7 +257,7 @@ static Hgrn2Gates gates_on_gpu(Tape& tape, const Var& q_hat, const Var& f_hat, c
   if (with_k) k = Tensor::empty(fv.shape(), fv.dtype(), Device::CUDA);
   cuda_hgrn2_gates_forward(q_hat ? q_hat->value.raw_data() : nullptr, fv.raw_data(), fv.dtype(), gamma_row,
                            q_hat ? q.raw_data() : nullptr, g.data<float>(), with_k ? k.raw_data() : nullptr, rows,
-                           width);
+                           width, q_hat ? q_hat->value.row_stride() : 0, fv.row_stride());
   // Only the bounded gate depends on gamma; leaving it out otherwise keeps layer 0 off gamma's gradient entirely.
   Hgrn2Gates out;
   const auto gate_output = [&](const Tensor& t) {
@@ -269,6 +271,7 @@ static Hgrn2Gates gates_on_gpu(Tape& tape, const Var& q_hat, const Var& f_hat, c
     const bool dq_in = q && q->grad.defined(), dg_in = g->grad.defined(), dk_in = k && k->grad.defined();
     Hgrn2GatesBackwardArgs a;
     a.f_hat = f_hat->value.raw_data();
+    a.f_hat_stride = f_hat->value.row_stride();
     a.dtype = f_hat->value.dtype();
     a.rows = rows;
     a.width = width;
@@ -285,13 +288,20 @@ static Hgrn2Gates gates_on_gpu(Tape& tape, const Var& q_hat, const Var& f_hat, c
         a.workspace = workspace.data<float>();
       }
       // Overwritten when this is the first gradient to reach f̂ (no zero fill); asked for before q̂'s, the order
-      // the kernel writes them in.
-      if (wants_grad(f_hat)) a.df_hat = grad_buffer_for_write(f_hat, &a.add_df).raw_data();
+      // the kernel writes them in. Row-strided for a column block of a split: its place in the split's gradient.
+      if (wants_grad(f_hat)) {
+        const Tensor& df_hat = grad_buffer_for_write(f_hat, &a.add_df, GradLayout::RowStrided);
+        a.df_hat = df_hat.raw_data();
+        a.df_hat_stride = df_hat.row_stride();
+      }
     }
     if (dq_in && wants_grad(q_hat)) {
       a.q_hat = q_hat->value.raw_data();
+      a.q_hat_stride = q_hat->value.row_stride();
       a.dq = q->grad.raw_data();
-      a.dq_hat = grad_buffer_for_write(q_hat, &a.add_dq).raw_data();
+      const Tensor& dq_hat = grad_buffer_for_write(q_hat, &a.add_dq, GradLayout::RowStrided);
+      a.dq_hat = dq_hat.raw_data();
+      a.dq_hat_stride = dq_hat.row_stride();
     }
     cuda_hgrn2_gates_backward(a);
   });
@@ -395,14 +405,20 @@ Var input_gate_from_forget(Tape& tape, const Var& g, DType out_dtype) {
 
 // ---- a layer's gates together -----------------------------------------------------------------------------------
 
-Hgrn2Gates hgrn2_gates(Tape& tape, const Var& q_hat, const Var& f_hat, const Var& gamma, int64_t layer) {
+Hgrn2Gates hgrn2_gates(Tape& tape, const Var& q_hat_in, const Var& f_hat_in, const Var& gamma, int64_t layer) {
+  HGRN_CHECK(q_hat_in && f_hat_in, "hgrn2_gates: q_hat or f_hat is null");
+  // q̂ and f̂ may be row-strided (column blocks of the fused q/f/i projection: split_columns): the GPU kernels read
+  // them, and write their gradients, in place; the CPU reference reads contiguous copies.
+  const bool on_gpu = f_hat_in->value.device() == Device::CUDA;
+  const Var q_hat = on_gpu ? q_hat_in : contiguous(tape, q_hat_in);
+  const Var f_hat = on_gpu ? f_hat_in : contiguous(tape, f_hat_in);
   Tensor gamma_row;
   const bool bounded = check_forget_gate_args("hgrn2_gates", f_hat, gamma, layer, &gamma_row);
-  HGRN_CHECK(q_hat, "hgrn2_gates: q_hat is null");
   const Tensor &qv = q_hat->value, &fv = f_hat->value;
-  HGRN_CHECK(qv.shape() == fv.shape() && qv.dtype() == fv.dtype() && qv.device() == fv.device() && qv.is_contiguous(),
+  HGRN_CHECK(qv.shape() == fv.shape() && qv.dtype() == fv.dtype() && qv.device() == fv.device() &&
+                 qv.is_row_strided(),
              "hgrn2_gates: q_hat (", shape_str(qv.shape()), " ", dtype_name(qv.dtype()), " on ",
-             device_name(qv.device()), ") must be a contiguous tensor like f_hat (", shape_str(fv.shape()), " ",
+             device_name(qv.device()), ") must be a tensor like f_hat (", shape_str(fv.shape()), " ",
              dtype_name(fv.dtype()), " on ", device_name(fv.device()), ")");
   if (fv.device() == Device::CUDA) return gates_on_gpu(tape, q_hat, f_hat, gamma, layer, bounded, true);
   // The CPU reference is the three ops above, recorded in the order the model recorded them before this op.

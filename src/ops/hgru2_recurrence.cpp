@@ -14,6 +14,8 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/elementwise.h"
+
 #ifdef HGRN_WITH_CUDA
 #include "kernels/hgru2_recurrence.h"
 #endif
@@ -772,6 +774,7 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
   a.q = q->value.raw_data();
   a.k = k->value.raw_data();
   a.v = v->value.raw_data();
+  a.v_stride = v->value.row_stride();
   a.act = q->value.dtype();
   a.g = g->value.data<float>();
   a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
@@ -782,7 +785,11 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
   // Gradients that do not exist yet are written, not accumulated (no zero fill, no read-back).
   a.dq = wants_grad(q) ? grad_buffer_for_write(q, &a.accumulate_dq).raw_data() : nullptr;
   a.dk = wants_grad(k) ? grad_buffer_for_write(k, &a.accumulate_dk).raw_data() : nullptr;
-  a.dv = wants_grad(v) ? grad_buffer_for_write(v, &a.accumulate_dv).raw_data() : nullptr;
+  if (wants_grad(v)) {  // a column block of a split gets its place in the split's gradient (row-strided)
+    const Tensor& dv = grad_buffer_for_write(v, &a.accumulate_dv, GradLayout::RowStrided);
+    a.dv = dv.raw_data();
+    a.dv_stride = dv.row_stride();
+  }
   a.dg = wants_grad(g) ? grad_buffer_for_write(g, &a.accumulate_dg).data<float>() : nullptr;
   a.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<float>() : nullptr;
   a.states = need_states ? states.data<float>() : nullptr;
@@ -794,10 +801,13 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
 
 }  // namespace
 
-Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
+Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_in, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
                               int64_t chunk_size) {
-  HGRN_CHECK(q && k && v && g, "hgru2_recurrence: q, k, v and g are required");
+  HGRN_CHECK(q && k && v_in && g, "hgru2_recurrence: q, k, v and g are required");
+  // v may be row-strided (a column block of the fused q/f/i projection: split_columns). The CUDA kernels read it,
+  // and write its gradient, in place; the CPU reference reads a contiguous copy.
+  const Var v = v_in->value.device() == Device::CUDA ? v_in : contiguous(tape, v_in);
   const Tensor& qv = q->value;
   HGRN_CHECK(qv.dim() == 3, "hgru2_recurrence: q must be [B, T, H*K], got ", shape_str(qv.shape()));
   HGRN_CHECK(num_heads > 0, "hgru2_recurrence: num_heads must be positive, got ", num_heads);
@@ -828,7 +838,8 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     if (!x) continue;
     HGRN_CHECK(x->value.device() == device, "hgru2_recurrence: inputs mix ", device_name(device), " and ",
                device_name(x->value.device()));
-    HGRN_CHECK(x->value.is_contiguous(), "hgru2_recurrence: inputs must be contiguous");
+    HGRN_CHECK(x == v ? x->value.is_row_strided() : x->value.is_contiguous(),
+               "hgru2_recurrence: inputs must be contiguous (v row-strided)");
   }
   for (const Var& x : {k, v}) {
     HGRN_CHECK(x->value.dtype() == dtype, "hgru2_recurrence: inputs mix ", dtype_name(dtype), " and ",
@@ -862,6 +873,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     a.q = qv.raw_data();
     a.k = k->value.raw_data();
     a.v = vv.raw_data();
+    a.v_stride = vv.row_stride();
     a.act = dtype;
     a.g = g->value.data<float>();
     a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;

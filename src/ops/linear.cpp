@@ -50,7 +50,8 @@ void linear_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
   });
 }
 
-Tensor weight_for_input(const Var& weight, const Tensor& xv) {
+// Checks that x fits weight; true where the GEMMs read the weight's bf16 copy instead of its value.
+static bool reads_bf16_copy(const Var& weight, const Tensor& xv) {
   const Tensor& wv = weight->value;
   HGRN_CHECK(wv.dim() == 2, "linear: weight must be [out, in], got ", shape_str(wv.shape()));
   const int64_t in = wv.size(1);
@@ -63,7 +64,11 @@ Tensor weight_for_input(const Var& weight, const Tensor& xv) {
   const bool cast_weight = xv.device() == Device::CUDA && xv.dtype() == DType::BF16 && wv.dtype() == DType::F32;
   HGRN_CHECK(cast_weight || xv.dtype() == wv.dtype(), "linear: input is ", dtype_name(xv.dtype()), ", weight is ",
              dtype_name(wv.dtype()));
-  return cast_weight ? bf16_weight_copy(weight) : wv;
+  return cast_weight;
+}
+
+Tensor weight_for_input(const Var& weight, const Tensor& xv) {
+  return reads_bf16_copy(weight, xv) ? bf16_weight_copy(weight) : weight->value;
 }
 
 const Tensor& bf16_weight_copy(const Var& weight) {
@@ -71,6 +76,34 @@ const Tensor& bf16_weight_copy(const Var& weight) {
   // loaded weights), not once per use; the GPU optimiser keeps an existing copy up to date itself.
   if (!weight->compute_copy.defined()) weight->compute_copy = weight->value.to(DType::BF16);
   return weight->compute_copy;
+}
+
+// linear_columns' weights as its GEMMs read them: values, or bf16 copies made adjacent (one buffer, cast again
+// together whenever they are not: after recompute_weight_copies dropped them, or a copy made alone). The GPU
+// optimiser rewrites each copy in place, which keeps them adjacent.
+static std::vector<Tensor> weights_for_input(const std::vector<Var>& weights, const Tensor& xv) {
+  HGRN_CHECK(!weights.empty(), "linear_columns: no weights");
+  std::vector<Tensor> out;
+  const bool cast = reads_bf16_copy(weights[0], xv);
+  for (const Var& w : weights) {
+    HGRN_CHECK(reads_bf16_copy(w, xv) == cast, "linear_columns: weights '", weights[0]->name, "' and '", w->name,
+               "' differ in dtype");
+    out.push_back(cast ? w->compute_copy : w->value);
+  }
+  if (!cast || Tensor::adjacent_rows(out).defined()) return out;
+  int64_t rows = 0;
+  for (const Var& w : weights) rows += w->value.size(0);
+  const Tensor all = Tensor::empty({rows, xv.size(-1)}, DType::BF16, xv.device());
+  int64_t row = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Tensor& value = weights[i]->value;
+    Tensor slot = all.rows(row, value.size(0));
+    slot.copy_from(value);
+    weights[i]->compute_copy = slot;
+    out[i] = slot;
+    row += value.size(0);
+  }
+  return out;
 }
 
 Tensor linear_product(const Tensor& x, const Tensor& w, const Tensor* residual) {
@@ -116,6 +149,98 @@ Var linear(Tape& tape, const Var& x, const Var& weight, const Var& residual) {
       when_value_ready(x, [dy, xp = x.get(), weight] { linear_weight_gradient(dy, xp->value, weight); });
     // Last: dy may become the residual's own gradient buffer (hand_over_gradient).
     if (wants_grad(residual)) hand_over_gradient(out, residual);
+  });
+  return out;
+}
+
+// dW_i (+)= dy[:, columns of W_i]ᵀ·x for linear_columns: one GEMM where the gradients are adjacent and all fresh or
+// all accumulating, else one per weight.
+static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std::vector<Var>& weights) {
+  const int64_t in = x.size(-1), width = dy.size(-1), rows = dy.numel() / width;
+  bool first_gradients = true;
+  for (const Var& w : weights) first_gradients = first_gradients && wants_grad(w) && !w->grad.defined();
+  if (first_gradients) {  // one buffer, so that they are adjacent for this GEMM and every later one
+    const Tensor all = Tensor::empty({width, in}, weights[0]->value.dtype(), weights[0]->value.device());
+    int64_t row = 0;
+    for (const Var& w : weights) {
+      w->grad = all.rows(row, w->value.size(0));
+      w->grad_stale = true;  // holds no gradient yet: the GEMM below overwrites it
+      row += w->value.size(0);
+    }
+  }
+  std::vector<Tensor> grads;
+  std::vector<char> accumulate;
+  for (const Var& w : weights) {
+    bool add = false;
+    grads.push_back(wants_grad(w) ? grad_buffer_for_write(w, &add) : Tensor());
+    accumulate.push_back(add);
+  }
+  bool same = true;
+  for (char a : accumulate) same = same && a == accumulate[0];
+  Tensor dw_all = same ? Tensor::adjacent_rows(grads) : Tensor();
+  if (dw_all.defined()) {
+    linear_gemm(true, false, width, in, rows, dy, width, x, in, accumulate[0] ? 1.0f : 0.0f, dw_all, in);
+    return;
+  }
+  int64_t col = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const int64_t out_i = weights[i]->value.size(0);
+    if (grads[i].defined())
+      linear_gemm(true, false, out_i, in, rows, dy.columns(col, out_i), width, x, in, accumulate[i] ? 1.0f : 0.0f,
+                  grads[i], in);
+    col += out_i;
+  }
+}
+
+Var linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights) {
+  HGRN_CHECK(x, "linear_columns: input is null");
+  const Tensor& xv = x->value;
+  const std::vector<Tensor> w = weights_for_input(weights, xv);
+  const int64_t in = xv.size(-1), rows = xv.numel() / in;
+  int64_t width = 0;
+  for (const Tensor& wi : w) width += wi.size(0);
+  Shape out_shape = xv.shape();
+  out_shape.back() = width;
+  Tensor y = Tensor::empty(out_shape, xv.dtype(), xv.device());
+  const Tensor w_all = Tensor::adjacent_rows(w);
+  if (w_all.defined()) {
+    linear_gemm(false, true, rows, width, in, xv, in, w_all, in, 0.0f, y, width);
+  } else {
+    int64_t col = 0;
+    for (const Tensor& wi : w) {
+      Tensor block = y.columns(col, wi.size(0));
+      linear_gemm(false, true, rows, wi.size(0), in, xv, in, wi, in, 0.0f, block, width);
+      col += wi.size(0);
+    }
+  }
+  Var out = op_output(tape, std::move(y), {x});
+  bool weight_grads = false;
+  for (const Var& wv : weights) weight_grads = weight_grads || wants_grad(wv);
+  out->requires_grad = out->requires_grad || (tape.enabled() && weight_grads);
+  if (!out->requires_grad) return out;
+  tape.record([x, weights, out, weight_grads] {
+    if (!out->grad.defined()) return;
+    const Tensor dy = out->grad;
+    const int64_t in = weights[0]->value.size(1), width = dy.size(-1), rows = dy.numel() / width;
+    if (wants_grad(x)) {
+      bool accumulate = false;
+      Tensor& dx = grad_buffer_for_write(x, &accumulate);
+      const std::vector<Tensor> w = weights_for_input(weights, dx);
+      const Tensor w_all = Tensor::adjacent_rows(w);
+      if (w_all.defined()) {
+        linear_gemm(false, false, rows, in, width, dy, width, w_all, in, accumulate ? 1.0f : 0.0f, dx, in);
+      } else {
+        int64_t col = 0;
+        for (const Tensor& wi : w) {
+          linear_gemm(false, false, rows, in, wi.size(0), dy.columns(col, wi.size(0)), width, wi, in,
+                      accumulate || col > 0 ? 1.0f : 0.0f, dx, in);
+          col += wi.size(0);
+        }
+      }
+    }
+    // dW reads x, which may come back only in its producer's backward (ops/recompute.h); dy is kept until then.
+    if (weight_grads)
+      when_value_ready(x, [dy, xp = x.get(), weights] { columns_weight_gradient(dy, xp->value, weights); });
   });
   return out;
 }
