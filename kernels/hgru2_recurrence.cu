@@ -91,7 +91,7 @@ struct Dims {
   int nk, nv;          // K-tiles, V-tiles
   int key_pad;         // nk·64
   // Row strides of v and dv (H·V when contiguous; wider for a column block of a fused projection's output).
-  int64_t v_stride, dv_stride;
+  int v_stride, dv_stride;
 };
 
 // What a per-chunk block (fwd_output, bwd_dv, bwd_dqk) works on: chunk c (rows t0 .. t0+n) of head h of batch b
@@ -111,8 +111,8 @@ __device__ __forceinline__ int64_t row_offset(const Dims& d, int b, int t, int h
   return ((static_cast<int64_t>(b) * d.T + t) * d.H + h) * width;
 }
 // The same in a row-strided one (rows `stride` elements apart: v, dv).
-__device__ __forceinline__ int64_t strided_row_offset(const Dims& d, int b, int t, int h, int width, int64_t stride) {
-  return (static_cast<int64_t>(b) * d.T + t) * stride + static_cast<int64_t>(h) * width;
+__device__ __forceinline__ int64_t strided_row_offset(const Dims& d, int b, int t, int h, int width, int stride) {
+  return static_cast<int64_t>(b * d.T + t) * stride + h * width;
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -1037,16 +1037,15 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
 
   const In* state = static_cast<const In*>(p.states) + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V;
   In* out = static_cast<In*>(p.output) + row_offset(d, b, t0, h, d.V);
-  const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
   // v goes straight to shared memory by cp.async, arriving during the state product without holding registers
-  // across it (the kernel is at its register cap).
-  const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
+  // across it (the kernel is at its register cap; for the same reason v's address is formed where it is used).
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
     __syncthreads();  // scores-phase buffers (aliased) and the previous tile's store are done
     WarpTile O;
     O.zero();
-    stage_tile(s.W, ldi, v + v0, d.v_stride, n, vcols, v_async);
+    const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
+    stage_tile(s.W, ldi, v + v0, d.v_stride, n, vcols, async_copyable<In>(v, d.V, d.v_stride, ldi));
     cp_async_commit();
     accumulate_state_product(O, s.Qb, ldq, state, d, v0, s.Y);
     cp_async_wait<0>();
@@ -1615,11 +1614,15 @@ Dims make_dims(const Hgru2CudaShape& shape, int64_t v_stride, int64_t dv_stride)
   d.nk = (d.K + kTile - 1) / kTile;
   d.nv = (d.V + kTile - 1) / kTile;
   d.key_pad = d.nk * kTile;
-  d.v_stride = v_stride ? v_stride : static_cast<int64_t>(d.H) * d.V;
-  d.dv_stride = dv_stride ? dv_stride : static_cast<int64_t>(d.H) * d.V;
-  HGRN_CHECK(d.v_stride >= static_cast<int64_t>(d.H) * d.V && d.dv_stride >= static_cast<int64_t>(d.H) * d.V,
-             "hgru2 CUDA: v's row stride ", d.v_stride, " or dv's ", d.dv_stride, " is narrower than H·V = ",
-             static_cast<int64_t>(d.H) * d.V);
+  const int64_t hv = static_cast<int64_t>(d.H) * d.V;
+  if (!v_stride) v_stride = hv;
+  if (!dv_stride) dv_stride = hv;
+  HGRN_CHECK(v_stride >= hv && dv_stride >= hv && std::max(v_stride, dv_stride) <= 0x7fffffff &&
+                 static_cast<int64_t>(shape.batch) * shape.time <= 0x7fffffff,
+             "hgru2 CUDA: v's row stride ", v_stride, " or dv's ", dv_stride, " is narrower than H·V = ", hv,
+             " or too wide, or B·T too large");
+  d.v_stride = static_cast<int>(v_stride);
+  d.dv_stride = static_cast<int>(dv_stride);
   return d;
 }
 
