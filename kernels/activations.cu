@@ -1,6 +1,9 @@
 // activations.cu: silu and swiglu forward and backward (activations.h). silu is swiglu with up ≡ 1, so one kernel
 // pair, templated on whether `up` exists, serves both. silu'(x) = σ(x) · (1 + x · (1 − σ(x))).
 #include "activations.h"
+
+#include <algorithm>
+
 #include "cuda_check.h"
 #include "elementwise.cuh"
 #include "sigmoid.cuh"
@@ -9,18 +12,30 @@ namespace hgrn {
 
 namespace {
 
+// The rows of one problem in packs of V elements (strides in elements, multiples of V): thread (x, y) of a block
+// takes pack blockIdx.x·blockDim.x + x of rows blockIdx.y·blockDim.y + y, then every gridDim.y·blockDim.y-th row.
+struct Rows {
+  long long rows, packs;  // packs per row
+  long long width, gate, up, dgate, dup;  // row strides in elements: y/dy (= width), gate, up, dgate, dup
+};
+#define HGRN_FOR_EACH_ROW_PACK(r, i, R)                                                  \
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;                \
+  if (i >= (R).packs) return;                                                           \
+  for (long long r = blockIdx.y * (long long)blockDim.y + threadIdx.y; r < (R).rows; \
+       r += (long long)gridDim.y * blockDim.y)
+
 template <typename T, int V, bool kHasUp>
-__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, long long packs) {
-  HGRN_FOR_EACH_PACK(i, packs) {
+__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, Rows R) {
+  HGRN_FOR_EACH_ROW_PACK(r, i, R) {
     float g[V], u[V];
-    load_pack<V>(gate, i, g);
-    if constexpr (kHasUp) load_pack<V>(up, i, u);
+    load_pack<V>(gate + r * R.gate, i, g);
+    if constexpr (kHasUp) load_pack<V>(up + r * R.up, i, u);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       g[k] = g[k] * stable_sigmoid<T>(g[k]);
       if constexpr (kHasUp) g[k] *= u[k];
     }
-    store_pack<V>(y, i, g);
+    store_pack<V>(y + r * R.width, i, g);
   }
 }
 
@@ -29,12 +44,12 @@ __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, long lon
 // y (may be null, may alias dy): the forward's output again, silu(gate) ⊙ up, stored after dy's pack was read.
 template <typename T, int V, bool kHasUp>
 __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y,
-                                       bool add_gate, bool add_up, long long packs) {
-  HGRN_FOR_EACH_PACK(i, packs) {
+                                       bool add_gate, bool add_up, Rows R) {
+  HGRN_FOR_EACH_ROW_PACK(r, i, R) {
     float g[V], u[V], d[V], s[V], acc[V];
-    load_pack<V>(gate, i, g);
-    load_pack<V>(dy, i, d);
-    if constexpr (kHasUp) load_pack<V>(up, i, u);
+    load_pack<V>(gate + r * R.gate, i, g);
+    load_pack<V>(dy + r * R.width, i, d);
+    if constexpr (kHasUp) load_pack<V>(up + r * R.up, i, u);
 #pragma unroll
     for (int k = 0; k < V; ++k) s[k] = stable_sigmoid<T>(g[k]);
     if (y) {
@@ -43,10 +58,11 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, 
         acc[k] = g[k] * s[k];
         if constexpr (kHasUp) acc[k] *= u[k];
       }
-      store_pack<V>(y, i, acc);
+      store_pack<V>(y + r * R.width, i, acc);
     }
     if (dgate) {
-      if (add_gate) load_pack<V>(dgate, i, acc);
+      T* dg = dgate + r * R.dgate;
+      if (add_gate) load_pack<V>(dg, i, acc);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         float dyu = d[k];
@@ -54,17 +70,18 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, 
         const float v = silu_backward_value(g[k], s[k], dyu);
         acc[k] = add_gate ? acc[k] + v : v;
       }
-      store_pack<V>(dgate, i, acc);
+      store_pack<V>(dg, i, acc);
     }
     if constexpr (kHasUp) {
       if (dup) {
-        if (add_up) load_pack<V>(dup, i, acc);
+        T* du = dup + r * R.dup;
+        if (add_up) load_pack<V>(du, i, acc);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float v = d[k] * g[k] * s[k];
           acc[k] = add_up ? acc[k] + v : v;
         }
-        store_pack<V>(dup, i, acc);
+        store_pack<V>(du, i, acc);
       }
     }
   }
@@ -78,20 +95,42 @@ void with_has_up(const void* up, F&& f) {
   else
     f(std::false_type{});
 }
+
+// Launches kernel(V, grid, block, rows) over `shape`: 16-byte packs where the width, every stride and every pointer
+// allow, else single elements. The block's x threads cover a row's packs with the least overshoot (a width of 352
+// packs: 11 × 32, not 2 × 256); its y threads and the grid's y blocks walk the rows.
+template <typename T, typename Launch>
+void launch_rows(const SwigluRows& shape, std::initializer_list<const void*> pointers, Launch&& launch) {
+  constexpr int kPack = 16 / sizeof(T);
+  const auto stride = [&](int64_t s) { return s ? s : shape.width; };
+  Rows R{shape.rows, 0, shape.width, stride(shape.gate_stride), stride(shape.up_stride), stride(shape.dgate_stride),
+         stride(shape.dup_stride)};
+  bool packed = shape.width % kPack == 0;
+  for (long long s : {R.gate, R.up, R.dgate, R.dup}) packed = packed && s % kPack == 0;
+  for (const void* p : pointers) packed = packed && (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0);
+  const int vec = packed ? kPack : 1;
+  R.packs = shape.width / vec;
+  int tx = kElementwiseThreads;
+  for (int t : {128, 64, 32})
+    if ((R.packs + t - 1) / t * t < (R.packs + tx - 1) / tx * tx) tx = t;
+  const int ty = kElementwiseThreads / tx;
+  const long long col_blocks = (R.packs + tx - 1) / tx, row_blocks = (R.rows + ty - 1) / ty;
+  HGRN_CHECK(col_blocks <= 0x7fffffffLL, "swiglu: a row of ", shape.width, " elements exceeds the launch grid");
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(std::min<long long>(row_blocks, 65535)));
+  if (packed)
+    launch(std::integral_constant<int, kPack>{}, grid, dim3(tx, ty), R);
+  else
+    launch(std::integral_constant<int, 1>{}, grid, dim3(tx, ty), R);
+}
 }  // namespace
 
-void cuda_swiglu_forward(const void* gate, const void* up, void* y, int64_t n, DType dtype) {
-  if (n == 0) return;
+void cuda_swiglu_forward(const void* gate, const void* up, void* y, const SwigluRows& shape, DType dtype) {
+  if (shape.rows * shape.width == 0) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu", [&] {
-    const act_t* g = static_cast<const act_t*>(gate);
-    const act_t* u = static_cast<const act_t*>(up);
-    act_t* yt = static_cast<act_t*>(y);
     with_has_up(up, [&](auto has_up) {
-      launch_packed<act_t>(n, {gate, up, y}, [&](auto vec, int64_t first, int64_t packs) {
-        constexpr int V = decltype(vec)::value;
-        swiglu_forward_kernel<act_t, V, decltype(has_up)::value>
-            <<<grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
-                g + first, u ? u + first : nullptr, yt + first, packs);
+      launch_rows<act_t>(shape, {gate, up, y}, [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
+        swiglu_forward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value><<<grid, block, 0, cuda_stream()>>>(
+            static_cast<const act_t*>(gate), static_cast<const act_t*>(up), static_cast<act_t*>(y), R);
         CUDA_CHECK_LAUNCH("swiglu_forward");
       });
     });
@@ -99,23 +138,16 @@ void cuda_swiglu_forward(const void* gate, const void* up, void* y, int64_t n, D
 }
 
 void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, void* y,
-                          bool add_gate, bool add_up, int64_t n, DType dtype) {
+                          bool add_gate, bool add_up, const SwigluRows& shape, DType dtype) {
   HGRN_CHECK(up || !dup, "swiglu backward: a gradient for `up` was asked without an `up` input");
-  if (n == 0 || (!dgate && !dup && !y)) return;
+  if (shape.rows * shape.width == 0 || (!dgate && !dup && !y)) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu backward", [&] {
-    const act_t* g = static_cast<const act_t*>(gate);
-    const act_t* u = static_cast<const act_t*>(up);
-    const act_t* d = static_cast<const act_t*>(dy);
-    act_t* dg = static_cast<act_t*>(dgate);
-    act_t* du = static_cast<act_t*>(dup);
-    act_t* yt = static_cast<act_t*>(y);
     with_has_up(up, [&](auto has_up) {
-      launch_packed<act_t>(n, {gate, up, dy, dgate, dup, y}, [&](auto vec, int64_t first, int64_t packs) {
-        constexpr int V = decltype(vec)::value;
-        swiglu_backward_kernel<act_t, V, decltype(has_up)::value>
-            <<<grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
-                g + first, u ? u + first : nullptr, d + first, dg ? dg + first : nullptr, du ? du + first : nullptr,
-                yt ? yt + first : nullptr, add_gate, add_up, packs);
+      launch_rows<act_t>(shape, {gate, up, dy, dgate, dup, y}, [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
+        swiglu_backward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value>
+            <<<grid, block, 0, cuda_stream()>>>(
+                static_cast<const act_t*>(gate), static_cast<const act_t*>(up), static_cast<const act_t*>(dy),
+                static_cast<act_t*>(dgate), static_cast<act_t*>(dup), static_cast<act_t*>(y), add_gate, add_up, R);
         CUDA_CHECK_LAUNCH("swiglu_backward");
       });
     });

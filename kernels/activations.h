@@ -1,5 +1,7 @@
-// activations.h: silu and swiglu = silu(gate) ⊙ up on the GPU, forward and backward. Act dtype (fp32 or bf16),
-// contiguous, n elements; arithmetic in fp32.
+// activations.h: silu and swiglu = silu(gate) ⊙ up on the GPU, forward and backward. Act dtype (fp32 or bf16);
+// arithmetic in fp32. The tensors are `rows` rows of `width` elements: gate, up and their gradients may be
+// row-strided (rows *_stride elements apart: column blocks of a fused projection's output), y and dy are contiguous.
+// A contiguous problem is one row of n elements.
 #pragma once
 #include <cstdint>
 
@@ -7,13 +9,17 @@
 
 namespace hgrn {
 
+struct SwigluRows {
+  int64_t rows = 0, width = 0;
+  int64_t gate_stride = 0, up_stride = 0, dgate_stride = 0, dup_stride = 0;  // 0: width (contiguous rows)
+};
 // y = silu(gate) ⊙ up, or y = silu(gate) when up is null.
-void cuda_swiglu_forward(const void* gate, const void* up, void* y, int64_t n, DType dtype);
+void cuda_swiglu_forward(const void* gate, const void* up, void* y, const SwigluRows& shape, DType dtype);
 // dgate (+)= ∂y/∂gate · dy and dup (+)= silu(gate) · dy: add_gate / add_up true accumulates, false overwrites
 // (every element is written). Either may be null (no gradient wanted); they may alias (dgate is written first).
 // up null: the silu backward (dup must be null). y (may be null, may be dy itself): also the forward's output again,
 // for a backward that recomputes it (swiglu_linear).
 void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, void* y,
-                          bool add_gate, bool add_up, int64_t n, DType dtype);
+                          bool add_gate, bool add_up, const SwigluRows& shape, DType dtype);
 
 }  // namespace hgrn

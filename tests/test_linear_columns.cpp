@@ -1,8 +1,8 @@
 // test_linear_columns.cpp: the fused projection (linear_columns: several weights, one GEMM each way where they lie
-// adjacent) and the column blocks its output is read as (split_columns), on the CPU: values against separate linears,
-// fp64 finite differences with adjacent and scattered weights, weight gradients made adjacent and accumulated, and
-// the split's gradient assembled in place from blocks written row-strided, copied from contiguous ones, or zero for
-// blocks that got none. (The GPU kernels that write row-strided gradients: test_hgrn2_gates_cuda.cpp,
+// adjacent, its outputs column blocks of one tensor) and split_columns, on the CPU: values against separate linears,
+// fp64 finite differences with adjacent and scattered weights and with consumers writing in place, weight gradients
+// made adjacent and accumulated, and the blocks' gradient assembled in place from blocks written row-strided, copied
+// from contiguous ones, or zero for blocks that got none. (The GPU kernels that write row-strided gradients: test_hgrn2_gates_cuda.cpp,
 // test_hgru2_recurrence_cuda.cpp; the GEMMs on the GPU: test_linear_cuda.cpp.)
 #include <gtest/gtest.h>
 
@@ -94,6 +94,18 @@ TEST(SplitColumns, GradientIsAssembledWhereTheBlocksWroteIt) {
   }
 }
 
+// Seeds the blocks' gradients with the column blocks of dy and runs the tape.
+void backward_through(Tape& tape, const std::vector<Var>& blocks, const Tensor& dy) {
+  int64_t col = 0;
+  std::vector<Tensor> seeds;
+  for (const Var& b : blocks) {
+    seeds.push_back(dy.columns(col, b->value.size(-1)).clone());
+    col += b->value.size(-1);
+  }
+  for (size_t k = 1; k < blocks.size(); ++k) blocks[k]->grad = seeds[k];
+  tape.backward(blocks[0], seeds[0]);
+}
+
 // Weights [out_i, in] that lie one after another in one buffer, as the model allocates them.
 std::vector<Var> adjacent_weights(Rng& rng, const std::vector<int64_t>& outs, int64_t in) {
   int64_t total = 0;
@@ -117,14 +129,14 @@ TEST(LinearColumns, MatchesSeparateLinearsWithAdjacentAndScatteredWeights) {
   for (const auto& weights : {adjacent, scattered}) {
     Tape tape;
     Var xv = make_var(x.clone());
-    const Var y = linear_columns(tape, xv, weights);
-    ASSERT_EQ(y->value.shape(), (Shape{2, 3, 15}));
-    int64_t col = 0;
-    for (const Var& w : weights) {
-      const Tensor want = linear(tape, xv, w)->value;
-      const Tensor got = y->value.columns(col, w->value.size(0)).clone();
+    const std::vector<Var> y = linear_columns(tape, xv, weights);
+    ASSERT_EQ(y.size(), weights.size());
+    for (size_t k = 0; k < weights.size(); ++k) {
+      EXPECT_EQ(y[k]->value.row_stride(), 15);
+      const Tensor want = linear(tape, xv, weights[k])->value;
+      const Tensor got = y[k]->value.clone();
+      ASSERT_EQ(got.shape(), want.shape());
       for (int64_t i = 0; i < want.numel(); ++i) EXPECT_NEAR(got.item(i), want.item(i), 1e-12);
-      col += w->value.size(0);
     }
   }
 }
@@ -138,12 +150,27 @@ TEST(LinearColumns, GradientsMatchFiniteDifferences) {
   for (const auto& weights : {adjacent, scattered}) {
     std::vector<Var> inputs{x};
     inputs.insert(inputs.end(), weights.begin(), weights.end());
-    testing::expect_gradients_match(
+    testing::expect_gradients_match_outputs(
         [n = weights.size()](Tape& t, const std::vector<Var>& in) {
           return linear_columns(t, in[0], std::vector<Var>(in.begin() + 1, in.begin() + 1 + n));
         },
         inputs);
   }
+}
+
+// Consumers that write their blocks' gradients in place (row-strided), one through a contiguous copy, one block
+// unused: dy assembled from all three ways.
+TEST(LinearColumns, GradientsMatchFiniteDifferencesThroughInPlaceConsumers) {
+  Rng rng(46);
+  Var x = make_var(random_tensor(rng, {2, 3, 4}), true, "x");
+  const std::vector<Var> w = adjacent_weights(rng, {3, 2, 2, 5}, 4);
+  testing::expect_gradients_match_outputs(
+      [](Tape& t, const std::vector<Var>& in) {
+        const std::vector<Var> b = linear_columns(t, in[0], {in[1], in[2], in[3], in[4]});
+        return std::vector<Var>{scale_rows(t, b[0], 2.0), scale_rows(t, contiguous(t, b[1]), -1.0),
+                                scale_rows(t, b[3], 0.5)};
+      },
+      {x, w[0], w[1], w[2], w[3]});
 }
 
 // The first weight gradients are made in one buffer (adjacent for one dW GEMM from then on); a second backward adds
@@ -154,8 +181,7 @@ TEST(LinearColumns, WeightGradientsAreMadeAdjacentAndAccumulate) {
   std::vector<Var> w = adjacent_weights(rng, {3, 2, 4}, 5);
   auto step = [&](const std::vector<Var>& weights) {
     Tape tape;
-    Var y = linear_columns(tape, make_var(x.clone()), weights);
-    tape.backward(y, dy);
+    backward_through(tape, linear_columns(tape, make_var(x.clone()), weights), dy);
   };
   step(w);
   std::vector<Tensor> grads, once;

@@ -86,20 +86,31 @@ TEST(LinearCuda, ColumnsMatchCpuReference) {
         wg.push_back(make_var(adjacent ? w_gpu.rows(row, o) : w_gpu.rows(row, o).clone(), true));
         row += o;
       }
+      // dy's column blocks seed the blocks' gradients (on the GPU written contiguous, so copied into dx's operand).
+      const auto run = [&](Tape& tape, const Var& xv, const std::vector<Var>& w, const Tensor& d) {
+        std::vector<Var> y = linear_columns(tape, xv, w);
+        int64_t col = 0;
+        std::vector<Tensor> seeds;
+        for (const Var& b : y) seeds.push_back(d.columns(col, b->value.size(-1)).clone()), col += b->value.size(-1);
+        for (size_t k = 1; k < y.size(); ++k) y[k]->grad = seeds[k];
+        std::vector<Tensor> values;
+        for (const Var& b : y) values.push_back(b->value.clone());
+        tape.backward(y[0], seeds[0]);
+        return values;
+      };
       Tape cpu_tape;
       Var xc = make_var(x, true);
-      Var yc = linear_columns(cpu_tape, xc, wc);
-      cpu_tape.backward(yc, dy);
+      const std::vector<Tensor> yc = run(cpu_tape, xc, wc, dy);
       Tape gpu_tape;
       Var xg = make_var(to_gpu(x, act), true);
-      Var yg = linear_columns(gpu_tape, xg, wg);
-      gpu_tape.backward(yg, to_gpu(dy, act));
+      const std::vector<Tensor> yg = run(gpu_tape, xg, wg, to_gpu(dy, act));
       std::vector<Tensor> copies, grads;
       for (const Var& v : wg) copies.push_back(v->compute_copy), grads.push_back(v->grad);
       if (act == DType::BF16) EXPECT_TRUE(Tensor::adjacent_rows(copies).defined()) << "bf16 copies made apart";
       EXPECT_TRUE(Tensor::adjacent_rows(grads).defined()) << "first weight gradients made apart";
       const double out_tol = act == DType::F32 ? 1e-5 : 1e-2;
-      expect_close(yg->value, yc->value, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(in), "y");
+      for (size_t k = 0; k < outs.size(); ++k)
+        expect_close(yg[k], yc[k], out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(in), "y " + std::to_string(k));
       expect_close(xg->grad, xc->grad, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(width), "dx");
       for (size_t i = 0; i < outs.size(); ++i)
         expect_close(wg[i]->grad, wc[i]->grad, 1e-5, 1e-3 * std::sqrt(rows), "dW " + std::to_string(i));

@@ -113,6 +113,10 @@ TEST(Tensor, ColumnsAreRowStridedViews) {
   EXPECT_EQ(c.row_stride(), 3);
   EXPECT_EQ(c.raw_data(), t.data<double>() + 1);
   EXPECT_EQ(c.clone().to_double_vector(), (std::vector<double>{1, 2, 4, 5, 7, 8, 10, 11}));
+  EXPECT_EQ(c.to_double_vector(), (std::vector<double>{1, 2, 4, 5, 7, 8, 10, 11}));
+  EXPECT_EQ(c.item(2), 4);  // row-major over the view's own elements
+  c.set_item(3, -5);
+  EXPECT_EQ(t.item(5), -5);
   EXPECT_EQ(t.row_stride(), 3);
   EXPECT_THROW(t.columns(2, 2), Error);
   EXPECT_THROW(c.columns(0, 1), Error);  // a view of a view: not contiguous

@@ -118,4 +118,53 @@ Var op_output(Tape& tape, Tensor value, std::initializer_list<Var> inputs) {
   return out;
 }
 
+std::vector<Var> column_block_outputs(const Tensor& whole, const std::vector<int64_t>& widths, bool requires_grad) {
+  HGRN_CHECK(whole.is_contiguous() && whole.dim() >= 1, "column blocks of a tensor that is not contiguous: ",
+             shape_str(whole.shape()));
+  int64_t total = 0;
+  for (int64_t w : widths) {
+    HGRN_CHECK(w >= 0, "column blocks: negative width ", w);
+    total += w;
+  }
+  HGRN_CHECK(total == whole.size(-1), "column blocks: widths sum to ", total, ", the last axis is ", whole.size(-1));
+  auto split = std::make_shared<SplitGradient>();
+  split->shape = whole.shape();
+  split->dtype = whole.dtype();
+  split->device = whole.device();
+  std::vector<Var> blocks;
+  int64_t column = 0;
+  for (int64_t w : widths) {
+    Var block = make_var(whole.columns(column, w), requires_grad);
+    block->from_op = true;
+    if (requires_grad) {
+      block->split = split;
+      block->split_column = column;
+    }
+    blocks.push_back(std::move(block));
+    column += w;
+  }
+  return blocks;
+}
+
+Tensor gather_column_gradients(const std::vector<Var>& blocks) {
+  bool any = false;
+  for (const Var& b : blocks) any = any || b->grad.defined();
+  if (!any) return Tensor();
+  HGRN_CHECK(blocks[0]->split, "gather_column_gradients: the Vars are not column blocks");
+  SplitGradient& s = *blocks[0]->split;
+  if (!s.buffer.defined()) s.buffer = Tensor::empty(s.shape, s.dtype, s.device);
+  for (const Var& b : blocks) {
+    HGRN_CHECK(b->split.get() == &s, "gather_column_gradients: blocks of different tensors");
+    Tensor home = s.buffer.columns(b->split_column, gradient_layout(b).shape.back());
+    if (!b->grad.defined())
+      home.zero();
+    else if (b->grad.raw_data() != home.raw_data() || b->grad.strides() != home.strides())
+      home.copy_from(b->grad);  // a gradient written elsewhere (contiguous): into place
+    b->grad = Tensor();
+  }
+  Tensor g = std::move(s.buffer);
+  s.buffer = Tensor();
+  return g;
+}
+
 }  // namespace hgrn

@@ -12,9 +12,9 @@
 
 namespace hgrn {
 
-// The gradient of a tensor split into column blocks (split_columns, ops/elementwise.h), made lazily by the first
-// block whose gradient is written whole: each block's gradient is then a column view of `buffer`, so that the blocks'
-// gradients, written by their own consumers, are already the tensor's gradient, with no copy.
+// The gradient of a tensor read as column blocks (column_block_outputs below), made lazily by the first block whose
+// gradient is written whole: each block's gradient is then a column view of `buffer`, so that the blocks' gradients,
+// written by their own consumers, are already the whole tensor's gradient, with no copy.
 struct SplitGradient {
   Shape shape;
   DType dtype = DType::F32;
@@ -54,7 +54,8 @@ struct Variable {
   // backward needs the value queues that part here (when_value_ready) instead of running it.
   bool restored_by_producer = false;
   std::vector<std::function<void()>> waiting_for_value;
-  // Set by split_columns: this Var is columns [split_column, + width) of a larger tensor, whose gradient is `split`.
+  // Set by column_block_outputs: this Var is columns [split_column, + width) of a larger tensor, whose gradient is
+  // `split`.
   std::shared_ptr<SplitGradient> split;
   int64_t split_column = 0;
 };
@@ -72,7 +73,7 @@ void settle_grad(const Var& v);
 // caller must add into it). Saves the zero fill and its read-back on the GPU. Two writes into one Var's buffer by one
 // op (a tensor passed as two inputs) must ask twice, in the order they write: the second call says accumulate.
 // With GradLayout::RowStrided the caller's kernel honours the buffer's row stride (Tensor::row_stride): a column block
-// of a split (split_columns) then gets its column view of the split's gradient (fresh, *accumulate false).
+// (column_block_outputs) then gets its column view of the whole tensor's gradient (fresh, *accumulate false).
 enum class GradLayout { Contiguous, RowStrided };
 Tensor& grad_buffer_for_write(const Var& v, bool* accumulate, GradLayout layout = GradLayout::Contiguous);
 // Makes g v's gradient buffer itself (no copy) where v is an op output with no gradient yet, and returns true; the
@@ -105,5 +106,16 @@ class Tape {
 
 // The output Var of an op: requires a gradient when the tape records and any input requires one.
 Var op_output(Tape& tape, Tensor value, std::initializer_list<Var> inputs);
+
+// An op's outputs that are column blocks of one tensor `whole` (contiguous; widths summing to its last axis): views
+// (Tensor::columns, row-strided), op outputs requiring a gradient when requires_grad is true. Their consumers may read
+// them in place and write their gradients into one buffer laid out like `whole` (grad_buffer_for_write with
+// GradLayout::RowStrided), which the producer's backward then takes whole (gather_column_gradients): a fused
+// projection's q | f | i feeding three ops, whose gradients need no copy to make one dx GEMM's operand.
+std::vector<Var> column_block_outputs(const Tensor& whole, const std::vector<int64_t>& widths, bool requires_grad);
+// In the producer's backward: the blocks' gradients as one tensor like `whole`: the buffer the blocks wrote in place,
+// with blocks whose gradient was written elsewhere copied in and blocks that got none zero. Undefined when no block
+// has a gradient. The blocks' own gradients are released (the result alone holds the buffer).
+Tensor gather_column_gradients(const std::vector<Var>& blocks);
 
 }  // namespace hgrn

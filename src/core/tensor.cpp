@@ -288,8 +288,17 @@ void Tensor::zero() {
 #endif
 }
 
-double Tensor::item(int64_t i) const {
-  HGRN_CHECK(i >= 0 && i < numel(), "item(", i, ") out of range for shape ", shape_str(shape_));
+// The element offset of flat (row-major) index i of a contiguous or row-strided tensor.
+static int64_t strided_offset(const Tensor& t, int64_t i) {
+  if (t.is_contiguous()) return i;
+  const int64_t width = t.size(-1);
+  return i / width * t.row_stride() + i % width;
+}
+
+double Tensor::item(int64_t flat_index) const {
+  HGRN_CHECK(flat_index >= 0 && flat_index < numel(), "item(", flat_index, ") out of range for shape ",
+             shape_str(shape_));
+  const int64_t i = strided_offset(*this, flat_index);
   if (device() == Device::CUDA) {  // one element through a small synchronous copy (a loss, a norm)
     alignas(8) unsigned char element[8];
     const size_t size = dtype_size(dtype_);
@@ -299,14 +308,15 @@ double Tensor::item(int64_t i) const {
   return load_as_double(raw_data(), dtype_, i);
 }
 
-void Tensor::set_item(int64_t i, double value) {
+void Tensor::set_item(int64_t flat_index, double value) {
   HGRN_CHECK(device() == Device::CPU, "set_item() writes CPU tensors");
-  HGRN_CHECK(i >= 0 && i < numel(), "set_item(", i, ") out of range for shape ", shape_str(shape_));
-  store_from_double(raw_data(), dtype_, i, value);
+  HGRN_CHECK(flat_index >= 0 && flat_index < numel(), "set_item(", flat_index, ") out of range for shape ",
+             shape_str(shape_));
+  store_from_double(raw_data(), dtype_, strided_offset(*this, flat_index), value);
 }
 
 std::vector<double> Tensor::to_double_vector() const {
-  Tensor host = device() == Device::CPU ? *this : to(Device::CPU);
+  Tensor host = device() == Device::CPU && is_contiguous() ? *this : to(Device::CPU);
   std::vector<double> v(static_cast<size_t>(numel()));
   for (int64_t i = 0; i < numel(); ++i) v[i] = load_as_double(host.raw_data(), dtype_, i);
   return v;

@@ -89,8 +89,9 @@ class Tensor {
   void fill(double value);
   void zero();  // contiguous or row-strided
 
-  // Element access for tests and small host code (any float/int dtype, converts through double). item() also reads
-  // one element of a GPU tensor (a synchronous copy); set_item is CPU only.
+  // Element access for tests and small host code (any float/int dtype, converts through double), by row-major flat
+  // index (of a contiguous or row-strided tensor). item() also reads one element of a GPU tensor (a synchronous copy);
+  // set_item is CPU only.
   double item(int64_t flat_index = 0) const;
   void set_item(int64_t flat_index, double value);
   std::vector<double> to_double_vector() const;

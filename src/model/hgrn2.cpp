@@ -170,11 +170,9 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   Var q_hat, f_hat, i;
   {
     TraceLayer trace(tape, "q/f/i projections");
-    // One GEMM for the three (their weights are adjacent). The gates and the recurrence read column blocks of its
-    // output in place, and write their gradients into one buffer, which dx reads in one GEMM too.
-    const std::vector<Var> qfi = split_columns(tape, linear_columns(tape, x, {p.q_proj, p.f_proj, p.i_proj}),
-                                               {config_.heads() * config_.key_dim(), config_.heads() * config_.key_dim(),
-                                                config_.hidden_size});
+    // One GEMM for the three (their weights are adjacent), whose output's column blocks the gates and the
+    // recurrence read in place; their gradients land in one buffer, which dx reads in one GEMM too.
+    const std::vector<Var> qfi = linear_columns(tape, x, {p.q_proj, p.f_proj, p.i_proj});
     q_hat = qfi[0];
     f_hat = qfi[1];
     i = qfi[2];
@@ -219,8 +217,10 @@ Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x, const Var& h) const {
   Var gate, up;
   {
     TraceLayer trace(tape, "mlp gate/up projections");
-    gate = linear(tape, x, p.gate_proj);
-    up = linear(tape, x, p.up_proj);
+    // One GEMM for both (adjacent weights); SwiGLU reads the two column blocks in place.
+    const std::vector<Var> gate_up = linear_columns(tape, x, {p.gate_proj, p.up_proj});
+    gate = gate_up[0];
+    up = gate_up[1];
   }
   TraceLayer trace(tape, "swiglu + down projection");
   // The MLP's widest activation, silu(gate) ⊙ up, is kept for the backward only without elementwise recomputation;
@@ -232,7 +232,8 @@ Var Hgrn2Model::mlp(Tape& tape, int64_t l, const Var& x, const Var& h) const {
   if (recompute_mlp_projections_)
     rematerialize(tape, {gate, up}, [this, l, x](Tape& untaped) {
       const Layer& p = layers_[l];
-      return std::vector<Tensor>{linear(untaped, x, p.gate_proj)->value, linear(untaped, x, p.up_proj)->value};
+      const std::vector<Var> gate_up = linear_columns(untaped, x, {p.gate_proj, p.up_proj});
+      return std::vector<Tensor>{gate_up[0]->value, gate_up[1]->value};
     });
   return out;
 }

@@ -32,7 +32,7 @@ std::vector<ParamSpec> hgrn2_param_specs(const ModelConfig& c) {
     specs.push_back({p + "attn.o_proj.weight", {D, D}, ParamGroup::Mixer, ParamInit::Normal});
     specs.push_back({p + "mlp_norm.weight", {D}, ParamGroup::Norm, ParamInit::Ones});
     specs.push_back({p + "mlp.gate_proj.weight", {I, D}, ParamGroup::Mlp, ParamInit::Normal});
-    specs.push_back({p + "mlp.up_proj.weight", {I, D}, ParamGroup::Mlp, ParamInit::Normal});
+    specs.push_back({p + "mlp.up_proj.weight", {I, D}, ParamGroup::Mlp, ParamInit::Normal, true});
     specs.push_back({p + "mlp.down_proj.weight", {D, I}, ParamGroup::Mlp, ParamInit::Normal});
   }
   specs.push_back({"model.norm.weight", {D}, ParamGroup::Norm, ParamInit::Ones});

@@ -20,7 +20,7 @@ struct ParamSpec {
   ParamGroup group;
   ParamInit init;
   // Allocated right after the previous parameter, in one buffer with it (same trailing shape): the q/f/i
-  // projections, which one GEMM reads together (ops/linear.h: linear_columns). Checkpoints and exports still see
+  // projections and the MLP's gate/up, which one GEMM each reads together (ops/linear.h: linear_columns). Checkpoints and exports still see
   // separate tensors.
   bool adjacent_to_previous = false;
 };

@@ -59,12 +59,32 @@ static void check_input(const char* op, const Var& v) {
   HGRN_CHECK(v->value.is_contiguous(), op, ": inputs must be contiguous");
 }
 
+#ifdef HGRN_WITH_CUDA
+// The rows the GPU kernels take: one row of every element when all operands are contiguous, else the rows of the
+// last axis with each operand's own stride (gate and up may be column blocks of a fused projection's output).
+static SwigluRows gpu_rows(const Tensor& gate, const Tensor* up, const Tensor* dgate, const Tensor* dup) {
+  bool contiguous = true;
+  for (const Tensor* t : {&gate, up, dgate, dup}) contiguous = contiguous && (!t || t->is_contiguous());
+  SwigluRows r;
+  r.width = contiguous ? gate.numel() : gate.size(-1);
+  r.rows = r.width ? gate.numel() / r.width : 0;
+  if (!contiguous) {
+    r.gate_stride = gate.row_stride();
+    r.up_stride = up ? up->row_stride() : 0;
+    r.dgate_stride = dgate ? dgate->row_stride() : 0;
+    r.dup_stride = dup ? dup->row_stride() : 0;
+  }
+  return r;
+}
+#endif
+
 // silu (up null) or swiglu forward on gate's device.
 void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y) {
   const int64_t n = gate.numel();
   if (gate.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-    cuda_swiglu_forward(gate.raw_data(), up ? up->raw_data() : nullptr, y.raw_data(), n, gate.dtype());
+    cuda_swiglu_forward(gate.raw_data(), up ? up->raw_data() : nullptr, y.raw_data(),
+                        gpu_rows(gate, up, nullptr, nullptr), gate.dtype());
     return;
 #else
     throw Error("silu/swiglu: this hgrn was built without CUDA");
@@ -96,12 +116,15 @@ void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, T
   const int64_t n = gate.numel();
   if (gate.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
+    // Row-strided for column blocks of a fused projection: their places in its gradient.
     bool add_gate = false, add_up = false;
-    void* dgate = wants_grad(gate_var) ? grad_buffer_for_write(gate_var, &add_gate).raw_data() : nullptr;
-    void* dup = wants_grad(up_var) ? grad_buffer_for_write(up_var, &add_up).raw_data() : nullptr;
-    cuda_swiglu_backward(gate.raw_data(), up ? up->raw_data() : nullptr, dy.raw_data(), dgate, dup,
-                         recomputed_output ? recomputed_output->raw_data() : nullptr, add_gate, add_up, n,
-                         gate.dtype());
+    const Tensor* dgate =
+        wants_grad(gate_var) ? &grad_buffer_for_write(gate_var, &add_gate, GradLayout::RowStrided) : nullptr;
+    const Tensor* dup = wants_grad(up_var) ? &grad_buffer_for_write(up_var, &add_up, GradLayout::RowStrided) : nullptr;
+    cuda_swiglu_backward(gate.raw_data(), up ? up->raw_data() : nullptr, dy.raw_data(),
+                         dgate ? dgate->raw_data() : nullptr, dup ? dup->raw_data() : nullptr,
+                         recomputed_output ? recomputed_output->raw_data() : nullptr, add_gate, add_up,
+                         gpu_rows(gate, up, dgate, dup), gate.dtype());
     return;
 #else
     throw Error("silu/swiglu backward: this hgrn was built without CUDA");

@@ -106,50 +106,12 @@ Var reshape(Tape& tape, const Var& x, const Shape& shape) {
 
 std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64_t>& widths) {
   HGRN_CHECK(x, "split_columns: input is null");
-  const Tensor& xv = x->value;
-  HGRN_CHECK(xv.is_contiguous() && xv.dim() >= 1, "split_columns: the input must be a contiguous tensor, got ",
-             shape_str(xv.shape()));
-  int64_t total = 0;
-  for (int64_t w : widths) {
-    HGRN_CHECK(w >= 0, "split_columns: negative width ", w);
-    total += w;
-  }
-  HGRN_CHECK(total == xv.size(-1), "split_columns: widths sum to ", total, ", the input's last axis is ",
-             xv.size(-1));
-  auto split = std::make_shared<SplitGradient>();
-  split->shape = xv.shape();
-  split->dtype = xv.dtype();
-  split->device = xv.device();
-  std::vector<Var> blocks;
-  int64_t column = 0;
-  for (int64_t w : widths) {
-    Var block = op_output(tape, xv.columns(column, w), {x});
-    if (block->requires_grad) {
-      block->split = split;
-      block->split_column = column;
-    }
-    blocks.push_back(block);
-    column += w;
-  }
-  if (blocks.empty() || !blocks[0]->requires_grad) return blocks;
-  tape.record([x, blocks, widths, split] {
-    bool any = false;
-    for (const Var& b : blocks) any = any || b->grad.defined();
-    if (!any) return;
-    SplitGradient& s = *split;
-    if (!s.buffer.defined()) s.buffer = Tensor::empty(s.shape, s.dtype, s.device);
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const Var& b = blocks[i];
-      Tensor home = s.buffer.columns(b->split_column, widths[i]);
-      if (!b->grad.defined())
-        home.zero();
-      else if (b->grad.raw_data() != home.raw_data() || b->grad.strides() != home.strides())
-        home.copy_from(b->grad);  // a gradient written elsewhere (contiguous): into place
-      b->grad = Tensor();         // the blocks' gradients end here; x alone holds the buffer
-    }
-    Tensor g = std::move(s.buffer);
-    s.buffer = Tensor();
-    if (!adopt_gradient(x, std::move(g))) pass_gradient(x, g);
+  const bool records = tape.enabled() && wants_grad(x);
+  std::vector<Var> blocks = column_block_outputs(x->value, widths, records);
+  if (!records) return blocks;
+  tape.record([x, blocks] {
+    Tensor g = gather_column_gradients(blocks);
+    if (g.defined() && !adopt_gradient(x, std::move(g))) pass_gradient(x, g);
   });
   return blocks;
 }

@@ -14,11 +14,9 @@ Var add(Tape& tape, const Var& a, const Var& b);
 Var reshape(Tape& tape, const Var& x, const Shape& shape);
 
 // Column blocks of x's last axis (widths summing to its width) as Vars of their own: views of x's value (no copy),
-// row-strided (Tensor::columns). An op that writes a block's whole gradient and honours row strides
-// (grad_buffer_for_write with GradLayout::RowStrided) writes it straight into the matching columns of one buffer
-// shaped like x's gradient, which then becomes x's gradient with no copy: how a fused projection's output
-// ([rows, q | f | i], ops/linear.h: linear_columns) feeds three consumers and gets one gradient for one dx GEMM.
-// Blocks whose gradient arrives otherwise are copied into place, and blocks with none are zero there.
+// row-strided (Tensor::columns). Ops that write a block's whole gradient and honour row strides write it straight
+// into the matching columns of one buffer (core/autograd.h: column_block_outputs), which becomes x's gradient with no
+// copy. x's value stays held until the backward (linear_columns makes its blocks without an x).
 std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64_t>& widths);
 
 // x itself when its value is contiguous, else a contiguous copy whose gradient flows back to x: for ops (the CPU

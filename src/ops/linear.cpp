@@ -192,13 +192,14 @@ static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std
   }
 }
 
-Var linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights) {
+std::vector<Var> linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights) {
   HGRN_CHECK(x, "linear_columns: input is null");
   const Tensor& xv = x->value;
   const std::vector<Tensor> w = weights_for_input(weights, xv);
   const int64_t in = xv.size(-1), rows = xv.numel() / in;
+  std::vector<int64_t> widths;
   int64_t width = 0;
-  for (const Tensor& wi : w) width += wi.size(0);
+  for (const Tensor& wi : w) widths.push_back(wi.size(0)), width += wi.size(0);
   Shape out_shape = xv.shape();
   out_shape.back() = width;
   Tensor y = Tensor::empty(out_shape, xv.dtype(), xv.device());
@@ -213,14 +214,14 @@ Var linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights) {
       col += wi.size(0);
     }
   }
-  Var out = op_output(tape, std::move(y), {x});
   bool weight_grads = false;
   for (const Var& wv : weights) weight_grads = weight_grads || wants_grad(wv);
-  out->requires_grad = out->requires_grad || (tape.enabled() && weight_grads);
-  if (!out->requires_grad) return out;
-  tape.record([x, weights, out, weight_grads] {
-    if (!out->grad.defined()) return;
-    const Tensor dy = out->grad;
+  const bool records = tape.enabled() && (wants_grad(x) || weight_grads);
+  std::vector<Var> blocks = column_block_outputs(y, widths, records);
+  if (!records) return blocks;
+  tape.record([x, weights, blocks, weight_grads] {
+    const Tensor dy = gather_column_gradients(blocks);
+    if (!dy.defined()) return;
     const int64_t in = weights[0]->value.size(1), width = dy.size(-1), rows = dy.numel() / width;
     if (wants_grad(x)) {
       bool accumulate = false;
@@ -242,7 +243,7 @@ Var linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights) {
     if (weight_grads)
       when_value_ready(x, [dy, xp = x.get(), weights] { columns_weight_gradient(dy, xp->value, weights); });
   });
-  return out;
+  return blocks;
 }
 
 }  // namespace hgrn

@@ -10,13 +10,14 @@ namespace hgrn {
 // add made by the GEMM (beta 1), whose gradient passes to residual unchanged.
 Var linear(Tape& tape, const Var& x, const Var& weight, const Var& residual = nullptr);
 
-// Several projections of one input side by side: y = x·[W_0; W_1; …]ᵀ, [..., out_0 + out_1 + …] (the q/f/i
-// projections, or the MLP's gate and up, whose consumers take them as column blocks: split_columns). Where the
-// weights lie adjacent in memory (the model allocates them so: ParamSpec::adjacent_to_previous; on the GPU their bf16
-// copies are made so), each product is one GEMM: the forward's n and dx's k are the summed widths, and dW goes to the
-// weights' gradients in one GEMM where those are adjacent too (made so at their first allocation). Otherwise one GEMM
-// per weight reads or writes its columns. Either way each element is the same dot product.
-Var linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights);
+// Several projections of one input, y_i = x·W_iᵀ, computed as one: their outputs are the column blocks of one tensor
+// [..., out_0 + out_1 + …] (views, row-strided: core/autograd.h column_block_outputs), e.g. the q/f/i projections.
+// Where the weights lie adjacent in memory (the model allocates them so: ParamSpec::adjacent_to_previous; on the GPU
+// their bf16 copies are made so), each product is one GEMM: the forward's n and dx's k are the summed widths, and dW
+// goes to the weights' gradients in one GEMM where those are adjacent too (made so at their first allocation).
+// Otherwise one GEMM per weight reads or writes its columns. Consumers that write their gradients row-strided
+// (the GPU gates and recurrence) write them straight into dx's operand; others' are copied into it.
+std::vector<Var> linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights);
 
 // The pieces linear is made of, for ops that fuse a projection with what follows it (linear_cross_entropy):
 // The tensor linear's GEMMs read for `weight` when the input is `x`: the weight itself, or, for a bf16 input and an

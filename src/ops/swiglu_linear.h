@@ -11,7 +11,8 @@
 
 namespace hgrn {
 
-// gate, up [..., F] (same shape, dtype, device); weight [out, F] (linear's contract: an fp32 master weight serves
+// gate, up [..., F] (same shape, dtype, device; on the GPU they may be row-strided: the column blocks of the fused
+// gate/up projection, linear_columns, whose gradients are then written in place); weight [out, F] (linear's contract: an fp32 master weight serves
 // bf16 inputs through its bf16 copy). keep_hidden: keep hidden from the forward for the backward (F values per row
 // held across the step) instead of recomputing it there. residual (optional, [..., out]): y = residual + hidden·Wᵀ,
 // added by the GEMM as in linear.
