@@ -153,19 +153,35 @@ Var linear(Tape& tape, const Var& x, const Var& weight, const Var& residual) {
   return out;
 }
 
+// linear_columns' GEMMs over its weights' column blocks: one, gemm(all parts joined, 0, total width, 0), where
+// `parts` (one tensor per weight: the weights, or their gradients) lie adjacent and `join` allows it; else
+// gemm(part, its first column, its width, its index) per defined part.
+template <typename Gemm>
+static void for_column_blocks(const std::vector<Tensor>& parts, const std::vector<int64_t>& widths, bool join,
+                              Gemm&& gemm) {
+  const Tensor all = join ? Tensor::adjacent_rows(parts) : Tensor();
+  if (all.defined()) return gemm(all, int64_t{0}, all.size(0), size_t{0});
+  int64_t col = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].defined()) gemm(parts[i], col, widths[i], i);
+    col += widths[i];
+  }
+}
+
 // dW_i (+)= dy[:, columns of W_i]ᵀ·x for linear_columns: one GEMM where the gradients are adjacent and all fresh or
 // all accumulating, else one per weight.
-static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std::vector<Var>& weights) {
+static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std::vector<Var>& weights,
+                                    const std::vector<int64_t>& widths) {
   const int64_t in = x.size(-1), width = dy.size(-1), rows = dy.numel() / width;
   bool first_gradients = true;
   for (const Var& w : weights) first_gradients = first_gradients && wants_grad(w) && !w->grad.defined();
   if (first_gradients) {  // one buffer, so that they are adjacent for this GEMM and every later one
     const Tensor all = Tensor::empty({width, in}, weights[0]->value.dtype(), weights[0]->value.device());
     int64_t row = 0;
-    for (const Var& w : weights) {
-      w->grad = all.rows(row, w->value.size(0));
-      w->grad_stale = true;  // holds no gradient yet: the GEMM below overwrites it
-      row += w->value.size(0);
+    for (size_t i = 0; i < weights.size(); ++i) {
+      weights[i]->grad = all.rows(row, widths[i]);
+      weights[i]->grad_stale = true;  // holds no gradient yet: the GEMM below overwrites it
+      row += widths[i];
     }
   }
   std::vector<Tensor> grads;
@@ -177,19 +193,9 @@ static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std
   }
   bool same = true;
   for (char a : accumulate) same = same && a == accumulate[0];
-  Tensor dw_all = same ? Tensor::adjacent_rows(grads) : Tensor();
-  if (dw_all.defined()) {
-    linear_gemm(true, false, width, in, rows, dy, width, x, in, accumulate[0] ? 1.0f : 0.0f, dw_all, in);
-    return;
-  }
-  int64_t col = 0;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    const int64_t out_i = weights[i]->value.size(0);
-    if (grads[i].defined())
-      linear_gemm(true, false, out_i, in, rows, dy.columns(col, out_i), width, x, in, accumulate[i] ? 1.0f : 0.0f,
-                  grads[i], in);
-    col += out_i;
-  }
+  for_column_blocks(grads, widths, same, [&](Tensor dw, int64_t col, int64_t n, size_t i) {
+    linear_gemm(true, false, n, in, rows, dy.columns(col, n), width, x, in, accumulate[i] ? 1.0f : 0.0f, dw, in);
+  });
 }
 
 std::vector<Var> linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights) {
@@ -202,46 +208,34 @@ std::vector<Var> linear_columns(Tape& tape, const Var& x, const std::vector<Var>
   for (const Tensor& wi : w) widths.push_back(wi.size(0)), width += wi.size(0);
   Shape out_shape = xv.shape();
   out_shape.back() = width;
-  Tensor y = Tensor::empty(out_shape, xv.dtype(), xv.device());
-  const Tensor w_all = Tensor::adjacent_rows(w);
-  if (w_all.defined()) {
-    linear_gemm(false, true, rows, width, in, xv, in, w_all, in, 0.0f, y, width);
-  } else {
-    int64_t col = 0;
-    for (const Tensor& wi : w) {
-      Tensor block = y.columns(col, wi.size(0));
-      linear_gemm(false, true, rows, wi.size(0), in, xv, in, wi, in, 0.0f, block, width);
-      col += wi.size(0);
-    }
-  }
+  const Tensor y = Tensor::empty(out_shape, xv.dtype(), xv.device());
+  for_column_blocks(w, widths, true, [&](const Tensor& wi, int64_t col, int64_t n, size_t) {
+    Tensor block = y.columns(col, n);
+    linear_gemm(false, true, rows, n, in, xv, in, wi, in, 0.0f, block, width);
+  });
   bool weight_grads = false;
   for (const Var& wv : weights) weight_grads = weight_grads || wants_grad(wv);
   const bool records = tape.enabled() && (wants_grad(x) || weight_grads);
   std::vector<Var> blocks = column_block_outputs(y, widths, records);
   if (!records) return blocks;
-  tape.record([x, weights, blocks, weight_grads] {
+  tape.record([x, weights, widths, blocks, weight_grads] {
     const Tensor dy = gather_column_gradients(blocks);
     if (!dy.defined()) return;
     const int64_t in = weights[0]->value.size(1), width = dy.size(-1), rows = dy.numel() / width;
     if (wants_grad(x)) {
       bool accumulate = false;
       Tensor& dx = grad_buffer_for_write(x, &accumulate);
-      const std::vector<Tensor> w = weights_for_input(weights, dx);
-      const Tensor w_all = Tensor::adjacent_rows(w);
-      if (w_all.defined()) {
-        linear_gemm(false, false, rows, in, width, dy, width, w_all, in, accumulate ? 1.0f : 0.0f, dx, in);
-      } else {
-        int64_t col = 0;
-        for (const Tensor& wi : w) {
-          linear_gemm(false, false, rows, in, wi.size(0), dy.columns(col, wi.size(0)), width, wi, in,
-                      accumulate || col > 0 ? 1.0f : 0.0f, dx, in);
-          col += wi.size(0);
-        }
-      }
+      for_column_blocks(weights_for_input(weights, dx), widths, true,
+                        [&](const Tensor& wi, int64_t col, int64_t n, size_t) {
+                          linear_gemm(false, false, rows, in, n, dy.columns(col, n), width, wi, in,
+                                      accumulate || col > 0 ? 1.0f : 0.0f, dx, in);
+                        });
     }
     // dW reads x, which may come back only in its producer's backward (ops/recompute.h); dy is kept until then.
     if (weight_grads)
-      when_value_ready(x, [dy, xp = x.get(), weights] { columns_weight_gradient(dy, xp->value, weights); });
+      when_value_ready(x, [dy, xp = x.get(), weights, widths] {
+        columns_weight_gradient(dy, xp->value, weights, widths);
+      });
   });
   return blocks;
 }
