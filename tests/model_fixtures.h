@@ -24,4 +24,27 @@ inline Var model_loss(const Hgrn2Model& model, Tape& tape, const Tensor& ids) {
   return cross_entropy(tape, reshape(tape, logits, {batch * seq, vocab}), on_device(targets, model.device())).loss;
 }
 
+// The projections the model runs as one GEMM each way (ParamSpec::adjacent_to_previous: q/f/i, gate/up) lie one
+// after another in memory: their values, their gradients and, where asked, their bf16 copies. Without that the model
+// still computes the same, one GEMM per weight, so only this check notices the fused path being lost.
+inline void expect_fused_projections_adjacent(const Hgrn2Model& model, bool grads, bool copies) {
+  const auto& params = model.parameters();
+  for (size_t i = 0; i < params.size();) {
+    size_t end = i + 1;
+    while (end < params.size() && params[end].first.adjacent_to_previous) ++end;
+    if (end - i > 1) {
+      std::vector<Tensor> values, grad_parts, copy_parts;
+      for (size_t j = i; j < end; ++j) {
+        values.push_back(params[j].second->value);
+        grad_parts.push_back(params[j].second->grad);
+        copy_parts.push_back(params[j].second->compute_copy);
+      }
+      EXPECT_TRUE(Tensor::adjacent_rows(values).defined()) << params[i].first.name << ": values apart";
+      if (grads) EXPECT_TRUE(Tensor::adjacent_rows(grad_parts).defined()) << params[i].first.name << ": gradients apart";
+      if (copies) EXPECT_TRUE(Tensor::adjacent_rows(copy_parts).defined()) << params[i].first.name << ": copies apart";
+    }
+    i = end;
+  }
+}
+
 }  // namespace hgrn::testing

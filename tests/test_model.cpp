@@ -24,6 +24,7 @@ ModelConfig tiny_config() {
   return c;
 }
 
+using testing::expect_fused_projections_adjacent;
 using testing::model_loss;
 using testing::token_ids;
 
@@ -200,6 +201,20 @@ TEST(Hgrn2Model, ParametersFollowFlaNamesAndShapes) {
   double sum_sq = 0;
   for (int64_t i = 0; i < w.numel(); ++i) sum_sq += w.item(i) * w.item(i);
   EXPECT_NEAR(std::sqrt(sum_sq / static_cast<double>(w.numel())), 0.5, 0.15);  // 64 draws: std within ~30%
+}
+
+TEST(Hgrn2Model, FusedProjectionsAreAdjacentAndStaySo) {
+  Rng rng(50);
+  Hgrn2Model model(tiny_config(), rng, DType::F64);
+  size_t runs = 0;
+  for (const auto& [spec, var] : model.parameters()) runs += spec.adjacent_to_previous;
+  EXPECT_EQ(runs, 3u * static_cast<size_t>(tiny_config().num_hidden_layers));  // f, i and up in every layer
+  expect_fused_projections_adjacent(model, false, false);
+  for (int step = 0; step < 2; ++step) {  // the first backward makes the gradients adjacent, the second adds to them
+    Tape tape;
+    tape.backward(model_loss(model, tape, token_ids(rng, 2, 9, tiny_config().vocab_size)));
+    expect_fused_projections_adjacent(model, true, false);
+  }
 }
 
 TEST(Hgrn2Model, SameSeedSameWeightsDifferentSeedDifferentWeights) {

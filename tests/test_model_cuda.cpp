@@ -96,6 +96,15 @@ TEST(ModelCuda, Bf16LossAndEveryGradientMatchTheCpuReference) {
   check_model(DType::BF16, 1e-2, 5e-2);
 }
 
+// The fused projections' operands stay adjacent through to_device, the bf16 copies and the first gradients.
+TEST(ModelCuda, FusedProjectionsStayAdjacentOnTheGpu) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Models m = make_models(DType::BF16);
+  testing::expect_fused_projections_adjacent(m.gpu, false, false);
+  loss_and_grads(m.gpu, random_ids(2, 70, small_config().vocab_size, 5));
+  testing::expect_fused_projections_adjacent(m.gpu, true, true);
+}
+
 TEST(ModelCuda, ForwardAndBackwardAreBitwiseDeterministic) {
   HGRN_SKIP_WITHOUT_GPU();
   for (DType act : {DType::F32, DType::BF16}) {
