@@ -116,6 +116,11 @@ std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64
   return blocks;
 }
 
+Var contiguous_on_cpu(Tape& tape, const Var& x) {
+  HGRN_CHECK(x, "contiguous_on_cpu: input is null");
+  return x->value.device() == Device::CUDA ? x : contiguous(tape, x);
+}
+
 Var contiguous(Tape& tape, const Var& x) {
   HGRN_CHECK(x, "contiguous: input is null");
   if (x->value.is_contiguous()) return x;

@@ -23,6 +23,11 @@ std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64
 // references) that read only contiguous tensors.
 Var contiguous(Tape& tape, const Var& x);
 
+// What the ops that take column blocks (the fused projections' outputs, row-strided) read: x itself on the GPU, whose
+// kernels read row-strided operands and write their gradients in place; contiguous(tape, x) on the CPU, whose
+// references read only contiguous tensors.
+Var contiguous_on_cpu(Tape& tape, const Var& x);
+
 // In the backward of an op whose output's gradient is also one input's, unchanged (y = residual + f(...)): gives
 // `to` the gradient of `from`, whose gradient is then undefined. Where `to` is an op output with no gradient yet, the
 // buffer itself changes hands (no copy; marked shared, so it is copied before a write while anything else, a queued

@@ -407,11 +407,8 @@ Var input_gate_from_forget(Tape& tape, const Var& g, DType out_dtype) {
 
 Hgrn2Gates hgrn2_gates(Tape& tape, const Var& q_hat_in, const Var& f_hat_in, const Var& gamma, int64_t layer) {
   HGRN_CHECK(q_hat_in && f_hat_in, "hgrn2_gates: q_hat or f_hat is null");
-  // q̂ and f̂ may be row-strided (column blocks of the fused q/f/i projection: split_columns): the GPU kernels read
-  // them, and write their gradients, in place; the CPU reference reads contiguous copies.
-  const bool on_gpu = f_hat_in->value.device() == Device::CUDA;
-  const Var q_hat = on_gpu ? q_hat_in : contiguous(tape, q_hat_in);
-  const Var f_hat = on_gpu ? f_hat_in : contiguous(tape, f_hat_in);
+  // q̂ and f̂ may be row-strided (column blocks of the fused q/f/i projection: linear_columns).
+  const Var q_hat = contiguous_on_cpu(tape, q_hat_in), f_hat = contiguous_on_cpu(tape, f_hat_in);
   Tensor gamma_row;
   const bool bounded = check_forget_gate_args("hgrn2_gates", f_hat, gamma, layer, &gamma_row);
   const Tensor &qv = q_hat->value, &fv = f_hat->value;

@@ -805,9 +805,8 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
                               int64_t chunk_size) {
   HGRN_CHECK(q && k && v_in && g, "hgru2_recurrence: q, k, v and g are required");
-  // v may be row-strided (a column block of the fused q/f/i projection: split_columns). The CUDA kernels read it,
-  // and write its gradient, in place; the CPU reference reads a contiguous copy.
-  const Var v = v_in->value.device() == Device::CUDA ? v_in : contiguous(tape, v_in);
+  // v may be row-strided (a column block of the fused q/f/i projection: linear_columns).
+  const Var v = contiguous_on_cpu(tape, v_in);
   const Tensor& qv = q->value;
   HGRN_CHECK(qv.dim() == 3, "hgru2_recurrence: q must be [B, T, H*K], got ", shape_str(qv.shape()));
   HGRN_CHECK(num_heads > 0, "hgru2_recurrence: num_heads must be positive, got ", num_heads);
