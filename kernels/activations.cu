@@ -7,7 +7,6 @@
 #include "cuda_check.h"
 #include "elementwise.cuh"
 #include "sigmoid.cuh"
-#include "launch.cuh"
 
 namespace hgrn {
 
@@ -27,7 +26,6 @@ struct Rows {
 
 template <typename T, int V, bool kHasUp>
 __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, Rows R) {
-  start_after_previous_kernel();
   HGRN_FOR_EACH_ROW_PACK(r, i, R) {
     float g[V], u[V];
     load_pack<V>(gate + r * R.gate, i, g);
@@ -47,7 +45,6 @@ __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, Rows R) 
 template <typename T, int V, bool kHasUp>
 __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y,
                                        bool add_gate, bool add_up, Rows R) {
-  start_after_previous_kernel();
   HGRN_FOR_EACH_ROW_PACK(r, i, R) {
     float g[V], u[V], d[V], s[V], acc[V];
     load_pack<V>(gate + r * R.gate, i, g);
@@ -132,9 +129,9 @@ void cuda_swiglu_forward(const void* gate, const void* up, void* y, const Swiglu
   HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu", [&] {
     with_has_up(up, [&](auto has_up) {
       launch_rows<act_t>(shape, {gate, up, y}, [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
-        launch_kernel("swiglu_forward", swiglu_forward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value>,
-                      grid, block, 0, static_cast<const act_t*>(gate), static_cast<const act_t*>(up),
-                      static_cast<act_t*>(y), R);
+        swiglu_forward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value><<<grid, block, 0, cuda_stream()>>>(
+            static_cast<const act_t*>(gate), static_cast<const act_t*>(up), static_cast<act_t*>(y), R);
+        CUDA_CHECK_LAUNCH("swiglu_forward");
       });
     });
   });
@@ -147,10 +144,11 @@ void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void
   HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu backward", [&] {
     with_has_up(up, [&](auto has_up) {
       launch_rows<act_t>(shape, {gate, up, dy, dgate, dup, y}, [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
-        launch_kernel("swiglu_backward", swiglu_backward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value>,
-                      grid, block, 0, static_cast<const act_t*>(gate), static_cast<const act_t*>(up),
-                      static_cast<const act_t*>(dy), static_cast<act_t*>(dgate), static_cast<act_t*>(dup),
-                      static_cast<act_t*>(y), add_gate, add_up, R);
+        swiglu_backward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value>
+            <<<grid, block, 0, cuda_stream()>>>(
+                static_cast<const act_t*>(gate), static_cast<const act_t*>(up), static_cast<const act_t*>(dy),
+                static_cast<act_t*>(dgate), static_cast<act_t*>(dup), static_cast<act_t*>(y), add_gate, add_up, R);
+        CUDA_CHECK_LAUNCH("swiglu_backward");
       });
     });
   });

@@ -15,7 +15,6 @@
 
 #include "cuda_check.h"
 #include "cuda_context.h"
-#include "launch.cuh"
 
 namespace hgrn {
 
@@ -68,7 +67,6 @@ __device__ __forceinline__ float scaled_grad(float g, double factor) {
 constexpr int kAdamWBatch = 4;
 
 __global__ void adamw_kernel(const MultiTensorSlot* slots, int count, AdamWArgs a) {
-  start_after_previous_kernel();
   const MultiTensorSlot s = slot_of_chunk(slots, count, blockIdx.x);
   const long long begin = (blockIdx.x - s.first_chunk) * kChunk;
   const long long end = min(static_cast<long long>(s.n), begin + kChunk);
@@ -112,7 +110,6 @@ __device__ __forceinline__ void block_sum(double* values) {
 }
 
 __global__ void sum_of_squares_kernel(const MultiTensorSlot* slots, int count, double* partials) {
-  start_after_previous_kernel();
   __shared__ double sums[kThreads];
   const MultiTensorSlot s = slot_of_chunk(slots, count, blockIdx.x);
   const long long begin = (blockIdx.x - s.first_chunk) * kChunk;
@@ -129,7 +126,6 @@ __global__ void sum_of_squares_kernel(const MultiTensorSlot* slots, int count, d
 
 // One block: thread t adds chunks t, t + kThreads, … in order, then the fixed tree.
 __global__ void sum_partials_kernel(const double* partials, long long chunks, double* total) {
-  start_after_previous_kernel();
   __shared__ double sums[kThreads];
   double acc = 0.0;
   for (long long c = threadIdx.x; c < chunks; c += kThreads) acc += partials[c];
@@ -139,7 +135,6 @@ __global__ void sum_partials_kernel(const double* partials, long long chunks, do
 }
 
 __global__ void scale_kernel(const MultiTensorSlot* slots, int count, double factor) {
-  start_after_previous_kernel();
   const MultiTensorSlot s = slot_of_chunk(slots, count, blockIdx.x);
   const long long begin = (blockIdx.x - s.first_chunk) * kChunk;
   const long long end = min(static_cast<long long>(s.n), begin + kChunk);
@@ -194,8 +189,9 @@ void cuda_adamw_update(const void* workspace, int64_t count, long long chunks, d
                        grad_scale,
                        clip_sum_of_squares,
                        max_norm};
-  launch_kernel("adamw", adamw_kernel, static_cast<unsigned>(chunks), kThreads, 0,
-                static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), args);
+  adamw_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, cuda_stream()>>>(
+      static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), args);
+  CUDA_CHECK_LAUNCH("adamw");
 }
 
 void cuda_grad_sum_of_squares(void* workspace, int64_t count, long long chunks, double* total) {
@@ -204,15 +200,18 @@ void cuda_grad_sum_of_squares(void* workspace, int64_t count, long long chunks, 
     return;
   }
   double* partials = partials_of(workspace, count);
-  launch_kernel("grad_sum_of_squares", sum_of_squares_kernel, static_cast<unsigned>(chunks), kThreads, 0,
-                static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), partials);
-  launch_kernel("grad_sum_of_squares_total", sum_partials_kernel, 1, kThreads, 0, partials, chunks, total);
+  sum_of_squares_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, cuda_stream()>>>(
+      static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), partials);
+  CUDA_CHECK_LAUNCH("grad_sum_of_squares");
+  sum_partials_kernel<<<1, kThreads, 0, cuda_stream()>>>(partials, chunks, total);
+  CUDA_CHECK_LAUNCH("grad_sum_of_squares_total");
 }
 
 void cuda_scale_grads(const void* workspace, int64_t count, long long chunks, double factor) {
   if (count == 0 || chunks == 0) return;
-  launch_kernel("scale_grads", scale_kernel, static_cast<unsigned>(chunks), kThreads, 0,
-                static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), factor);
+  scale_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, cuda_stream()>>>(
+      static_cast<const MultiTensorSlot*>(workspace), static_cast<int>(count), factor);
+  CUDA_CHECK_LAUNCH("scale_grads");
 }
 
 }  // namespace hgrn

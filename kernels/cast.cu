@@ -6,7 +6,6 @@
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "elementwise.cuh"
-#include "launch.cuh"
 
 namespace hgrn {
 
@@ -21,7 +20,6 @@ template <> __device__ __forceinline__ float from_double(double x) { return stat
 
 template <typename S, typename D>
 __global__ void cast_kernel(const S* src, D* dst, long long n) {
-  start_after_previous_kernel();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     dst[i] = from_double<D>(to_double(src[i]));
 }
@@ -30,7 +28,6 @@ __global__ void cast_kernel(const S* src, D* dst, long long n) {
 // elementwise.cuh's packs (a 16-byte load, an 8-byte store): element by element it ran at ~40% of the copy rate.
 template <int V>
 __global__ void cast_f32_to_bf16_kernel(const float* src, __nv_bfloat16* dst, long long packs) {
-  start_after_previous_kernel();
   HGRN_FOR_EACH_PACK(i, packs) {
     float v[V];
     load_pack<V>(src, i, v);
@@ -39,14 +36,12 @@ __global__ void cast_f32_to_bf16_kernel(const float* src, __nv_bfloat16* dst, lo
 }
 template <>
 __global__ void cast_kernel(const __nv_bfloat16* src, float* dst, long long n) {
-  start_after_previous_kernel();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     dst[i] = __bfloat162float(src[i]);
 }
 
 template <typename D>
 __global__ void fill_kernel(D* dst, double value, long long n) {
-  start_after_previous_kernel();
   const D v = from_double<D>(value);
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     dst[i] = v;
@@ -71,8 +66,9 @@ void cuda_cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int
     __nv_bfloat16* d = static_cast<__nv_bfloat16*>(dst);
     launch_packed<float>(n, {src, dst}, [&](auto vec, int64_t first, int64_t packs) {
       constexpr int V = decltype(vec)::value;
-      launch_kernel("cast", cast_f32_to_bf16_kernel<V>, grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0,
-                    s + first, d + first, packs);
+      cast_f32_to_bf16_kernel<V><<<grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
+          s + first, d + first, packs);
+      CUDA_CHECK_LAUNCH("cast");
     });
     return;
   }
@@ -80,10 +76,11 @@ void cuda_cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int
     with_type(dst_dtype, [&](auto d) {
       using S = decltype(s);
       using D = decltype(d);
-      launch_kernel("cast", cast_kernel<S, D>, grid_for(n, 256), 256, 0, static_cast<const S*>(src),
-                    static_cast<D*>(dst), n);
+      cast_kernel<S, D><<<grid_for(n, 256), 256, 0, cuda_stream()>>>(static_cast<const S*>(src),
+                                                                     static_cast<D*>(dst), n);
     });
   });
+  CUDA_CHECK_LAUNCH("cast");
 }
 
 void cuda_zero(void* dst, size_t bytes) {
@@ -94,8 +91,9 @@ void cuda_fill(void* dst, DType dtype, double value, int64_t n) {
   if (n == 0) return;
   with_type(dtype, [&](auto d) {
     using D = decltype(d);
-    launch_kernel("fill", fill_kernel<D>, grid_for(n, 256), 256, 0, static_cast<D*>(dst), value, n);
+    fill_kernel<D><<<grid_for(n, 256), 256, 0, cuda_stream()>>>(static_cast<D*>(dst), value, n);
   });
+  CUDA_CHECK_LAUNCH("fill");
 }
 
 }  // namespace hgrn

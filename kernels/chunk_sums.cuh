@@ -7,7 +7,6 @@
 #include "core/check.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
-#include "launch.cuh"
 
 namespace hgrn {
 
@@ -15,7 +14,6 @@ constexpr int kChunkSumColumns = 32;
 
 template <int Lanes>
 __global__ void add_chunk_sums_kernel(const float* partials, float* dst, long long chunks, long long width) {
-  start_after_previous_kernel();
   __shared__ float lane_sums[Lanes][kChunkSumColumns + 1];
   const long long c = blockIdx.x * (long long)kChunkSumColumns + threadIdx.x;
   float s = 0.f;
@@ -35,8 +33,9 @@ template <int Lanes>
 void add_chunk_sums(const float* partials, float* dst, long long chunks, long long width, const char* name) {
   const long long blocks = (width + kChunkSumColumns - 1) / kChunkSumColumns;
   HGRN_CHECK(blocks <= 0x7fffffffLL, name, ": width ", width, " exceeds the launch grid");
-  launch_kernel(name, add_chunk_sums_kernel<Lanes>, static_cast<unsigned>(blocks), dim3(kChunkSumColumns, Lanes), 0,
-                partials, dst, chunks, width);
+  add_chunk_sums_kernel<Lanes><<<static_cast<unsigned>(blocks), dim3(kChunkSumColumns, Lanes), 0, cuda_stream()>>>(
+      partials, dst, chunks, width);
+  CUDA_CHECK_LAUNCH(name);
 }
 
 }  // namespace hgrn

@@ -17,7 +17,6 @@
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
-#include "launch.cuh"
 
 namespace hgrn {
 
@@ -193,7 +192,6 @@ template <typename act_t, int VEC, typename T>
 __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targets, long long vocab,
                                              long long ignore_index, float* row_loss, float* log_sum_exp,
                                              int32_t* row_target, int32_t* row_status) {
-  start_after_previous_kernel();
   const long long r = blockIdx.x;
   const long long t = static_cast<long long>(targets[r]);
   const bool ignored = t == ignore_index, bad = !ignored && (t < 0 || t >= vocab);
@@ -223,7 +221,6 @@ template <typename act_t, int VEC, typename T>
 __global__ void cross_entropy_fused_kernel(act_t* logits, const T* targets, long long vocab, long long ignore_index,
                                            float* row_loss, float* log_sum_exp, int32_t* row_target,
                                            int32_t* row_status) {
-  start_after_previous_kernel();
   extern __shared__ __align__(16) unsigned char row_bytes[];
   auto* row = reinterpret_cast<Pack<act_t, VEC>*>(row_bytes);
   __shared__ float row_lse;
@@ -261,7 +258,6 @@ __global__ void cross_entropy_fused_kernel(act_t* logits, const T* targets, long
 // One block: thread i sums rows i, i + blockDim, ... in order, then the fixed tree; thread 0 writes the mean.
 __global__ void cross_entropy_reduce_kernel(const float* row_loss, const int32_t* row_status, long long rows,
                                             float* loss, long long* counts) {
-  start_after_previous_kernel();
   RowTotals acc{0.0f, 0, 0, LLONG_MAX};
   for (long long r = threadIdx.x; r < rows; r += blockDim.x) {
     const int32_t status = row_status[r];
@@ -283,7 +279,6 @@ template <typename act_t, int VEC>
 __global__ void cross_entropy_backward_kernel(const act_t* logits, const float* log_sum_exp, const int32_t* row_target,
                                               const float* dloss, float num_targets, act_t* dlogits,
                                               long long vocab, bool accumulate) {
-  start_after_previous_kernel();
   const long long r = blockIdx.x;
   const long long t = row_target[r];
   act_t* dx = dlogits + r * vocab;
@@ -344,17 +339,19 @@ void cross_entropy_forward_cuda(const void* logits, DType logits_dtype, const vo
       using T = decltype(tag);
       HGRN_CUDA_DISPATCH_ACT(logits_dtype, "cross_entropy", [&] {
         with_pack_width<act_t>(vocab, {logits}, [&](auto vec) {
-          launch_kernel("cross_entropy_forward", cross_entropy_forward_kernel<act_t, vec.value, T>,
-                        static_cast<unsigned>(rows), row_threads(vocab), 0, static_cast<const act_t*>(logits),
-                        static_cast<const T*>(targets), vocab, ignore_index, row_loss, log_sum_exp, row_target,
-                        row_status);
+          cross_entropy_forward_kernel<act_t, vec.value, T>
+              <<<static_cast<unsigned>(rows), row_threads(vocab), 0, cuda_stream()>>>(
+                  static_cast<const act_t*>(logits), static_cast<const T*>(targets), vocab, ignore_index, row_loss,
+                  log_sum_exp, row_target, row_status);
         });
       });
     });
+    CUDA_CHECK_LAUNCH("cross_entropy_forward");
   }
   static_assert(sizeof(long long) == sizeof(int64_t), "counts are int64");
-  launch_kernel("cross_entropy_reduce", cross_entropy_reduce_kernel, 1, kReduceThreads, 0, row_loss, row_status, rows,
-                loss, reinterpret_cast<long long*>(counts));
+  cross_entropy_reduce_kernel<<<1, kReduceThreads, 0, cuda_stream()>>>(row_loss, row_status, rows, loss,
+                                                                       reinterpret_cast<long long*>(counts));
+  CUDA_CHECK_LAUNCH("cross_entropy_reduce");
 }
 
 bool cross_entropy_forward_gradient_cuda(void* logits, DType logits_dtype, const void* targets, DType targets_dtype,
@@ -381,13 +378,15 @@ bool cross_entropy_forward_gradient_cuda(void* logits, DType logits_dtype, const
       const auto kernel = cross_entropy_fused_kernel<act_t, kVec, T>;
       CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(row_bytes)));
-      launch_kernel("cross_entropy_fused", kernel, static_cast<unsigned>(rows), row_threads(vocab), row_bytes,
-                    static_cast<act_t*>(logits), static_cast<const T*>(targets), vocab, ignore_index, row_loss,
-                    log_sum_exp, row_target, row_status);
+      kernel<<<static_cast<unsigned>(rows), row_threads(vocab), row_bytes, cuda_stream()>>>(
+          static_cast<act_t*>(logits), static_cast<const T*>(targets), vocab, ignore_index, row_loss, log_sum_exp,
+          row_target, row_status);
     });
   });
-  launch_kernel("cross_entropy_reduce", cross_entropy_reduce_kernel, 1, kReduceThreads, 0, row_loss, row_status, rows,
-                loss, reinterpret_cast<long long*>(counts));
+  CUDA_CHECK_LAUNCH("cross_entropy_fused");
+  cross_entropy_reduce_kernel<<<1, kReduceThreads, 0, cuda_stream()>>>(row_loss, row_status, rows, loss,
+                                                                       reinterpret_cast<long long*>(counts));
+  CUDA_CHECK_LAUNCH("cross_entropy_reduce");
   return true;
 }
 
@@ -423,12 +422,13 @@ void cross_entropy_backward_cuda(const void* logits, DType logits_dtype, const f
   if (rows == 0 || num_targets == 0) return;
   HGRN_CUDA_DISPATCH_ACT(logits_dtype, "cross_entropy backward", [&] {
     with_pack_width<act_t>(vocab, {logits, dlogits}, [&](auto vec) {
-      launch_kernel("cross_entropy_backward", cross_entropy_backward_kernel<act_t, vec.value>,
-                    static_cast<unsigned>(rows), row_threads(vocab), 0, static_cast<const act_t*>(logits), log_sum_exp,
-                    row_target, dloss, static_cast<float>(num_targets), static_cast<act_t*>(dlogits), vocab,
-                    accumulate);
+      cross_entropy_backward_kernel<act_t, vec.value>
+          <<<static_cast<unsigned>(rows), row_threads(vocab), 0, cuda_stream()>>>(
+              static_cast<const act_t*>(logits), log_sum_exp, row_target, dloss, static_cast<float>(num_targets),
+              static_cast<act_t*>(dlogits), vocab, accumulate);
     });
   });
+  CUDA_CHECK_LAUNCH("cross_entropy_backward");
 }
 
 }  // namespace hgrn

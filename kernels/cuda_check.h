@@ -1,5 +1,5 @@
 // cuda_check.h: CUDA_CHECK and CUBLAS_CHECK, the checks around every CUDA runtime and cuBLAS(Lt) call: a failure
-// becomes an hgrn::Error that says which call failed, why and where (kernel launches: launch_kernel, launch.cuh).
+// becomes an hgrn::Error that says which call failed, why, where, and (for launch failures) what to try.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -12,6 +12,15 @@
     if (err_ != cudaSuccess)                                                                              \
       throw ::hgrn::Error(::hgrn::detail::concat("CUDA error in ", #call, ": ", cudaGetErrorString(err_), \
                                                  " [", __FILE__, ":", __LINE__, "]"));                    \
+  } while (0)
+
+// After a kernel launch: reports a bad launch configuration at once (asynchronous faults show at the next sync).
+#define CUDA_CHECK_LAUNCH(kernel_name)                                                                        \
+  do {                                                                                                        \
+    cudaError_t err_ = cudaGetLastError();                                                                    \
+    if (err_ != cudaSuccess)                                                                                  \
+      throw ::hgrn::Error(::hgrn::detail::concat("CUDA kernel ", kernel_name, " failed to launch: ",          \
+                                                 cudaGetErrorString(err_), " [", __FILE__, ":", __LINE__, "]")); \
   } while (0)
 
 #define CUBLAS_CHECK(call)                                                                                   \

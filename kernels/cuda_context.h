@@ -16,8 +16,6 @@ cudaStream_t cuda_stream();            // all hgrn kernels, copies and GEMMs run
 cublasLtHandle_t cublaslt_handle();
 void* cublaslt_workspace(size_t* bytes);  // a fixed scratch buffer for cuBLASLt (allocated once)
 const cudaDeviceProp& cuda_device_properties();
-// Whether kernels launch with programmatic dependent launch (launch.cuh; decided once per process, in launch.cu).
-bool programmatic_launch_enabled();
 
 // Blocks a 1-D grid of `threads`-thread blocks covering n items (capped so that huge n uses grid-stride loops).
 inline unsigned grid_for(long long n, int threads) {

@@ -4,14 +4,12 @@
 #include "cuda_check.h"
 #include "elementwise.cuh"
 #include "elementwise.h"
-#include "launch.cuh"
 
 namespace hgrn {
 
 namespace {
 template <typename T, int V>
 __global__ void add_kernel(const T* a, const T* b, T* y, long long packs) {
-  start_after_previous_kernel();
   HGRN_FOR_EACH_PACK(i, packs) {
     float av[V], bv[V];
     load_pack<V>(a, i, av);
@@ -24,7 +22,6 @@ __global__ void add_kernel(const T* a, const T* b, T* y, long long packs) {
 template <typename T, int V>
 __global__ void scaled_accumulate_kernel(T* dst, const float* src, const float* scale, float factor, bool accumulate,
                                          long long packs) {
-  start_after_previous_kernel();
   const float a = scale[0] * factor;
   HGRN_FOR_EACH_PACK(i, packs) {
     float sv[V], dv[V];
@@ -45,8 +42,9 @@ void cuda_add(const void* a, const void* b, void* y, int64_t n, DType dtype) {
     act_t* yt = static_cast<act_t*>(y);
     launch_packed<act_t>(n, {a, b, y}, [&](auto vec, int64_t first, int64_t packs) {
       constexpr int V = decltype(vec)::value;
-      launch_kernel("add", add_kernel<act_t, V>, grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0,
-                    at + first, bt + first, yt + first, packs);
+      add_kernel<act_t, V><<<grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
+          at + first, bt + first, yt + first, packs);
+      CUDA_CHECK_LAUNCH("add");
     });
   });
 }
@@ -61,8 +59,9 @@ void cuda_scaled_accumulate(void* dst, DType dst_dtype, const float* src, const 
     // Packs of 4: 16 bytes of the fp32 source, 8 or 16 of the destination.
     launch_packed<float>(n, {dst, src}, [&](auto vec, int64_t first, int64_t packs) {
       constexpr int V = decltype(vec)::value;
-      launch_kernel("scaled_accumulate", scaled_accumulate_kernel<act_t, V>, grid_for(packs, kElementwiseThreads),
-                    kElementwiseThreads, 0, d + first, src + first, scale, factor, accumulate, packs);
+      scaled_accumulate_kernel<act_t, V><<<grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0,
+                                           cuda_stream()>>>(d + first, src + first, scale, factor, accumulate, packs);
+      CUDA_CHECK_LAUNCH("scaled_accumulate");
     });
   });
 }

@@ -12,7 +12,6 @@
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
 #include "embedding.h"
-#include "launch.cuh"
 
 namespace hgrn {
 
@@ -31,7 +30,6 @@ void with_id_type(DType dtype, const char* name, F&& f) {
 // bad id whatever the thread schedule.
 template <typename I>
 __global__ void check_ids_kernel(const I* ids, long long n, long long vocab, unsigned long long* first_bad) {
-  start_after_previous_kernel();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const long long id = static_cast<long long>(ids[i]);
     if (id < 0 || id >= vocab) atomicMin(first_bad, static_cast<unsigned long long>(i));
@@ -41,7 +39,6 @@ __global__ void check_ids_kernel(const I* ids, long long n, long long vocab, uns
 // One block per row (n can exceed the 65535 limit of grid.y, not of grid.x); threads stride over the columns.
 template <typename I, typename act_t>
 __global__ void embedding_forward_kernel(const float* weight, const I* ids, act_t* y, long long width) {
-  start_after_previous_kernel();
   const long long r = blockIdx.x;
   const float* src = weight + static_cast<long long>(ids[r]) * width;
   act_t* dst = y + r * width;
@@ -52,7 +49,6 @@ __global__ void embedding_forward_kernel(const float* weight, const I* ids, act_
 // bits need sorting) and positions 0..n-1 as values; the radix sort is stable, so equal ids keep position order.
 template <typename I>
 __global__ void sort_input_kernel(const I* ids, unsigned* keys, int32_t* positions, long long n) {
-  start_after_previous_kernel();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     keys[i] = static_cast<unsigned>(ids[i]);
     positions[i] = static_cast<int32_t>(i);
@@ -70,7 +66,6 @@ template <typename act_t>
 __global__ void embedding_backward_kernel(const act_t* dy, const int32_t* sorted_ids, const int32_t* sorted_pos,
                                           const int32_t* segment_start, const int32_t* num_segments, float* dweight,
                                           long long n, long long width) {
-  start_after_previous_kernel();
   const int segments = *num_segments;
   const int s = blockIdx.x;
   if (s >= segments) return;
@@ -124,9 +119,10 @@ int64_t embedding_check_ids_cuda(const void* ids, DType ids_dtype, int64_t n, in
   CUDA_CHECK(cudaMemsetAsync(first_bad, 0xFF, sizeof(unsigned long long), cuda_stream()));  // "none": all ones
   with_id_type(ids_dtype, "embedding", [&](auto tag) {
     using I = decltype(tag);
-    launch_kernel("embedding_check_ids", check_ids_kernel<I>, grid_for(n, 256), 256, 0, static_cast<const I*>(ids), n,
-                  vocab, first_bad);
+    check_ids_kernel<I><<<grid_for(n, 256), 256, 0, cuda_stream()>>>(static_cast<const I*>(ids), n, vocab,
+                                                                      first_bad);
   });
+  CUDA_CHECK_LAUNCH("embedding_check_ids");
   unsigned long long host = 0;
   CUDA_CHECK(cudaMemcpyAsync(&host, first_bad, sizeof host, cudaMemcpyDeviceToHost, cuda_stream()));
   CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
@@ -150,10 +146,11 @@ void embedding_forward_cuda(const float* weight, const void* ids, DType ids_dtyp
   with_id_type(ids_dtype, "embedding", [&](auto tag) {
     using I = decltype(tag);
     HGRN_CUDA_DISPATCH_ACT(y_dtype, "embedding", [&] {
-      launch_kernel("embedding_forward", embedding_forward_kernel<I, act_t>, static_cast<unsigned>(n), threads, 0,
-                    weight, static_cast<const I*>(ids), static_cast<act_t*>(y), width);
+      embedding_forward_kernel<I, act_t><<<static_cast<unsigned>(n), threads, 0, cuda_stream()>>>(
+          weight, static_cast<const I*>(ids), static_cast<act_t*>(y), width);
     });
   });
+  CUDA_CHECK_LAUNCH("embedding_forward");
 }
 
 size_t embedding_sort_workspace_bytes(int64_t n, int64_t vocab) {
@@ -180,9 +177,10 @@ void embedding_sort_cuda(const void* ids, DType ids_dtype, int64_t n, int64_t vo
 
   with_id_type(ids_dtype, "embedding", [&](auto tag) {
     using I = decltype(tag);
-    launch_kernel("embedding_sort_input", sort_input_kernel<I>, grid_for(n, 256), 256, 0, static_cast<const I*>(ids),
-                  keys_in, positions_in, n);
+    sort_input_kernel<I><<<grid_for(n, 256), 256, 0, cuda_stream()>>>(static_cast<const I*>(ids), keys_in,
+                                                                       positions_in, n);
   });
+  CUDA_CHECK_LAUNCH("embedding_sort_input");
   size_t sort_bytes = temp_bytes, select_bytes = temp_bytes;  // cub takes the size by reference
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys_in, keys_out, positions_in, sorted_pos, n, 0,
                                              key_bits(vocab), cuda_stream()));
@@ -199,10 +197,11 @@ void embedding_backward_cuda(const void* dy, DType dy_dtype, const int32_t* sort
   const dim3 grid(static_cast<unsigned>(std::min(n, vocab)), static_cast<unsigned>((width + threads - 1) / threads));
   HGRN_CHECK(grid.y <= 65535, "embedding backward: width ", width, " is too large");
   HGRN_CUDA_DISPATCH_ACT(dy_dtype, "embedding backward", [&] {
-    launch_kernel("embedding_backward", embedding_backward_kernel<act_t>, grid, threads, 0,
-                  static_cast<const act_t*>(dy), sorted_ids, sorted_pos, segment_start, num_segments, dweight, n,
-                  width);
+    embedding_backward_kernel<act_t><<<grid, threads, 0, cuda_stream()>>>(static_cast<const act_t*>(dy), sorted_ids,
+                                                                          sorted_pos, segment_start, num_segments,
+                                                                          dweight, n, width);
   });
+  CUDA_CHECK_LAUNCH("embedding_backward");
 }
 
 }  // namespace hgrn

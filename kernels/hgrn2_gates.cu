@@ -1,13 +1,13 @@
 // hgrn2_gates.cu: the HGRN2 gates on the GPU (hgrn2_gates.h): the lower bound γ, and a layer's gates q = silu(q̂),
 // the lower-bounded log forget gate g and the input gate k in one pass each way (the standalone input gate, k from a
-// given g, has its own small kernels), forward and backward. The formulas and the branch choices are the CPU
-// reference's (src/ops/hgrn2_gates.cpp explains them), written for fp32 arithmetic; min/max are spelled as
-// std::min/std::max evaluate them so that a NaN input propagates exactly as on the CPU instead of being swallowed by
-// fminf/fmaxf. γ's gradient is a sum over all rows: every block of kRowsPerChunk rows writes its own partial sums, then
-// one pass adds the partials in chunk order, so the bits never depend on scheduling (no atomics). The [rows, width]
-// kernels take kVec consecutive channels per thread (16-byte fp32 / 8-byte bf16 accesses) when the width and pointers
-// allow, else one; a thread keeps its channels for all its rows, so γ's logs are taken once per thread instead of per
-// element and no element index is divided by the width.
+// given g, has its own small kernels), forward and backward. The formulas and the branch choices are the CPU reference's
+// (src/ops/hgrn2_gates.cpp explains them), written for fp32 arithmetic; min/max are spelled as std::min/std::max
+// evaluate them so that a NaN input propagates exactly as on the CPU instead of being swallowed by fminf/fmaxf.
+// γ's gradient is a sum over all rows: every block of kRowsPerChunk rows writes its own partial sums, then one
+// pass adds the partials in chunk order, so the bits never depend on scheduling (no atomics).
+// The [rows, width] kernels take kVec consecutive channels per thread (16-byte fp32 / 8-byte bf16 accesses) when the
+// width and pointers allow, else one; a thread keeps its channels for all its rows, so γ's logs are taken once per
+// thread instead of per element and no element index is divided by the width.
 #include "hgrn2_gates.h"
 
 #include <cuda_bf16.h>
@@ -21,7 +21,6 @@
 #include "chunk_sums.cuh"
 #include "elementwise.cuh"
 #include "sigmoid.cuh"
-#include "launch.cuh"
 
 namespace hgrn {
 
@@ -71,7 +70,6 @@ __device__ __forceinline__ float log_add_exp(float a, float b) {
 
 __global__ void lower_bound_forward_kernel(const float* lower_bounds, float* probs, float* gamma, long long layers,
                                            long long width) {
-  start_after_previous_kernel();
   const long long d = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (d >= width) return;
   float max_value = lower_bounds[d];
@@ -96,7 +94,6 @@ __global__ void lower_bound_forward_kernel(const float* lower_bounds, float* pro
 // in the same order (identical values) rather than kept in a per-thread array of unknown length.
 __global__ void lower_bound_backward_kernel(const float* probs, const float* dgamma, float* dlower_bounds,
                                             long long layers, long long width) {
-  start_after_previous_kernel();
   const long long d = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (d >= width) return;
   float suffix = 0.f, weighted = 0.f;
@@ -182,6 +179,7 @@ __device__ __forceinline__ ForgetGateGrad forget_gate_grad(float x, float gamma,
   return forget_gate_grad_small(x, gamma, log_gamma, log_one_minus_gamma, s.tail);
 }
 
+
 // One pass over [rows, width] for a layer's gates: g = the log forget gate of f̂ (fp32), and where asked (non-null)
 // k = 1 − exp(g) and q = silu(q̂), both in T, so that f̂ and q̂ are read once and g is never read back.
 // Thread (x, y) of a block takes channel pack blockIdx.x·blockDim.x + x (V channels) of rows blockIdx.y·blockDim.y + y,
@@ -192,7 +190,6 @@ __global__ void gates_forward_kernel(const T* __restrict__ q_hat, const T* __res
                                      const float* __restrict__ gamma_row, T* __restrict__ q, float* __restrict__ g,
                                      T* __restrict__ k, long long rows, long long width, long long q_stride,
                                      long long f_stride) {
-  start_after_previous_kernel();
   const long long pk = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (pk * V >= width) return;
   float gamma[V], log_gamma[V], log_one_minus_gamma[V];
@@ -247,7 +244,6 @@ struct GatesBackwardParams {
 // waited on memory.
 template <typename T, int V>
 __global__ void __launch_bounds__(kCols * kLanes, 4) gates_backward_kernel(const GatesBackwardParams<T> p) {
-  start_after_previous_kernel();
   __shared__ float lane_sums[kLanes][kCols * V];
   const long long pk = (long long)blockIdx.y * kCols + threadIdx.x;  // this thread's channel pack
   const long long r_begin = (long long)blockIdx.x * kRowsPerChunk;
@@ -316,7 +312,6 @@ __global__ void __launch_bounds__(kCols * kLanes, 4) gates_backward_kernel(const
 
 template <typename G, typename K, int V>
 __global__ void input_gate_forward_kernel(const G* __restrict__ g, K* __restrict__ k, long long packs) {
-  start_after_previous_kernel();
   HGRN_FOR_EACH_PACK(i, packs) {
     float v[V];
     load_pack<V>(g, i, v);
@@ -330,7 +325,6 @@ __global__ void input_gate_forward_kernel(const G* __restrict__ g, K* __restrict
 template <typename G, typename K, int V>
 __global__ void input_gate_backward_kernel(const G* __restrict__ g, const K* __restrict__ dk, G* __restrict__ dg,
                                            bool add_dg, long long packs) {
-  start_after_previous_kernel();
   HGRN_FOR_EACH_PACK(i, packs) {
     float gv[V], dkv[V], acc[V];
     load_pack<V>(g, i, gv);
@@ -348,15 +342,17 @@ long long row_chunks(int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPe
 
 void cuda_lower_bound_forward(const float* lower_bounds, float* probs, float* gamma, int64_t layers, int64_t width) {
   if (width == 0) return;
-  launch_kernel("lower_bound_forward", lower_bound_forward_kernel, grid_for(width, kThreads), kThreads, 0, lower_bounds,
-                probs, gamma, layers, width);
+  lower_bound_forward_kernel<<<grid_for(width, kThreads), kThreads, 0, cuda_stream()>>>(lower_bounds, probs, gamma,
+                                                                                        layers, width);
+  CUDA_CHECK_LAUNCH("lower_bound_forward");
 }
 
 void cuda_lower_bound_backward(const float* probs, const float* dgamma, float* dlower_bounds, int64_t layers,
                                int64_t width) {
   if (width == 0) return;
-  launch_kernel("lower_bound_backward", lower_bound_backward_kernel, grid_for(width, kThreads), kThreads, 0, probs,
-                dgamma, dlower_bounds, layers, width);
+  lower_bound_backward_kernel<<<grid_for(width, kThreads), kThreads, 0, cuda_stream()>>>(probs, dgamma,
+                                                                                         dlower_bounds, layers, width);
+  CUDA_CHECK_LAUNCH("lower_bound_backward");
 }
 
 void cuda_hgrn2_gates_forward(const void* q_hat, const void* f_hat, DType dtype, const float* gamma_row, void* q,
@@ -375,11 +371,12 @@ void cuda_hgrn2_gates_forward(const void* q_hat, const void* f_hat, DType dtype,
     HGRN_CHECK(col_blocks <= 0x7fffffffLL, "hgrn2 gates: width ", width, " exceeds the launch grid");
     const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(std::min<long long>(row_blocks, 65535)));
     HGRN_CUDA_DISPATCH_ACT(dtype, "hgrn2 gates", [&] {
-      launch_kernel("hgrn2_gates_forward", gates_forward_kernel<act_t, V>, grid, dim3(tx, ty), 0,
-                    static_cast<const act_t*>(q_hat), static_cast<const act_t*>(f_hat), gamma_row,
-                    static_cast<act_t*>(q), g, static_cast<act_t*>(k), rows, width, q_hat_stride, f_hat_stride);
+      gates_forward_kernel<act_t, V><<<grid, dim3(tx, ty), 0, cuda_stream()>>>(
+          static_cast<const act_t*>(q_hat), static_cast<const act_t*>(f_hat), gamma_row, static_cast<act_t*>(q), g,
+          static_cast<act_t*>(k), rows, width, q_hat_stride, f_hat_stride);
     });
   });
+  CUDA_CHECK_LAUNCH("hgrn2_gates_forward");
 }
 
 int64_t cuda_hgrn2_gates_backward_workspace(int64_t rows, int64_t width) { return row_chunks(rows) * width; }
@@ -422,9 +419,10 @@ void cuda_hgrn2_gates_backward(const Hgrn2GatesBackwardArgs& a) {
       p.f_hat_stride = strides[1];
       p.dq_hat_stride = strides[2];
       p.df_hat_stride = strides[3];
-      launch_kernel("hgrn2_gates_backward", gates_backward_kernel<act_t, V>, grid, block, 0, p);
+      gates_backward_kernel<act_t, V><<<grid, block, 0, cuda_stream()>>>(p);
     });
   });
+  CUDA_CHECK_LAUNCH("hgrn2_gates_backward");
   if (partials) add_chunk_sums<kLanes>(partials, a.dgamma_row, chunks, a.width, "hgrn2_gates_dgamma_reduce");
 }
 
@@ -436,8 +434,9 @@ void cuda_input_gate_forward(const void* g, DType g_dtype, void* k, DType k_dtyp
       // Packs of kVec (float's 16 bytes) for both dtypes; the alignment check is the stricter fp32 one.
       launch_packed<float>(n, {g, k}, [&](auto vec, int64_t first, int64_t packs) {
         constexpr int V = decltype(vec)::value;
-        launch_kernel("input_gate_forward", input_gate_forward_kernel<G, act_t, V>, grid_for(packs, kThreads), kThreads,
-                      0, static_cast<const G*>(g) + first, static_cast<act_t*>(k) + first, packs);
+        input_gate_forward_kernel<G, act_t, V><<<grid_for(packs, kThreads), kThreads, 0, cuda_stream()>>>(
+            static_cast<const G*>(g) + first, static_cast<act_t*>(k) + first, packs);
+        CUDA_CHECK_LAUNCH("input_gate_forward");
       });
     });
   });
@@ -451,9 +450,10 @@ void cuda_input_gate_backward(const void* g, DType g_dtype, const void* dk, DTyp
     HGRN_CUDA_DISPATCH_ACT(k_dtype, "input_gate_from_forget backward", [&] {
       launch_packed<float>(n, {g, dk, dg}, [&](auto vec, int64_t first, int64_t packs) {
         constexpr int V = decltype(vec)::value;
-        launch_kernel("input_gate_backward", input_gate_backward_kernel<G, act_t, V>, grid_for(packs, kThreads),
-                      kThreads, 0, static_cast<const G*>(g) + first, static_cast<const act_t*>(dk) + first,
-                      static_cast<G*>(dg) + first, add_dg, packs);
+        input_gate_backward_kernel<G, act_t, V><<<grid_for(packs, kThreads), kThreads, 0, cuda_stream()>>>(
+            static_cast<const G*>(g) + first, static_cast<const act_t*>(dk) + first, static_cast<G*>(dg) + first,
+            add_dg, packs);
+        CUDA_CHECK_LAUNCH("input_gate_backward");
       });
     });
   });

@@ -45,7 +45,6 @@
 #include "dtype_cuda.cuh"
 #include "elementwise.cuh"
 #include "hgru2_recurrence.h"
-#include "launch.cuh"
 
 namespace hgrn {
 
@@ -637,7 +636,6 @@ struct StatePassSmem {
 // pair up evenly), which reads x and g once for both (see Launcher::state_pass).
 template <typename In, bool REVERSE, int kBlocksPerSm, int kVTiles>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(StatePassParams p) {
-  start_after_previous_kernel();
   extern __shared__ __align__(128) char smem[];
   StatePassSmem<In, kVTiles> s;
   StatePassSmem<In, kVTiles>::carve(smem, &s);
@@ -888,14 +886,14 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// One block of scores below the element-wise ones, by one warp on the tensor cores (TF32): query rows n .. n + kRows −
-// 1 against key columns j0 .. j0 + 8·kColTiles − 1 (all < n): A[i][j] += s·Σ_a Q̂_ia K̂_ja with the reference row n, Q̂ =
-// q ⊙ e^{G_i − G_n} and K̂ = k ⊙ e^{G_n − G_j} (both exponents <= 0), built straight into the fragments from the tiles.
-// Used for the 16×16 blocks below the diagonal blocks (n = 16r, j0 = 16J, J < r) and for the 8×8 square in the lower
-// left of each diagonal block (n = 16b + 8, j0 = 16b; kRows = 8 leaves the fragment's rows g + 8 zero and unformed).
-// Factoring e^{G_i − G_j} so costs 8 + 8 exp2 per feature for an 8×8 square instead of 64. For bf16 activations only:
-// there A only ever enters a product rounded to bf16 (A v, and the backward's Aᵀ dO), and TF32's 2^-11 input rounding
-// stays below that; fp32 activations keep the SIMT rounds (their tolerance needs full fp32).
+// One block of scores below the element-wise ones, by one warp on the tensor cores (TF32): query rows n .. n + kRows − 1
+// against key columns j0 .. j0 + 8·kColTiles − 1 (all < n): A[i][j] += s·Σ_a Q̂_ia K̂_ja with the reference row n,
+// Q̂ = q ⊙ e^{G_i − G_n} and K̂ = k ⊙ e^{G_n − G_j} (both exponents <= 0), built straight into the fragments from the
+// tiles. Used for the 16×16 blocks below the diagonal blocks (n = 16r, j0 = 16J, J < r) and for the 8×8 square in
+// the lower left of each diagonal block (n = 16b + 8, j0 = 16b; kRows = 8 leaves the fragment's rows g + 8 zero and
+// unformed). Factoring e^{G_i − G_j} so costs 8 + 8 exp2 per feature for an 8×8 square instead of 64. For bf16
+// activations only: there A only ever enters a product rounded to bf16 (A v, and the backward's Aᵀ dO), and TF32's
+// 2^-11 input rounding stays below that; fp32 activations keep the SIMT rounds (their tolerance needs full fp32).
 template <int kRows, int kColTiles>
 __device__ void scores_block_tf32(float* A, const float* q, const float* k, const float* G, float scale, int n,
                                   int j0) {
@@ -936,8 +934,7 @@ __device__ void scores_block_tf32(float* A, const float* q, const float* k, cons
 // Khat, Qhat: scratch of the fp32 path. bf16 activations: the diagonal blocks' 8×8 triangles element-wise, and on the
 // tensor cores the six blocks below them (warps 0–5, block (r, J) for warp r(r−1)/2 + J) and the diagonal blocks'
 // lower-left 8×8 squares (warps 6 and 7, two blocks each: about the six warps' work). fp32 activations: the whole
-// diagonal blocks element-wise, the rest as fp32 SIMT dot products, one query sub-chunk r at a time (reference row
-// 16r).
+// diagonal blocks element-wise, the rest as fp32 SIMT dot products, one query sub-chunk r at a time (reference row 16r).
 template <typename In>
 __device__ void accumulate_scores(float* A, const float* q, const float* k, const float* G, float* Khat, float* Qhat,
                                   float scale) {
@@ -979,7 +976,6 @@ __device__ void accumulate_scores(float* A, const float* q, const float* k, cons
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams p) {
-  start_after_previous_kernel();
   extern __shared__ __align__(128) char smem[];
   FwdOutputSmem<In> s;
   FwdOutputSmem<In>::carve(smem, p.d.key_pad, &s);
@@ -1106,7 +1102,6 @@ struct BwdDvSmem {
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
-  start_after_previous_kernel();
   extern __shared__ __align__(128) char smem[];
   BwdDvSmem<In> s;
   BwdDvSmem<In>::carve(smem, p.d.key_pad, &s);
@@ -1230,8 +1225,7 @@ constexpr int kLdD = kTile + 4;
 // activations only, as off_diagonal_block_tf32 in the forward): the 16 rows of sub-chunk `blk` and 32 columns
 // (col0 ..) of the K-tile, against the inner rows [inner0, inner1) of the other side:
 //   dq (DK = false): Pq_i += e^{G_i − G_n} Σ_{j in inner} dA_ij k̂_j,  k̂_j = k_j ⊙ e^{G_n − G_j},  n = 16·blk, j < n;
-//   dk (DK = true):  Pk_j += e^{G_n − G_j} Σ_{i in inner} dA_ij q̌_i,  q̌_i = q_i ⊙ e^{G_i − G_n},  n = 16·blk + 15, i >
-//   n.
+//   dk (DK = true):  Pk_j += e^{G_n − G_j} Σ_{i in inner} dA_ij q̌_i,  q̌_i = q_i ⊙ e^{G_i − G_n},  n = 16·blk + 15, i > n.
 // Every exponent is <= 0. The operand fragments are built straight from the tiles; TF32's 2^-11 input rounding sits
 // below the bf16 rounding of dq and dk (dg, formed from them in fp32, keeps the bf16 tolerance).
 template <bool DK, typename In>
@@ -1308,7 +1302,6 @@ template <typename In> constexpr int kDqkBlocksPerSm = std::is_same_v<In, float>
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(BwdDqkParams p) {
-  start_after_previous_kernel();
   extern __shared__ __align__(128) char smem[];
   BwdDqkSmem<In> s;
   BwdDqkSmem<In>::carve(smem, &s);
@@ -1640,7 +1633,8 @@ void launch(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, 
   const size_t optin = cuda_device_properties().sharedMemPerBlockOptin;
   HGRN_CHECK(bytes <= optin, "hgru2 CUDA: ", name, " needs ", bytes, " bytes of shared memory, the device has ", optin);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  launch_kernel(name, kernel, grid, kThreads, bytes, args...);
+  kernel<<<grid, kThreads, bytes, cuda_stream()>>>(args...);
+  CUDA_CHECK_LAUNCH(name);
 }
 
 // How many rounds `blocks` blocks of `kernel` take to pass through the GPU (`bytes` is fixed per kernel).

@@ -15,7 +15,6 @@
 #include "chunk_sums.cuh"
 #include "elementwise.cuh"
 #include "rmsnorm.h"
-#include "launch.cuh"
 
 namespace hgrn {
 
@@ -41,7 +40,6 @@ __device__ __forceinline__ float normalized(float x, float rstd, float w) { retu
 template <typename T>
 __global__ void rmsnorm_forward_kernel(const T* x, const float* w, T* y, float* rstd, long long rows, int width,
                                        float eps) {
-  start_after_previous_kernel();
   __shared__ float warp_sums[32];
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
     const long long base = row * width;
@@ -63,7 +61,6 @@ __global__ void rmsnorm_forward_kernel(const T* x, const float* w, T* y, float* 
 template <typename T>
 __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx, bool add,
                                            T* y, long long rows, int width) {
-  start_after_previous_kernel();
   __shared__ float warp_sums[32];
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
     const long long base = row * width;
@@ -96,7 +93,6 @@ constexpr unsigned kMaxGridY = 65535;
 template <typename T>
 __global__ void rmsnorm_dw_partial_kernel(const T* x, const float* rstd, const T* dy, float* partial, long long rows,
                                           int width, long long chunks) {
-  start_after_previous_kernel();
   __shared__ float group_sums[kDwGroups][kDwColumns + 1];
   const int c = blockIdx.x * kDwColumns + threadIdx.x;
   for (long long chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
@@ -174,7 +170,6 @@ __device__ void stage_weight(float4* weight, const float* w, int row_packs) {
 template <typename T, int P>
 __global__ void __launch_bounds__(kRowWarps * 32)
     rmsnorm_forward_warp_kernel(const T* x, const float* w, T* y, float* rstd, long long rows, int width, float eps) {
-  start_after_previous_kernel();
   constexpr int V = 16 / sizeof(T);
   const int lane = threadIdx.x % 32;
   const int row_packs = width / V;
@@ -236,7 +231,6 @@ template <typename T, int P>
 __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
     rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx, bool add,
                                  float* partial, T* y, long long rows, int width) {
-  start_after_previous_kernel();
   constexpr int V = 16 / sizeof(T);
   constexpr int W = backward_row_warps<T, P>();
   __shared__ __align__(16) float warp_dw[W][32 * P * V];  // at most 32 KB
@@ -259,8 +253,8 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   // x and dy are read twice, for the row's reduction and again (from L1) for the gradients, rather than held in
   // registers across it: held, they took the 1024-wide bf16 build to 118 registers and 2 blocks per SM, and the
   // kernel waited on memory (0.5-0.8 eligible warps per scheduler under ncu); re-read, it takes 56 and fits 4.
-  // An accumulated dx is loaded only after the reduction, where it is needed. Prefetching the next row's x and dy into
-  // registers made the kernel slower (H200, 385m: 118 us against 109 us per call).
+  // An accumulated dx is loaded only after the reduction, where it is needed. Prefetching the next row's x and dy into registers
+  // made the kernel slower (H200, 385m: 118 us against 109 us per call).
   for (long long row = r_begin + warp; row < r_end; row += W) {
     const long long base = row * width;
     const T* xr = x + base;
@@ -362,8 +356,7 @@ void with_packs(int packs, F&& f) {
 // its weights once), never more than one row per warp needs.
 template <auto kernel>
 unsigned rmsnorm_forward_blocks(int64_t rows) {
-  return static_cast<unsigned>(
-      std::min((rows + kRowWarps - 1) / kRowWarps, resident_blocks<kernel>(kRowWarps * 32, 0)));
+  return static_cast<unsigned>(std::min((rows + kRowWarps - 1) / kRowWarps, resident_blocks<kernel>(kRowWarps * 32, 0)));
 }
 
 // Queues the weight gradient's second pass: dweight += Σ over chunks of partial [chunks, width].
@@ -393,15 +386,16 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
     if (packs > 0) {
       with_packs(packs, [&](auto p) {
         constexpr auto kernel = rmsnorm_forward_warp_kernel<act_t, decltype(p)::value>;
-        launch_kernel("rmsnorm_forward", kernel, rmsnorm_forward_blocks<kernel>(rows), kRowWarps * 32, 0,
-                      static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
-                      static_cast<float>(eps));
+        kernel<<<rmsnorm_forward_blocks<kernel>(rows), kRowWarps * 32, 0, cuda_stream()>>>(
+            static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
+            static_cast<float>(eps));
       });
     } else {
-      launch_kernel("rmsnorm_forward", rmsnorm_forward_kernel<act_t>, row_blocks(rows), threads_for_width(width), 0,
-                    static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
-                    static_cast<float>(eps));
+      rmsnorm_forward_kernel<act_t><<<row_blocks(rows), threads_for_width(width), 0, cuda_stream()>>>(
+          static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
+          static_cast<float>(eps));
     }
+    CUDA_CHECK_LAUNCH("rmsnorm_forward");
   });
 }
 
@@ -426,17 +420,18 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
         Tensor partial;
         if (want_dw) partial = Tensor::empty({chunks, width}, DType::F32, Device::CUDA);
         float* partial_data = want_dw ? static_cast<float*>(partial.raw_data()) : nullptr;
-        launch_kernel("rmsnorm_backward_warp", rmsnorm_backward_warp_kernel<act_t, P>, static_cast<unsigned>(chunks),
-                      backward_row_warps<act_t, P>() * 32, 0, xt, weight, rstd, dyt, dxt, add, partial_data,
-                      static_cast<act_t*>(y), rows, static_cast<int>(width));
+        rmsnorm_backward_warp_kernel<act_t, P>
+            <<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, 0, cuda_stream()>>>(
+                xt, weight, rstd, dyt, dxt, add, partial_data, static_cast<act_t*>(y), rows, static_cast<int>(width));
+        CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
         if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);
       });
       return;
     }
     if (want_dx || y) {
-      launch_kernel("rmsnorm_backward_dx", rmsnorm_backward_dx_kernel<act_t>, row_blocks(rows),
-                    threads_for_width(width), 0, xt, weight, rstd, want_dx ? dyt : nullptr, dxt, add,
-                    static_cast<act_t*>(y), rows, static_cast<int>(width));
+      rmsnorm_backward_dx_kernel<act_t><<<row_blocks(rows), threads_for_width(width), 0, cuda_stream()>>>(
+          xt, weight, rstd, want_dx ? dyt : nullptr, dxt, add, static_cast<act_t*>(y), rows, static_cast<int>(width));
+      CUDA_CHECK_LAUNCH("rmsnorm_backward_dx");
     }
     if (want_dw) {
       const int64_t chunks = (rows + kDwChunkRows - 1) / kDwChunkRows;
@@ -444,8 +439,9 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
       float* partial_data = static_cast<float*>(partial.raw_data());
       const dim3 grid(static_cast<unsigned>((width + kDwColumns - 1) / kDwColumns),
                       static_cast<unsigned>(std::min<int64_t>(chunks, kMaxGridY)));
-      launch_kernel("rmsnorm_dw_partial", rmsnorm_dw_partial_kernel<act_t>, grid, dim3(kDwColumns, kDwGroups), 0, xt,
-                    rstd, dyt, partial_data, rows, static_cast<int>(width), chunks);
+      rmsnorm_dw_partial_kernel<act_t><<<grid, dim3(kDwColumns, kDwGroups), 0, cuda_stream()>>>(
+          xt, rstd, dyt, partial_data, rows, static_cast<int>(width), chunks);
+      CUDA_CHECK_LAUNCH("rmsnorm_dw_partial");
       finalize_dweight(partial_data, dweight, chunks, width);
     }
   });
