@@ -101,16 +101,19 @@ out, models = sys.argv[1], sys.argv[2:]
 def load(name):
     p = os.path.join(out, name + ".json")
     return json.load(open(p)) if os.path.exists(p) else None
-print("| model | peer amp-bf16 tok/s | peer pure-bf16 tok/s | hgrn tok/s | hgrn / best peer | peer amp GiB | "
-      "hgrn GiB | hgrn / peer amp memory | hgrn MFU |")
-print("|---|---|---|---|---|---|---|---|---|")
+# The peer's tokens/s come from its mean step (tools/peer_bench.py), hgrn's from its median step; the last ratio uses
+# hgrn's mean step, the like-for-like one (a slow step or two under the power cap lowers it).
+print("| model | peer amp-bf16 tok/s | peer pure-bf16 tok/s | hgrn tok/s (median step) | hgrn / best peer | "
+      "hgrn / best peer, hgrn's mean step | peer amp GiB | hgrn GiB | hgrn / peer amp memory | hgrn MFU |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for m in models:
     amp, pure, h = load(f"peer-{m}-amp-bf16"), load(f"peer-{m}-pure-bf16"), load(f"hgrn-{m}")
     peers = [r["tokens_per_s"] for r in (amp, pure) if r]
     best = max(peers) if peers else float("nan")
     f = lambda r, k, fmt: (fmt % r[k]) if r else "-"
     print(f"| {m} | {f(amp, 'tokens_per_s', '%.0f')} | {f(pure, 'tokens_per_s', '%.0f')} | "
-          f"{f(h, 'tokens_per_s', '%.0f')} | {h['tokens_per_s'] / best:.2f}x | " if h else f"| {m} | - | - | - | - | ",
+          f"{f(h, 'tokens_per_s', '%.0f')} | {h['tokens_per_s'] / best:.2f}x | "
+          f"{h.get('tokens_per_s_mean', float('nan')) / best:.3f}x | " if h else f"| {m} | - | - | - | - | - | ",
           end="")
     print(f"{f(amp, 'peak_memory_gib', '%.1f')} | {f(h, 'peak_memory_gib', '%.1f')} | "
           f"{(h['peak_memory_gib'] / amp['peak_memory_gib']) if (h and amp) else float('nan'):.2f}x | "

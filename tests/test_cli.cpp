@@ -100,6 +100,31 @@ TEST_F(Cli, BenchRecurrenceOnTheCpuReportsTimesRatesAndTheFlopCount) {
   EXPECT_EQ(j.at("device_copy_gbps").get<double>(), 0.0);
 }
 
+// Training steps on the CPU (the default config): the JSON has the median and the mean step time, each between the
+// fastest and the slowest step, and the tokens/s of each; the printout gives both.
+TEST_F(Cli, BenchStepsReportTheMedianAndTheMeanStepTime) {
+  ScratchDir dir;
+  const std::string json_path = (dir.path() / "steps.json").string();
+  const CommandResult r = run_hgrn({"bench", "--config", default_config(), "--set", "training.device=cpu", "--warmup",
+                                    "1", "--steps", "4", "--json", json_path});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(" / median "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" tokens/s at the mean"), std::string::npos) << r.out;
+  std::ifstream f(json_path);
+  ASSERT_TRUE(f.good()) << json_path;
+  const nlohmann::json j = nlohmann::json::parse(f);
+  const double lo = j.at("min_ms").get<double>(), hi = j.at("max_ms").get<double>();
+  const double median = j.at("median_ms").get<double>(), mean = j.at("mean_ms").get<double>();
+  EXPECT_GT(lo, 0.0);
+  EXPECT_LE(lo, median);
+  EXPECT_LE(median, hi);
+  EXPECT_LE(lo, mean);
+  EXPECT_LE(mean, hi);
+  const double tokens = j.at("tokens_per_step").get<double>();
+  EXPECT_NEAR(j.at("tokens_per_s").get<double>(), tokens / (median * 1e-3), 1e-6 * tokens / (median * 1e-3));
+  EXPECT_NEAR(j.at("tokens_per_s_mean").get<double>(), tokens / (mean * 1e-3), 1e-6 * tokens / (mean * 1e-3));
+}
+
 // HGRN_MEMORY_REPORT on a GPU: the table of what was live at the high-water mark sums to the peak that the bench
 // reports (both taken after the warm-up), and names the model's ranges (the recurrence keeps its inputs); after the
 // warm-up the caching allocator asks the driver for nothing (issue 3: no cudaMalloc in the steady-state step).

@@ -67,15 +67,17 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
         << std::setprecision(0) << r.tokens_per_s << " | " << std::setprecision(1) << 100 * r.mfu << "% | "
         << std::setprecision(2) << r.peak_memory_gib << " |\n";
     out << "model " << r.model_tflops << " TFLOP/s against a measured bf16 GEMM peak of " << r.gpu_peak_tflops
-        << " TFLOP/s; step times min " << r.min_ms << " / max " << r.max_ms << " ms; loss " << r.first_loss << " -> "
-        << r.last_loss << "\n";
+        << " TFLOP/s; step times min " << r.min_ms << " / median " << r.median_ms << " / mean " << r.mean_ms
+        << " / max " << r.max_ms << " ms (" << std::setprecision(0) << r.tokens_per_s_mean
+        << " tokens/s at the mean); loss " << std::setprecision(2) << r.first_loss << " -> " << r.last_loss << "\n";
     if (r.device_name != "cpu")
       out << "device memory: peak in use " << r.peak_memory_gib << " GiB, reserved from the driver "
           << r.reserved_memory_gib << " GiB, " << r.timed_driver_allocations
           << " driver allocations during the timed steps\n";
     json = {{"kind", "training_step"}, {"config", config.source}, {"device", r.device_name}, {"params", r.params},
             {"tokens_per_step", r.tokens_per_step}, {"warmup", r.warmup}, {"steps", r.steps},
-            {"median_ms", r.median_ms}, {"min_ms", r.min_ms}, {"max_ms", r.max_ms}, {"tokens_per_s", r.tokens_per_s},
+            {"median_ms", r.median_ms}, {"mean_ms", r.mean_ms}, {"min_ms", r.min_ms}, {"max_ms", r.max_ms},
+            {"tokens_per_s", r.tokens_per_s}, {"tokens_per_s_mean", r.tokens_per_s_mean},
             {"peak_memory_gib", r.peak_memory_gib}, {"reserved_memory_gib", r.reserved_memory_gib},
             {"timed_driver_allocations", r.timed_driver_allocations}, {"gpu_peak_tflops", r.gpu_peak_tflops},
             {"model_tflops", r.model_tflops}, {"mfu", r.mfu}, {"first_loss", r.first_loss},

@@ -14,7 +14,8 @@ struct StepBench {
   std::string device_name;
   int64_t params = 0, tokens_per_step = 0, warmup = 0, steps = 0;
   int64_t ranks = 1;              // data-parallel processes (mpirun); tokens and MFU count them all
-  double median_ms = 0, min_ms = 0, max_ms = 0;
+  double median_ms = 0, mean_ms = 0, min_ms = 0, max_ms = 0;  // over the timed steps
+  double tokens_per_s_mean = 0;   // tokens_per_step / mean step time: what a mean-timed peer compares with
   double tokens_per_s = 0;        // tokens_per_step / median step time
   double peak_memory_gib = 0;     // high-water mark of hgrn's GPU tensors over the timed steps (0 on the CPU)
   double reserved_memory_gib = 0; // what the caching allocator holds from the driver at the end (in use + cached)
