@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "core/allocator.h"
@@ -103,13 +104,14 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
         << "\n";
   }
   r.median_ms = median(times) * 1e3;
-  double total = 0;
-  for (double t : times) total += t;
-  r.mean_ms = times.empty() ? 0 : total / static_cast<double>(times.size()) * 1e3;
+  r.mean_ms = times.empty() ? 0 : std::accumulate(times.begin(), times.end(), 0.0) / times.size() * 1e3;
   r.min_ms = times.empty() ? 0 : *std::min_element(times.begin(), times.end()) * 1e3;
   r.max_ms = times.empty() ? 0 : *std::max_element(times.begin(), times.end()) * 1e3;
-  r.tokens_per_s = r.median_ms > 0 ? static_cast<double>(r.tokens_per_step) / (r.median_ms * 1e-3) : 0;
-  r.tokens_per_s_mean = r.mean_ms > 0 ? static_cast<double>(r.tokens_per_step) / (r.mean_ms * 1e-3) : 0;
+  const auto tokens_per_s_at = [&](double step_ms) {
+    return step_ms > 0 ? static_cast<double>(r.tokens_per_step) / (step_ms * 1e-3) : 0.0;
+  };
+  r.tokens_per_s = tokens_per_s_at(r.median_ms);
+  r.tokens_per_s_mean = tokens_per_s_at(r.mean_ms);
   const CudaMemoryStats memory = cuda_memory_stats();
   r.peak_memory_gib = static_cast<double>(memory.peak_in_use_bytes) / (1u << 30);
   r.reserved_memory_gib = static_cast<double>(memory.reserved_bytes) / (1u << 30);
