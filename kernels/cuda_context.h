@@ -25,14 +25,25 @@ inline unsigned grid_for(long long n, int threads) {
   return static_cast<unsigned>(blocks);
 }
 
+// Raises `kernel`'s dynamic shared-memory limit to `dynamic_smem` bytes (needed past 48 KB), once per kernel: the
+// size must be the same at every launch.
+template <auto kernel>
+void allow_dynamic_smem(size_t dynamic_smem) {
+  static const bool done = [dynamic_smem] {
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_smem)));
+    return true;
+  }();
+  (void)done;
+}
+
 // How many blocks of `kernel` the GPU holds at once with `threads` threads and `dynamic_smem` bytes of dynamic shared
 // memory per block (both fixed per kernel): asked of the occupancy calculator once per kernel, after raising the
-// kernel's shared-memory limit to `dynamic_smem` (needed past 48 KB).
+// kernel's shared-memory limit to `dynamic_smem`.
 template <auto kernel>
 int64_t resident_blocks(int threads, size_t dynamic_smem) {
   static const int64_t resident = [threads, dynamic_smem] {
-    CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_smem)));
+    allow_dynamic_smem<kernel>(dynamic_smem);
     int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic_smem));
     return static_cast<int64_t>(std::max(per_sm, 1)) * cuda_device_properties().multiProcessorCount;

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cp_async.cuh"
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
@@ -266,7 +267,7 @@ __device__ void stage_tile(T* dst, int ld, const T* src, int64_t stride, int row
   constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec, kRowStep = kThreads / kPerRow;
   static_assert(kThreads % kPerRow == 0 && kChunk % kRowStep == 0, "whole rows per pass");
   const int r0 = threadIdx.x / kPerRow, c = (threadIdx.x % kPerRow) * kVec;
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + r0 * ld + c));
+  const unsigned to = shared_address(dst + r0 * ld + c);
   const T* from = src + r0 * stride + c;
   if (rows >= kChunk && cols >= kTile) {
     // A whole tile (every tile but a final partial chunk's or a ragged K or V edge's): plain 16-byte copies, no source
@@ -274,8 +275,7 @@ __device__ void stage_tile(T* dst, int ld, const T* src, int64_t stride, int row
     // offsetting the address), which made staging a third of the state pass's instructions.
 #pragma unroll
     for (int i = 0; i < kChunk / kRowStep; ++i)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to + i * kRowStep * ld * unsigned{sizeof(T)}),
-                   "l"(from + i * kRowStep * stride));
+      cp_async_16(to + i * kRowStep * ld * unsigned{sizeof(T)}, from + i * kRowStep * stride);
     return;
   }
   const int column_bytes = max(0, min(kVec, cols - c)) * static_cast<int>(sizeof(T));
@@ -286,11 +286,6 @@ __device__ void stage_tile(T* dst, int ld, const T* src, int64_t stride, int row
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to + i * kRowStep * ld * unsigned{sizeof(T)}),
                  "l"(bytes > 0 ? from + i * kRowStep * stride : src), "r"(bytes));
   }
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // 2^x by the hardware's approximate exp2 (relative error ~2^-22, subnormal results flushed to 0): every decay is
@@ -475,13 +470,13 @@ struct WarpTile {
 };
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  const unsigned addr = shared_address(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  const unsigned addr = shared_address(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));

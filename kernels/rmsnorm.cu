@@ -1,8 +1,9 @@
 // rmsnorm.cu: RMSNorm forward and backward (rmsnorm.h), llm.c-style.
 // Rows up to 256 16-byte packs wide (2048 bf16 or 1024 fp32 values: the model's D) take one warp per row, a lane
-// owning the same 16-byte packs of every row: the row statistics (Σx², Σ dy·w·x̂) are warp shuffles, the values are
-// read again from L1 after them rather than held in registers (more warps fit), and the backward folds the weight
-// gradient into the same pass (each lane sums its columns' dy ⊙ x̂ in its warp's row of shared memory).
+// owning the same 16-byte packs of every row: the row statistics (Σx², Σ dy·w·x̂) are warp shuffles, the rows arrive
+// in shared memory by cp.async one row ahead (RowStage) and are read there twice, around the statistic, and the
+// backward folds the weight gradient into the same pass (each lane sums its columns' dy ⊙ x̂ in its warp's row of
+// shared memory).
 // Other widths or unaligned views take one block per row (loops, block reductions) and a separate weight-gradient
 // pass. Either way the weight gradient Σ_rows dy ⊙ x̂ is summed without atomics, in fixed chunks of rows into an fp32
 // scratch [chunks, width] and then over the chunks in order, so its bits depend only on the shape and path taken.
@@ -13,6 +14,7 @@
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
 #include "chunk_sums.cuh"
+#include "cp_async.cuh"
 #include "elementwise.cuh"
 #include "rmsnorm.h"
 
@@ -165,8 +167,47 @@ __device__ void stage_weight(float4* weight, const float* w, int row_packs) {
   }
 }
 
+// A warp's rows in shared memory, two buffers deep: while the warp works on one row (read from its buffer twice, for
+// the row's statistic and again for the outputs), the next row's copies are in flight into the other. Each buffer
+// holds kArrays arrays of a row (x; or x and dy), 32·P packs each; lane l copies, and later reads, packs l, l + 32, …
+// only, so its own cp_async_wait makes them visible to it with no barrier, and a buffer is refilled only after the
+// lane has consumed what it read from it. Why shared memory: read twice from global memory (the second time meant to
+// hit L1), the rows mostly missed L1 (14% hits under ncu, H200, 385m) and doubled the L2 traffic, whose throughput
+// (78-88%) then held DRAM to 63-70% of its bandwidth; the copies (.cg) pass L1 by.
+template <typename T, int P, int kArrays>
+struct RowStage {
+  static constexpr int V = 16 / sizeof(T);
+  using Packed = Pack<T, V>;
+  static constexpr size_t kBytesPerWarp = size_t{2} * kArrays * 32 * P * sizeof(Packed);
+  Packed* base;  // this warp's two buffers
+  __device__ RowStage(char* smem, int warp)
+      : base(reinterpret_cast<Packed*>(smem) + static_cast<size_t>(warp) * 2 * kArrays * 32 * P) {}
+  __device__ const T* row(int buffer, int array) const {
+    return reinterpret_cast<const T*>(base + (buffer * kArrays + array) * 32 * P);
+  }
+  // Issues the copies of the row at element `offset` of each source (sources[a] for array a; null ones skipped) into
+  // `buffer`, if `valid`, and commits them as one group (an empty group otherwise, so that every row has one).
+  __device__ void fetch(int buffer, const T* const (&sources)[kArrays], long long offset, bool valid, int row_packs,
+                        int lane) {
+    if (valid)
+#pragma unroll
+      for (int a = 0; a < kArrays; ++a) {
+        if (!sources[a]) continue;
+        const unsigned to = shared_address(base + (buffer * kArrays + a) * 32 * P);
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const int pk = p * 32 + lane;
+          if (pk < row_packs)
+            cp_async_16(to + pk * static_cast<unsigned>(sizeof(Packed)), sources[a] + offset + (long long)pk * V);
+        }
+      }
+    cp_async_commit();
+  }
+};
+
 // Forward: rows grid-stride over all warps of the grid (sized to what is resident: rmsnorm_forward_blocks), so that
-// the block stages the weight once (stage_weight) for many rows.
+// the block stages the weight once (stage_weight) for many rows; each warp's rows arrive through a RowStage (dynamic
+// shared memory: kRowWarps · RowStage<T, P, 1>::kBytesPerWarp).
 template <typename T, int P>
 __global__ void __launch_bounds__(kRowWarps * 32)
     rmsnorm_forward_warp_kernel(const T* x, const float* w, T* y, float* rstd, long long rows, int width, float eps) {
@@ -175,23 +216,28 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const int row_packs = width / V;
   const long long warps = (long long)gridDim.x * kRowWarps;
   __shared__ __align__(16) float4 weight[32 * P * V / 4];  // at most 8 KB
+  extern __shared__ __align__(16) char staged_rows[];
+  RowStage<T, P, 1> stage(staged_rows, threadIdx.x / 32);
   stage_weight<P, V>(weight, w, row_packs);
   __syncthreads();
-  for (long long row = blockIdx.x * (long long)kRowWarps + threadIdx.x / 32; row < rows; row += warps) {
+  const long long first = blockIdx.x * (long long)kRowWarps + threadIdx.x / 32;
+  stage.fetch(0, {x}, first * width, first < rows, row_packs, lane);
+  int buffer = 0;
+  for (long long row = first; row < rows; row += warps, buffer ^= 1) {
     const long long base = row * width;  // a multiple of V: every row starts on a pack
+    stage.fetch(buffer ^ 1, {x}, base + warps * width, row + warps < rows, row_packs, lane);
+    cp_async_wait<1>();  // this row has landed; the next one may still be in flight
+    const T* normed_row = stage.row(buffer, 0);
     float sum_sq = 0.f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int pk = p * 32 + lane;
       if (pk >= row_packs) continue;
       float v[V];
-      load_pack<V>(x + base, pk, v);
+      load_pack<V>(normed_row, pk, v);
 #pragma unroll
       for (int k = 0; k < V; ++k) sum_sq += v[k] * v[k];
     }
-    // The row normalised is read again (from L1) rather than held in registers across the reduction: fewer
-    // registers, more warps in flight (as in the backward).
-    const T* normed_row = x + base;
     const float s = 1.f / sqrtf(warp_sum(sum_sq) / (float)width + eps);
     if (lane == 0) rstd[row] = s;
 #pragma unroll
@@ -250,16 +296,27 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   __syncthreads();  // the weight is staged
   const long long r_begin = blockIdx.x * (long long)backward_chunk_rows<T, P>();
   const long long r_end = min(rows, r_begin + backward_chunk_rows<T, P>());
-  // x and dy are read twice, for the row's reduction and again (from L1) for the gradients, rather than held in
-  // registers across it: held, they took the 1024-wide bf16 build to 118 registers and 2 blocks per SM, and the
-  // kernel waited on memory (0.5-0.8 eligible warps per scheduler under ncu); re-read, it takes 56 and fits 4.
-  // An accumulated dx is loaded only after the reduction, where it is needed. Prefetching the next row's x and dy into registers
-  // made the kernel slower (H200, 385m: 118 us against 109 us per call).
-  for (long long row = r_begin + warp; row < r_end; row += W) {
+  // x and dy arrive through a RowStage (dynamic shared memory: W · RowStage<T, P, 2>::kBytesPerWarp), so neither is
+  // held in registers across the row's reduction: held, they took the 1024-wide bf16 build to 118 registers, and
+  // prefetching the next row into registers made the kernel slower (H200, 385m: 118 us against 109 us per call). An
+  // accumulated dx is read as raw packs (P · 16 bytes of registers) before the wait for the row, in flight during it.
+  using Packed = Pack<T, V>;
+  extern __shared__ __align__(16) char staged_rows[];
+  RowStage<T, P, 2> stage(staged_rows, warp);
+  stage.fetch(0, {x, dy}, (r_begin + warp) * width, r_begin + warp < r_end, row_packs, lane);
+  int buffer = 0;
+  for (long long row = r_begin + warp; row < r_end; row += W, buffer ^= 1) {
     const long long base = row * width;
-    const T* xr = x + base;
-    const T* dyr = dy ? dy + base : nullptr;  // read only with dy
+    stage.fetch(buffer ^ 1, {x, dy}, base + W * width, row + W < r_end, row_packs, lane);
+    Packed dx_in[P];
+    if (dx && add)
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        if (p * 32 + lane < row_packs) dx_in[p] = reinterpret_cast<const Packed*>(dx + base)[p * 32 + lane];
     const float s = rstd[row];
+    cp_async_wait<1>();  // this row has landed; the next one may still be in flight
+    const T* xr = stage.row(buffer, 0);
+    const T* dyr = stage.row(buffer, 1);  // holds the row only with dy
     float mean_dot = 0.f;
     if (dy) {
       float dot = 0.f;
@@ -312,9 +369,12 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       }
       if (dx) {  // non-null only with dy
         float out[V];
-        if (add) load_pack<V>(dx + base, pk, out);
+        if (add)
 #pragma unroll
-        for (int k = 0; k < V; ++k) out[k] = add ? out[k] + g[k] : g[k];
+          for (int k = 0; k < V; ++k) out[k] = load_f(dx_in[p].v[k]) + g[k];
+        else
+#pragma unroll
+          for (int k = 0; k < V; ++k) out[k] = g[k];
         store_pack<V>(dx + base, pk, out);
       }
     }
@@ -355,8 +415,9 @@ void with_packs(int packs, F&& f) {
 // Blocks for the forward's warp kernel: as many as the GPU holds at once (each warp then takes several rows, reading
 // its weights once), never more than one row per warp needs.
 template <auto kernel>
-unsigned rmsnorm_forward_blocks(int64_t rows) {
-  return static_cast<unsigned>(std::min((rows + kRowWarps - 1) / kRowWarps, resident_blocks<kernel>(kRowWarps * 32, 0)));
+unsigned rmsnorm_forward_blocks(int64_t rows, size_t dynamic_smem) {
+  return static_cast<unsigned>(
+      std::min((rows + kRowWarps - 1) / kRowWarps, resident_blocks<kernel>(kRowWarps * 32, dynamic_smem)));
 }
 
 // Queues the weight gradient's second pass: dweight += Σ over chunks of partial [chunks, width].
@@ -385,8 +446,10 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
     const int packs = warp_packs<act_t>(width, {x, weight, y});
     if (packs > 0) {
       with_packs(packs, [&](auto p) {
-        constexpr auto kernel = rmsnorm_forward_warp_kernel<act_t, decltype(p)::value>;
-        kernel<<<rmsnorm_forward_blocks<kernel>(rows), kRowWarps * 32, 0, cuda_stream()>>>(
+        constexpr int P = decltype(p)::value;
+        constexpr auto kernel = rmsnorm_forward_warp_kernel<act_t, P>;
+        constexpr size_t smem = kRowWarps * RowStage<act_t, P, 1>::kBytesPerWarp;
+        kernel<<<rmsnorm_forward_blocks<kernel>(rows, smem), kRowWarps * 32, smem, cuda_stream()>>>(
             static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
             static_cast<float>(eps));
       });
@@ -420,8 +483,10 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
         Tensor partial;
         if (want_dw) partial = Tensor::empty({chunks, width}, DType::F32, Device::CUDA);
         float* partial_data = want_dw ? static_cast<float*>(partial.raw_data()) : nullptr;
-        rmsnorm_backward_warp_kernel<act_t, P>
-            <<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, 0, cuda_stream()>>>(
+        constexpr auto kernel = rmsnorm_backward_warp_kernel<act_t, P>;
+        constexpr size_t smem = backward_row_warps<act_t, P>() * RowStage<act_t, P, 2>::kBytesPerWarp;
+        allow_dynamic_smem<kernel>(smem);
+        kernel<<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, smem, cuda_stream()>>>(
                 xt, weight, rstd, dyt, dxt, add, partial_data, static_cast<act_t*>(y), rows, static_cast<int>(width));
         CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
         if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);
