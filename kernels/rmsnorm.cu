@@ -283,9 +283,10 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   __shared__ __align__(16) float4 weight[32 * P * V / 4];  // at most 4 KB
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int row_packs = width / V;
-  // Registers bound the occupancy here, so the weight is staged in shared memory once per block (stage_weight) and
-  // read back where it is used; each lane sums its columns' dy ⊙ x̂ in its warp's row of shared memory (only that
-  // lane touches those words until the barrier).
+  // The weight is staged in shared memory once per block (stage_weight) and read back where it is used, rather than
+  // held in registers; each lane sums its columns' dy ⊙ x̂ in its warp's row of shared memory (only that lane touches
+  // those words until the barrier). With the staged rows, shared memory (~100 KB a block for 1024-wide bf16 rows) is
+  // what bounds the occupancy: two blocks an SM.
   stage_weight<P, V>(weight, w, row_packs);
   float4* dw = reinterpret_cast<float4*>(warp_dw[warp]);
   if (partial)
