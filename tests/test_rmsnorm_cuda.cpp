@@ -2,7 +2,8 @@
 // fp32 and bf16 activations, odd row counts and widths, with and without a weight, gradients accumulated onto
 // existing ones (as onto the residual stream's handed-over gradient); the weight gradient's bits repeat run to run;
 // the backward writes the forward's output again with the same bits (release_until_producer_backward), also where a
-// linear's residual gradient is handed over meanwhile. Skipped without a GPU.
+// linear's residual gradient is handed over meanwhile; many rows per warp, through the warp kernels' row buffers.
+// Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -137,6 +138,37 @@ TEST(RmsNormCuda, ManyRowsWeightGradient) {
       // fp32 sums of ~33k exact products: rounding grows ~sqrt(rows)·2^-24 relative; sums reach ~600.
       expect_close(gw->grad, rw->grad, 1e-5, 1e-2, "dweight over 32771 rows");
       if (x_grad) expect_close(gx->grad, rx->grad, act_rel(DType::BF16), act_abs(DType::BF16), "dx");
+    }
+  }
+}
+
+// Many rows per warp (the warp kernels' rows arrive one ahead of use through two shared-memory buffers, which every
+// warp then alternates several times; in the tests above most forward warps get one row): the output and dx against
+// the reference for fp32 and bf16 rows of 1024 (whole packs in every lane) and 1544 (bf16: 193 packs, the last lanes
+// idle on the last pack; fp32: the block-per-row kernels, for contrast). 20011 rows: more than the resident warps.
+TEST(RmsNormCuda, ManyRowsPerWarpMatchCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(108);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (int64_t width : {1024, 1544}) {
+      SCOPED_TRACE(case_name(dtype, 20011, width, true));
+      const int64_t rows = 20011;
+      Tensor x = round_through(testing::random_tensor(rng, {rows, width}, 2.0), dtype);
+      Tensor w = round_through(testing::random_tensor(rng, {width}), DType::F32);
+      Tensor dy = round_through(testing::random_tensor(rng, {rows, width}), dtype);
+      Tensor dx0 = round_through(testing::random_tensor(rng, {rows, width}, 0.5), dtype);
+      Tape ref_tape;
+      Var rx = make_var(x, true, "x"), rw = make_var(w, false, "weight");
+      rx->grad = dx0.clone();
+      Var ry = rmsnorm(ref_tape, rx, rw, kEps);
+      ref_tape.backward(ry, dy);
+      Tape tape;
+      Var gx = make_var(to_gpu(x, dtype), true, "x"), gw = make_var(to_gpu(w, DType::F32), false, "weight");
+      gx->grad = to_gpu(dx0, dtype);  // accumulated onto: the backward's early read of dx
+      Var gy = rmsnorm(tape, gx, gw, kEps);
+      tape.backward(gy, to_gpu(dy, dtype));
+      expect_close(gy->value, ry->value, act_rel(dtype), act_abs(dtype), "y");
+      expect_close(gx->grad, rx->grad, act_rel(dtype), act_abs(dtype), "dx");
     }
   }
 }
