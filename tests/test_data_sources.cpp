@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "config/config.h"
 #include "data/data_sources.h"
@@ -91,6 +92,39 @@ TEST(DataSources, TrainsAndEvaluatesOnPreparedShards) {
   // Carrying the state gives every token its whole past, so the stateful loss is no worse than window by window
   // (each window starts blind) beyond noise.
   EXPECT_LT(stateful.loss, windows.loss + 0.05);
+}
+
+// data.shuffle: false reads the training windows in shard order (window w = tokens [w·T, w·T + T + 1), the stream
+// wrapping round after the last window), which tools/peer_parity.py reproduces to feed the peer the same batches;
+// the default visits them in a shuffled order.
+TEST(DataSources, UnshuffledTrainingWindowsComeInShardOrder) {
+  Config config = token_config("hgrn-tokens-order");
+  const int64_t T = config.data.seq_len;
+  TokenShardReader shard(prepared_prefix() + "_train");
+  std::vector<int32_t> tokens(static_cast<size_t>(shard.num_tokens()));
+  shard.read(0, shard.num_tokens(), tokens.data());
+  const int64_t windows = (shard.num_tokens() - 1) / T;
+  ASSERT_GE(windows, 3);
+
+  config.data.shuffle = false;
+  auto ordered = make_training_source(config, 11);
+  const TokenBatch first = ordered->next_batch(windows - 1);  // every window but the last
+  const TokenBatch wrap = ordered->next_batch(2);             // the last window, then the first again
+  auto expect_window = [&](const TokenBatch& batch, int64_t row, int64_t w) {
+    for (int64_t t = 0; t < T; ++t) {
+      ASSERT_EQ(static_cast<int32_t>(batch.inputs.item(row * T + t)), tokens[w * T + t]) << "window " << w << ", t " << t;
+      ASSERT_EQ(static_cast<int32_t>(batch.targets.item(row * T + t)), tokens[w * T + t + 1]) << "window " << w << ", t " << t;
+    }
+  };
+  for (int64_t w = 0; w < windows - 1; ++w) expect_window(first, w, w);
+  expect_window(wrap, 0, windows - 1);
+  expect_window(wrap, 1, 0);
+
+  config.data.shuffle = true;
+  const TokenBatch shuffled = make_training_source(config, 11)->next_batch(windows - 1);
+  int64_t in_place = 0;
+  for (int64_t w = 0; w < windows - 1; ++w) in_place += static_cast<int32_t>(shuffled.inputs.item(w * T)) == tokens[w * T];
+  EXPECT_LT(in_place, windows - 1) << "the default order must not be the shard's";
 }
 
 TEST(DataSources, MissingShardsNameTheFileAndTheFix) {

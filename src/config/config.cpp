@@ -93,6 +93,7 @@ std::vector<Field> config_fields(Config& c) {
       {"data.seq_len", &d.seq_len},
       {"data.train_data", &d.train_data},
       {"data.valid_data", &d.valid_data},
+      {"data.shuffle", &d.shuffle},
       {"data.mqar.num_kv_pairs", &d.mqar.num_kv_pairs},
       {"data.mqar.num_keys", &d.mqar.num_keys},
       {"training.device", &t.device},

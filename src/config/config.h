@@ -54,6 +54,7 @@ struct DataConfig {
   int64_t seq_len = 64;
   std::string train_data;     // tokens: the path prefix of the training shards (PREFIX.bin, PREFIX.idx, PREFIX.json)
   std::string valid_data;     // tokens: the path prefix of the validation shards (empty: no validation split)
+  bool shuffle = true;        // tokens: each epoch's windows in a shuffled order; false: in shard order
   MqarConfig mqar;
 
   bool operator==(const DataConfig&) const = default;

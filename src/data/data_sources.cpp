@@ -40,6 +40,7 @@ std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t
   options.seed = seed;
   options.rank = rank;
   options.world_size = world_size;
+  options.shuffle = d.shuffle;
   return std::make_unique<WindowSampler>(open_shard(config, "data.train_data", d.train_data), options);
 }
 

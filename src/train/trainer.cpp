@@ -275,6 +275,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
         << " tokens; chance accuracy " << *chance << "\n";
   else
     log << "data: windows of " << config.data.seq_len << " tokens from " << config.data.train_data
+        << (config.data.shuffle ? " (shuffled each epoch)" : " (in shard order: data.shuffle false)")
         << (eval_data ? ", evaluation on " + config.data.valid_data : ", no validation split (data.valid_data)")
         << "\n";
 
