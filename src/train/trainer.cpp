@@ -387,6 +387,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
       if (metrics) metrics->append_eval(step + 1, eval_loss, eval_accuracy);
       summary.eval_loss = eval_loss;
       summary.eval_accuracy = eval_accuracy;
+      summary.evaluated = true;
     }
     // A signal may reach only some ranks: all of them stop after the same step if any one was asked to.
     std::vector<double> stop_votes{stop_requested() ? 1.0 : 0.0};
@@ -406,8 +407,9 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   summary.wall_s = seconds_since(start);
   log << "done: " << summary.steps << " steps, " << summary.tokens_seen << " tokens in "
       << format_duration(summary.wall_s) << "; loss " << summary.first_loss << " -> " << summary.final_loss
-      << ", eval loss " << summary.eval_loss << ", eval accuracy " << summary.eval_accuracy;
-  if (chance) log << " (chance " << *chance << ")";
+      << (summary.evaluated ? "" : ", no held-out evaluation");
+  if (summary.evaluated) log << ", eval loss " << summary.eval_loss << ", eval accuracy " << summary.eval_accuracy;
+  if (summary.evaluated && chance) log << " (chance " << *chance << ")";
   log << "\n";
   return summary;
 }

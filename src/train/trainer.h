@@ -20,6 +20,7 @@ struct TrainingSummary {
   double final_loss = 0;      // mean training loss over the last logging interval
   double eval_loss = 0;       // held-out loss and accuracy after the last step
   double eval_accuracy = 0;
+  bool evaluated = false;     // whether eval_loss and eval_accuracy were measured (not without held-out data)
   double chance_accuracy = 0; // what guessing would score on the task
   double wall_s = 0;
   std::vector<double> step_losses;  // the training loss of every step this run took, in order
