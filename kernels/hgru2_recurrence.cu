@@ -44,8 +44,11 @@
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
+#include "chunk_sums.cuh"
 #include "elementwise.cuh"
+#include "hgrn2_gate_math.cuh"
 #include "hgru2_recurrence.h"
+#include "sigmoid.cuh"
 
 namespace hgrn {
 
@@ -1209,6 +1212,7 @@ struct BwdDqkParams {
   float* dg;
   bool accumulate_dq, accumulate_dk, accumulate_dg;
   Dims d;
+  Hgru2GatesEpilogue gates;  // q_hat set: the gates' gradients instead of dq, dk, dg (strides resolved: never 0)
 };
 
 // bwd_dqk's tile strides: q, k and G rows of kLdB (≡ 8 banks mod 32) and dA rows of kLdD (≡ 4): the tensor-core
@@ -1294,6 +1298,70 @@ struct BwdDqkSmem {
 // Blocks per SM the register budget is set for: two for bf16 (its shared memory, ~108 KB, allows two); fp32 tiles
 // take ~150 KB, so one, with registers to spare.
 template <typename In> constexpr int kDqkBlocksPerSm = std::is_same_v<In, float> ? 1 : 2;
+
+// bwd_dqk's epilogue with the gates' backward (Hgru2GatesEpilogue), on the rows this thread owns (column a of rows
+// r_lo .. r_lo + rows − 1 of chunk c of pair (b, h), K-tile at k0): dq, dk and dg formed as write_rows forms them
+// (never stored), then through the gates: df̂ = (dg − λ·dk)·∂g/∂f̂ and dq̂ = silu'(q̂)·dq, with
+// cuda_hgrn2_gates_backward's per-element functions (hgrn2_gate_math.cuh, sigmoid.cuh), and the chunk's column sums
+// of (dg − λ·dk)·∂g/∂γ into its row of the partials (this thread's rows in order, then the four row groups in order).
+// Every thread of the block calls it (the partials' barrier); a thread past the K-tile's width has rows = 0.
+template <typename In>
+__device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>& s, const ChunkBlock& cb, int k0,
+                                     int kcols, int a, int rg, int rows, float suffix) {
+  using namespace gate_math;
+  constexpr int ldc = TileLd<In>::acc;
+  const Hgru2GatesEpilogue& e = p.gates;
+  const Dims& d = p.d;
+  const int r_lo = rg * kSub, last = cb.n - 1;
+  const int64_t channel = static_cast<int64_t>(cb.h) * d.K + k0 + a;
+  float gamma = 0.f, log_gamma = 0.f, log_one_minus_gamma = 0.f;
+  if (e.gamma_row && a < kcols) {
+    gamma = e.gamma_row[channel];
+    log_gamma = logf(gamma);
+    log_one_minus_gamma = log1pf(-gamma);
+  }
+  const int64_t row0 = static_cast<int64_t>(cb.b) * d.T + cb.t0 + r_lo;
+  const In* q_hat = static_cast<const In*>(e.q_hat) + row0 * e.q_hat_stride + channel;
+  const In* f_hat = static_cast<const In*>(e.f_hat) + row0 * e.f_hat_stride + channel;
+  In* dq_hat = static_cast<In*>(e.dq_hat) + row0 * e.dq_hat_stride + channel;
+  In* df_hat = static_cast<In*>(e.df_hat) + row0 * e.df_hat_stride + channel;
+  float gamma_sum = 0.f;
+#pragma unroll
+  for (int half = 0; half < kSub; half += kSub / 2) {
+    float xq[kSub / 2], xf[kSub / 2];  // all loads of the half in flight before any arithmetic
+#pragma unroll
+    for (int u = 0; u < kSub / 2; ++u) {
+      const int i = half + u;
+      xq[u] = i < rows ? load_f(q_hat[i * e.q_hat_stride]) : 0.f;
+      xf[u] = i < rows ? load_f(f_hat[i * e.f_hat_stride]) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kSub / 2; ++u) {
+      const int i = half + u;
+      if (i >= rows) break;
+      const int r = r_lo + i;
+      const float diag = s.dA[r * kLdD + r];
+      const float dq = s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdB + a]);
+      float dk = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdB + a]);
+      if (r == last) dk += s.dk_last[a];
+      const float dg = s.G[r * kLdB + a] + suffix;
+      const ForgetGateGrad fg = forget_gate_grad(xf[u], gamma, log_gamma, log_one_minus_gamma);
+      float total = dg;
+      total -= fg.lambda * dk;
+      df_hat[i * e.df_hat_stride] = store_f<In>(total * fg.dg_df);
+      gamma_sum += total * fg.dg_dgamma;
+      dq_hat[i * e.dq_hat_stride] = store_f<In>(silu_backward_value(xq[u], stable_sigmoid<In>(xq[u]), dq));
+    }
+  }
+  if (!e.partials) return;  // the same for the whole block: no thread misses the barrier
+  s.dlast_part[rg * 64 + a] = gamma_sum;  // free since d_last was formed
+  __syncthreads();
+  if (rg == 0 && a < kcols) {
+    const float* part = s.dlast_part + a;
+    e.partials[(static_cast<int64_t>(cb.b) * d.NT + cb.c) * d.H * d.K + channel] =
+        ((part[0] + part[64]) + part[128]) + part[192];
+  }
+}
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(BwdDqkParams p) {
@@ -1544,6 +1612,10 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   // rows, were a fifth of the kernel's instructions. Otherwise all old values are loaded before anything is stored
   // (see TileRegs), two rounds of 8 rows keeping 24 of them live instead of 48 (the kernel is at its register cap).
   const int rows = a < kcols ? max(0, min(r_hi, n) - r_lo) : 0;
+  if (p.gates.q_hat) {
+    write_gate_gradients<In>(p, s, chunk_block(d, blockIdx.y, blockIdx.z), k0, kcols, a, rg, rows, suffix);
+    return;
+  }
   const int64_t first = key_off + static_cast<int64_t>(r_lo) * key_stride + a;
   In* dq = p.dq ? static_cast<In*>(p.dq) + first : nullptr;
   In* dk = p.dk ? static_cast<In*>(p.dk) + first : nullptr;
@@ -1711,7 +1783,7 @@ void forward_impl(const Dims& d, unsigned pairs, const Hgru2CudaForwardArgs& a) 
 template <typename In>
 void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a) {
   const Launcher<In> launcher{d, pairs};
-  const bool need_dqk = a.dq || a.dk || a.dg;
+  const bool need_dqk = a.dq || a.dk || a.dg || a.gates.q_hat;
   if (need_dqk) {  // S^(c), recomputed: only dq, dk and dg read them
     const StatePassParams sp{a.k, a.v, d.v_stride, a.g, a.initial_state, a.states, false, nullptr, nullptr, 1.0f, d};
     launcher.template state_pass<false>(sp);
@@ -1722,15 +1794,27 @@ void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a
   if (need_dqk || a.dv)
     launcher.bwd_dv(
         BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.scale, a.dv, a.accumulate_dv, a.d_scores, d});
-  if (need_dqk)
-    launcher.bwd_dqk(BwdDqkParams{a.q, a.k, a.v, a.g, a.d_output, a.states, a.d_states, a.d_scores, a.scale, a.dq,
-                                  a.dk, a.dg, a.accumulate_dq, a.accumulate_dk, a.accumulate_dg, d});
+  if (!need_dqk) return;
+  Hgru2GatesEpilogue gates = a.gates;
+  const int64_t key_width = static_cast<int64_t>(d.H) * d.K;
+  for (int64_t* stride : {&gates.q_hat_stride, &gates.f_hat_stride, &gates.dq_hat_stride, &gates.df_hat_stride})
+    if (!*stride) *stride = key_width;
+  if (!gates.dgamma_row) gates.partials = nullptr;
+  launcher.bwd_dqk(BwdDqkParams{a.q, a.k, a.v, a.g, a.d_output, a.states, a.d_states, a.d_scores, a.scale, a.dq, a.dk,
+                                a.dg, a.accumulate_dq, a.accumulate_dk, a.accumulate_dg, d, gates});
+  if (gates.partials)  // the chunks' partial sums into γ's gradient, in chunk order
+    add_chunk_sums<8>(gates.partials, gates.dgamma_row, static_cast<long long>(pairs / d.H) * d.NT, key_width,
+                      "hgru2_gates_dgamma_reduce");
 }
 
 }  // namespace
 
 int64_t hgru2_cuda_states_elements(const Hgru2CudaShape& s) {
   return s.batch * s.heads * ((s.time + kChunk - 1) / kChunk) * s.key_dim * s.value_dim;
+}
+
+int64_t hgru2_cuda_gate_partials_elements(const Hgru2CudaShape& s) {
+  return s.batch * ((s.time + kChunk - 1) / kChunk) * s.heads * s.key_dim;
 }
 
 int64_t hgru2_cuda_scores_elements(const Hgru2CudaShape& s) {
@@ -1749,7 +1833,20 @@ void hgru2_cuda_backward(const Hgru2CudaShape& shape, const Hgru2CudaBackwardArg
   const Dims d = make_dims(shape, args.v_stride, args.dv_stride);
   HGRN_CHECK(args.q && args.k && args.v && args.g && args.scores && args.d_states && args.d_scores,
              "hgru2_cuda_backward: missing tensor");
-  HGRN_CHECK(args.states || !(args.dq || args.dk || args.dg), "hgru2_cuda_backward: dq, dk, dg need the states buffer");
+  const Hgru2GatesEpilogue& e = args.gates;
+  HGRN_CHECK(args.states || !(args.dq || args.dk || args.dg || e.q_hat),
+             "hgru2_cuda_backward: dq, dk, dg (or the gates' gradients) need the states buffer");
+  if (e.q_hat) {
+    HGRN_CHECK(!args.dq && !args.dk && !args.dg,
+               "hgru2_cuda_backward: with the gates epilogue, dq, dk and dg are not formed: pass them null");
+    HGRN_CHECK(e.f_hat && e.dq_hat && e.df_hat, "hgru2_cuda_backward: the gates epilogue needs f_hat, dq_hat, df_hat");
+    HGRN_CHECK(!e.dgamma_row || (e.gamma_row && e.partials),
+               "hgru2_cuda_backward: the gates epilogue's dgamma_row needs gamma_row and partials");
+    const int64_t key_width = shape.heads * shape.key_dim;
+    for (int64_t stride : {e.q_hat_stride, e.f_hat_stride, e.dq_hat_stride, e.df_hat_stride})
+      HGRN_CHECK(stride == 0 || stride >= key_width, "hgru2_cuda_backward: a gates row stride ", stride,
+                 " is narrower than H·K = ", key_width);
+  }
   const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
   HGRN_CUDA_DISPATCH_ACT(args.act, "hgru2_cuda_backward", [&] { backward_impl<act_t>(d, pairs, args); });
 }

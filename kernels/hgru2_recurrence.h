@@ -44,6 +44,28 @@ struct Hgru2CudaForwardArgs {
 };
 void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs& args);
 
+// The HGRN2 gates' backward run in the epilogue of the kernel that forms dq, dk and dg (bwd_dqk), where the
+// recurrence's q, g and k are a layer's gates of q̂ and f̂ (kernels/hgrn2_gates.h: q = silu(q̂), g the lower-bounded
+// log forget gate of f̂, k = −expm1(g)). The same function as cuda_hgrn2_gates_backward applied to dq, dk and dg,
+// without storing those three and reading them back: g's whole gradient dg − e^g·dk (in fp32, where the separate
+// pass had dk rounded to the activation dtype) goes into df̂ = ·∂g/∂f̂ and γ's gradient, and dq̂ = silu'(q̂)·dq (dq
+// likewise unrounded). dq̂ and df̂ are written, not accumulated (fresh buffers).
+struct Hgru2GatesEpilogue {
+  const void* q_hat = nullptr;  // null: no epilogue (dq, dk, dg are written as asked)
+  const void* f_hat = nullptr;
+  int64_t q_hat_stride = 0, f_hat_stride = 0;  // row strides (0 = H·K: contiguous), as the gradients' below
+  const float* gamma_row = nullptr;            // γ_ℓ [H·K] fp32; null: an unbounded gate (layer 0, no lower bounds)
+  void* dq_hat = nullptr;
+  void* df_hat = nullptr;
+  int64_t dq_hat_stride = 0, df_hat_stride = 0;
+  // += the sum over all rows of (dg − e^g dk)·∂g/∂γ, through `partials` (hgru2_cuda_gate_partials_elements floats:
+  // one row of sums per chunk and sequence, added in a fixed order); null: γ wants no gradient.
+  float* dgamma_row = nullptr;
+  float* partials = nullptr;
+};
+// Floats of Hgru2GatesEpilogue::partials: B·NT·H·K.
+int64_t hgru2_cuda_gate_partials_elements(const Hgru2CudaShape& shape);
+
 struct Hgru2CudaBackwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -64,6 +86,8 @@ struct Hgru2CudaBackwardArgs {
   float* dg = nullptr;
   float* d_initial_state = nullptr;
   bool accumulate_dq = true, accumulate_dk = true, accumulate_dv = true, accumulate_dg = true;
+  // With gates.q_hat set, dq, dk and dg must be null: the gates' gradients are formed from them instead.
+  Hgru2GatesEpilogue gates;
   // Scratch: two states buffers (the recomputed states and the state gradients) and one scores buffer (dA).
   float* states = nullptr;
   float* d_states = nullptr;

@@ -194,7 +194,9 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   Hgru2Outputs r;
   {
     TraceLayer trace(tape, "recurrence");
-    r = hgru2_recurrence(tape, gates.q, gates.k, i, gates.g, state ? *state : nullptr, config_.heads(), scale, mode);
+    // Given the gates' origin, the recurrence's backward on the GPU also does the gates' backward (one pass fewer).
+    r = hgru2_recurrence(tape, gates.q, gates.k, i, gates.g, state ? *state : nullptr, config_.heads(), scale, mode,
+                         /*chunk_size=*/0, gates.origin);
   }
   if (state) *state = r.final_state;
   // q, g and k (8 bytes per channel and token under bf16) are elementwise functions of q̂ and f̂, which silu and

@@ -266,6 +266,9 @@ static Hgrn2Gates gates_on_gpu(Tape& tape, const Var& q_hat, const Var& f_hat, c
   out.g = gate_output(g);
   if (with_k) out.k = gate_output(k);
   if (q_hat) out.q = op_output(tape, q, {q_hat});
+  if (q_hat && with_k)
+    out.origin = std::make_shared<const Hgrn2GatesOrigin>(
+        Hgrn2GatesOrigin{q_hat, f_hat, gamma, layer, bounded, out.q, out.g, out.k});
   if (!out.g->requires_grad && !(out.q && out.q->requires_grad)) return out;
   tape.record([q_hat, f_hat, gamma, bounded, layer, rows, width, q = out.q, g = out.g, k = out.k] {
     const bool dq_in = q && q->grad.defined(), dg_in = g->grad.defined(), dk_in = k && k->grad.defined();

@@ -754,10 +754,13 @@ Hgru2CudaShape cuda_shape(const HeadDims& d) {
   return s;
 }
 
-// The CUDA backward: gradients of both outputs (either may be undefined) into the inputs that want one (+=).
+// The CUDA backward: gradients of both outputs (either may be undefined) into the inputs that want one (+=). With
+// `gates` (q, g and k are those gates), where this is the only gradient q, g and k get and q̂ and f̂ take fresh
+// ones, the gates' backward runs in the recurrence's (Hgru2GatesEpilogue): q̂'s, f̂'s and γ's gradients are written
+// here and dq, dk, dg never exist; otherwise they are formed for the gates' own backward.
 void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state,
                          const Var& out, const Var& final_out, const Tensor& saved_scores, const HeadDims& dims,
-                         double scale) {
+                         double scale, const Hgrn2GatesOrigin* gates) {
   const Hgru2CudaShape shape = cuda_shape(dims);
   const Device device = Device::CUDA;
   if (out->grad.defined())
@@ -765,6 +768,9 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
                dtype_name(out->grad.dtype()), " differs from the output's ", dtype_name(out->value.dtype()));
   if (final_out->grad.defined())
     HGRN_CHECK(final_out->grad.dtype() == DType::F32, "hgru2_recurrence: final-state gradient must be fp32");
+  const bool fuse_gates = gates && !q->grad.defined() && !k->grad.defined() && !g->grad.defined() &&
+                          wants_grad(gates->q_hat) && wants_grad(gates->f_hat) && !gates->q_hat->grad.defined() &&
+                          !gates->f_hat->grad.defined();
   const bool need_states = wants_grad(q) || wants_grad(k) || wants_grad(g);
   const Tensor states =
       need_states ? Tensor::empty({hgru2_cuda_states_elements(shape)}, DType::F32, device) : Tensor();
@@ -783,14 +789,42 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
   a.d_output = out->grad.defined() ? out->grad.raw_data() : nullptr;
   a.d_final_state = final_out->grad.defined() ? final_out->grad.data<float>() : nullptr;
   // Gradients that do not exist yet are written, not accumulated (no zero fill, no read-back).
-  a.dq = wants_grad(q) ? grad_buffer_for_write(q, &a.accumulate_dq).raw_data() : nullptr;
-  a.dk = wants_grad(k) ? grad_buffer_for_write(k, &a.accumulate_dk).raw_data() : nullptr;
+  Tensor gate_partials;
+  if (fuse_gates) {
+    Hgru2GatesEpilogue& e = a.gates;
+    const Tensor &q_hat = gates->q_hat->value, &f_hat = gates->f_hat->value;
+    HGRN_CHECK(q_hat.dtype() == a.act && f_hat.dtype() == a.act, "hgru2_recurrence: the gates' q_hat and f_hat are ",
+               dtype_name(q_hat.dtype()), "/", dtype_name(f_hat.dtype()), ", expected ", dtype_name(a.act));
+    e.q_hat = q_hat.raw_data();
+    e.q_hat_stride = q_hat.row_stride();
+    e.f_hat = f_hat.raw_data();
+    e.f_hat_stride = f_hat.row_stride();
+    const int64_t width = dims.heads * dims.key_dim;
+    if (gates->bounded) e.gamma_row = gates->gamma->value.data<float>() + gates->layer * width;
+    // Fresh column blocks of the q/f/i split's gradient (checked above: neither has one yet), f̂'s asked for first
+    // as the gates' own backward does.
+    bool add_df = false, add_dq = false;
+    const Tensor& df_hat = grad_buffer_for_write(gates->f_hat, &add_df, GradLayout::RowStrided);
+    const Tensor& dq_hat = grad_buffer_for_write(gates->q_hat, &add_dq, GradLayout::RowStrided);
+    HGRN_CHECK(!add_df && !add_dq, "hgru2_recurrence: internal error: the gates' fresh gradients would accumulate");
+    e.df_hat = df_hat.raw_data();
+    e.df_hat_stride = df_hat.row_stride();
+    e.dq_hat = dq_hat.raw_data();
+    e.dq_hat_stride = dq_hat.row_stride();
+    if (gates->bounded && wants_grad(gates->gamma)) {
+      e.dgamma_row = grad_buffer(gates->gamma).data<float>() + gates->layer * width;  // each layer adds its row
+      gate_partials = Tensor::empty({hgru2_cuda_gate_partials_elements(shape)}, DType::F32, device);
+      e.partials = gate_partials.data<float>();
+    }
+  }
+  a.dq = wants_grad(q) && !fuse_gates ? grad_buffer_for_write(q, &a.accumulate_dq).raw_data() : nullptr;
+  a.dk = wants_grad(k) && !fuse_gates ? grad_buffer_for_write(k, &a.accumulate_dk).raw_data() : nullptr;
   if (wants_grad(v)) {  // a column block of a split gets its place in the split's gradient (row-strided)
     const Tensor& dv = grad_buffer_for_write(v, &a.accumulate_dv, GradLayout::RowStrided);
     a.dv = dv.raw_data();
     a.dv_stride = dv.row_stride();
   }
-  a.dg = wants_grad(g) ? grad_buffer_for_write(g, &a.accumulate_dg).data<float>() : nullptr;
+  a.dg = wants_grad(g) && !fuse_gates ? grad_buffer_for_write(g, &a.accumulate_dg).data<float>() : nullptr;
   a.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<float>() : nullptr;
   a.states = need_states ? states.data<float>() : nullptr;
   a.d_states = d_states.data<float>();
@@ -803,8 +837,10 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
 
 Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_in, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
-                              int64_t chunk_size) {
+                              int64_t chunk_size, std::shared_ptr<const Hgrn2GatesOrigin> gates) {
   HGRN_CHECK(q && k && v_in && g, "hgru2_recurrence: q, k, v and g are required");
+  HGRN_CHECK(!gates || (gates->q == q && gates->k == k && gates->g == g),
+             "hgru2_recurrence: the gates' origin given is not that of these q, k and g");
   // v may be row-strided (a column block of the fused q/f/i projection: linear_columns).
   const Var v = contiguous_on_cpu(tape, v_in);
   const Tensor& qv = q->value;
@@ -903,12 +939,12 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
                       op_output(tape, final_state, {q, k, v, g, initial_state})};
   if (!result.output->requires_grad) return result;
   Var out = result.output, final_out = result.final_state;
-  tape.record([q, k, v, g, initial_state, out, final_out, saved_scores, dims, layout, mode, scale] {
+  tape.record([q, k, v, g, initial_state, out, final_out, saved_scores, dims, layout, mode, scale, gates] {
     // Either output may have received no gradient (the loss did not use it): it then contributes zero.
     if (!out->grad.defined() && !final_out->grad.defined()) return;
     if (q->value.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-      hgru2_backward_cuda(q, k, v, g, initial_state, out, final_out, saved_scores, dims, scale);
+      hgru2_backward_cuda(q, k, v, g, initial_state, out, final_out, saved_scores, dims, scale, gates.get());
 #else
       throw Error("hgru2_recurrence: this hgrn was built without CUDA");
 #endif

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/autograd.h"
+#include "ops/hgrn2_gates.h"
 
 namespace hgrn {
 
@@ -26,8 +27,11 @@ struct Hgru2Outputs {
 // chunk_size: the chunk length BT of the chunkwise form (ignored by Naive); 0 = fla's choice
 // min(64, max(16, next_pow2(T))). Any positive length works; the last chunk may be partial.
 // Gradients flow to q, k, v, g and initial_state (each only if it wants one) from both outputs' gradients.
+// gates (optional): where q, g and k are a layer's HGRN2 gates (hgrn2_gates' origin, with exactly these q, g, k): on
+// the GPU the backward then forms q̂'s, f̂'s and γ's gradients itself where nothing else gave q, g or k a gradient
+// (the same function; Hgrn2GatesOrigin), instead of storing dq, dk and dg for the gates' backward.
 Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
-                              int64_t chunk_size = 0);
+                              int64_t chunk_size = 0, std::shared_ptr<const Hgrn2GatesOrigin> gates = nullptr);
 
 }  // namespace hgrn
