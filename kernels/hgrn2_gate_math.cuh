@@ -8,6 +8,8 @@
 
 #include <cmath>
 
+#include "dtype_cuda.cuh"
+
 namespace hgrn {
 namespace gate_math {
 
@@ -22,12 +24,16 @@ __device__ __forceinline__ float log_add_exp(float a, float b) {
 }
 
 // σ(x), σ(−x) and e^−|x| from one exponential (never of a positive number), each to relative precision; 1 + e^−|x|
-// lies in [1, 2], where the approximate division (2 ulp) is safe.
+// lies in [1, 2], where the approximate division (2 ulp) is safe. Act: the dtype of the results the caller rounds to
+// (act_exp): the gradients of bf16 activations take the multi-function unit's exponential (~1e-7 relative, far below
+// bf16's 2^-9), fp32 keeps expf; the forward's g, fp32 whatever the activations and summed into the decays, always
+// takes expf.
 struct Sigmoids {
   float of_x, of_minus_x, tail;
 };
+template <typename Act = float>
 __device__ __forceinline__ Sigmoids sigmoids(float x) {
-  const float e = expf(-fabsf(x));
+  const float e = act_exp<Act>(-fabsf(x));
   const float r = __fdividef(1.f, 1.f + e);
   return x >= 0.f ? Sigmoids{r, e * r, e} : Sigmoids{e * r, r, e};
 }
@@ -64,7 +70,7 @@ __device__ __forceinline__ ForgetGate forget_gate(float x, float gamma, float lo
 }
 
 // λ, ∂g/∂f̂ = (1 − γ)·σ(x)·σ(−x)/λ and ∂g/∂γ = σ(−x)/λ of one element (γ = 0: unbounded), with λ recomputed from f̂
-// (g is not read back). For λ >= kSmallLambda as products with 1/λ, σ(x)/λ <= 1/(1 − γ) taken first so that nothing
+// (g is not read back), for gradients rounded to Act (sigmoids). For λ >= kSmallLambda as products with 1/λ, σ(x)/λ <= 1/(1 − γ) taken first so that nothing
 // overflows on the way; below it the CPU's exponentials of sums of logs.
 struct ForgetGateGrad {
   float lambda, dg_df, dg_dgamma;
@@ -78,9 +84,10 @@ static __device__ __noinline__ ForgetGateGrad forget_gate_grad_small(float x, fl
   const float ls_x = std_min(x, 0.f) - tail, ls_minus_x = std_min(-x, 0.f) - tail;
   return {expf(g), expf(log_one_minus_gamma + ls_x - g + ls_minus_x), expf(ls_minus_x - g)};
 }
+template <typename Act>
 __device__ __forceinline__ ForgetGateGrad forget_gate_grad(float x, float gamma, float log_gamma,
                                                           float log_one_minus_gamma) {
-  const Sigmoids s = sigmoids(x);
+  const Sigmoids s = sigmoids<Act>(x);
   const float lambda = gamma + (1.f - gamma) * s.of_x;
   if (lambda >= kSmallLambda) {
     const float inv = __fdividef(1.f, lambda);

@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kCols * kLanes, 4) gates_backward_kernel(const
         if (p.df_hat && p.add_df) load_pack<V>(p.df_hat + r * p.df_hat_stride, pk, df);
 #pragma unroll
         for (int c = 0; c < V; ++c) {
-          const ForgetGateGrad fg = forget_gate_grad(x[c], gamma[c], log_gamma[c], log_one_minus_gamma[c]);
+          const ForgetGateGrad fg = forget_gate_grad<T>(x[c], gamma[c], log_gamma[c], log_one_minus_gamma[c]);
           float total = p.dg ? d[c] : 0.f;
           if (p.dk) total -= fg.lambda * dk[c];
           const float v = total * fg.dg_df;

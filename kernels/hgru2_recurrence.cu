@@ -1345,7 +1345,7 @@ __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>
       float dk = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdB + a]);
       if (r == last) dk += s.dk_last[a];
       const float dg = s.G[r * kLdB + a] + suffix;
-      const ForgetGateGrad fg = forget_gate_grad(xf[u], gamma, log_gamma, log_one_minus_gamma);
+      const ForgetGateGrad fg = forget_gate_grad<In>(xf[u], gamma, log_gamma, log_one_minus_gamma);
       float total = dg;
       total -= fg.lambda * dk;
       df_hat[i * e.df_hat_stride] = store_f<In>(total * fg.dg_df);
