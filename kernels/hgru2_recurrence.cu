@@ -7,7 +7,9 @@
 //                chunks.
 //   fwd_output   (B·H, chunk): the intra-chunk scores A and o = s·(q ⊙ e^G) S^(c) + A v.
 //   bwd_dv       (B·H, chunk): dv = Aᵀ dO + (k ⊙ e^{G_L − G}) dS_e, and dA = s·dO vᵀ.
-//   bwd_dqk      (B·H, chunk, K-tile): intra and inter dq, dk, and dg.
+//   bwd_dqk      (B·H, chunk, K-tile): intra and inter dq, dk, and dg; or, where q, g and k are a layer's HGRN2
+//                gates (Hgru2GatesEpilogue), the gates' backward on them in its epilogue: q̂'s, f̂'s and γ's gradients
+//                written instead, dq, dk and dg never stored.
 // Products, bf16 activations: every chunk-sized product is a 64×64×64 block product (tile_mma) on the tensor cores
 // (mma.sync, bf16 in, fp32 accumulate) with operands in shared memory and the accumulator in registers (WarpTile):
 // the state pass keeps its running tile there across the chunks, and sums over K- or V-tiles stay there too. The
