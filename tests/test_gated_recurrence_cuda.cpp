@@ -15,6 +15,7 @@
 
 #include "gpu_test.h"
 #include "gradcheck.h"
+#include "hgru2_test_shape.h"
 #include "ops/elementwise.h"
 #include "ops/hgrn2_gates.h"
 #include "ops/hgru2_recurrence.h"
@@ -27,13 +28,7 @@ using testing::round_through;
 using testing::to_gpu;
 using testing::to_host_f64;
 
-struct Sizes {
-  int64_t batch, time, heads, key_dim, value_dim;
-  std::string str() const {
-    return "B=" + std::to_string(batch) + " T=" + std::to_string(time) + " H=" + std::to_string(heads) +
-           " K=" + std::to_string(key_dim) + " V=" + std::to_string(value_dim);
-  }
-};
+using Sizes = testing::Hgru2Shape;
 
 // fp64 host inputs: the projection output [q̂ | f̂ | v], the lower bounds γ [layers, H·K] (row 0 zero, the rest in
 // [0.02, 0.98], fp32-exact) and the output's cotangent.

@@ -16,6 +16,7 @@
 
 #include "gpu_test.h"
 #include "gradcheck.h"
+#include "hgru2_test_shape.h"
 #include "ops/elementwise.h"
 #include "ops/hgru2_recurrence.h"
 
@@ -28,13 +29,7 @@ using testing::round_through;
 using testing::to_gpu;
 using testing::to_host_f64;
 
-struct Sizes {
-  int64_t batch, time, heads, key_dim, value_dim;
-  std::string str() const {
-    return "B=" + std::to_string(batch) + " T=" + std::to_string(time) + " H=" + std::to_string(heads) +
-           " K=" + std::to_string(key_dim) + " V=" + std::to_string(value_dim);
-  }
-};
+using Sizes = testing::Hgru2Shape;
 
 // fp64 host values of one problem; s0, d_out, d_final may be undefined (absent).
 struct Problem {

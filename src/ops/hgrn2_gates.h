@@ -24,9 +24,6 @@ Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t la
 Var input_gate_from_forget(Tape& tape, const Var& g);
 Var input_gate_from_forget(Tape& tape, const Var& g, DType out_dtype);
 
-// A layer's gates in one op (spec 1.2 steps 2–4): q = silu(q̂), g = hgrn2_forget_gate(f̂, γ, layer) and
-// k = input_gate_from_forget(g) in f̂'s dtype; q̂ is a tensor like f̂. On the GPU one fused kernel each way (q̂ and f̂
-// read once, g not read back, one pass for all three gradients); on the CPU exactly the three ops.
 // What a layer's gates were made from, on the GPU: hgru2_recurrence, given it with these q, g and k, runs the gates'
 // backward in its own backward (kernels/hgru2_recurrence.h, Hgru2GatesEpilogue) where it is the gates' only consumer,
 // so that dq, dk and dg are never stored; the gates' backward then finds no gradient left to pass on.
@@ -36,6 +33,9 @@ struct Hgrn2GatesOrigin {
   bool bounded = false;  // γ_ℓ enters g (else layer 0, or no lower bounds: g = logsigmoid(f̂))
   Var q, g, k;           // the gates made
 };
+// A layer's gates in one op (spec 1.2 steps 2–4): q = silu(q̂), g = hgrn2_forget_gate(f̂, γ, layer) and
+// k = input_gate_from_forget(g) in f̂'s dtype; q̂ is a tensor like f̂. On the GPU one fused kernel each way (q̂ and f̂
+// read once, g not read back, one pass for all three gradients); on the CPU exactly the three ops.
 struct Hgrn2Gates {
   Var q, g, k;
   std::shared_ptr<const Hgrn2GatesOrigin> origin;  // set by the GPU path only
