@@ -11,7 +11,8 @@ runs the whole comparison on one GPU.
            warm-up, cosine to min_lr_ratio), hgrn's decay groups (src/train/optimizer.cpp: no decay on norms, the lower
            bounds and, by default, the embeddings), AdamW(betas 0.9/0.95, eps 1e-8) and global-norm clipping; one loss a
            step into a JSON file.
-  compare: hgrn's metrics.jsonl files (logging.log_interval: 1) against the peer's losses, step by step.
+  compare: hgrn's metrics.jsonl files (logging.log_interval: 1) against the peer's losses, step by step, and their
+           gradient norms; stops if the runs' learning rates differ (the schedule above drifted from hgrn's).
 
 The loss is the mean next-token cross-entropy over the B x T targets of each step on both sides: the peer gets the
 window's T + 1 tokens as input_ids and labels (fla shifts the labels and ignores the last position), so that it scores
@@ -82,7 +83,7 @@ def cmd_train(a):
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    losses = []
+    losses, lrs, grad_norms = [], [], []
     for step in range(a.steps):
         rows = [(step * B + i) % windows for i in range(B)]
         batch = np.stack([tokens[w * T: w * T + T + 1] for w in rows]).astype(np.int64)
@@ -97,41 +98,67 @@ def cmd_train(a):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        lrs.append(lr)
+        grad_norms.append(grad_norm.item())
         if step % 50 == 0 or step + 1 == a.steps:
             print(f"peer_parity train ({a.mode}): step {step + 1}/{a.steps} loss {losses[-1]:.4f} "
                   f"grad norm {grad_norm.item():.3f} lr {lr:.3e}", flush=True)
     with open(a.out, "w") as f:
-        json.dump({"kind": "peer_losses", "mode": a.mode, "losses": losses, "batch": B, "seq": T,
+        json.dump({"kind": "peer_losses", "mode": a.mode, "losses": losses, "lr": lrs, "grad_norm": grad_norms,
+                   "batch": B, "seq": T,
                    "device": torch.cuda.get_device_name(), "torch": torch.__version__}, f)
 
 
-def hgrn_losses(path):
-    """Per-step training losses from hgrn's metrics.jsonl (written with logging.log_interval: 1)."""
-    losses = {}
+def hgrn_run(path):
+    """Per-step loss, learning rate and gradient norm from hgrn's metrics.jsonl (logging.log_interval: 1)."""
+    records = {}
     with open(path) as f:
         for line in f:
             record = json.loads(line)
-            if record.get("kind", "train") == "train" and "loss" in record and "step" in record:
-                losses[int(record["step"])] = float(record["loss"])
-    steps = sorted(losses)
-    if steps != list(range(1, len(steps) + 1)):
-        sys.exit(f"peer_parity: {path} does not hold one loss per step from step 1 (log_interval must be 1)")
-    return [losses[s] for s in steps]
+            if record.get("kind") == "train":
+                records[int(record["step"])] = record
+    steps = sorted(records)
+    if not steps or steps != list(range(1, len(steps) + 1)):
+        sys.exit(f"peer_parity: {path} does not hold one training record per step from step 1 (log_interval must be 1)")
+    return {key: [float(records[s][key]) for s in steps] for key in ("loss", "lr", "grad_norm")}
+
+
+def peer_run(path):
+    d = json.load(open(path))
+    return {"loss": d["losses"], "lr": d.get("lr"), "grad_norm": d.get("grad_norm")}
+
+
+def table(runs, key, steps, every, fmt):
+    names = [n for n in runs if runs[n].get(key)]
+    print("| step | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for s in sorted(set([0, 1, 4, 9] + list(range(every - 1, steps, every)) + [steps - 1])):
+        print(f"| {s + 1} | " + " | ".join(format(runs[n][key][s], fmt) for n in names) + " |")
 
 
 def cmd_compare(a):
-    runs = {}
+    all_runs = {}
     for spec in a.run:
         name, _, path = spec.partition("=")
         if not path:
             sys.exit(f"peer_parity compare: --run wants NAME=FILE, got '{spec}'")
-        runs[name] = hgrn_losses(path) if path.endswith(".jsonl") else json.load(open(path))["losses"]
-    steps = min(len(x) for x in runs.values())
+        all_runs[name] = hgrn_run(path) if path.endswith(".jsonl") else peer_run(path)
+    steps = min(len(r["loss"]) for r in all_runs.values())
+    # The runs must have followed one learning-rate schedule (hgrn's, which the peer script re-implements): a
+    # difference here would make the loss comparison meaningless, so it stops the comparison.
+    with_lr = [n for n in all_runs if all_runs[n].get("lr")]
+    for n in with_lr[1:]:
+        for s in range(steps):
+            x, y = all_runs[with_lr[0]]["lr"][s], all_runs[n]["lr"][s]
+            if abs(x - y) > 1e-5 * max(abs(x), abs(y)):
+                sys.exit(f"peer_parity compare: the learning rates differ at step {s + 1}: {with_lr[0]} {x:.6g}, "
+                         f"{n} {y:.6g} (the peer script's schedule no longer matches hgrn's)")
+    print(f"learning rates: the same schedule in {', '.join(with_lr)} (within 1e-5 relative, hgrn logs 6 digits)\n")
+    table(all_runs, "loss", steps, a.every, ".4f")
+    print("\nGradient norms before clipping:")
+    table(all_runs, "grad_norm", steps, a.every, ".4f")
+    runs = {n: r["loss"] for n, r in all_runs.items()}
     names = list(runs)
-    print("| step | " + " | ".join(names) + " |")
-    print("|---|" + "---|" * len(names))
-    for s in sorted(set([0, 1, 4, 9] + list(range(a.every - 1, steps, a.every)) + [steps - 1])):
-        print(f"| {s + 1} | " + " | ".join(f"{runs[n][s]:.4f}" for n in names) + " |")
     tail = slice(max(0, steps - a.tail), steps)
     print(f"\nDifferences over steps 1-{steps} and the last {a.tail} (mean |a - b|, max |a - b|, mean a - b):")
     result = {"steps": steps, "tail": a.tail, "pairs": {}}
@@ -140,9 +167,15 @@ def cmd_compare(a):
             d = np.array(runs[x][:steps]) - np.array(runs[y][:steps])
             stats = {"mean_abs": float(np.abs(d).mean()), "max_abs": float(np.abs(d).max()),
                      "tail_mean_abs": float(np.abs(d[tail]).mean()), "tail_mean": float(d[tail].mean())}
+            gx, gy = all_runs[x].get("grad_norm"), all_runs[y].get("grad_norm")
+            if gx and gy:  # relative to the pair's mean norm, step by step
+                gx, gy = np.array(gx[:steps]), np.array(gy[:steps])
+                stats["grad_norm_mean_rel"] = float((np.abs(gx - gy) / (0.5 * (gx + gy))).mean())
             result["pairs"][f"{x} - {y}"] = stats
             print(f"  {x} - {y}: all {stats['mean_abs']:.4f} / {stats['max_abs']:.4f}; last {a.tail}: "
-                  f"{stats['tail_mean_abs']:.4f} / {float(np.abs(d[tail]).max()):.4f} / {stats['tail_mean']:+.4f}")
+                  f"{stats['tail_mean_abs']:.4f} / {float(np.abs(d[tail]).max()):.4f} / {stats['tail_mean']:+.4f}" +
+                  (f"; gradient norms {100 * stats['grad_norm_mean_rel']:.2f}% apart on average"
+                   if "grad_norm_mean_rel" in stats else ""))
     print(f"\nMean loss over the last {a.tail} steps: " +
           ", ".join(f"{n} {np.mean(runs[n][tail]):.4f}" for n in names))
     if a.json:
