@@ -1301,6 +1301,24 @@ struct BwdDqkSmem {
 // take ~150 KB, so one, with registers to spare.
 template <typename In> constexpr int kDqkBlocksPerSm = std::is_same_v<In, float> ? 1 : 2;
 
+// Row r's dq, dk and dg at column a as bwd_dqk hands them out: the held-back diagonal terms dA_rr·k and dA_rr·q added,
+// dk_inter_L on the chunk's last row (last_row), dg's later segments (suffix), each onto old (an accumulated
+// gradient). The default −0 is the additive identity that leaves every value's bits alone (+0 would turn a −0 into
+// +0), so the compiler drops those adds where nothing accumulates.
+struct RowGradients {
+  float dq, dk, dg;
+};
+template <typename In>
+__device__ __forceinline__ RowGradients row_gradients(const BwdDqkSmem<In>& s, int r, int a, bool last_row,
+                                                      float suffix, float old_q = -0.f, float old_k = -0.f,
+                                                      float old_g = -0.f) {
+  constexpr int ldc = TileLd<In>::acc;
+  const float diag = s.dA[r * kLdD + r];
+  float dk = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdB + a]);
+  if (last_row) dk += s.dk_last[a];
+  return {old_q + s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdB + a]), old_k + dk, old_g + s.G[r * kLdB + a] + suffix};
+}
+
 // bwd_dqk's epilogue with the gates' backward (Hgru2GatesEpilogue), on the rows this thread owns (column a of rows
 // r_lo .. r_lo + rows − 1 of chunk c of pair (b, h), K-tile at k0): dq, dk and dg formed as write_rows forms them
 // (never stored), then through the gates: df̂ = (dg − λ·dk)·∂g/∂f̂ and dq̂ = silu'(q̂)·dq, with
@@ -1311,7 +1329,6 @@ template <typename In>
 __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>& s, const ChunkBlock& cb, int k0,
                                      int kcols, int a, int rg, int rows, float suffix) {
   using namespace gate_math;
-  constexpr int ldc = TileLd<In>::acc;
   const Hgru2GatesEpilogue& e = p.gates;
   const Dims& d = p.d;
   const int r_lo = rg * kSub, last = cb.n - 1;
@@ -1342,11 +1359,7 @@ __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>
       const int i = half + u;
       if (i >= rows) break;
       const int r = r_lo + i;
-      const float diag = s.dA[r * kLdD + r];
-      const float dq = s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdB + a]);
-      float dk = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdB + a]);
-      if (r == last) dk += s.dk_last[a];
-      const float dg = s.G[r * kLdB + a] + suffix;
+      const auto [dq, dk, dg] = row_gradients(s, r, a, r == last, suffix);
       const ForgetGateGrad fg = forget_gate_grad<In>(xf[u], gamma, log_gamma, log_one_minus_gamma);
       float total = dg;
       total -= fg.lambda * dk;
@@ -1645,14 +1658,12 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
         if (kGeneral && i >= rows) break;
         const int r = r_lo + i;
         const int64_t at = i * row_stride;
-        const float diag = s.dA[r * kLdD + r];
-        if (!kGeneral || dq) dq[at] = store_f<In>(old_q[u] + s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdB + a]));
-        if (!kGeneral || dk) {
-          float val = s.Pk[r * ldc + a] + diag * load_f(s.q[r * kLdB + a]);
-          if ((kGeneral || i == kSub - 1) && r == last) val += s.dk_last[a];  // a whole segment: only its last row
-          dk[at] = store_f<In>(old_k[u] + val);
-        }
-        if (!kGeneral || dg) dg[at] = old_g[u] + s.G[r * kLdB + a] + suffix;
+        // A whole segment can hold the chunk's last row only as its own last row.
+        const RowGradients grads =
+            row_gradients(s, r, a, (kGeneral || i == kSub - 1) && r == last, suffix, old_q[u], old_k[u], old_g[u]);
+        if (!kGeneral || dq) dq[at] = store_f<In>(grads.dq);
+        if (!kGeneral || dk) dk[at] = store_f<In>(grads.dk);
+        if (!kGeneral || dg) dg[at] = grads.dg;
       }
     }
   };
