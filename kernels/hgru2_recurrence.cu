@@ -1272,6 +1272,8 @@ struct BwdDqkSmem {
   float *seg, *rowsum, *dlast_part, *dk_last, *d_last;  // [4][64], [64], [4][64], [64], [64]
   In *dO, *Vt, *Sp, *dS;       // inter phase operand tiles
   float *dA, *hat;             // intra phase: [64][kLdD], [48][kLdF] (fp32 only: K̂, then Q̌, of one round)
+  In *q_hat, *f_hat;           // intra phase, the gates' epilogue only: the K-tile's q̂, f̂ [64][kLdB] and γ [64],
+  float* gamma;                // staged during the intra products (they fit in the inter tiles' room: no more bytes)
   __host__ __device__ static size_t carve(void* base, BwdDqkSmem* s) {
     Carver c(base);
     s->q = c.take<In>(kChunk * kLdB);
@@ -1293,6 +1295,9 @@ struct BwdDqkSmem {
     c.off = region;
     s->dA = c.take<float>(kChunk * kLdD);
     s->hat = c.take<float>(std::is_same_v<In, float> ? 48 * kLdF : 0);
+    s->q_hat = c.take<In>(kChunk * kLdB);
+    s->f_hat = c.take<In>(kChunk * kLdB);
+    s->gamma = c.take<float>(kTile);
     return inter_end > c.off ? inter_end : c.off;
   }
 };
@@ -1319,12 +1324,36 @@ __device__ __forceinline__ RowGradients row_gradients(const BwdDqkSmem<In>& s, i
   return {old_q + s.Pq[r * ldc + a] + diag * load_f(s.k[r * kLdB + a]), old_k + dk, old_g + s.G[r * kLdB + a] + suffix};
 }
 
+// The gates' epilogue's inputs for K-tile k0 of chunk block cb, by cp.async into their intra-phase buffers (the
+// caller commits and, before the epilogue, waits): q̂ and f̂ of the chunk's rows, and γ. Read from global memory in
+// the epilogue itself, each block waited out their latency there; staged here they land during the intra products
+// (bwd_dqk −12 us a call at hgrn2-385m's shape on an H100). The buffers take room the inter tiles leave free, so the
+// kernel's shared memory does not grow; ptxas now keeps one 4-byte value in local memory (around the staging
+// fallback's call), which did not show in the timings.
+template <typename In>
+__device__ void stage_gate_inputs(const Hgru2GatesEpilogue& e, const BwdDqkSmem<In>& s, const Dims& d,
+                                  const ChunkBlock& cb, int k0, int kcols) {
+  const int64_t row0 = static_cast<int64_t>(cb.b) * d.T + cb.t0, channel = static_cast<int64_t>(cb.h) * d.K + k0;
+  const In* q_hat = static_cast<const In*>(e.q_hat) + row0 * e.q_hat_stride + channel;
+  const In* f_hat = static_cast<const In*>(e.f_hat) + row0 * e.f_hat_stride + channel;
+  stage_tile(s.q_hat, kLdB, q_hat, e.q_hat_stride, cb.n, kcols, async_copyable<In>(q_hat, d.K, e.q_hat_stride, kLdB));
+  stage_tile(s.f_hat, kLdB, f_hat, e.f_hat_stride, cb.n, kcols, async_copyable<In>(f_hat, d.K, e.f_hat_stride, kLdB));
+  if (!e.gamma_row) return;
+  const float* gamma = e.gamma_row + channel;
+  if (kcols == kTile && reinterpret_cast<uintptr_t>(gamma) % 16 == 0) {
+    if (threadIdx.x < kTile / 4) cp_async_16(shared_address(s.gamma + 4 * threadIdx.x), gamma + 4 * threadIdx.x);
+  } else if (threadIdx.x < kcols) {
+    s.gamma[threadIdx.x] = gamma[threadIdx.x];
+  }
+}
+
 // bwd_dqk's epilogue with the gates' backward (Hgru2GatesEpilogue), on the rows this thread owns (column a of rows
 // r_lo .. r_lo + rows − 1 of chunk c of pair (b, h), K-tile at k0): dq, dk and dg formed as write_rows forms them
 // (never stored), then through the gates: df̂ = (dg − λ·dk)·∂g/∂f̂ and dq̂ = silu'(q̂)·dq, with
 // cuda_hgrn2_gates_backward's per-element functions (hgrn2_gate_math.cuh, sigmoid.cuh), and the chunk's column sums
 // of (dg − λ·dk)·∂g/∂γ into its row of the partials (this thread's rows in order, then the four row groups in order).
-// Every thread of the block calls it (the partials' barrier); a thread past the K-tile's width has rows = 0.
+// q̂, f̂ and γ are read from their staged copies (stage_gate_inputs). Every thread of the block calls it (the
+// partials' barrier); a thread past the K-tile's width has rows = 0.
 template <typename In>
 __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>& s, const ChunkBlock& cb, int k0,
                                      int kcols, int a, int rg, int rows, float suffix) {
@@ -1335,38 +1364,26 @@ __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>
   const int64_t channel = static_cast<int64_t>(cb.h) * d.K + k0 + a;
   float gamma = 0.f, log_gamma = 0.f, log_one_minus_gamma = 0.f;
   if (e.gamma_row && a < kcols) {
-    gamma = e.gamma_row[channel];
+    gamma = s.gamma[a];
     log_gamma = logf(gamma);
     log_one_minus_gamma = log1pf(-gamma);
   }
   const int64_t row0 = static_cast<int64_t>(cb.b) * d.T + cb.t0 + r_lo;
-  const In* q_hat = static_cast<const In*>(e.q_hat) + row0 * e.q_hat_stride + channel;
-  const In* f_hat = static_cast<const In*>(e.f_hat) + row0 * e.f_hat_stride + channel;
   In* dq_hat = static_cast<In*>(e.dq_hat) + row0 * e.dq_hat_stride + channel;
   In* df_hat = static_cast<In*>(e.df_hat) + row0 * e.df_hat_stride + channel;
   float gamma_sum = 0.f;
 #pragma unroll
-  for (int half = 0; half < kSub; half += kSub / 2) {
-    float xq[kSub / 2], xf[kSub / 2];  // all loads of the half in flight before any arithmetic
-#pragma unroll
-    for (int u = 0; u < kSub / 2; ++u) {
-      const int i = half + u;
-      xq[u] = i < rows ? load_f(q_hat[i * e.q_hat_stride]) : 0.f;
-      xf[u] = i < rows ? load_f(f_hat[i * e.f_hat_stride]) : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < kSub / 2; ++u) {
-      const int i = half + u;
-      if (i >= rows) break;
-      const int r = r_lo + i;
-      const auto [dq, dk, dg] = row_gradients(s, r, a, r == last, suffix);
-      const ForgetGateGrad fg = forget_gate_grad<In>(xf[u], gamma, log_gamma, log_one_minus_gamma);
-      float total = dg;
-      total -= fg.lambda * dk;
-      df_hat[i * e.df_hat_stride] = store_f<In>(total * fg.dg_df);
-      gamma_sum += total * fg.dg_dgamma;
-      dq_hat[i * e.dq_hat_stride] = store_f<In>(silu_backward_value(xq[u], stable_sigmoid<In>(xq[u]), dq));
-    }
+  for (int i = 0; i < kSub; ++i) {
+    if (i >= rows) break;
+    const int r = r_lo + i;
+    const float xq = load_f(s.q_hat[r * kLdB + a]), xf = load_f(s.f_hat[r * kLdB + a]);
+    const auto [dq, dk, dg] = row_gradients(s, r, a, r == last, suffix);
+    const ForgetGateGrad fg = forget_gate_grad<In>(xf, gamma, log_gamma, log_one_minus_gamma);
+    float total = dg;
+    total -= fg.lambda * dk;
+    df_hat[i * e.df_hat_stride] = store_f<In>(total * fg.dg_df);
+    gamma_sum += total * fg.dg_dgamma;
+    dq_hat[i * e.dq_hat_stride] = store_f<In>(silu_backward_value(xq, stable_sigmoid<In>(xq), dq));
   }
   if (!e.partials) return;  // the same for the whole block: no thread misses the barrier
   s.dlast_part[rg * 64 + a] = gamma_sum;  // free since d_last was formed
@@ -1539,6 +1556,10 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     }
     s.dlast_part[rg * 64 + a] = dl;
   }
+  if (p.gates.q_hat) {  // in flight until the epilogue
+    stage_gate_inputs<In>(p.gates, s, d, chunk_block(d, blockIdx.y, blockIdx.z), k0, kcols);
+    cp_async_commit();
+  }
   // Intra, blocks below the diagonal.
   if constexpr (std::is_same_v<In, __nv_bfloat16>) {
     // On the tensor cores, eight jobs of equal depth: warp w does dq (w even) or dk (w odd) for columns 32·((w/2)%2)
@@ -1618,6 +1639,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     s.G[i * kLdB + a] = run;
   }
   s.seg[rg * 64 + a] = run;
+  cp_async_wait<0>();  // the gates' epilogue's inputs (stage_gate_inputs) have landed
   __syncthreads();
   float suffix = s.d_last[a];
   for (int later = 3; later > rg; --later) suffix += s.seg[later * 64 + a];
