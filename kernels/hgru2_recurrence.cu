@@ -1416,12 +1416,22 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     stage_tile(s.G, kLdB, g, key_stride, n, kcols, async_copyable<float>(g, d.K, key_stride, kLdB));
     stage_tile(s.q, kLdB, q, key_stride, n, kcols, async_copyable<In>(q, d.K, key_stride, kLdB));
     stage_tile(s.k, kLdB, k, key_stride, n, kcols, async_copyable<In>(k, d.K, key_stride, kLdB));
-    cp_async_commit();
   }
 
   // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) from the fp32 values.
+  // dO and v (copied as they are) go to shared memory by cp.async, saving the registers of two tiles; the states
+  // pass through registers, whose fp32 values also feed the row sums. The first V-tile's dO and v travel with q, k
+  // and g, so that its wait overlaps the states' loads instead of following them.
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
   const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
+  const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
+  const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
+  auto stage_values = [&](int v0, int vcols) {
+    stage_tile(s.dO, ldi, d_out ? d_out + v0 : d_out, value_stride, n, vcols, do_async);
+    stage_tile(s.Vt, ldi, v + v0, d.v_stride, n, vcols, v_async);
+    cp_async_commit();
+  };
+  stage_values(0, min(kTile, d.V));
   const float* state = p.states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   const float* d_state = p.d_states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   float prod[4][4];  // this thread's share of S_p ⊙ dS_e summed over the V-tiles (TileVec layout)
@@ -1429,19 +1439,15 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int u = 0; u < 4; ++u) prod[i][u] = 0.f;
-  // dO and v (copied as they are) go to shared memory by cp.async, saving the registers of two tiles; the states
-  // pass through registers, whose fp32 values also feed the row sums.
-  const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
-  const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
     TileVec spr, dsr;
     spr.fetch(state + v0, d.V, kcols, vcols);
     dsr.fetch(d_state + v0, d.V, kcols, vcols);
-    __syncthreads();  // the previous tile's products are done
-    stage_tile(s.dO, ldi, d_out ? d_out + v0 : d_out, value_stride, n, vcols, do_async);
-    stage_tile(s.Vt, ldi, v + v0, d.v_stride, n, vcols, v_async);
-    cp_async_commit();
+    if (vt > 0) {
+      __syncthreads();  // the previous tile's products are done
+      stage_values(v0, vcols);
+    }
     spr.commit(s.Sp, ldi);
     dsr.commit(s.dS, ldi);
 #pragma unroll
