@@ -303,19 +303,22 @@ __device__ __forceinline__ float exp2_fast(float x) {
 }
 constexpr float kLog2e = 1.4426950408889634f;
 
-// In-place chunk-local cumulative sum of g·log2(e) (the base-2 G of spec 7.1) down the 64 rows of an fp32 [64][ld]
-// tile: four 16-row segments are scanned in parallel, then offset by the totals of the segments before them. The
-// result is still non-increasing in the row (rounding is monotone and each segment's last row equals the next
-// segment's offset), so every G_i − G_j with i >= j stays <= 0. `seg` is [4][64] shared scratch.
-__device__ void chunk_cumsum(float* G, int ld, float* seg) {
+// Chunk-local cumulative sum of g·log2(e) (the base-2 G of spec 7.1) down the 64 rows of an fp32 [64][ld] tile, in
+// place, or with g read from another tile `src` ([64][src_ld]): four 16-row segments are scanned in parallel, then
+// offset by the totals of the segments before them. The result is still non-increasing in the row (rounding is
+// monotone and each segment's last row equals the next segment's offset), so every G_i − G_j with i >= j stays <= 0.
+// `seg` is [4][64] shared scratch.
+__device__ void chunk_cumsum(float* G, int ld, float* seg, const float* src = nullptr, int src_ld = 0) {
   const int c = threadIdx.x & 63, s = threadIdx.x >> 6;
+  const float* g = src ? src : G;
+  const int g_ld = src ? src_ld : ld;
   // Constant trip counts: written as r from 16s to 16s + 16, nvcc 13.0 compiled the first loop in bwd_dqk's fp32
   // build as those 16 rows followed by a 21-row remainder that ran into the next segment (found by racecheck).
   float run = 0.f;
 #pragma unroll
   for (int i = 0; i < kSub; ++i) {
     const int r = s * kSub + i;
-    run += G[r * ld + c] * kLog2e;
+    run += g[r * g_ld + c] * kLog2e;
     G[r * ld + c] = run;
   }
   seg[s * 64 + c] = run;
@@ -761,8 +764,8 @@ __device__ __forceinline__ void store4(T* p, const float (&x)[4]) {
 //   triangles), blocks below them (bf16: and the diagonal blocks' lower-left 8×8 squares) with the reference row
 //   n = G of the query rows' first row (Q̂ = q ⊙ e^{G_i − n}, K̂ = k ⊙ e^{n − G_j});
 //   o = Q̄ S^(c) + A v with Q̄ = s·q ⊙ e^{G} (rounded to the activation dtype, as fla does, as is A for A·v).
-// The scores phase's fp32 tiles (q, k and G of one K-tile): rows of ld = 68 floats, whole 16-byte units (G arrives by
-// cp.async), ≡ 4 (mod 32 banks): the tensor-core fragment reads (8 rows × 4 columns per warp) are conflict-free, and
+// The scores phase's fp32 tiles (q, k and G of one K-tile): rows of ld = 68 floats, whole 16-byte units, ≡ 4 (mod 32
+// banks): the tensor-core fragment reads (8 rows × 4 columns per warp) are conflict-free, and
 // so are the diagonal blocks' reads (4 blocks × 8 column groups per warp; see diagonal_scores).
 struct ScoreTile {
   static constexpr int ld = kTile + 4;
@@ -786,7 +789,8 @@ template <typename In>
 struct FwdOutputSmem {
   In* Qb;       // [64][key_pad + pad]: Q̄
   float* A;     // [64][kLdF]
-  In* Ain;      // [64][ldi]: A in the operand dtype
+  In* Ain;      // [64][ldi]: A in the operand dtype, written after the scores phase; during it, the same bytes hold
+  float* g_raw; // a K-tile's g as loaded ([64][kTile] fp32: the buffer is sized for the larger of the two)
   float *q, *k, *G, *Khat, *Qhat, *seg;  // scores phase: ScoreTile ×3, [48][kLdF], [16][kLdF] (fp32 only), [4][64]
   In* k_in;     // scores phase: the K-tile's k as loaded ([64][ldi]; its q is loaded into Qb's columns)
   In *Y, *W;    // output phase: operand tiles (Y: the states' staging, two tiles for bf16)
@@ -795,7 +799,8 @@ struct FwdOutputSmem {
     Carver c(base);
     s->Qb = c.take<In>(kChunk * (key_pad + TileLd<In>::pad));
     s->A = c.take<float>(kChunk * kLdF);
-    s->Ain = c.take<In>(kChunk * TileLd<In>::in);
+    s->Ain = c.take<In>(std::max<size_t>(kChunk * TileLd<In>::in, kChunk * kTile * sizeof(float) / sizeof(In)));
+    s->g_raw = reinterpret_cast<float*>(s->Ain);
     const size_t region = c.off;
     // One array, so that the compiler sees k and G at constant offsets from q (one address, immediate offsets).
     s->q = c.take<float>(3 * ScoreTile::size);
@@ -988,21 +993,26 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
 
   zero_tile(s.A, kLdF);
-  // Each K-tile's g (into G), q (into its columns of Qb, which it later overwrites) and k arrive by cp.async, 16
-  // bytes a copy; q and k are then widened into the fp32 tiles.
-  const bool g_async = async_copyable<float>(g, d.K, key_stride, ScoreTile::ld);
+  // Each K-tile's g (into g_raw), q (into its columns of Qb, which it later overwrites) and k (into k_in) arrive by
+  // cp.async, 16 bytes a copy; G is then g_raw's cumsum, and q and k are widened into the fp32 tiles. The next
+  // K-tile's copies are issued as soon as this tile's g_raw and k_in are consumed, so they land during its scores:
+  // waited for at the tile's start, they had been ~3.5% of the kernel's stall samples (Nsight Compute, B=8).
+  const bool g_async = async_copyable<float>(g, d.K, key_stride, kTile);
   const bool q_async = async_copyable<In>(q, d.K, key_stride, ldq);
   const bool k_async = async_copyable<In>(k, d.K, key_stride, ldi);
-  for (int kt = 0; kt < d.nk; ++kt) {
+  auto stage_key_tile = [&](int kt) {
     const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
-    __syncthreads();  // the previous tile's readers are done
-    stage_tile(s.G, ScoreTile::ld, g + k0, key_stride, n, kcols, g_async);
+    stage_tile(s.g_raw, kTile, g + k0, key_stride, n, kcols, g_async);
     stage_tile(s.Qb + k0, ldq, q + k0, key_stride, n, kcols, q_async);
     stage_tile(s.k_in, ldi, k + k0, key_stride, n, kcols, k_async);
     cp_async_commit();
+  };
+  stage_key_tile(0);
+  for (int kt = 0; kt < d.nk; ++kt) {
+    const int k0 = kt * kTile;
     cp_async_wait<0>();
-    __syncthreads();
-    chunk_cumsum(s.G, ScoreTile::ld, s.seg);  // ends with a barrier
+    __syncthreads();  // tile kt has landed; the previous tile's readers are done
+    chunk_cumsum(s.G, ScoreTile::ld, s.seg, s.g_raw, kTile);  // ends with a barrier
     // One pass, four columns a thread (TileVec's layout): q and k widened into the fp32 tiles, and Q̄ = s·q ⊙ e^G over
     // q's columns of Qb (each thread rewrites the elements it read).
     const int a = TileVec::col();
@@ -1020,7 +1030,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
       for (int e = 0; e < 4; ++e) qbar[e] = p.scale * qv[e] * exp2_fast(g4[e]);
       store4(s.Qb + t * ldq + k0 + a, qbar);
     }
-    __syncthreads();  // the widened tiles are complete
+    __syncthreads();  // the widened tiles are complete, g_raw and k_in free
+    if (kt + 1 < d.nk) stage_key_tile(kt + 1);
     accumulate_scores<In>(s.A, s.q, s.k, s.G, s.Khat, s.Qhat, p.scale);
   }
   __syncthreads();
