@@ -987,7 +987,10 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
   const int ldq = d.key_pad + TileLd<In>::pad;
-  const auto [c, pair, b, h, t0, n, key_stride, value_stride] = chunk_block(d, blockIdx.x, blockIdx.y);
+  // Plain variables, not a structured binding: the staging lambdas capture them (C++17).
+  const ChunkBlock cb = chunk_block(d, blockIdx.x, blockIdx.y);
+  const int c = cb.c, pair = cb.pair, b = cb.b, h = cb.h, t0 = cb.t0, n = cb.n;
+  const int64_t key_stride = cb.key_stride, value_stride = cb.value_stride;
   const In* q = static_cast<const In*>(p.q) + row_offset(d, b, t0, h, d.K);
   const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
@@ -1413,7 +1416,10 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   BwdDqkSmem<In>::carve(smem, &s);
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
-  const auto [c, pair, b, h, t0, n, key_stride, value_stride] = chunk_block(d, blockIdx.y, blockIdx.z);
+  // Plain variables, not a structured binding: the staging lambdas capture them (C++17).
+  const ChunkBlock cb = chunk_block(d, blockIdx.y, blockIdx.z);
+  const int c = cb.c, pair = cb.pair, b = cb.b, h = cb.h, t0 = cb.t0, n = cb.n;
+  const int64_t key_stride = cb.key_stride, value_stride = cb.value_stride;
   const int k0 = blockIdx.x * kTile, kcols = min(kTile, d.K - k0), last = n - 1;
   const int64_t key_off = row_offset(d, b, t0, h, d.K) + k0;
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
