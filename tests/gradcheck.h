@@ -4,6 +4,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -18,6 +19,14 @@ inline Tensor random_tensor(Rng& rng, const Shape& shape, double scale = 1.0, DT
   Tensor t = Tensor::empty(shape, DType::F64);
   for (int64_t i = 0; i < t.numel(); ++i) t.set_item(i, scale * rng.normal());
   return dtype == DType::F64 ? t : t.to(dtype);
+}
+
+// The largest |element| of t (any device, dtype or layout): the scale of a tolerance on the largest error relative
+// to the reference's largest entry.
+inline double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double x : t.to_double_vector()) m = std::max(m, std::fabs(x));
+  return m;
 }
 
 inline double dot(const Tensor& a, const Tensor& b) {

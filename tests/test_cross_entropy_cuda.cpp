@@ -18,6 +18,7 @@ namespace hgrn {
 namespace {
 
 using testing::expect_close;
+using testing::max_abs;
 using testing::random_tensor;
 using testing::round_through;
 using testing::to_gpu;
@@ -66,12 +67,6 @@ Reference reference(const Tensor& logits, const std::vector<int64_t>& targets, d
 
 Tensor targets_tensor(const std::vector<int64_t>& targets, DType dtype) {
   return Tensor::from_vector(targets, {static_cast<int64_t>(targets.size())}).to(dtype);
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.to_double_vector()) m = std::max(m, std::fabs(v));
-  return m;
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {

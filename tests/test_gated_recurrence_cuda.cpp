@@ -15,7 +15,7 @@
 
 #include "gpu_test.h"
 #include "gradcheck.h"
-#include "hgru2_test_shape.h"
+#include "hgru2_test_support.h"
 #include "ops/elementwise.h"
 #include "ops/hgrn2_gates.h"
 #include "ops/hgru2_recurrence.h"
@@ -23,12 +23,16 @@
 namespace hgrn {
 namespace {
 
+using testing::max_abs;
 using testing::random_tensor;
 using testing::round_through;
 using testing::to_gpu;
 using testing::to_host_f64;
 
 using Sizes = testing::Hgru2Shape;
+using testing::kBf16;
+using testing::kFp32;
+using testing::Tol;
 
 // fp64 host inputs: the projection output [q̂ | f̂ | v], the lower bounds γ [layers, H·K] (row 0 zero, the rest in
 // [0.02, 0.98], fp32-exact) and the output's cotangent.
@@ -85,24 +89,11 @@ Result run(const Problem& p, const Sizes& s, int64_t layer, Device device, DType
   return out;
 }
 
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.item(i)));
-  return m;
-}
-
 // One column block [c0, c0 + width) of a [B, T, W] host tensor, contiguous.
 Tensor columns(const Tensor& t, int64_t c0, int64_t width) { return t.columns(c0, width).clone(); }
 
-// Tolerances (relative RMS; largest error relative to the reference's largest entry), those of the recurrence's own
-// GPU tests (test_hgru2_recurrence_cuda.cpp), whose dq, dk and dg the gates' backward only scales element by element:
-// fp32 computes in fp32 throughout (measured there <= 2.3e-6 rel RMS); bf16 takes bf16 operands in the products and
-// stores bf16 results, fla's test bound 5e-3 rel RMS. γ's gradient is a sum over all rows of such terms.
-struct Tol {
-  double rel_rms, max_rel;
-};
-constexpr Tol kFp32{1e-5, 2e-5};
-constexpr Tol kBf16{5e-3, 1e-2};
+// Tolerances: the recurrence tests' own (hgru2_test_support.h), whose dq, dk and dg the gates' backward only scales
+// element by element; γ's gradient is a sum over all rows of such terms.
 
 void expect_matches(const Result& got, const Result& want, const Sizes& s, Tol tol, const std::string& context) {
   const int64_t hk = s.heads * s.key_dim, hv = s.heads * s.value_dim;

@@ -18,17 +18,11 @@ namespace hgrn {
 namespace {
 
 using testing::expect_close;
+using testing::max_abs;
 using testing::random_tensor;
 using testing::round_through;
 using testing::to_gpu;
 using testing::to_host_f64;
-
-double max_abs(const Tensor& t) {
-  Tensor h = to_host_f64(t);
-  double m = 0;
-  for (int64_t i = 0; i < h.numel(); ++i) m = std::max(m, std::fabs(h.item(i)));
-  return m;
-}
 
 // Every element within rel·|want| (+ a floor for exact zeros): for results whose every element must keep its
 // relative precision (g and k near 0, gradients spanning many orders of magnitude at extreme inputs).

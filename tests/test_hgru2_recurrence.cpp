@@ -16,6 +16,7 @@
 namespace hgrn {
 namespace {
 
+using testing::max_abs;
 using testing::random_tensor;
 
 struct Sizes {
@@ -78,12 +79,6 @@ Result run(const Inputs& in, int64_t heads, DType dtype, RecurrenceMode mode, in
   auto f64 = [](const Var& x) { return x && x->grad.defined() ? x->grad.to(DType::F64) : Tensor(); };
   return {r.output->value.to(DType::F64), r.final_state->value.to(DType::F64), f64(q), f64(k), f64(v), f64(g),
           f64(s0)};
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double x : t.to_double_vector()) m = std::max(m, std::abs(x));
-  return m;
 }
 
 // max|x − ref| / max(1, max|ref|): relative to the reference's largest entry, so single near-zero entries do not blow

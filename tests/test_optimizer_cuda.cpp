@@ -16,18 +16,12 @@ namespace hgrn {
 namespace {
 
 using testing::expect_close;
+using testing::max_abs;
 using testing::random_tensor;
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
-}
-
-double max_abs(const Tensor& t) {
-  Tensor h = testing::to_host_f64(t);
-  double m = 0;
-  for (int64_t i = 0; i < h.numel(); ++i) m = std::max(m, std::fabs(h.item(i)));
-  return m;
 }
 
 // Odd sizes around the kernels' 4096-element chunk: a lone element, a partial chunk, one chunk and a bit, three
