@@ -1,19 +1,12 @@
 // gemm.cu: cuda_gemm (gemm.h) on cuBLASLt. Row-major C = op(A)·op(B) is computed as the column-major product
 // Cᵀ = op(B)ᵀ·op(A)ᵀ, which needs no data movement: a row-major [r, c] matrix is a column-major [c, r] one.
-// The algorithm for each distinct problem (shapes, strides, dtypes, beta) is chosen once and cached: a training step
-// repeats the same few dozen GEMMs, and the heuristic query costs more than a small GEMM. With autotuning, the choice
-// is made in two rounds: the candidates are timed alone (make_plan), then the close ones again in place, inside the
-// step (InPlaceTrial), where clocks, power and caches are the step's own.
-#include <algorithm>
+// The algorithm for each distinct problem (shapes, strides, dtypes, beta) is chosen once by cuBLASLt's heuristic and
+// cached: a training step repeats the same few dozen GEMMs, and the heuristic query costs more than a small GEMM.
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <memory>
 #include <mutex>
-#include <numeric>
 #include <tuple>
-#include <utility>
-#include <vector>
 
 #include "core/env_flag.h"
 #include "cuda_check.h"
@@ -34,29 +27,10 @@ cudaDataType_t cuda_type(DType d) {
   }
 }
 
-// The second round of autotuning. Timed alone (best of 3), the candidates of a shape often lie within a few percent of
-// each other, and which one wins moved from process to process; in the step the same picks differed by up to ~2.7 ms
-// of GEMM time in a ~190 ms hgrn2-385m step (session 28, H200). So the candidates within kInPlaceMargin of the best
-// lone time take turns at the shape's real calls, each between two events, until every one has kInPlaceSamples
-// samples whose events have completed (checked without waiting; after kInPlaceMaxRounds rounds, waited for); the
-// lowest in-place time wins. Every candidate computes the same product, so only the summation order (and speed) of
-// those first calls differs: the autotuned, non-deterministic mode already allows that.
-constexpr float kInPlaceMargin = 1.10f;
-constexpr int kInPlaceCandidates = 4, kInPlaceSamples = 2, kInPlaceMaxRounds = 16;
-std::mutex plans_mutex;  // cuda_gemm's plans and their trials
-int g_trials_started = 0, g_trials_settled = 0;  // for the tests (gemm_in_place_trials)
-
-struct InPlaceTrial {
-  std::vector<cublasLtMatmulAlgo_t> algos;                       // in the lone timing's order, best first
-  std::vector<std::vector<std::pair<cudaEvent_t, cudaEvent_t>>> samples;  // per candidate: start, stop
-  int calls = 0;
-};
-
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};  // the choice; while trial is set, the lone timing's best
-  std::unique_ptr<InPlaceTrial> trial;  // non-null while the candidates are being timed in place
+  cublasLtMatmulAlgo_t algo{};
 };
 
 // The last two: beta != 0, and the addend read from another buffer than the output (c_in != c), for which cuBLASLt
@@ -155,103 +129,25 @@ Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int6
                  c_in_ptr ? " (accumulate, addend apart)" : accumulate ? " (accumulate)" : "", found);
   if (found > 1) {
     void* scratch = cuda_alloc(static_cast<size_t>(m) * ldc * dtype_size(c_dtype));
-    std::vector<float> lone(found);
+    float best = 1e30f;
+    int chosen = 0;
     for (int i = 0; i < found; ++i) {
-      lone[i] = time_algo(p, results[i].algo, a_ptr, b_ptr, c_in_ptr, scratch, accumulate ? 1.0f : 0.0f);
-      if (log) log_algo(results[i].algo, i, lone[i], 2.0 * m * n * k);
+      const float ms = time_algo(p, results[i].algo, a_ptr, b_ptr, c_in_ptr, scratch, accumulate ? 1.0f : 0.0f);
+      if (log) log_algo(results[i].algo, i, ms, 2.0 * m * n * k);
+      if (ms < best) {
+        best = ms;
+        chosen = i;
+      }
     }
+    p.algo = results[chosen].algo;
+    if (log) std::fprintf(stderr, "  chose candidate %d\n", chosen);
     cuda_free(scratch);
-    std::vector<int> order(found);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return lone[x] < lone[y]; });
-    p.algo = results[order[0]].algo;
-    auto trial = std::make_unique<InPlaceTrial>();
-    for (int i : order)
-      if (static_cast<int>(trial->algos.size()) < kInPlaceCandidates && lone[i] < 1e29f &&
-          lone[i] <= lone[order[0]] * kInPlaceMargin)
-        trial->algos.push_back(results[i].algo);
-    if (log)
-      std::fprintf(stderr, "  alone, candidate %d was fastest; %zu within %.0f%% to time in place\n", order[0],
-                   trial->algos.size(), (kInPlaceMargin - 1.0f) * 100.0f);
-    if (trial->algos.size() > 1) {
-      trial->samples.resize(trial->algos.size());
-      p.trial = std::move(trial);
-      ++g_trials_started;
-    }
   }
   return p;
-}
-
-// Ends the trial: each candidate's best in-place time, the lowest wins. Every sample's events have completed.
-void settle_trial(Plan& p) {
-  InPlaceTrial& t = *p.trial;
-  static const bool log = env_flag("HGRN_GEMM_LOG");
-  int chosen = 0;
-  float best = 1e30f;
-  for (size_t i = 0; i < t.samples.size(); ++i) {
-    float fastest = 1e30f;
-    for (auto& [start, stop] : t.samples[i]) {
-      float ms = 0.0f;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      fastest = std::min(fastest, ms);
-      CUDA_CHECK(cudaEventDestroy(start));
-      CUDA_CHECK(cudaEventDestroy(stop));
-    }
-    if (log)
-      std::fprintf(stderr, "gemm in place: close candidate %zu: %.1f us (best of %zu calls)\n", i, fastest * 1e3,
-                   t.samples[i].size());
-    if (fastest < best) {
-      best = fastest;
-      chosen = static_cast<int>(i);
-    }
-  }
-  p.algo = t.algos[chosen];
-  p.trial.reset();
-  ++g_trials_settled;
-}
-
-// One call of a shape under trial. Once every candidate has kInPlaceSamples samples and the newest has completed
-// (asked without waiting: the host usually runs ahead of the GPU until the step's next synchronisation; after
-// kInPlaceMaxRounds rounds it waits), the trial ends and the call is left to the caller (false). Otherwise the next
-// candidate in turn runs the call between two events (true).
-bool run_trial_call(Plan& p, const void* alpha, const void* a, const void* b, const void* beta, const void* c_in,
-                    void* c, void* workspace, size_t workspace_bytes) {
-  InPlaceTrial& t = *p.trial;
-  const int n = static_cast<int>(t.algos.size());
-  if (t.calls >= kInPlaceSamples * n) {
-    const cudaEvent_t newest = t.samples[(t.calls - 1) % n].back().second;
-    if (t.calls >= kInPlaceMaxRounds * n) {
-      CUDA_CHECK(cudaEventSynchronize(newest));
-      settle_trial(p);
-      return false;
-    }
-    const cudaError_t state = cudaEventQuery(newest);  // one stream: the newest done means all are
-    if (state != cudaErrorNotReady) {
-      CUDA_CHECK(state);
-      settle_trial(p);
-      return false;
-    }
-  }
-  const int i = t.calls % n;
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  CUDA_CHECK(cudaEventRecord(start, cuda_stream()));
-  CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), p.op, alpha, b, p.a, a, p.b, beta, c_in, p.c, c, p.c, &t.algos[i],
-                              workspace, workspace_bytes, cuda_stream()));
-  CUDA_CHECK(cudaEventRecord(stop, cuda_stream()));
-  t.samples[i].emplace_back(start, stop);
-  ++t.calls;
-  return true;
 }
 }  // namespace
 
 void set_gemm_autotune(bool enabled) { autotune = enabled; }
-
-GemmTrials gemm_in_place_trials() {
-  std::lock_guard<std::mutex> lock(plans_mutex);
-  return {g_trials_started, g_trials_settled};
-}
 
 void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
                const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype,
@@ -269,26 +165,24 @@ void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                                    cuda_stream()));
     return;
   }
+  static std::mutex mutex;
   static std::map<Key, Plan>* plans = new std::map<Key, Plan>();  // never destroyed, like the handle it uses
   const bool apart = beta != 0.0f && c_in != c;
   const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_dtype), static_cast<int>(c_dtype),
                 beta != 0.0f, apart};
-  size_t workspace_bytes = 0;
-  void* workspace = cublaslt_workspace(&workspace_bytes);
   const Plan* plan;
   {
-    std::lock_guard<std::mutex> lock(plans_mutex);
+    std::lock_guard<std::mutex> lock(mutex);
     auto it = plans->find(key);
     if (it == plans->end())
       it = plans
                ->emplace(key, make_plan(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_dtype, c_dtype, beta != 0.0f, a, b,
                                         apart ? c_in : nullptr))
                .first;
-    // Under the lock: a trial's bookkeeping changes with every call.
-    if (it->second.trial && run_trial_call(it->second, &alpha, a, b, &beta, c_in, c, workspace, workspace_bytes))
-      return;
     plan = &it->second;
   }
+  size_t workspace_bytes = 0;
+  void* workspace = cublaslt_workspace(&workspace_bytes);
   CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan->op, &alpha, b, plan->a, a, plan->b, &beta, c_in, plan->c, c,
                               plan->c, &plan->algo, workspace, workspace_bytes, cuda_stream()));
 }

@@ -29,14 +29,8 @@ double measure_device_copy_gbps();
 
 // Autotuning: off (the default), each GEMM shape uses cuBLASLt's first heuristic choice, a deterministic choice, so
 // that runs and resumed runs repeat bit for bit. On, the first call of each shape times up to 8 of cuBLASLt's
-// candidate algorithms alone, and the next calls run the close ones (within 10% of the best) in turn, timed in place,
-// until the fastest there is kept (gemm.cu, InPlaceTrial): faster (the heuristic is poor for some shapes, e.g.
-// [32768 x 1024] x [1024 x 1024] on Hopper), but algorithms differ in summation order, so results are reproducible
-// neither across processes nor over a shape's first calls. training.deterministic switches it.
+// candidate algorithms and keeps the fastest: faster (the heuristic is poor for some shapes, e.g. [32768 x 1024] x
+// [1024 x 1024] on Hopper), but timing noise may pick another algorithm in another process, and algorithms differ in
+// summation order, so results are reproducible only within one process. training.deterministic switches it.
 void set_gemm_autotune(bool enabled);
-// How many shapes have started and ended their in-place trials so far (for the tests).
-struct GemmTrials {
-  int started = 0, settled = 0;
-};
-GemmTrials gemm_in_place_trials();
 }  // namespace hgrn

@@ -1,15 +1,12 @@
 // test_linear_cuda.cpp: the projection on the GPU (cuBLASLt) against the CPU reference in fp64: forward, dx and dW,
 // for fp32 activations and for bf16 activations with an fp32 master weight (the mixed-precision case), with and
 // without a residual added by the GEMM; and linear_columns (several weights side by side: one GEMM each way where they
-// are adjacent, one per weight otherwise); autotuned GEMMs while their candidates are timed in place and after.
+// are adjacent, one per weight otherwise).
 #include <gtest/gtest.h>
 
 #include "gpu_test.h"
 #include "gradcheck.h"
 #include "ops/linear.h"
-#ifdef HGRN_WITH_CUDA
-#include "kernels/gemm.h"
-#endif
 
 namespace hgrn {
 namespace {
@@ -23,60 +20,40 @@ struct LinearCase {
   int64_t rows, in, out;
 };
 
-// One case's inputs and the CPU reference's results (fp64).
-struct LinearReference {
-  LinearCase c;
-  DType act;
-  bool with_residual;
-  Tensor x, w, dy, r;    // inputs (x, dy and r already rounded through act)
-  Var xc, wc, rc, yc;    // the reference's graph, after its backward
-};
-
-LinearReference linear_reference(const LinearCase& c, DType act, bool with_residual) {
-  LinearReference ref{c, act, with_residual};
+void check_linear(const LinearCase& c, DType act, bool with_residual) {
+  SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " in " << c.in << " out " << c.out << " act "
+                                    << dtype_name(act) << (with_residual ? " with a residual" : ""));
   Rng rng(c.rows * 131 + c.in * 7 + c.out);
   // The reference sees exactly the values the GPU sees: x and dy rounded through the activation dtype, and for
   // bf16 activations the weight rounded too (the GEMM runs on the bf16 copy of the fp32 master weight).
-  ref.x = round_through(random_tensor(rng, {c.rows, c.in}), act);
-  ref.w = random_tensor(rng, {c.out, c.in}, 0.1);
-  ref.dy = round_through(random_tensor(rng, {c.rows, c.out}), act);
-  Tensor w_seen = round_through(ref.w, act);
-  ref.r = round_through(random_tensor(rng, {c.rows, c.out}), act);
-  Tape cpu_tape;
-  ref.xc = make_var(ref.x, true), ref.wc = make_var(w_seen, true);
-  ref.rc = with_residual ? make_var(ref.r, true) : nullptr;
-  ref.yc = linear(cpu_tape, ref.xc, ref.wc, ref.rc);
-  cpu_tape.backward(ref.yc, ref.dy);
-  return ref;
-}
+  Tensor x = round_through(random_tensor(rng, {c.rows, c.in}), act);
+  Tensor w = random_tensor(rng, {c.out, c.in}, 0.1);
+  Tensor dy = round_through(random_tensor(rng, {c.rows, c.out}), act);
+  Tensor w_seen = round_through(w, act);
+  Tensor r = round_through(random_tensor(rng, {c.rows, c.out}), act);
 
-// The GPU's forward and backward of the reference's case, against it.
-void expect_gpu_matches(const LinearReference& ref) {
-  const LinearCase& c = ref.c;
-  const DType act = ref.act;
-  SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " in " << c.in << " out " << c.out << " act "
-                                    << dtype_name(act) << (ref.with_residual ? " with a residual" : ""));
+  Tape cpu_tape;
+  Var xc = make_var(x, true), wc = make_var(w_seen, true), rc = with_residual ? make_var(r, true) : nullptr;
+  Var yc = linear(cpu_tape, xc, wc, rc);
+  cpu_tape.backward(yc, dy);
+
   Tape gpu_tape;
-  Var xg = make_var(to_gpu(ref.x, act), true), wg = make_var(to_gpu(ref.w, DType::F32), true);
-  Var rg = ref.with_residual ? make_var(to_gpu(ref.r, act), true) : nullptr;
+  Var xg = make_var(to_gpu(x, act), true), wg = make_var(to_gpu(w, DType::F32), true);
+  Var rg = with_residual ? make_var(to_gpu(r, act), true) : nullptr;
   Var yg = linear(gpu_tape, xg, wg, rg);
   ASSERT_EQ(yg->value.dtype(), act);
-  gpu_tape.backward(yg, to_gpu(ref.dy, act));
+  gpu_tape.backward(yg, to_gpu(dy, act));
   ASSERT_EQ(wg->grad.dtype(), DType::F32) << "weight gradients stay fp32";
 
   // fp32: true fp32 GEMMs (no TF32) differ from fp64 only by summation order: 1e-5 relative RMS is ~100 ulps.
   // bf16: inputs are exact in the reference; the error is the bf16 rounding of y and dx (2^-9 relative), so
   // 1e-2; dW accumulates in fp32 straight into the fp32 gradient, so it stays at the fp32 bound.
   const double out_tol = act == DType::F32 ? 1e-5 : 1e-2;
-  expect_close(yg->value, ref.yc->value, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(c.in), "y");
-  expect_close(xg->grad, ref.xc->grad, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(c.out), "dx");
-  expect_close(wg->grad, ref.wc->grad, 1e-5, 1e-3 * std::sqrt(c.rows), "dW");
+  expect_close(yg->value, yc->value, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(c.in), "y");
+  expect_close(xg->grad, xc->grad, out_tol, act == DType::F32 ? 1e-4 : 0.05 * std::sqrt(c.out), "dx");
+  expect_close(wg->grad, wc->grad, 1e-5, 1e-3 * std::sqrt(c.rows), "dW");
   // The residual's gradient is dy itself: exact.
-  if (ref.with_residual) expect_close(rg->grad, ref.rc->grad, 0.0, 0.0, "dresidual");
-}
-
-void check_linear(const LinearCase& c, DType act, bool with_residual) {
-  expect_gpu_matches(linear_reference(c, act, with_residual));
+  if (with_residual) expect_close(rg->grad, rc->grad, 0.0, 0.0, "dresidual");
 }
 
 TEST(LinearCuda, MatchesCpuReferenceOnOddShapes) {
@@ -85,31 +62,6 @@ TEST(LinearCuda, MatchesCpuReferenceOnOddShapes) {
     for (LinearCase c : {LinearCase{1, 96, 200}, LinearCase{63, 771, 96}, LinearCase{65, 128, 384},
                          LinearCase{2047, 200, 771}})
       for (bool with_residual : {false, true}) check_linear(c, act, with_residual);
-}
-
-// Autotuned GEMMs (training.deterministic: false): a shape's first call times cuBLASLt's candidates alone, its next
-// calls run the close ones in turn, timed in place, until the fastest is kept (kernels/gemm.cu, InPlaceTrial). Every
-// call, during the trials and after them, gives the reference's result, within check_linear's tolerances; the trials
-// start (a shape of the model's kind, for which cuBLASLt offers several close candidates, not met by another test) and
-// end (each run below synchronises, so a trial ends at most ~9 runs in: 2 samples of up to 4 candidates, then a call
-// that finds them done).
-TEST(LinearCuda, AutotunedGemmsMatchCpuReferenceDuringAndAfterTheirInPlaceTrials) {
-  HGRN_SKIP_WITHOUT_GPU();
-#ifdef HGRN_WITH_CUDA
-  struct Autotune {
-    Autotune() { set_gemm_autotune(true); }
-    ~Autotune() { set_gemm_autotune(false); }
-  } autotune;
-  const GemmTrials before = gemm_in_place_trials();
-  const LinearReference ref = linear_reference(LinearCase{1536, 640, 896}, DType::BF16, true);
-  for (int run = 0; run < 12; ++run) {
-    SCOPED_TRACE(::testing::Message() << "run " << run);
-    expect_gpu_matches(ref);
-  }
-  const GemmTrials after = gemm_in_place_trials();
-  EXPECT_GT(after.started, before.started) << "no GEMM shape had close candidates to time in place";
-  EXPECT_EQ(after.settled - before.settled, after.started - before.started) << "a trial did not end";
-#endif
 }
 
 // linear_columns on the GPU against the CPU in fp64: fp32 master weights in one buffer (adjacent: one GEMM each way,
