@@ -31,11 +31,14 @@
 //
 // Memory: the forward's per-chunk states [B·H, NT, K, V] are stored in the activation dtype (bf16 as in fla's
 // forward: fwd_output only uses them rounded to it, so this is exact, and they reach its shared memory by cp.async);
-// they are dropped after the output kernel and the backward recomputes them in fp32 (one more state pass, whose fp32
-// values bwd_dqk's rowsum(S_p ⊙ dS_e) needs) rather than keeping them across the step.
-// The backward's scratch: the recomputed states, the state gradients (both B·H·NT·K·V fp32) and dA (B·H·NT·64·64
-// fp32); the forward keeps A (B·H·NT·64·64, in the activation dtype: exact, see Hgru2CudaForwardArgs::scores)
-// for the backward.
+// the backward reads them the same way: kept from the forward where the caller keeps them, else recomputed by the
+// forward's own pass (the same bits). Deviation from fla, whose backward recomputes them in fp32: besides the
+// products (dq's dO·S_pᵀ, which round S_p to bf16 in fla too), S_p enters one more term, dg's rowsum(S_p ⊙ dS_e), and
+// there it is the bf16 value times the fp32 dS_e (summed in fp32). That halves the recomputed states' bytes (written
+// by the pass, read by bwd_dqk) and lets a caller keep the forward's states instead of recomputing them.
+// The backward's scratch: the recomputed states (unless kept), the state gradients (B·H·NT·K·V fp32) and dA
+// (B·H·NT·64·64 fp32); the forward keeps A (B·H·NT·64·64, in the activation dtype: exact, see
+// Hgru2CudaForwardArgs::scores) for the backward.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -1219,7 +1222,7 @@ struct BwdDqkParams {
   const void* v;
   const float* g;
   const void* d_output;  // null: zero
-  const float* states;
+  const void* states;    // in the activation dtype
   const float* d_states;
   const float* d_scores;
   float scale;
@@ -1435,21 +1438,24 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     stage_tile(s.k, kLdB, k, key_stride, n, kcols, async_copyable<In>(k, d.K, key_stride, kLdB));
   }
 
-  // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) from the fp32 values.
-  // dO and v (copied as they are) go to shared memory by cp.async, saving the registers of two tiles; the states
-  // pass through registers, whose fp32 values also feed the row sums. The first V-tile's dO and v travel with q, k
-  // and g, so that its wait overlaps the states' loads instead of following them.
+  // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) (S_p as stored, in the
+  // activation dtype; dS_e fp32). dO, v and S_p (copied as they are) go to shared memory by cp.async, saving the
+  // registers of three tiles; the state gradients pass through registers, whose fp32 values also feed the row sums.
+  // The first V-tile's dO, v and S_p travel with q, k and g, so that its wait overlaps the state gradients' loads
+  // instead of following them.
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
   const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
+  const In* state = static_cast<const In*>(p.states) + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
   const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
+  const bool state_async = async_copyable<In>(state, d.V, d.V, ldi);
   auto stage_values = [&](int v0, int vcols) {
     stage_tile(s.dO, ldi, d_out ? d_out + v0 : d_out, value_stride, n, vcols, do_async);
     stage_tile(s.Vt, ldi, v + v0, d.v_stride, n, vcols, v_async);
+    stage_tile(s.Sp, ldi, state + v0, d.V, kcols, vcols, state_async);
     cp_async_commit();
   };
   stage_values(0, min(kTile, d.V));
-  const float* state = p.states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   const float* d_state = p.d_states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   float prod[4][4];  // this thread's share of S_p ⊙ dS_e summed over the V-tiles (TileVec layout)
 #pragma unroll
@@ -1458,21 +1464,22 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     for (int u = 0; u < 4; ++u) prod[i][u] = 0.f;
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
-    TileVec spr, dsr;
-    spr.fetch(state + v0, d.V, kcols, vcols);
+    TileVec dsr;
     dsr.fetch(d_state + v0, d.V, kcols, vcols);
     if (vt > 0) {
       __syncthreads();  // the previous tile's products are done
       stage_values(v0, vcols);
     }
-    spr.commit(s.Sp, ldi);
     dsr.commit(s.dS, ldi);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int u = 0; u < 4; ++u) prod[i][u] = fmaf(spr.x[i][u], dsr.x[i][u], prod[i][u]);
     cp_async_wait<0>();
     __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // S_p as staged (the activation dtype) times the fp32 dS_e
+      float sp[4];
+      load4(s.Sp + TileVec::row(i) * ldi + TileVec::col(), sp);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) prod[i][u] = fmaf(sp[u], dsr.x[i][u], prod[i][u]);
+    }
     // Pq and Pk accumulate in shared memory between V-tiles (each thread rereads only its own elements): held in
     // registers across the loop they would push the kernel past its 128-register cap.
     auto accumulate = [&](float* P, const In* X, const In* Y) {
@@ -1842,8 +1849,8 @@ template <typename In>
 void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a) {
   const Launcher<In> launcher{d, pairs};
   const bool need_dqk = a.dq || a.dk || a.dg || a.gates.q_hat;
-  if (need_dqk) {  // S^(c), recomputed: only dq, dk and dg read them
-    const StatePassParams sp{a.k, a.v, d.v_stride, a.g, a.initial_state, a.states, false, nullptr, nullptr, 1.0f, d};
+  if (need_dqk && !a.states_given) {  // S^(c), recomputed as the forward stored them: only dq, dk and dg read them
+    const StatePassParams sp{a.k, a.v, d.v_stride, a.g, a.initial_state, a.states, true, nullptr, nullptr, 1.0f, d};
     launcher.template state_pass<false>(sp);
   }
   const StatePassParams dsp{a.q,           a.d_output, static_cast<int64_t>(d.H) * d.V, a.g, a.d_final_state,

@@ -88,8 +88,12 @@ struct Hgru2CudaBackwardArgs {
   bool accumulate_dq = true, accumulate_dk = true, accumulate_dv = true, accumulate_dg = true;
   // With gates.q_hat set, dq, dk and dg must be null: the gates' gradients are formed from them instead.
   Hgru2GatesEpilogue gates;
-  // Scratch: two states buffers (the recomputed states and the state gradients) and one scores buffer (dA).
-  float* states = nullptr;
+  // The per-chunk states S^(c) in the activation dtype, as the forward's state pass stores them (dq, dk and dg read
+  // them; null where none of those is wanted). states_given: they hold the forward's states already (kept from it),
+  // else they are scratch the backward recomputes them into first, with the forward's pass: the same bits either way.
+  void* states = nullptr;
+  bool states_given = false;
+  // Scratch: the state gradients (fp32) and one scores buffer (dA).
   float* d_states = nullptr;
   float* d_scores = nullptr;
 };

@@ -88,9 +88,10 @@ struct Wants {
 // 64-step chunks, the reference) and backpropagates L = <output, dO> + <final_state, dS_T>. v_offset >= 0: v is a
 // column block of [v_offset columns | v | 5 columns] (split_columns, as the fused q/f/i projection's output), read
 // and given its gradient row-strided on the GPU.
+// keep_states: the forward's per-chunk states are kept for the backward instead of recomputed there.
 Result run(const Problem& p, int64_t heads, Device device, DType act, double scale, const Wants& wants = {},
            const Problem* initial_grads = nullptr, RecurrenceMode mode = RecurrenceMode::Chunk,
-           int64_t v_offset = -1) {
+           int64_t v_offset = -1, bool keep_states = false) {
   const bool gpu = device == Device::CUDA;
   auto put = [&](const Tensor& t, DType dtype) { return gpu ? to_gpu(t, dtype) : t.clone(); };
   const DType act_dtype = gpu ? act : DType::F64, f32 = gpu ? DType::F32 : DType::F64;
@@ -115,7 +116,7 @@ Result run(const Problem& p, int64_t heads, Device device, DType act, double sca
     g->grad = put(initial_grads->g, f32);
     if (s0) s0->grad = put(initial_grads->s0, f32);
   }
-  Hgru2Outputs r = hgru2_recurrence(tape, q, k, v, g, s0, heads, scale, mode, gpu ? 0 : 64);
+  Hgru2Outputs r = hgru2_recurrence(tape, q, k, v, g, s0, heads, scale, mode, gpu ? 0 : 64, nullptr, keep_states);
   if (r.output->requires_grad) {
     if (p.d_out.defined()) {
       if (p.d_final.defined()) r.final_state->grad = put(p.d_final, f32);
@@ -324,6 +325,36 @@ TEST(Hgru2RecurrenceCuda, BitwiseDeterministic) {
       }
     }
   }
+}
+
+TEST(Hgru2RecurrenceCuda, KeptStatesGiveTheRecomputedBits) {
+  HGRN_SKIP_WITHOUT_GPU();
+  // The backward either recomputes the per-chunk states with the forward's own state pass or reads the forward's
+  // (keep_states): the same bits by construction, so every result must match bit for bit. Odd shapes: a partial last
+  // chunk, a single step, K and V not multiples of 64; and with only v asking for a gradient (no states read).
+  const Sizes shapes[] = {{2, 300, 2, 128, 128}, {1, 1, 3, 40, 24}, {3, 130, 1, 72, 136}};
+  for (DType act : {DType::F32, DType::BF16})
+    for (const Sizes& s : shapes)
+      for (bool only_v : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(act)) + " T=" + std::to_string(s.time) + (only_v ? " only v" : ""));
+        Rng rng(5100 + s.time);
+        const Problem p = make_problem(rng, s, true, true, true);
+        Wants wants;
+        if (only_v) wants = Wants{false, false, true, false, false};
+        const Result recomputed = run(p, s.heads, Device::CUDA, act, 0.3, wants);
+        const Result kept = run(p, s.heads, Device::CUDA, act, 0.3, wants, nullptr, RecurrenceMode::Chunk, -1, true);
+        const Tensor* xs[] = {&recomputed.output, &recomputed.final_state, &recomputed.dq, &recomputed.dk,
+                              &recomputed.dv,     &recomputed.dg,          &recomputed.ds0};
+        const Tensor* ys[] = {&kept.output, &kept.final_state, &kept.dq, &kept.dk, &kept.dv, &kept.dg, &kept.ds0};
+        for (int i = 0; i < 7; ++i) {
+          ASSERT_EQ(xs[i]->defined(), ys[i]->defined()) << "result " << i;
+          if (!xs[i]->defined()) continue;
+          ASSERT_EQ(xs[i]->numel(), ys[i]->numel());
+          EXPECT_EQ(std::memcmp(xs[i]->raw_data(), ys[i]->raw_data(), xs[i]->nbytes()), 0) << "result " << i;
+        }
+        EXPECT_TRUE(kept.dv.defined());
+        EXPECT_EQ(kept.dq.defined(), !only_v);
+      }
 }
 
 TEST(Hgru2RecurrenceCuda, RejectsWrongDtypes) {

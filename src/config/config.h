@@ -89,6 +89,8 @@ struct TrainingConfig {
                                            // in the backward from the block's normalised input: two more GEMMs
   bool recompute_gates = true;     // with recompute_elementwise, also the gates' q, g, k (false keeps them)
   bool recompute_weight_copies = false;  // bf16: drop the layers' bf16 weight copies between forward and backward
+  int64_t keep_recurrence_states = 0;  // GPU: the first N layers keep the recurrence's per-chunk states for the
+                                       // backward instead of recomputing them (B·H·T/64·K·V values a layer)
   bool zero1 = false;              // several ranks: shard the optimiser moments across them (ZeRO-1)
   double collective_timeout_s = 600;  // several ranks: seconds a wait on the other ranks (MPI, NCCL) may last before
                                       // this rank stops with an error (a peer died or hangs); leave room for rank

@@ -195,8 +195,10 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   {
     TraceLayer trace(tape, "recurrence");
     // Given the gates' origin, the recurrence's backward on the GPU also does the gates' backward (one pass fewer).
+    // The first kept_recurrence_states_ layers keep their per-chunk states for the backward (GPU: one state pass
+    // fewer, the same bits), the rest have them recomputed there.
     r = hgru2_recurrence(tape, gates.q, gates.k, i, gates.g, state ? *state : nullptr, config_.heads(), scale, mode,
-                         /*chunk_size=*/0, gates.origin);
+                         /*chunk_size=*/0, gates.origin, /*keep_states=*/l < kept_recurrence_states_);
   }
   if (state) *state = r.final_state;
   // q, g and k (8 bytes per channel and token under bf16) are elementwise functions of q̂ and f̂, which silu and

@@ -41,6 +41,9 @@ class Hgrn2Model {
   void set_recompute_mlp_projections(bool recompute) { recompute_mlp_projections_ = recompute; }
   // With recompute_elementwise: also the gates' outputs q, g, k (false keeps them: 8 bytes per channel and token).
   void set_recompute_gates(bool recompute) { recompute_gates_ = recompute; }
+  // The first `layers` layers keep the recurrence's per-chunk states for the backward instead of recomputing them
+  // there (GPU only: B·H·ceil(T/64)·K·V activation-dtype values a layer, for one state pass fewer; same bits).
+  void set_kept_recurrence_states(int64_t layers) { kept_recurrence_states_ = layers; }
   // Drop each layer's bf16 weight copies after its forward; the backward casts them again (mixed precision only).
   void set_recompute_weight_copies(bool recompute) { recompute_weight_copies_ = recompute; }
   DType activation_dtype() const { return activation_dtype_; }
@@ -84,6 +87,7 @@ class Hgrn2Model {
   bool recompute_mlp_projections_ = false;
   bool recompute_gates_ = true;
   bool recompute_weight_copies_ = false;
+  int64_t kept_recurrence_states_ = 0;
   std::function<void(size_t)> gradient_ready_hook_;
   std::vector<std::pair<ParamSpec, Var>> params_;
   Var embeddings_, lower_bounds_, final_norm_, lm_head_;

@@ -759,8 +759,8 @@ Hgru2CudaShape cuda_shape(const HeadDims& d) {
 // ones, the gates' backward runs in the recurrence's (Hgru2GatesEpilogue): q̂'s, f̂'s and γ's gradients are written
 // here and dq, dk, dg never exist; otherwise they are formed for the gates' own backward.
 void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state,
-                         const Var& out, const Var& final_out, const Tensor& saved_scores, const HeadDims& dims,
-                         double scale, const Hgrn2GatesOrigin* gates) {
+                         const Var& out, const Var& final_out, const Tensor& saved_scores, const Tensor& kept_states,
+                         const HeadDims& dims, double scale, const Hgrn2GatesOrigin* gates) {
   const Hgru2CudaShape shape = cuda_shape(dims);
   const Device device = Device::CUDA;
   if (out->grad.defined())
@@ -772,8 +772,12 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
                           wants_grad(gates->q_hat) && wants_grad(gates->f_hat) && !gates->q_hat->grad.defined() &&
                           !gates->f_hat->grad.defined();
   const bool need_states = wants_grad(q) || wants_grad(k) || wants_grad(g);
-  const Tensor states =
-      need_states ? Tensor::empty({hgru2_cuda_states_elements(shape)}, DType::F32, device) : Tensor();
+  // The forward's states where it kept them, else scratch that the backward recomputes them into.
+  const bool states_given = need_states && kept_states.defined();
+  const Tensor states = !need_states ? Tensor()
+                        : states_given
+                            ? kept_states
+                            : Tensor::empty({hgru2_cuda_states_elements(shape)}, q->value.dtype(), device);
   const Tensor d_states = Tensor::empty({hgru2_cuda_states_elements(shape)}, DType::F32, device);
   const Tensor d_scores = Tensor::empty({hgru2_cuda_scores_elements(shape)}, DType::F32, device);
   Hgru2CudaBackwardArgs a;
@@ -826,7 +830,8 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
   }
   a.dg = wants_grad(g) && !fuse_gates ? grad_buffer_for_write(g, &a.accumulate_dg).data<float>() : nullptr;
   a.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<float>() : nullptr;
-  a.states = need_states ? states.data<float>() : nullptr;
+  a.states = need_states ? states.raw_data() : nullptr;
+  a.states_given = states_given;
   a.d_states = d_states.data<float>();
   a.d_scores = d_scores.data<float>();
   hgru2_cuda_backward(shape, a);
@@ -837,7 +842,7 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
 
 Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_in, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
-                              int64_t chunk_size, std::shared_ptr<const Hgrn2GatesOrigin> gates) {
+                              int64_t chunk_size, std::shared_ptr<const Hgrn2GatesOrigin> gates, bool keep_states) {
   HGRN_CHECK(q && k && v_in && g, "hgru2_recurrence: q, k, v and g are required");
   HGRN_CHECK(!gates || (gates->q == q && gates->k == k && gates->g == g),
              "hgru2_recurrence: the gates' origin given is not that of these q, k and g");
@@ -865,8 +870,8 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     HGRN_CHECK(initial_state->value.shape() == state_shape, "hgru2_recurrence: initial_state must be ",
                shape_str(state_shape), ", got ", shape_str(initial_state->value.shape()));
   const DType dtype = qv.dtype();
-  // On the GPU (mixed precision): q, k, v in the activation dtype, g, the initial and final states and the backward's
-  // per-chunk states fp32 (the forward's scratch states in the activation dtype). On the CPU: one dtype.
+  // On the GPU (mixed precision): q, k, v in the activation dtype, g, the initial and final states fp32, the per-chunk
+  // states (scratch of the forward and the backward) in the activation dtype. On the CPU: one dtype.
   const Device device = qv.device();
   const bool on_cuda = device == Device::CUDA;
   for (const Var& x : {q, k, v, g, initial_state}) {
@@ -895,7 +900,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
   if (tape.enabled())
     for (const Var& x : {q, k, v, g, initial_state}) records = records || wants_grad(x);
 
-  Tensor output, final_state, saved_scores;
+  Tensor output, final_state, saved_scores, kept_states;
   if (on_cuda) {
 #ifdef HGRN_WITH_CUDA
     // The CUDA kernels always run the chunk form with 64-step chunks (both modes compute the same function).
@@ -918,6 +923,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     a.scores = saved_scores.defined() ? saved_scores.raw_data() : nullptr;
     a.states = states.raw_data();
     hgru2_cuda_forward(shape, a);
+    if (records && keep_states) kept_states = states;
 #else
     throw Error("hgru2_recurrence: this hgrn was built without CUDA");
 #endif
@@ -939,12 +945,13 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
                       op_output(tape, final_state, {q, k, v, g, initial_state})};
   if (!result.output->requires_grad) return result;
   Var out = result.output, final_out = result.final_state;
-  tape.record([q, k, v, g, initial_state, out, final_out, saved_scores, dims, layout, mode, scale, gates] {
+  tape.record([q, k, v, g, initial_state, out, final_out, saved_scores, kept_states, dims, layout, mode, scale, gates] {
     // Either output may have received no gradient (the loss did not use it): it then contributes zero.
     if (!out->grad.defined() && !final_out->grad.defined()) return;
     if (q->value.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-      hgru2_backward_cuda(q, k, v, g, initial_state, out, final_out, saved_scores, dims, scale, gates.get());
+      hgru2_backward_cuda(q, k, v, g, initial_state, out, final_out, saved_scores, kept_states, dims, scale,
+                          gates.get());
 #else
       throw Error("hgru2_recurrence: this hgrn was built without CUDA");
 #endif

@@ -23,15 +23,19 @@ struct Hgru2Outputs {
 // is accumulated in that dtype (fp32 for fp32 inputs, as fla does).
 // On CUDA (kernels/hgru2_recurrence.h): q, k, v in the activation dtype (fp32 or bf16), g and initial_state fp32; the
 // output is in v's dtype, the final state fp32; K <= 256. Both modes run the chunkwise kernels with 64-step chunks
-// (chunk_size is ignored there), and the backward recomputes the per-chunk states.
+// (chunk_size is ignored there), and the backward recomputes the per-chunk states (unless keep_states, below).
 // chunk_size: the chunk length BT of the chunkwise form (ignored by Naive); 0 = fla's choice
 // min(64, max(16, next_pow2(T))). Any positive length works; the last chunk may be partial.
 // Gradients flow to q, k, v, g and initial_state (each only if it wants one) from both outputs' gradients.
 // gates (optional): where q, g and k are a layer's HGRN2 gates (hgrn2_gates' origin, with exactly these q, g, k): on
 // the GPU the backward then forms q̂'s, f̂'s and γ's gradients itself where nothing else gave q, g or k a gradient
 // (the same function; Hgrn2GatesOrigin), instead of storing dq, dk and dg for the gates' backward.
+// keep_states: on the GPU, the forward's per-chunk states (B·H·ceil(T/64)·K·V in the activation dtype) are kept for
+// the backward, which then skips the state pass that recomputes them (the same bits: a memory-for-time trade). The CPU
+// backward always recomputes them.
 Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
-                              int64_t chunk_size = 0, std::shared_ptr<const Hgrn2GatesOrigin> gates = nullptr);
+                              int64_t chunk_size = 0, std::shared_ptr<const Hgrn2GatesOrigin> gates = nullptr,
+                              bool keep_states = false);
 
 }  // namespace hgrn
