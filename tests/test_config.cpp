@@ -280,7 +280,7 @@ TEST(ConfigErrors, NonPositiveSizesStepsAndRates) {
   expect_rejected("model.norm_eps", "0", "expected a positive number, got 0.0");
   for (const char* key : {"training.warmup_steps", "training.threads", "training.eval_interval",
                           "checkpoint.interval", "checkpoint.keep_every", "data.mqar.num_keys",
-                          "training.keep_recurrence_states"})
+                          "training.keep_recurrence_states", "training.recompute_gates_layers"})
     expect_rejected(key, "-1", "expected 0 or a positive integer, got -1");
   expect_rejected("training.grad_clip", "-1", "expected 0 (off) or a positive norm");
   expect_rejected("training.weight_decay", "-0.1", "expected 0 or a positive number");

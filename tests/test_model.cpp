@@ -62,20 +62,22 @@ TEST(Hgrn2Model, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   // training.recompute runs each token mixer and MLP again in the backward, training.recompute_elementwise the
   // gates, norms and SwiGLU, training.recompute_mlp_projections the MLP's gate and up GEMMs: the same ops on the same
   // inputs, so the same bits as keeping every activation. Passes: everything kept; elementwise recomputation (the
-  // default); elementwise and MLP projections; MLP projections alone; all three; elementwise without the gates.
+  // default); elementwise and MLP projections; MLP projections alone; all three; elementwise without the gates;
+  // elementwise with the gates kept but in the last layer (training.recompute_gates_layers).
   for (int64_t seq : {5, 66}) {
     Rng rng(8);
     Hgrn2Model model(tiny_config(), rng, DType::F64);
     randomise_lower_bounds(model, rng);
     Tensor ids = token_ids(rng, 2, seq, tiny_config().vocab_size);
-    constexpr int kPasses = 6;
+    constexpr int kPasses = 7;
     std::vector<std::vector<double>> grads[kPasses];
     double losses[kPasses];
     for (int pass = 0; pass < kPasses; ++pass) {
       model.set_recompute(pass == 4);
-      model.set_recompute_elementwise(pass == 1 || pass == 2 || pass == 4 || pass == 5);
+      model.set_recompute_elementwise(pass == 1 || pass == 2 || pass == 4 || pass >= 5);
       model.set_recompute_mlp_projections(pass >= 2 && pass <= 4);
-      model.set_recompute_gates(pass != 5);
+      model.set_recompute_gates(pass < 5);
+      model.set_recompute_gates_layers(pass == 6 ? 1 : 0);
       for (const Var& v : parameter_vars(model)) v->grad = Tensor();
       Tape tape;
       Var loss = model_loss(model, tape, ids);

@@ -127,19 +127,21 @@ TEST(ModelCuda, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   // blocks; elementwise and MLP projections; MLP projections alone; elementwise without the gates; the bf16 weight
   // copies dropped after each layer's forward and cast again in its backward (training.recompute_weight_copies); the
   // recurrence's states kept from the forward by the first layer, or by every layer with full blocks recomputed
-  // (training.keep_recurrence_states: the backward's state pass skipped, its bits read instead).
+  // (training.keep_recurrence_states: the backward's state pass skipped, its bits read instead); elementwise with the
+  // gates kept but in the last layer (training.recompute_gates_layers) and every layer's states kept.
   for (DType act : {DType::F32, DType::BF16}) {
     Models m = make_models(act);
     const Tensor ids = random_ids(2, 130, small_config().vocab_size, 17);
     m.gpu.set_recompute_elementwise(false);
     const LossAndGrads plain = loss_and_grads(m.gpu, ids);
-    for (int variant = 1; variant < 9; ++variant) {
+    for (int variant = 1; variant < 10; ++variant) {
       m.gpu.set_recompute_elementwise(variant <= 3 || variant >= 5);
       m.gpu.set_recompute(variant == 2 || variant == 8);
       m.gpu.set_recompute_mlp_projections(variant == 3 || variant == 4);
-      m.gpu.set_recompute_gates(variant != 5);
+      m.gpu.set_recompute_gates(variant != 5 && variant != 9);
+      m.gpu.set_recompute_gates_layers(variant == 9 ? 1 : 0);
       m.gpu.set_recompute_weight_copies(variant == 6);
-      m.gpu.set_kept_recurrence_states(variant == 7 ? 1 : variant == 8 ? 1000 : 0);
+      m.gpu.set_kept_recurrence_states(variant == 7 ? 1 : variant >= 8 ? 1000 : 0);
       const LossAndGrads recomputed = loss_and_grads(m.gpu, ids);
       EXPECT_EQ(plain.loss, recomputed.loss) << dtype_name(act) << " variant " << variant;
       for (size_t p = 0; p < plain.grads.size(); ++p)

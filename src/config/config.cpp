@@ -115,6 +115,7 @@ std::vector<Field> config_fields(Config& c) {
       {"training.recompute_mlp_projections", &t.recompute_mlp_projections},
       {"training.recompute_gates", &t.recompute_gates},
       {"training.recompute_weight_copies", &t.recompute_weight_copies},
+      {"training.recompute_gates_layers", &t.recompute_gates_layers},
       {"training.keep_recurrence_states", &t.keep_recurrence_states},
       {"training.deterministic", &t.deterministic},
       {"training.zero1", &t.zero1},
@@ -568,6 +569,7 @@ void ConfigReader::validate() {
                                                std::to_string(t.global_batch_size));
   require_positive("training.collective_timeout_s", t.collective_timeout_s);
   require_non_negative("training.keep_recurrence_states", t.keep_recurrence_states);
+  require_non_negative("training.recompute_gates_layers", t.recompute_gates_layers);
   require_positive("training.max_steps", t.max_steps);
   require_positive("training.lr", t.lr);
   require_in("training.min_lr_ratio", t.min_lr_ratio, 0.0, false, 1.0, false);

@@ -89,6 +89,7 @@ struct TrainingConfig {
                                            // in the backward from the block's normalised input: two more GEMMs
   bool recompute_gates = true;     // with recompute_elementwise, also the gates' q, g, k (false keeps them)
   bool recompute_weight_copies = false;  // bf16: drop the layers' bf16 weight copies between forward and backward
+  int64_t recompute_gates_layers = 0;  // with recompute_gates false: the last N layers recompute their gates anyway
   int64_t keep_recurrence_states = 0;  // GPU: the first N layers keep the recurrence's per-chunk states for the
                                        // backward instead of recomputing them (B·H·T/64·K·V values a layer)
   bool zero1 = false;              // several ranks: shard the optimiser moments across them (ZeRO-1)

@@ -202,8 +202,10 @@ Var Hgrn2Model::token_mixer(Tape& tape, int64_t l, const Var& x, const Var& gamm
   }
   if (state) *state = r.final_state;
   // q, g and k (8 bytes per channel and token under bf16) are elementwise functions of q̂ and f̂, which silu and
-  // the forget gate keep for their own backward anyway: recomputed there instead of kept.
-  if (recompute_gates_)
+  // the forget gate keep for their own backward anyway: recomputed there instead of kept (in every layer, or in the
+  // last recompute_gates_layers_ ones).
+  const int64_t layers = static_cast<int64_t>(layers_.size());
+  if (recompute_gates_ || l >= layers - recompute_gates_layers_)
     recompute_in_backward(tape, {gates.q, gates.g, gates.k}, [make_gates](Tape& untaped) {
       const Hgrn2Gates again = make_gates(untaped);
       return std::vector<Tensor>{again.q->value, again.g->value, again.k->value};

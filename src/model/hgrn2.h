@@ -41,6 +41,9 @@ class Hgrn2Model {
   void set_recompute_mlp_projections(bool recompute) { recompute_mlp_projections_ = recompute; }
   // With recompute_elementwise: also the gates' outputs q, g, k (false keeps them: 8 bytes per channel and token).
   void set_recompute_gates(bool recompute) { recompute_gates_ = recompute; }
+  // Without recompute_gates: the last `layers` layers recompute their gates anyway (the memory they free can keep
+  // recurrence states, set_kept_recurrence_states, which saves more time per byte).
+  void set_recompute_gates_layers(int64_t layers) { recompute_gates_layers_ = layers; }
   // The first `layers` layers keep the recurrence's per-chunk states for the backward instead of recomputing them
   // there (GPU only: B·H·ceil(T/64)·K·V activation-dtype values a layer, for one state pass fewer; same bits).
   void set_kept_recurrence_states(int64_t layers) { kept_recurrence_states_ = layers; }
@@ -88,6 +91,7 @@ class Hgrn2Model {
   bool recompute_gates_ = true;
   bool recompute_weight_copies_ = false;
   int64_t kept_recurrence_states_ = 0;
+  int64_t recompute_gates_layers_ = 0;
   std::function<void(size_t)> gradient_ready_hook_;
   std::vector<std::pair<ParamSpec, Var>> params_;
   Var embeddings_, lower_bounds_, final_norm_, lm_head_;

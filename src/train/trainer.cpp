@@ -133,6 +133,7 @@ Hgrn2Model make_model(const Config& config, uint64_t init_seed, Device device, D
   model.set_recompute_elementwise(config.training.recompute_elementwise);
   model.set_recompute_mlp_projections(config.training.recompute_mlp_projections);
   model.set_recompute_gates(config.training.recompute_gates);
+  model.set_recompute_gates_layers(config.training.recompute_gates_layers);
   model.set_kept_recurrence_states(config.training.keep_recurrence_states);
   model.set_recompute_weight_copies(config.training.recompute_weight_copies);
 #ifdef HGRN_WITH_CUDA
