@@ -923,7 +923,8 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     a.scores = saved_scores.defined() ? saved_scores.raw_data() : nullptr;
     a.states = states.raw_data();
     hgru2_cuda_forward(shape, a);
-    if (records && keep_states) kept_states = states;
+    // Kept only where the backward will read them: dq, dk or dg wanted (else it never forms S^(c)).
+    if (records && keep_states && (wants_grad(q) || wants_grad(k) || wants_grad(g))) kept_states = states;
 #else
     throw Error("hgru2_recurrence: this hgrn was built without CUDA");
 #endif
