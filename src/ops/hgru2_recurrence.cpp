@@ -744,6 +744,11 @@ Hgru2Io<T> io_with_inputs(const Var& q, const Var& k, const Var& v, const Var& g
 }
 
 #ifdef HGRN_WITH_CUDA
+// The GPU backward forms the per-chunk states S^(c) only for dq, dk and dg: whether it reads them at all.
+bool backward_reads_states(const Var& q, const Var& k, const Var& g) {
+  return wants_grad(q) || wants_grad(k) || wants_grad(g);
+}
+
 Hgru2CudaShape cuda_shape(const HeadDims& d) {
   Hgru2CudaShape s;
   s.batch = d.batch;
@@ -771,7 +776,7 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
   const bool fuse_gates = gates && !q->grad.defined() && !k->grad.defined() && !g->grad.defined() &&
                           wants_grad(gates->q_hat) && wants_grad(gates->f_hat) && !gates->q_hat->grad.defined() &&
                           !gates->f_hat->grad.defined();
-  const bool need_states = wants_grad(q) || wants_grad(k) || wants_grad(g);
+  const bool need_states = backward_reads_states(q, k, g);
   // The forward's states where it kept them, else scratch that the backward recomputes them into.
   const bool states_given = need_states && kept_states.defined();
   const Tensor states = !need_states ? Tensor()
@@ -923,8 +928,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     a.scores = saved_scores.defined() ? saved_scores.raw_data() : nullptr;
     a.states = states.raw_data();
     hgru2_cuda_forward(shape, a);
-    // Kept only where the backward will read them: dq, dk or dg wanted (else it never forms S^(c)).
-    if (records && keep_states && (wants_grad(q) || wants_grad(k) || wants_grad(g))) kept_states = states;
+    if (records && keep_states && backward_reads_states(q, k, g)) kept_states = states;
 #else
     throw Error("hgru2_recurrence: this hgrn was built without CUDA");
 #endif
