@@ -124,6 +124,25 @@ __device__ __forceinline__ int64_t strided_row_offset(const Dims& d, int b, int 
   return static_cast<int64_t>(b * d.T + t) * stride + h * width;
 }
 
+// Programmatic dependent launch (Hopper and later) from a state pass to the per-chunk kernel that reads its result:
+// fwd_output after the forward pass, bwd_dv after the reverse one. The pass lets the dependent grid launch as soon as
+// all its blocks run (allow_dependent_launch, first thing); the dependent's blocks then take SMs as the pass frees them
+// (or idle ones), and do the work that needs nothing from the pass (the scores; bwd_dv's staging and decayed keys)
+// before wait_for_state_pass, which returns once the pass has finished and its writes are visible. So the launch gap
+// and the pass's tail overlap work. Everything the dependent reads besides the pass's output was written before the
+// pass started (the pass itself launches in plain stream order), and it writes nothing the pass reads. Both are no-ops
+// where the launch is plain (launch_after_state_pass).
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_state_pass() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------------------------------
 // Tile movement. Every helper is called by all threads of the block.
 
@@ -645,6 +664,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
   extern __shared__ __align__(128) char smem[];
   StatePassSmem<In, kVTiles> s;
   StatePassSmem<In, kVTiles>::carve(smem, &s);
+  allow_dependent_launch();
   constexpr int ldi = TileLd<In>::in;
   const Dims& d = p.d;
   const int k0 = blockIdx.x * kTile, v0 = blockIdx.y * kVTiles * kTile, pair = blockIdx.z;
@@ -1054,6 +1074,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
 
   const In* state = static_cast<const In*>(p.states) + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V;
   In* out = static_cast<In*>(p.output) + row_offset(d, b, t0, h, d.V);
+  wait_for_state_pass();  // the states are the forward state pass's (launched as its dependent)
   // v goes straight to shared memory by cp.async, arriving during the state product without holding registers
   // across it (the kernel is at its register cap; for the same reason v's address is formed where it is used).
   for (int vt = 0; vt < d.nv; ++vt) {
@@ -1175,6 +1196,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   // dO and v go straight to shared memory by cp.async, arriving during the state product (as in fwd_output).
   const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
   const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
+  wait_for_state_pass();  // the state gradients are the reverse state pass's (launched as its dependent)
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
     __syncthreads();  // the prologue's buffers (aliased) and the previous tile's products and store are done
@@ -1769,6 +1791,35 @@ void launch(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, 
   CUDA_CHECK_LAUNCH(name);
 }
 
+// launch() as a programmatic dependent of the kernel before it on the stream (a state pass; see
+// allow_dependent_launch), where the device and this build's code for it support that (compute capability 9.0 and
+// code compiled for it: without the griddepcontrol instructions the kernel would not wait), else a plain launch.
+template <typename... Args>
+void launch_after_state_pass(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, Args... args) {
+  static_assert(sizeof...(Args) == 1, "one parameter struct");
+  cudaFuncAttributes attributes{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  if (cuda_device_properties().major < 9 || attributes.binaryVersion < 90) {
+    launch(kernel, grid, bytes, name, args...);
+    return;
+  }
+  const size_t optin = cuda_device_properties().sharedMemPerBlockOptin;
+  HGRN_CHECK(bytes <= optin, "hgru2 CUDA: ", name, " needs ", bytes, " bytes of shared memory, the device has ", optin);
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = bytes;
+  config.stream = cuda_stream();
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  CUDA_CHECK_LAUNCH(name);
+}
+
 // How many rounds `blocks` blocks of `kernel` take to pass through the GPU (`bytes` is fixed per kernel).
 template <auto kernel>
 int64_t waves(int64_t blocks, size_t bytes) {
@@ -1824,12 +1875,13 @@ struct Launcher {
   }
   void fwd_output(const FwdOutputParams& p) const {
     FwdOutputSmem<In> s;
-    launch(fwd_output_kernel<In>, dim3(d.NT, pairs), FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s),
-           "hgru2_fwd_output", p);
+    launch_after_state_pass(fwd_output_kernel<In>, dim3(d.NT, pairs),
+                            FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s), "hgru2_fwd_output", p);
   }
   void bwd_dv(const BwdDvParams& p) const {
     BwdDvSmem<In> s;
-    launch(bwd_dv_kernel<In>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s), "hgru2_bwd_dv", p);
+    launch_after_state_pass(bwd_dv_kernel<In>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s),
+                            "hgru2_bwd_dv", p);
   }
   void bwd_dqk(const BwdDqkParams& p) const {
     BwdDqkSmem<In> s;
