@@ -3,7 +3,7 @@
 // through fp32): outputs and every gradient, for sequence lengths around the 64-step chunk (1, 15, 63, 64, 65, 200,
 // 2047), key/value widths that are not multiples of the 64-wide tiles, with and without initial state and final-state
 // gradient, fla's gate regimes and an extreme decay, in fp32 and bf16; plus accumulation into existing gradients,
-// partial gradient requests, and bitwise determinism.
+// partial gradient requests, bitwise determinism, and the dependent launches' wait for the state pass.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -240,6 +240,24 @@ TEST(Hgru2RecurrenceCuda, GateRegimes) {
       const bool strong_fp32 = act == DType::F32 && c < 1;
       expect_matches(got, want, tol_for(act), context, strong_fp32 ? &kFp32StrongDecayDg : nullptr);
     }
+  }
+}
+
+TEST(Hgru2RecurrenceCuda, DependentKernelsWaitForTheStatePass) {
+  HGRN_SKIP_WITHOUT_GPU();
+  // On Hopper, fwd_output and bwd_dv launch as programmatic dependents of the state pass before them and do their
+  // state-free work before waiting for it. One sequence of 128 chunks: the pass walks them one after another (hundreds
+  // of microseconds), while the dependents' 128 blocks reach the states within a few: a read before the pass has
+  // written them would take the allocator's leftovers (NaN under HGRN_POISON_CUDA_ALLOC) instead. Long memory (c = 10)
+  // and an initial state, so that every chunk's state matters to its output.
+  const Sizes s{1, 8192, 1, 64, 64};
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(act));
+    Rng rng(3100);
+    const Problem p = make_problem(rng, s, true, true, true, 10.0);
+    const Result got = run(p, s.heads, Device::CUDA, act, 0.25);
+    const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.25);
+    expect_matches(got, want, tol_for(act), std::string("128 chunks ") + dtype_name(act));
   }
 }
 
