@@ -124,20 +124,26 @@ __device__ __forceinline__ int64_t strided_row_offset(const Dims& d, int b, int 
   return static_cast<int64_t>(b * d.T + t) * stride + h * width;
 }
 
-// Programmatic dependent launch (Hopper and later) from a state pass to the per-chunk kernel that reads its result:
-// fwd_output after the forward pass, bwd_dv after the reverse one. The pass lets the dependent grid launch as soon as
-// all its blocks run (allow_dependent_launch, first thing); the dependent's blocks then take SMs as the pass frees them
-// (or idle ones), and do the work that needs nothing from the pass (the scores; bwd_dv's staging and decayed keys)
-// before wait_for_state_pass, which returns once the pass has finished and its writes are visible. So the launch gap
-// and the pass's tail overlap work. Everything the dependent reads besides the pass's output was written before the
-// pass started (the pass itself launches in plain stream order), and it writes nothing the pass reads. Both are no-ops
-// where the launch is plain (launch_after_state_pass).
+// Programmatic dependent launch (Hopper and later; launch() below). Every kernel here launches as a programmatic
+// dependent of the kernel before it on the stream, which may then still be running, and obeys one rule: it calls
+// wait_for_previous_kernel (griddepcontrol.wait: the previous kernel has finished and its writes are visible) before it
+// touches memory that kernel, or one still running before it, may write or read. Only a kernel that allows it
+// (allow_dependent_launch) lets the next one start before it has finished; hgrn's other kernels never do (cuBLASLt's
+// might), so the kernels that follow them, the state passes, wait first thing:
+//   state pass: waits first thing, then allows: so a dependent starting early sees everything before the pass done.
+//   fwd_output, bwd_dv: allow first thing and do the work that needs nothing from the state pass before them (the
+//     scores; the staging and decayed keys), then wait: their blocks take SMs as the pass frees them (or idle ones),
+//     so the launch gap and the pass's tail overlap that work. What they read before the wait was written before the
+//     pass started; they write nothing the pass reads.
+//   bwd_dqk: waits first thing (a dependent of bwd_dv, which may itself still wait for the reverse pass).
+// A kernel that allows before it waits lets its dependent start, but that one waits for it, and it for its own
+// predecessor, so the order holds along the chain. Both are no-ops where the launch is plain.
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void wait_for_state_pass() {
+__device__ __forceinline__ void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
@@ -664,6 +670,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
   extern __shared__ __align__(128) char smem[];
   StatePassSmem<In, kVTiles> s;
   StatePassSmem<In, kVTiles>::carve(smem, &s);
+  wait_for_previous_kernel();
   allow_dependent_launch();
   constexpr int ldi = TileLd<In>::in;
   const Dims& d = p.d;
@@ -1007,6 +1014,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   extern __shared__ __align__(128) char smem[];
   FwdOutputSmem<In> s;
   FwdOutputSmem<In>::carve(smem, p.d.key_pad, &s);
+  allow_dependent_launch();
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
   const int ldq = d.key_pad + TileLd<In>::pad;
@@ -1074,7 +1082,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
 
   const In* state = static_cast<const In*>(p.states) + (static_cast<int64_t>(pair) * d.NT + c) * d.K * d.V;
   In* out = static_cast<In*>(p.output) + row_offset(d, b, t0, h, d.V);
-  wait_for_state_pass();  // the states are the forward state pass's (launched as its dependent)
+  wait_for_previous_kernel();  // the states are the forward state pass's
   // v goes straight to shared memory by cp.async, arriving during the state product without holding registers
   // across it (the kernel is at its register cap; for the same reason v's address is formed where it is used).
   for (int vt = 0; vt < d.nv; ++vt) {
@@ -1143,6 +1151,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   extern __shared__ __align__(128) char smem[];
   BwdDvSmem<In> s;
   BwdDvSmem<In>::carve(smem, p.d.key_pad, &s);
+  allow_dependent_launch();
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
   const int ldx = d.key_pad + TileLd<In>::pad;
@@ -1196,7 +1205,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   // dO and v go straight to shared memory by cp.async, arriving during the state product (as in fwd_output).
   const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
   const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
-  wait_for_state_pass();  // the state gradients are the reverse state pass's (launched as its dependent)
+  wait_for_previous_kernel();  // the state gradients are the reverse state pass's
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
     __syncthreads();  // the prologue's buffers (aliased) and the previous tile's products and store are done
@@ -1439,6 +1448,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   extern __shared__ __align__(128) char smem[];
   BwdDqkSmem<In> s;
   BwdDqkSmem<In>::carve(smem, &s);
+  wait_for_previous_kernel();
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
   // Plain variables, not a structured binding: the staging lambdas capture them (C++17).
@@ -1780,32 +1790,18 @@ Dims make_dims(const Hgru2CudaShape& shape, int64_t v_stride, int64_t dv_stride)
   return d;
 }
 
-// Launches `kernel` with `bytes` of dynamic shared memory (raising the kernel's limit past the 48 KB default once).
+// Launches `kernel` with `bytes` of dynamic shared memory (raising the kernel's limit past the 48 KB default once), as
+// a programmatic dependent of the kernel before it where the device and this build's code for it support that
+// (compute capability 9.0 and code compiled for it: without the griddepcontrol instructions the kernel would not
+// wait), else in plain stream order. Every kernel launched here keeps the rule above wait_for_previous_kernel.
 template <typename... Args>
 void launch(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, Args... args) {
   static_assert(sizeof...(Args) == 1, "one parameter struct");
   const size_t optin = cuda_device_properties().sharedMemPerBlockOptin;
   HGRN_CHECK(bytes <= optin, "hgru2 CUDA: ", name, " needs ", bytes, " bytes of shared memory, the device has ", optin);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  kernel<<<grid, kThreads, bytes, cuda_stream()>>>(args...);
-  CUDA_CHECK_LAUNCH(name);
-}
-
-// launch() as a programmatic dependent of the kernel before it on the stream (a state pass; see
-// allow_dependent_launch), where the device and this build's code for it support that (compute capability 9.0 and
-// code compiled for it: without the griddepcontrol instructions the kernel would not wait), else a plain launch.
-template <typename... Args>
-void launch_after_state_pass(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, Args... args) {
-  static_assert(sizeof...(Args) == 1, "one parameter struct");
   cudaFuncAttributes attributes{};
   CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  if (cuda_device_properties().major < 9 || attributes.binaryVersion < 90) {
-    launch(kernel, grid, bytes, name, args...);
-    return;
-  }
-  const size_t optin = cuda_device_properties().sharedMemPerBlockOptin;
-  HGRN_CHECK(bytes <= optin, "hgru2 CUDA: ", name, " needs ", bytes, " bytes of shared memory, the device has ", optin);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -1815,7 +1811,7 @@ void launch_after_state_pass(void (*kernel)(Args...), dim3 grid, size_t bytes, c
   config.dynamicSmemBytes = bytes;
   config.stream = cuda_stream();
   config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.numAttrs = cuda_device_properties().major >= 9 && attributes.binaryVersion >= 90 ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
   CUDA_CHECK_LAUNCH(name);
 }
@@ -1875,12 +1871,12 @@ struct Launcher {
   }
   void fwd_output(const FwdOutputParams& p) const {
     FwdOutputSmem<In> s;
-    launch_after_state_pass(fwd_output_kernel<In>, dim3(d.NT, pairs),
+    launch(fwd_output_kernel<In>, dim3(d.NT, pairs),
                             FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s), "hgru2_fwd_output", p);
   }
   void bwd_dv(const BwdDvParams& p) const {
     BwdDvSmem<In> s;
-    launch_after_state_pass(bwd_dv_kernel<In>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s),
+    launch(bwd_dv_kernel<In>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s),
                             "hgru2_bwd_dv", p);
   }
   void bwd_dqk(const BwdDqkParams& p) const {
