@@ -10,6 +10,8 @@
 //   bwd_dqk      (B·H, chunk, K-tile): intra and inter dq, dk, and dg; or, where q, g and k are a layer's HGRN2
 //                gates (Hgru2GatesEpilogue), the gates' backward on them in its epilogue: q̂'s, f̂'s and γ's gradients
 //                written instead, dq, dk and dg never stored.
+// On Hopper each kernel launches as a programmatic dependent of the one before it, so that fwd_output and bwd_dv do
+// their first phase while the state pass before them finishes (the rule they keep: above allow_dependent_launch).
 // Products, bf16 activations: every chunk-sized product is a 64×64×64 block product (tile_mma) on the tensor cores
 // (mma.sync, bf16 in, fp32 accumulate) with operands in shared memory and the accumulator in registers (WarpTile):
 // the state pass keeps its running tile there across the chunks, and sums over K- or V-tiles stay there too. The
@@ -1871,13 +1873,12 @@ struct Launcher {
   }
   void fwd_output(const FwdOutputParams& p) const {
     FwdOutputSmem<In> s;
-    launch(fwd_output_kernel<In>, dim3(d.NT, pairs),
-                            FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s), "hgru2_fwd_output", p);
+    launch(fwd_output_kernel<In>, dim3(d.NT, pairs), FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s),
+           "hgru2_fwd_output", p);
   }
   void bwd_dv(const BwdDvParams& p) const {
     BwdDvSmem<In> s;
-    launch(bwd_dv_kernel<In>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s),
-                            "hgru2_bwd_dv", p);
+    launch(bwd_dv_kernel<In>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s), "hgru2_bwd_dv", p);
   }
   void bwd_dqk(const BwdDqkParams& p) const {
     BwdDqkSmem<In> s;
