@@ -8,6 +8,10 @@ summarised: span, time the GPU ran kernels/memsets/memcpys, and idle time split 
   launch latency: the launch was already queued, the gap is the GPU's own turnaround between two operations,
 plus the largest gaps with their neighbours, the host calls that waited for the GPU, the step's time by part of the
 model (GEMMs, recurrence, norms, ...: PARTS below) and the kernels by total time.
+Kernels may overlap (the recurrence's programmatic dependent launches: a dependent starts while the kernel before it
+finishes, and its duration includes its wait for that kernel). The parts therefore count busy time: a stretch where
+several operations ran counts once, for the one that started first, so the parts and the idle time add up to the
+span. The kernel table gives each kernel's whole duration and, where it differs, that busy ("own") time.
 With --compare BASE.csv: the same summary for both timelines side by side (base, this, difference) by part and for
 the kernels whose time moved most: a same-machine A/B of GPU time per step, which moves far less from step to step
 than the steps' wall times do.
@@ -92,7 +96,7 @@ def summarise(path, steps):
 
     busy = 0
     by_kind = collections.Counter()
-    by_name = collections.defaultdict(lambda: [0, 0])
+    by_name = collections.defaultdict(lambda: [0, 0, 0])  # duration, calls, own (busy) time
     gaps = []
     host_bound = latency = 0
     cursor, prev = t0, None
@@ -106,11 +110,14 @@ def summarise(path, steps):
             else:
                 latency += gap
             gaps.append((gap, late, prev[3] if prev else "step start", name, launch[2] if launch else "?"))
-        busy += max(0, e - max(s, cursor))
+        own = max(0, e - max(s, cursor))  # the part of it that no operation started earlier covers
+        busy += own
         cursor = max(cursor, e)
         by_kind[kind] += e - s
-        by_name[(kind, short_name(name))][0] += e - s
-        by_name[(kind, short_name(name))][1] += 1
+        entry = by_name[(kind, short_name(name))]
+        entry[0] += e - s
+        entry[1] += 1
+        entry[2] += own
         prev = (s, e, kind, name)
 
     waits = collections.defaultdict(lambda: [0, 0])
@@ -119,8 +126,8 @@ def summarise(path, steps):
             waits[name][0] += end - start
             waits[name][1] += 1
     by_part = collections.Counter()
-    for (kind, name), (total, _) in by_name.items():
-        by_part[part_of(name) if kind == "kernel" else "other"] += total
+    for (kind, name), (_, _, own) in by_name.items():
+        by_part[part_of(name) if kind == "kernel" else "other"] += own
     return {"steps": steps, "records": len(recs), "span": t1 - t0, "busy": busy, "by_kind": by_kind,
             "host_bound": host_bound, "latency": latency, "latency_gaps": sum(1 for g in gaps if not g[1]),
             "gaps": gaps, "waits": waits, "by_name": by_name, "by_part": by_part}
@@ -148,14 +155,15 @@ def report(r, top):
         for name, (total, count) in sorted(r["waits"].items(), key=lambda kv: -kv[1][0]):
             print(f"  {name:40s} {count / steps:6.1f} calls {ms(total):8.2f} ms")
 
-    print(f"\nby part (per step; share of the span):")
+    print(f"\nby part (per step, busy time: overlaps counted once; share of the span):")
     for part, total in r["by_part"].most_common():
         print(f"  {ms(total):8.3f} ms {100 * total / span:5.1f}%  {part}")
     print(f"  {ms(span - busy):8.3f} ms {100 * (span - busy) / span:5.1f}%  GPU idle")
 
     print(f"\nGPU operations by total time (per step):")
-    for (kind, name), (total, count) in sorted(r["by_name"].items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"  {ms(total):8.3f} ms {count / steps:6.1f} x {total / count / 1e3:8.1f} us  {name}")
+    for (kind, name), (total, count, own) in sorted(r["by_name"].items(), key=lambda kv: -kv[1][0])[:top]:
+        overlapped = f" (own {ms(own):.3f} ms)" if total - own > 0.001 * total else ""
+        print(f"  {ms(total):8.3f} ms {count / steps:6.1f} x {total / count / 1e3:8.1f} us  {name}{overlapped}")
 
 
 def compare(base, this, top):
