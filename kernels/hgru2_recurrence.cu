@@ -1792,18 +1792,27 @@ Dims make_dims(const Hgru2CudaShape& shape, int64_t v_stride, int64_t dv_stride)
   return d;
 }
 
+// Whether kernels launch as programmatic dependents: compute capability 9.0 or later and this build's code for it
+// (without the griddepcontrol instructions a kernel would not wait). Every kernel of this file is built for the same
+// architectures, so the first one asked answers for all, once per process.
+bool dependent_launch_supported(const void* kernel) {
+  static const bool supported = [kernel] {
+    cudaFuncAttributes attributes{};
+    CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    return cuda_device_properties().major >= 9 && attributes.binaryVersion >= 90;
+  }();
+  return supported;
+}
+
 // Launches `kernel` with `bytes` of dynamic shared memory (raising the kernel's limit past the 48 KB default once), as
-// a programmatic dependent of the kernel before it where the device and this build's code for it support that
-// (compute capability 9.0 and code compiled for it: without the griddepcontrol instructions the kernel would not
-// wait), else in plain stream order. Every kernel launched here keeps the rule above wait_for_previous_kernel.
+// a programmatic dependent of the kernel before it where that is supported (above), else in plain stream order.
+// Every kernel launched here keeps the rule above wait_for_previous_kernel.
 template <typename... Args>
 void launch(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, Args... args) {
   static_assert(sizeof...(Args) == 1, "one parameter struct");
   const size_t optin = cuda_device_properties().sharedMemPerBlockOptin;
   HGRN_CHECK(bytes <= optin, "hgru2 CUDA: ", name, " needs ", bytes, " bytes of shared memory, the device has ", optin);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  cudaFuncAttributes attributes{};
-  CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -1813,7 +1822,7 @@ void launch(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, 
   config.dynamicSmemBytes = bytes;
   config.stream = cuda_stream();
   config.attrs = &attribute;
-  config.numAttrs = cuda_device_properties().major >= 9 && attributes.binaryVersion >= 90 ? 1 : 0;
+  config.numAttrs = dependent_launch_supported(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
   CUDA_CHECK_LAUNCH(name);
 }
