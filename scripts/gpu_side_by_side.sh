@@ -5,7 +5,9 @@
 # scripts/peer_env.sh describes (FLA_WHEELS, PEER_CACHE_IN, PEER_CACHE_OUT, TRITON_CACHE_DIR). Builds build-gpu/ like
 # gpu_tests.sh when it is missing.
 # Usage: scripts/gpu_side_by_side.sh [OUTPUT_DIR]   (default build-gpu/side-by-side)
-#   MODELS="hgrn2-150m hgrn2-385m hgrn2-1b"  PEER_MODES="amp-bf16 pure-bf16"  BENCH_STEPS=10 (hgrn)
+#   MODELS="hgrn2-150m hgrn2-385m hgrn2-1b"  PEER_MODES="amp-bf16 pure-bf16"  BENCH_WARMUP=5 BENCH_STEPS=20 (hgrn)
+# hgrn is timed as the peer is (5 warm-up steps, then 20): under an H200's power limit the step time swings with a
+# period of about five steps, so ten steps' median and mean both depend on where the swing falls.
 # Give a fresh machine's first peer run a generous limit, or carry a Triton cache from an earlier run on that kind
 # of machine (PEER_CACHE_IN). The peer's output is unbuffered, so a run stopped at its limit still shows how far it
 # got.
@@ -30,7 +32,7 @@ for model in ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b}; do
       --json "$out/peer-$model-$mode.json" > "$out/peer-$model-$mode.txt" 2>&1 ||
       { echo "peer $model $mode failed:"; tail -5 "$out/peer-$model-$mode.txt"; }
   done
-  ./build-gpu/hgrn bench --config "configs/$model.yaml" --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-10}" \
+  ./build-gpu/hgrn bench --config "configs/$model.yaml" --warmup "${BENCH_WARMUP:-5}" --steps "${BENCH_STEPS:-20}" \
     --json "$out/hgrn-$model.json" > "$out/hgrn-$model.txt" 2>&1 || { echo "hgrn $model failed:"; tail -5 "$out/hgrn-$model.txt"; }
 done
 python3 - "$out" ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b} <<'PY'
