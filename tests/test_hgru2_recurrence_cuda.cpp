@@ -169,6 +169,14 @@ constexpr Tol kFp32StrongDecayDg{1e-4, 2e-4};
 
 Tol tol_for(DType act) { return act == DType::F32 ? kFp32 : kBf16; }
 
+// The GPU's run of p (activations in act) against the fp64 CPU reference on the same inputs rounded to act.
+void expect_gpu_matches_cpu(const Problem& p, int64_t heads, DType act, double scale, const std::string& context,
+                            const Tol* dg_tol = nullptr) {
+  const Result got = run(p, heads, Device::CUDA, act, scale);
+  const Result want = run(rounded(p, act), heads, Device::CPU, DType::F64, scale);
+  expect_matches(got, want, tol_for(act), context, dg_tol);
+}
+
 // ---------------------------------------------------------------------------------------------------------------------
 
 TEST(Hgru2RecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
@@ -196,9 +204,7 @@ TEST(Hgru2RecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
       SCOPED_TRACE(context);
       Rng rng(1000 + variant);
       const Problem p = make_problem(rng, s, with_initial, with_d_out, with_d_final);
-      const Result got = run(p, s.heads, Device::CUDA, act, scale);
-      const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, scale);
-      expect_matches(got, want, tol_for(act), context);
+      expect_gpu_matches_cpu(p, s.heads, act, scale, context);
     }
   }
 }
@@ -235,10 +241,8 @@ TEST(Hgru2RecurrenceCuda, GateRegimes) {
       SCOPED_TRACE(context);
       Rng rng(2000 + static_cast<uint64_t>(c * 10));
       const Problem p = make_problem(rng, s, true, true, true, c);
-      const Result got = run(p, s.heads, Device::CUDA, act, 0.3);
-      const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
       const bool strong_fp32 = act == DType::F32 && c < 1;
-      expect_matches(got, want, tol_for(act), context, strong_fp32 ? &kFp32StrongDecayDg : nullptr);
+      expect_gpu_matches_cpu(p, s.heads, act, 0.3, context, strong_fp32 ? &kFp32StrongDecayDg : nullptr);
     }
   }
 }
@@ -255,9 +259,7 @@ TEST(Hgru2RecurrenceCuda, DependentKernelsWaitForTheStatePass) {
     SCOPED_TRACE(dtype_name(act));
     Rng rng(3100);
     const Problem p = make_problem(rng, s, true, true, true, 10.0);
-    const Result got = run(p, s.heads, Device::CUDA, act, 0.25);
-    const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.25);
-    expect_matches(got, want, tol_for(act), std::string("128 chunks ") + dtype_name(act));
+    expect_gpu_matches_cpu(p, s.heads, act, 0.25, std::string("128 chunks ") + dtype_name(act));
   }
 }
 
@@ -272,10 +274,8 @@ TEST(Hgru2RecurrenceCuda, ExtremeDecayStaysFiniteAndAccurate) {
     SCOPED_TRACE(dtype_name(act));
     Rng rng(3000);
     const Problem p = make_problem(rng, s, true, true, true, /*normalizer=*/-1);
-    const Result got = run(p, s.heads, Device::CUDA, act, 0.3);
-    const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
     const Tol dg_tol = act == DType::F32 ? kFp32StrongDecayDg : kBf16;
-    expect_matches(got, want, tol_for(act), std::string("extreme decay ") + dtype_name(act), &dg_tol);
+    expect_gpu_matches_cpu(p, s.heads, act, 0.3, std::string("extreme decay ") + dtype_name(act), &dg_tol);
   }
 }
 
