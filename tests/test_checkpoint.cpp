@@ -18,6 +18,7 @@
 #include "io/checkpoint.h"
 #include "io/crc32.h"
 #include "io/hdf5_check.h"
+#include "scratch_dir.h"
 #include "test_files.h"
 
 namespace hgrn {
@@ -25,27 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test under GoogleTest's temp dir, removed afterwards.
-class CheckpointDir {
- public:
-  CheckpointDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) /
-            ("hgrn_checkpoint_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
-             std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~CheckpointDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string str() const { return path_.string(); }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
+using testing::ScratchDir;
 
 Tensor random_tensor(Rng& rng, const Shape& shape, DType dtype) {
   Tensor t = Tensor::empty(shape, dtype);
@@ -185,7 +166,7 @@ TEST(CheckpointNames, FinalAndTemporaryNamesAreDistinct) {
 }
 
 TEST(Checkpoint, RoundTripIsBitExact) {
-  CheckpointDir dir;
+  ScratchDir dir;
   TrainingState state = make_state(120);
   // Values whose bits a careless conversion would change: a NaN with a payload, -0, a subnormal, the extremes.
   float* embedding = state.params[0].second.data<float>();
@@ -201,12 +182,12 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   state.git_commit = "";  // a build outside git has none
 
   const std::string path = save_checkpoint(dir.str(), state);
-  EXPECT_EQ(path, (dir / "step_00000120.h5").string());
+  EXPECT_EQ(path, dir / "step_00000120.h5");
   expect_states_identical(state, load_checkpoint(path));
 }
 
 TEST(Checkpoint, RoundTripKeepsDtypesAndUnusualShapes) {
-  CheckpointDir dir;
+  ScratchDir dir;
   Rng rng(3);
   TrainingState state = make_state(1);
   state.params.clear();
@@ -231,7 +212,7 @@ TEST(Checkpoint, RoundTripKeepsDtypesAndUnusualShapes) {
 }
 
 TEST(Checkpoint, SaveLeavesOnlyTheFinalFileAndReplacesTheSameStep) {
-  CheckpointDir dir;
+  ScratchDir dir;
   save_checkpoint(dir.str(), make_state(5, 1));
   EXPECT_EQ(file_names_in(dir.str()), (std::set<std::string>{"step_00000005.h5"}));
   // Saving the same step again (a resumed run reaching it again) replaces the file.
@@ -242,7 +223,7 @@ TEST(Checkpoint, SaveLeavesOnlyTheFinalFileAndReplacesTheSameStep) {
 }
 
 TEST(Checkpoint, SaveRejectsAnInconsistentStateAndWritesNothing) {
-  CheckpointDir dir;
+  ScratchDir dir;
   TrainingState missing_moment = make_state(1);
   missing_moment.adam_v.pop_back();
   EXPECT_THROW(save_checkpoint(dir.str(), missing_moment), Error);
@@ -263,7 +244,7 @@ TEST(Checkpoint, SaveRejectsAnInconsistentStateAndWritesNothing) {
 }
 
 TEST(Checkpoint, InterruptedWriteIsIgnoredByFindLatestAndRemovedByPrune) {
-  CheckpointDir dir;
+  ScratchDir dir;
   save_checkpoint(dir.str(), make_state(10));
   const std::string step20 = save_checkpoint(dir.str(), make_state(20));
   // What a writer killed during step 30's save leaves: a partial file under the temporary name.
@@ -282,7 +263,7 @@ TEST(Checkpoint, InterruptedWriteIsIgnoredByFindLatestAndRemovedByPrune) {
 // A writer killed with SIGKILL at random moments during a stream of saves: every file that has a checkpoint's final
 // name must be complete and verify, because the final name only ever appears through rename() of a synced file.
 TEST(Checkpoint, WriterKilledAtAnyMomentNeverLeavesAnIncompleteFinalFile) {
-  CheckpointDir dir;
+  ScratchDir dir;
   // Big enough (about 3 MiB a file) that a save takes a while and the kills land inside writes.
   TrainingState state = make_state(0);
   Rng rng(11);
@@ -343,9 +324,9 @@ TEST(Checkpoint, WriterKilledAtAnyMomentNeverLeavesAnIncompleteFinalFile) {
 }
 
 TEST(Checkpoint, TruncatedFileIsRefusedNamingThePath) {
-  CheckpointDir dir;
+  ScratchDir dir;
   const std::string original = save_checkpoint(dir.str(), make_state(10));
-  const fs::path truncated = dir / "copy" / "step_00000010.h5";
+  const fs::path truncated = dir.path() / "copy" / "step_00000010.h5";
   fs::create_directories(truncated.parent_path());
   fs::copy_file(original, truncated);
   fs::resize_file(truncated, fs::file_size(truncated) / 2);
@@ -363,21 +344,21 @@ TEST(Checkpoint, TruncatedFileIsRefusedNamingThePath) {
 }
 
 TEST(Checkpoint, NonHdf5AndMissingFilesAreRefused) {
-  CheckpointDir dir;
+  ScratchDir dir;
   const fs::path text = dir / "step_00000001.h5";
   write_bytes(text, "model:\n  hidden_size: 64\n");
   const std::string message = load_error(text.string());
   EXPECT_NE(message.find(text.string()), std::string::npos) << message;
   EXPECT_NE(message.find("not a valid HDF5"), std::string::npos) << message;
 
-  const std::string missing = (dir / "step_00000002.h5").string();
+  const std::string missing = dir / "step_00000002.h5";
   const std::string missing_message = load_error(missing);
   EXPECT_NE(missing_message.find(missing), std::string::npos) << missing_message;
   EXPECT_NE(missing_message.find("no such file"), std::string::npos) << missing_message;
 }
 
 TEST(Checkpoint, FlippedByteInParameterDataFailsItsChecksum) {
-  CheckpointDir dir;
+  ScratchDir dir;
   TrainingState state = make_state(10);
   const std::string path = save_checkpoint(dir.str(), state);
   flip_byte_in_tensor_data(path, state.params[1].second);
@@ -388,7 +369,7 @@ TEST(Checkpoint, FlippedByteInParameterDataFailsItsChecksum) {
 }
 
 TEST(Checkpoint, FlippedByteInOptimizerStateFailsItsChecksum) {
-  CheckpointDir dir;
+  ScratchDir dir;
   TrainingState state = make_state(10);
   const std::string path = save_checkpoint(dir.str(), state);
   flip_byte_in_tensor_data(path, state.adam_v[3]);
@@ -398,7 +379,7 @@ TEST(Checkpoint, FlippedByteInOptimizerStateFailsItsChecksum) {
 }
 
 TEST(Checkpoint, FlippedByteInConfigTextFailsItsChecksum) {
-  CheckpointDir dir;
+  ScratchDir dir;
   TrainingState state = make_state(10);
   const std::string path = save_checkpoint(dir.str(), state);
   std::string bytes = read_bytes(path);
@@ -412,7 +393,7 @@ TEST(Checkpoint, FlippedByteInConfigTextFailsItsChecksum) {
 }
 
 TEST(Checkpoint, FileWithoutTheCompleteMarkerIsRefused) {
-  CheckpointDir dir;
+  ScratchDir dir;
   const std::string path = save_checkpoint(dir.str(), make_state(10));
   delete_hdf5_object(path, "/", "complete", true);
   const std::string message = load_error(path);
@@ -422,7 +403,7 @@ TEST(Checkpoint, FileWithoutTheCompleteMarkerIsRefused) {
 }
 
 TEST(Checkpoint, MissingObjectsAreNamed) {
-  CheckpointDir dir;
+  ScratchDir dir;
   const std::string path = save_checkpoint(dir.str(), make_state(10));
   delete_hdf5_object(path, "/adam/v", "model.layers.2.attn.g_norm.weight", false);
   std::string message = load_error(path);
@@ -446,10 +427,10 @@ TEST(Checkpoint, MissingObjectsAreNamed) {
 }
 
 TEST(Checkpoint, FindLatestValidSkipsACorruptNewestWithAWarning) {
-  CheckpointDir dir;
+  ScratchDir dir;
   std::ostringstream warnings;
   EXPECT_EQ(find_latest_valid_checkpoint(dir.str(), warnings), std::nullopt);
-  EXPECT_EQ(find_latest_valid_checkpoint((dir / "does_not_exist").string(), warnings), std::nullopt);
+  EXPECT_EQ(find_latest_valid_checkpoint(dir / "does_not_exist", warnings), std::nullopt);
 
   save_checkpoint(dir.str(), make_state(10));
   const std::string step20 = save_checkpoint(dir.str(), make_state(20));
@@ -467,7 +448,7 @@ TEST(Checkpoint, FindLatestValidSkipsACorruptNewestWithAWarning) {
 }
 
 TEST(Checkpoint, FindLatestValidReturnsNothingWhenEveryCheckpointIsBad) {
-  CheckpointDir dir;
+  ScratchDir dir;
   const std::string path = save_checkpoint(dir.str(), make_state(10));
   fs::resize_file(path, fs::file_size(path) / 3);
   std::ostringstream warnings;
@@ -476,7 +457,7 @@ TEST(Checkpoint, FindLatestValidReturnsNothingWhenEveryCheckpointIsBad) {
 }
 
 TEST(Checkpoint, PruneKeepsTheNewestAndEveryNth) {
-  CheckpointDir dir;
+  ScratchDir dir;
   for (int64_t step = 10; step <= 100; step += 10) save_checkpoint(dir.str(), make_state(step));
   write_bytes(dir / "metrics.jsonl", "{}\n");
   write_bytes(dir / "step_000000x1.h5", "a look-alike that is not a checkpoint");

@@ -15,6 +15,7 @@
 #include "data/prepare.h"
 #include "io/checkpoint.h"
 #include "model/hgrn2.h"
+#include "scratch_dir.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
 
@@ -37,10 +38,11 @@ std::string write_wikitext_like(const std::string& dir) {
   return path;
 }
 
-std::string prepared_prefix() {
-  static const std::string prefix = [] {
-    // One directory per process: ctest runs these tests as parallel processes, each preparing its own shards.
-    const std::string dir = ::testing::TempDir() + "/hgrn-data-sources-" + std::to_string(getpid());
+// The shards every test here reads, prepared once per process into a directory of its own (ctest runs these tests as
+// parallel processes) and removed when the process exits.
+struct PreparedShards {
+  const std::string dir = ::testing::TempDir() + "/hgrn-data-sources-" + std::to_string(getpid());
+  PreparedShards() {
     fs::remove_all(dir);
     PrepareOptions options;
     options.corpus = "wikitext";
@@ -49,11 +51,19 @@ std::string prepared_prefix() {
     options.valid_fraction = 0.2;
     options.threads = 1;
     prepare_corpus(options);
-    return dir + "/wiki";
-  }();
-  return prefix;
+  }
+  ~PreparedShards() {
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+  }
+};
+
+std::string prepared_prefix() {
+  static const PreparedShards shards;
+  return shards.dir + "/wiki";
 }
 
+// run_dir: the test's own (a ScratchDir), where train() writes its checkpoints and logs.
 Config token_config(const std::string& run_dir) {
   return parse_config(R"(
 model: {hidden_size: 32, num_hidden_layers: 2, expand_ratio: 8, vocab_size: 257, intermediate_size: 64}
@@ -62,12 +72,12 @@ training: {micro_batch_size: 8, max_steps: 60, lr: 0.01, warmup_steps: 5, eval_i
 )",
                       "tokens.yaml",
                       {"data.train_data=" + prepared_prefix() + "_train", "data.valid_data=" + prepared_prefix() + "_valid",
-                       "logging.run_dir=" + ::testing::TempDir() + "/" + run_dir, "checkpoint.resume=auto"});
+                       "logging.run_dir=" + run_dir, "checkpoint.resume=auto"});
 }
 
 TEST(DataSources, TrainsAndEvaluatesOnPreparedShards) {
-  fs::remove_all(::testing::TempDir() + "/hgrn-tokens-run");
-  Config config = token_config("hgrn-tokens-run");
+  const testing::ScratchDir scratch;
+  Config config = token_config(scratch / "run");
   std::ostringstream log;
   TrainingSummary s = train(config, log);
   SCOPED_TRACE(log.str());
@@ -98,7 +108,8 @@ TEST(DataSources, TrainsAndEvaluatesOnPreparedShards) {
 // wrapping round after the last window), which tools/peer_parity.py reproduces to feed the peer the same batches;
 // the default visits them in a shuffled order.
 TEST(DataSources, UnshuffledTrainingWindowsComeInShardOrder) {
-  Config config = token_config("hgrn-tokens-order");
+  const testing::ScratchDir scratch;
+  Config config = token_config(scratch / "run");
   const int64_t T = config.data.seq_len;
   TokenShardReader shard(prepared_prefix() + "_train");
   std::vector<int32_t> tokens(static_cast<size_t>(shard.num_tokens()));
@@ -128,8 +139,9 @@ TEST(DataSources, UnshuffledTrainingWindowsComeInShardOrder) {
 }
 
 TEST(DataSources, MissingShardsNameTheFileAndTheFix) {
-  Config config = token_config("hgrn-tokens-missing");
-  config.data.train_data = ::testing::TempDir() + "/nowhere/wiki_train";
+  const testing::ScratchDir scratch;
+  Config config = token_config(scratch / "run");
+  config.data.train_data = scratch / "nowhere/wiki_train";
   try {
     make_training_source(config, 1);
     FAIL() << "missing shards must be refused";
@@ -142,7 +154,8 @@ TEST(DataSources, MissingShardsNameTheFileAndTheFix) {
 }
 
 TEST(DataSources, VocabularyLargerThanTheModelIsRefused) {
-  Config config = token_config("hgrn-tokens-vocab");
+  const testing::ScratchDir scratch;
+  Config config = token_config(scratch / "run");
   config.model.vocab_size = 200;  // the byte tokenizer has 257 ids
   try {
     make_training_source(config, 1);

@@ -15,6 +15,7 @@
 
 #include "hgrn_binary.h"
 #include "io/checkpoint.h"
+#include "scratch_dir.h"
 #include "train/stop_signal.h"
 
 namespace hgrn {
@@ -73,14 +74,9 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
-std::string fresh_run_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/" + name;
-  fs::remove_all(dir);
-  return dir;
-}
-
 TEST(Signals, SigtermWritesACheckpointExitsWith75AndTheRunResumes) {
-  const std::string run_dir = fresh_run_dir("hgrn-sigterm");
+  const testing::ScratchDir scratch;  // the run directory and, beside it, the config and the logs
+  const std::string run_dir = scratch / "run";
   const std::string config = write_config(run_dir, 100000, 0);
   pid_t pid = start_training(config, run_dir + ".log");
   ASSERT_TRUE(wait_for_steps(run_dir, 3)) << slurp(run_dir + ".log");
@@ -103,7 +99,8 @@ TEST(Signals, SigtermWritesACheckpointExitsWith75AndTheRunResumes) {
 }
 
 TEST(Signals, SecondSignalExitsAtOnce) {
-  const std::string run_dir = fresh_run_dir("hgrn-sigterm-twice");
+  const testing::ScratchDir scratch;
+  const std::string run_dir = scratch / "run";
   pid_t pid = start_training(write_config(run_dir, 100000, 0), run_dir + ".log");
   ASSERT_TRUE(wait_for_steps(run_dir, 2)) << slurp(run_dir + ".log");
   kill(pid, SIGINT);
@@ -122,8 +119,9 @@ TEST(Signals, SecondSignalExitsAtOnce) {
 TEST(Signals, SigkillNeverLeavesABadCheckpoint) {
   // Checkpoints every step, so a kill lands inside a checkpoint write often. Every file with a checkpoint's name
   // must load, and the newest must resume.
+  const testing::ScratchDir scratch;
   for (int round = 0; round < 4; ++round) {
-    const std::string run_dir = fresh_run_dir("hgrn-sigkill-" + std::to_string(round));
+    const std::string run_dir = scratch / ("run-" + std::to_string(round));
     pid_t pid = start_training(write_config(run_dir, 100000, 1), run_dir + ".log");
     ASSERT_TRUE(wait_for_steps(run_dir, 2 + round)) << slurp(run_dir + ".log");
     std::this_thread::sleep_for(std::chrono::microseconds(700 * round));

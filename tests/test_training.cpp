@@ -7,13 +7,13 @@
 #include <filesystem>
 #include <sstream>
 
-#include <unistd.h>
 
 #include "config/config.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
 #include "data/mqar.h"
 #include "model/hgrn2.h"
+#include "scratch_dir.h"
 #include "train/lm_loss.h"
 #include "train/trainer.h"
 
@@ -56,8 +56,8 @@ TEST(Training, GradientAccumulationEqualsOneLargeBatch) {
 }
 
 TEST(Training, ShortMqarRunLearns) {
-  const std::string run_dir = ::testing::TempDir() + "/hgrn-short-run-" + std::to_string(getpid());
-  std::filesystem::remove_all(run_dir);
+  const testing::ScratchDir scratch;
+  const std::string run_dir = scratch / "run";
   // The default config's task, shrunk so that recall is learned in seconds: 2 pairs over 8 keys and 8 values.
   Config config = parse_config(R"(
 model: {hidden_size: 64, num_hidden_layers: 2, expand_ratio: 16, vocab_size: 17}
@@ -103,21 +103,14 @@ logging: {log_interval: 100}
                       {"logging.run_dir=" + run_dir, "training.device=" + device, "training.precision=" + precision});
 }
 
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/" + name + "-" + std::to_string(getpid());  // parallel runs do not collide
-  std::filesystem::remove_all(dir);
-  return dir;
-}
-
 }  // namespace
 
 // Straight: 12 steps, checkpoints after 6 and 12. Interrupted: a fresh run directory holding only the step-6
 // checkpoint, resumed (checkpoint.resume: auto) to step 12. Losses and final weights must be the same bits.
 // (Also run on the GPU by test_training_cuda.cpp.)
 void expect_bitwise_resume(const std::string& device, const std::string& precision) {
-  const std::string tag = device + "-" + precision;
-  const std::string straight_dir = fresh_dir("hgrn-resume-straight-" + tag),
-                    resumed_dir = fresh_dir("hgrn-resume-resumed-" + tag);
+  const testing::ScratchDir scratch;
+  const std::string straight_dir = scratch / "straight", resumed_dir = scratch / "resumed";
   std::ostringstream log_a, log_b;
   TrainingSummary straight = train(resume_config(straight_dir, device, precision), log_a);
   ASSERT_EQ(straight.step_losses.size(), 12u);
@@ -147,7 +140,8 @@ namespace {
 TEST(Training, ResumeFromCheckpointContinuesBitwiseIdentically) { expect_bitwise_resume("cpu", "fp32"); }
 
 TEST(Training, ResumeNeverRefusesToOverwriteCheckpoints) {
-  const std::string dir = fresh_dir("hgrn-resume-never");
+  const testing::ScratchDir scratch;
+  const std::string dir = scratch / "run";
   std::ostringstream log;
   Config config = resume_config(dir);
   config.training.max_steps = 6;
@@ -163,7 +157,8 @@ TEST(Training, ResumeNeverRefusesToOverwriteCheckpoints) {
 }
 
 TEST(Training, ResumeRefusesACheckpointOfAnotherModelShape) {
-  const std::string dir = fresh_dir("hgrn-resume-mismatch");
+  const testing::ScratchDir scratch;
+  const std::string dir = scratch / "run";
   std::ostringstream log;
   Config config = resume_config(dir);
   config.training.max_steps = 6;
@@ -187,8 +182,8 @@ namespace {
 TEST(Training, InitFromAnHfDirectoryStartsFromThoseWeights) {
   // A run that learned the task, exported like `hgrn export --format hf`, starts a new run: that run's first loss is
   // the trained model's, not a fresh initialisation's.
-  const std::string base = ::testing::TempDir() + "/hgrn-init-from-" + std::to_string(getpid());
-  std::filesystem::remove_all(base);
+  const testing::ScratchDir scratch;
+  const std::string base = scratch.str();
   const std::string task = R"(
 model: {hidden_size: 64, num_hidden_layers: 2, expand_ratio: 16, vocab_size: 17}
 data: {task: mqar, seq_len: 16, mqar: {num_kv_pairs: 2}}

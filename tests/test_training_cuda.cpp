@@ -4,13 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <sstream>
 
-#include <unistd.h>
 
 #include "config/config.h"
 #include "gpu_test.h"
+#include "scratch_dir.h"
 #include "train/trainer.h"
 
 namespace hgrn {
@@ -19,8 +18,8 @@ void expect_bitwise_resume(const std::string& device, const std::string& precisi
 namespace {
 
 TrainingSummary short_run(const std::string& device, const std::string& precision) {
-  const std::string run_dir = ::testing::TempDir() + "/hgrn-gpu-run-" + device + "-" + precision + "-" + std::to_string(getpid());
-  std::filesystem::remove_all(run_dir);
+  const testing::ScratchDir scratch;
+  const std::string run_dir = scratch / ("run-" + device + "-" + precision);
   const Config config = parse_config(R"(
 model: {hidden_size: 64, num_hidden_layers: 2, expand_ratio: 16, vocab_size: 17}
 data: {task: mqar, seq_len: 16, mqar: {num_kv_pairs: 2}}
