@@ -6,6 +6,9 @@
 # gpu_tests.sh when it is missing.
 # Usage: scripts/gpu_side_by_side.sh [OUTPUT_DIR]   (default build-gpu/side-by-side)
 #   MODELS="hgrn2-150m hgrn2-385m hgrn2-1b"  PEER_MODES="amp-bf16 pure-bf16"  BENCH_WARMUP=5 BENCH_STEPS=20 (hgrn)
+#   ROUNDS=1: with more, each model's peer and hgrn runs repeat back to back (round r's files in OUTPUT_DIR/rR), and
+#   the table adds a row per model over all rounds (each side's mean tokens/s): the machine's state moves either side
+#   by 1-2% from one run to the next, as much as a target's margin, and alternating spreads that over both.
 # hgrn is timed as the peer is (5 warm-up steps, then 20): under an H200's power limit the step time swings with a
 # period of about five steps, so ten steps' median and mean both depend on where the swing falls.
 # Give a fresh machine's first peer run a generous limit, or carry a Triton cache from an earlier run on that kind
@@ -25,37 +28,53 @@ fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   python3 -c "import torch, fla; print('torch', torch.__version__, 'fla', getattr(fla, '__version__', '?'))"
 } | tee "$out/machine.txt"
+rounds=${ROUNDS:-1}
+round_dir() { if [ "$rounds" -gt 1 ]; then echo "$out/r$1"; else echo "$out"; fi; }
 for model in ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b}; do
   read -r layers hidden batch <<<"$(peer_shape "$model")"
-  for mode in ${PEER_MODES:-amp-bf16 pure-bf16}; do
-    PYTHONUNBUFFERED=1 python3 tools/peer_bench.py --layers "$layers" --hidden "$hidden" --batch "$batch" --mode "$mode" \
-      --json "$out/peer-$model-$mode.json" > "$out/peer-$model-$mode.txt" 2>&1 ||
-      { echo "peer $model $mode failed:"; tail -5 "$out/peer-$model-$mode.txt"; }
+  for round in $(seq 1 "$rounds"); do
+    dir=$(round_dir "$round")
+    mkdir -p "$dir"
+    for mode in ${PEER_MODES:-amp-bf16 pure-bf16}; do
+      PYTHONUNBUFFERED=1 python3 tools/peer_bench.py --layers "$layers" --hidden "$hidden" --batch "$batch" --mode "$mode" \
+        --json "$dir/peer-$model-$mode.json" > "$dir/peer-$model-$mode.txt" 2>&1 ||
+        { echo "peer $model $mode failed:"; tail -5 "$dir/peer-$model-$mode.txt"; }
+    done
+    ./build-gpu/hgrn bench --config "configs/$model.yaml" --warmup "${BENCH_WARMUP:-5}" --steps "${BENCH_STEPS:-20}" \
+      --json "$dir/hgrn-$model.json" > "$dir/hgrn-$model.txt" 2>&1 || { echo "hgrn $model failed:"; tail -5 "$dir/hgrn-$model.txt"; }
   done
-  ./build-gpu/hgrn bench --config "configs/$model.yaml" --warmup "${BENCH_WARMUP:-5}" --steps "${BENCH_STEPS:-20}" \
-    --json "$out/hgrn-$model.json" > "$out/hgrn-$model.txt" 2>&1 || { echo "hgrn $model failed:"; tail -5 "$out/hgrn-$model.txt"; }
 done
-python3 - "$out" ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b} <<'PY'
-import json, os, sys
-out, models = sys.argv[1], sys.argv[2:]
-def load(name):
-    p = os.path.join(out, name + ".json")
+dirs=$(for round in $(seq 1 "$rounds"); do round_dir "$round"; done)
+python3 - "$dirs" ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b} <<'PY'
+import json, math, os, sys
+dirs, models = sys.argv[1].split(), sys.argv[2:]
+def load(d, name):
+    p = os.path.join(d, name + ".json")
     return json.load(open(p)) if os.path.exists(p) else None
-# The peer's tokens/s come from its mean step (tools/peer_bench.py), hgrn's from its median step; the last ratio uses
-# hgrn's mean step, the like-for-like one (a slow step or two under the power cap lowers it).
-print("| model | peer amp-bf16 tok/s | peer pure-bf16 tok/s | hgrn tok/s (median step) | hgrn / best peer | "
+def mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+# The peer's tokens/s come from its mean step (tools/peer_bench.py), hgrn's from its median step; the "mean step"
+# ratio uses hgrn's mean step, the like-for-like one (a slow step or two under the power cap lowers it). With several
+# rounds, the last row of a model takes each figure's mean over the rounds that produced it.
+print("| model | round | peer amp-bf16 tok/s | peer pure-bf16 tok/s | hgrn tok/s (median step) | hgrn / best peer | "
       "hgrn / best peer, hgrn's mean step | peer amp GiB | hgrn GiB | hgrn / peer amp memory | hgrn MFU |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+def row(m, label, amp, pure, h_median, h_mean, amp_gib, h_gib, mfu):
+    best = max((x for x in (amp, pure) if not math.isnan(x)), default=float("nan"))
+    fmt = lambda x, spec, unit="": "-" if math.isnan(x) else format(x, spec) + unit
+    print(f"| {m} | {label} | {fmt(amp, '.0f')} | {fmt(pure, '.0f')} | {fmt(h_median, '.0f')} | "
+          f"{fmt(h_median / best, '.2f', 'x')} | {fmt(h_mean / best, '.3f', 'x')} | {fmt(amp_gib, '.1f')} | "
+          f"{fmt(h_gib, '.1f')} | {fmt(h_gib / amp_gib, '.2f', 'x')} | {fmt(mfu, '.3f')} |")
+nan = float("nan")
 for m in models:
-    amp, pure, h = load(f"peer-{m}-amp-bf16"), load(f"peer-{m}-pure-bf16"), load(f"hgrn-{m}")
-    peers = [r["tokens_per_s"] for r in (amp, pure) if r]
-    best = max(peers) if peers else float("nan")
-    f = lambda r, k, fmt: (fmt % r[k]) if r else "-"
-    print(f"| {m} | {f(amp, 'tokens_per_s', '%.0f')} | {f(pure, 'tokens_per_s', '%.0f')} | "
-          f"{f(h, 'tokens_per_s', '%.0f')} | {h['tokens_per_s'] / best:.2f}x | "
-          f"{h.get('tokens_per_s_mean', float('nan')) / best:.3f}x | " if h else f"| {m} | - | - | - | - | - | ",
-          end="")
-    print(f"{f(amp, 'peak_memory_gib', '%.1f')} | {f(h, 'peak_memory_gib', '%.1f')} | "
-          f"{(h['peak_memory_gib'] / amp['peak_memory_gib']) if (h and amp) else float('nan'):.2f}x | "
-          f"{f(h, 'mfu', '%.3f')} |")
+    figures = []
+    for i, d in enumerate(dirs):
+        amp, pure, h = load(d, f"peer-{m}-amp-bf16"), load(d, f"peer-{m}-pure-bf16"), load(d, f"hgrn-{m}")
+        get = lambda r, k: r[k] if r and k in r else nan
+        f = [get(amp, "tokens_per_s"), get(pure, "tokens_per_s"), get(h, "tokens_per_s"), get(h, "tokens_per_s_mean"),
+             get(amp, "peak_memory_gib"), get(h, "peak_memory_gib"), get(h, "mfu")]
+        figures.append(f)
+        row(m, str(i + 1), *f)
+    if len(dirs) > 1:
+        row(m, "all", *[mean([f[k] for f in figures if not math.isnan(f[k])]) for k in range(7)])
 PY
