@@ -338,19 +338,65 @@ TEST(OptimizerCuda, UpdateKeepsTheBf16ComputeCopyEqualToTheCastWeight) {
   EXPECT_FALSE(odd->compute_copy.defined());
 }
 
-TEST(OptimizerCuda, ZeroGradKeepsBuffersAndRejectsNonFp32) {
+// A gradient zero_grad gave back that nothing wrote since is a zero gradient to the norm and the update: the same
+// bits as a zero-filled one (the GPU twin of AdamW.UnwrittenGradientAfterZeroGradCountsAsZero).
+TEST(OptimizerCuda, ReleasedUnwrittenGradientCountsAsZero) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(406);
+  const std::vector<Tensor> init = random_init(rng);
+  Params released = make_params(init, Device::CUDA), filled = make_params(init, Device::CUDA);
+  AdamW opt_released(released.refs, kConfig), opt_filled(filled.refs, kConfig);
+  const std::vector<Tensor> grads = random_grads(rng);
+  set_grads(released, grads);
+  set_grads(filled, grads);
+  opt_released.clip_and_step(1e-2, 1.0)();
+  opt_filled.clip_and_step(1e-2, 1.0)();
+  opt_released.zero_grad();  // step 2: no gradient arrives
+  opt_filled.zero_grad();
+  for (size_t i = 0; i < init.size(); ++i)
+    if (i != kNoGrad) grad_buffer(filled.vars[i]).zero();
+  ASSERT_FALSE(released.vars[0]->grad.defined());
+  EXPECT_EQ(opt_released.clip_and_step(1e-2, 1.0)(), 0.0);
+  EXPECT_EQ(opt_filled.clip_and_step(1e-2, 1.0)(), 0.0);
+  for (size_t i = 0; i < init.size(); ++i) {
+    EXPECT_TRUE(same_bits(released.vars[i]->value, filled.vars[i]->value)) << "param " << i;
+    EXPECT_TRUE(same_bits(opt_released.first_moments()[i], opt_filled.first_moments()[i])) << "param " << i;
+    EXPECT_TRUE(same_bits(opt_released.second_moments()[i], opt_filled.second_moments()[i])) << "param " << i;
+  }
+}
+
+// zero_grad gives GPU gradient buffers back to the allocator (the next forward's activations may use the memory), a
+// buffer data parallelism fixed in place excepted; the gradient still counts as zero.
+TEST(OptimizerCuda, ZeroGradReleasesBuffersAndRejectsNonFp32) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(405);
   const std::vector<Tensor> init = random_init(rng);
   Params p = make_params(init, Device::CUDA);
   AdamW opt(p.refs, kConfig);
   set_grads(p, random_grads(rng));
-  const void* buffer = p.vars[3]->grad.raw_data();
+  const Tensor fixed_home = Tensor::zeros({kShapes[4][0] * kShapes[4][1] + 8}, DType::F32, Device::CUDA);
+  p.vars[4]->grad = fixed_home.flat_view(8, kShapes[4][0] * kShapes[4][1]).reshape(kShapes[4]);
+  p.vars[4]->grad.copy_from(random_tensor(rng, kShapes[4], 1.0, DType::F32));
+  p.vars[4]->grad_buffer_fixed = true;
+  const void* fixed = p.vars[4]->grad.raw_data();
   opt.zero_grad();
-  EXPECT_EQ(grad_buffer(p.vars[3]).raw_data(), buffer);
-  for (size_t i = 0; i < init.size(); ++i)
-    if (i != kNoGrad) EXPECT_EQ(max_abs(grad_buffer(p.vars[i])), 0.0) << "param " << i;
+  for (size_t i = 0; i < init.size(); ++i) {
+    if (i == kNoGrad) continue;
+    EXPECT_EQ(p.vars[i]->grad.defined(), i == 4) << "param " << i;
+    EXPECT_TRUE(has_gradient(p.vars[i])) << "param " << i;
+    EXPECT_TRUE(p.vars[i]->grad_stale) << "param " << i;
+    EXPECT_EQ(max_abs(grad_buffer(p.vars[i])), 0.0) << "param " << i;
+  }
+  EXPECT_EQ(p.vars[4]->grad.raw_data(), fixed);
   EXPECT_FALSE(p.vars[kNoGrad]->grad.defined());
+  EXPECT_FALSE(has_gradient(p.vars[kNoGrad]));
+  // The next step's first write makes a fresh buffer, to be overwritten; a second write adds to it.
+  opt.zero_grad();
+  bool accumulate = true;
+  EXPECT_TRUE(grad_buffer_for_write(p.vars[3], &accumulate).defined());
+  EXPECT_FALSE(accumulate);
+  grad_buffer_for_write(p.vars[3], &accumulate);
+  EXPECT_TRUE(accumulate);
 
   Var bf = make_var(Tensor::zeros({3}, DType::BF16, Device::CUDA), true, "bf");
   EXPECT_THROW(AdamW({{bf, true}}, kConfig), Error);

@@ -45,8 +45,8 @@ void unshare_grad(const Var& v) {
 
 Tensor& grad_buffer(const Var& v) {
   unshare_grad(v);
-  if (!v->grad.defined()) v->grad = new_gradient(v, true);
   settle_grad(v);
+  if (!v->grad.defined()) v->grad = new_gradient(v, true);
   return v->grad;
 }
 
@@ -78,13 +78,22 @@ bool adopt_gradient(const Var& v, Tensor&& g) {
 }
 
 void mark_grad_zero(const Var& v) {
-  if (v->grad.defined()) v->grad_stale = true;
+  if (!v->grad.defined()) return;
+  v->grad_stale = true;
+  // On the GPU a block given back is reused at once by the next forward's activations (one stream: nothing still
+  // queued can read it after its reuse); a CPU buffer would go back to malloc, so it is kept.
+  if (v->grad.device() == Device::CUDA && !v->grad_buffer_fixed) v->grad = Tensor();
 }
+
+bool has_gradient(const Var& v) { return v->grad.defined() || v->grad_stale; }
 
 void settle_grad(const Var& v) {
   if (!v->grad_stale) return;
   v->grad_stale = false;
-  if (v->grad.defined()) v->grad.zero();
+  if (v->grad.defined())
+    v->grad.zero();
+  else
+    v->grad = new_gradient(v, true);
 }
 
 void Tape::record(std::function<void()> backward_fn) {

@@ -25,10 +25,15 @@ struct SplitGradient {
 struct Variable {
   Tensor value;
   Tensor grad;  // undefined until a gradient flows in; parameters keep theirs across micro-batches until zero_grad
-  // The gradient is zero but `grad` still holds old values (mark_grad_zero): the buffer is kept for the next step,
-  // and the next grad_buffer zeroes it, the next grad_buffer_for_write overwrites it, and settle_grad (for code that
-  // reads grad directly) zeroes it. Saves the fill of every weight gradient on every step.
+  // The gradient is zero (mark_grad_zero) but is not held as zeros: `grad` holds old values, or on the GPU its buffer
+  // went back to the caching allocator (grad undefined). The next grad_buffer zeroes or makes it, the next
+  // grad_buffer_for_write overwrites or makes it, and settle_grad (for code that reads grad directly) makes it
+  // zeros. Saves the fill of every weight gradient on every step, and on the GPU the gradients' memory between the
+  // optimiser step and the backward that writes them again, where the forward's activations peak.
   bool grad_stale = false;
+  // `grad` is a view of a buffer owned elsewhere that must stay in place (data parallelism's flat gradient buffer,
+  // which its collectives reduce): mark_grad_zero keeps it.
+  bool grad_buffer_fixed = false;
   // `grad` may be held elsewhere too (a buffer taken over by adopt_gradient, which a queued closure may still read):
   // read it freely; grad_buffer and grad_buffer_for_write give this Var a copy of its own before anything writes
   // into it, where its storage is still held by another tensor.
@@ -64,8 +69,11 @@ using Var = std::shared_ptr<Variable>;
 Var make_var(Tensor value, bool requires_grad = false, std::string name = {});
 // The gradient buffer of v, allocated as zeros (same shape, dtype, device as the value) on first use.
 Tensor& grad_buffer(const Var& v);
-// Marks v's gradient as zero without touching its buffer (see Variable::grad_stale); no-op without a buffer.
+// Marks v's gradient as zero without filling its buffer (see Variable::grad_stale); no-op without a buffer. A GPU
+// buffer goes back to the caching allocator unless grad_buffer_fixed.
 void mark_grad_zero(const Var& v);
+// Whether v has a gradient: a buffer, or one marked zero whose buffer was given back.
+bool has_gradient(const Var& v);
 // Makes a buffer marked zero hold zeros; for code that reads or reduces v->grad without asking for a buffer.
 void settle_grad(const Var& v);
 // The gradient buffer of v for a kernel that writes every element: allocated uninitialised on first use

@@ -63,6 +63,7 @@ DataParallel::DataParallel(Hgrn2Model& model, std::vector<ParamRef> params, cons
     value.copy_from(var.value);
     var.value = value;
     var.grad = flat_grads_.flat_view(p.offset, p.numel).reshape(var.value.shape());
+    var.grad_buffer_fixed = true;
     var.invalidate_compute_copy();
   }
   rank_params_ = options_.zero1 ? params_of_rank(w.rank) : params_;

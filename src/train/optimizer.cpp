@@ -200,9 +200,10 @@ std::function<double()> AdamW::clip_and_step(double lr, double max_norm,
 #ifdef HGRN_WITH_CUDA
   bool all_on_gpu = true, any = false;
   for (const ParamRef& ref : params_)
-    if (ref.param->grad.defined() && ref.updated_elements() > 0) {
+    if (has_gradient(ref.param) && ref.updated_elements() > 0) {
       any = true;
-      all_on_gpu = all_on_gpu && ref.param->grad.device() == Device::CUDA;
+      const Device device = ref.param->grad.defined() ? ref.param->grad.device() : ref.param->value.device();
+      all_on_gpu = all_on_gpu && device == Device::CUDA;
     }
   if (any && all_on_gpu && !total_over_ranks) {
     Tensor sum_of_squares = Tensor::empty({}, DType::F64, Device::CUDA);
@@ -225,7 +226,7 @@ void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device
   [[maybe_unused]] GpuSlots gpu;
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& ref = params_[i];
-    if (!ref.param->grad.defined()) continue;
+    if (!has_gradient(ref.param)) continue;
     settle_grad(ref.param);
     check_grad_matches(ref, i);
     void* copy = updated_bf16_copy(ref);
@@ -299,7 +300,7 @@ GradNorm grad_norm_and_clip_factor(const std::vector<ParamRef>& params, double m
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamRef& ref = params[i];
     HGRN_CHECK(ref.param, "clip_grad_norm: parameter ", param_label(ref, i), " is undefined");
-    if (!ref.param->grad.defined() || ref.updated_elements() == 0) continue;
+    if (!has_gradient(ref.param) || ref.updated_elements() == 0) continue;
     settle_grad(ref.param);
     check_grad_matches(ref, i);
     const Tensor g = updated_range(ref, ref.param->grad);
@@ -345,7 +346,7 @@ double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm,
   if (r.clip_factor == 1.0) return r.norm;
   [[maybe_unused]] GpuSlots gpu;
   for (const ParamRef& ref : params) {
-    if (!ref.param->grad.defined() || ref.updated_elements() == 0) continue;
+    if (!has_gradient(ref.param) || ref.updated_elements() == 0) continue;
     settle_grad(ref.param);
     const Tensor g = updated_range(ref, ref.param->grad);
     if (g.device() == Device::CUDA) {

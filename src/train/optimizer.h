@@ -51,9 +51,10 @@ class AdamW {
   // queued.
   std::function<double()> clip_and_step(double lr, double max_norm,
                                          const std::function<double(double)>& total_over_ranks = nullptr);
-  // Zeroes every defined gradient, keeping its buffer for the next accumulation: lazily (mark_grad_zero), so that
-  // the next step's first write overwrites the buffer instead of adding to a filled one; the optimiser's own reads
-  // (step, the norm) zero whatever stayed unwritten.
+  // Zeroes every defined gradient lazily (mark_grad_zero), so that the next step's first write overwrites or makes
+  // the buffer instead of adding to a filled one; the optimiser's own reads (step, the norm) zero whatever stayed
+  // unwritten. GPU buffers go back to the allocator until then (as PyTorch's zero_grad(set_to_none=True)), so the
+  // next forward's activations do not peak on top of this step's gradients.
   void zero_grad();
   int64_t step_count() const { return step_count_; }
 
