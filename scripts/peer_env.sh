@@ -5,7 +5,7 @@
 #     python3 -m pip download --no-deps --only-binary=:all: flash-linear-attention fla-core einops -d .whl),
 #   installed into a private directory put on PYTHONPATH.
 # - The Triton cache: fla compiles and autotunes its Triton kernels on first use (350-400 s on a fresh H200 for the
-#   three peer-baseline configs, sessions 14, 15; the next runs of a config 25 s). PEER_CACHE_IN=DIR unpacks
+#   three peer-baseline configs; the next runs of a config 25 s). PEER_CACHE_IN=DIR unpacks
 #   DIR/triton-cache.tgz.part-* before the peer runs; PEER_CACHE_OUT=DIR packs the cache's cubins and json files
 #   (gzipped, in parts of 15 MiB: within the device tool's per-file limit) there when the calling script exits; both
 #   use TRITON_CACHE_DIR, default /tmp/hgrn-triton-cache when either is set (unpacking into another directory than

@@ -27,7 +27,7 @@ constexpr Tol kFp32{1e-5, 2e-5};
 // (q ⊙ e^G, k ⊙ e^{G_L − G}, A, the states) as fla's kernel does; the intra-chunk blocks below the diagonal (scores,
 // and dq, dk from dA) take TF32 operands (2^-11), as fla's tl.dot on fp32 does. fla's test bound is 5e-3 relative
 // RMS. Measured <= 2.8e-3 rel RMS, 4.3e-3 max with fp32 SIMT intra products; outputs <= 2.5e-3 rel RMS, 4.5e-3 max
-// with the TF32 ones (the gradients pass the same bound; the TF32 trial of session 5 measured <= 2.7e-3 rel RMS).
+// with the TF32 ones (the gradients pass the same bound; a TF32 trial of the gradients measured <= 2.7e-3 rel RMS).
 constexpr Tol kBf16{5e-3, 1e-2};
 
 }  // namespace hgrn::testing
