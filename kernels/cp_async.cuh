@@ -1,5 +1,5 @@
 // cp_async.cuh: asynchronous global → shared copies (cp.async, sm_80+), the primitives that kernels staging data
-// ahead of use share: the recurrence's tiles (hgru2_recurrence.cu) and the RMSNorm rows (rmsnorm.cu).
+// ahead of use share: the recurrence's tiles (gla_recurrence.cu) and the RMSNorm rows (rmsnorm.cu).
 // A thread's copies become visible to that same thread once cp_async_wait has returned for their group; data that
 // other threads read needs a barrier after the wait as well.
 #pragma once

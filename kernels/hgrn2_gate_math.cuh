@@ -1,7 +1,7 @@
 // hgrn2_gate_math.cuh: the HGRN2 forget gate's per-element arithmetic on the GPU, forward (g, k) and backward
 // (λ, ∂g/∂f̂, ∂g/∂γ), in fp32 with the CPU reference's branches (src/ops/hgrn2_gates.cpp explains them). Shared by
 // the gates' own kernels (hgrn2_gates.cu) and the recurrence's backward, which runs the gates' backward in its
-// gradient epilogue (hgru2_recurrence.cu), so that both compute the same function. min/max are spelled as
+// gradient epilogue (gla_recurrence.cu), so that both compute the same function. min/max are spelled as
 // std::min/std::max evaluate them, so that a NaN input propagates exactly as on the CPU instead of being swallowed by
 // fminf/fmaxf.
 #pragma once

@@ -18,7 +18,7 @@
 #include "hgrn_binary.h"
 #include "scratch_dir.h"
 #include "io/safetensors.h"
-#include "model/hgrn2_params.h"
+#include "models/params.h"
 
 namespace hgrn::export_testing {
 
@@ -38,12 +38,12 @@ inline ModelConfig small_model_config(bool tied = false) {
   return m;
 }
 
-// fp32 parameters of hgrn2_param_specs(config), every one random (lower bounds and norms too, so that a swapped or
+// fp32 parameters of model_param_specs(config), every one random (lower bounds and norms too, so that a swapped or
 // misnamed tensor cannot go unnoticed).
 inline NamedTensors random_params(const ModelConfig& config, uint64_t seed = 1) {
   Rng rng(seed);
   NamedTensors params;
-  for (const ParamSpec& spec : hgrn2_param_specs(config)) {
+  for (const ParamSpec& spec : model_param_specs(config)) {
     Tensor t = Tensor::empty(spec.shape, DType::F32);
     float* p = t.data<float>();
     for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(0.5 * rng.normal());

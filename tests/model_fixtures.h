@@ -1,7 +1,8 @@
 // model_fixtures.h: what the whole-model tests share: random token ids and the next-token loss over every position.
 #pragma once
 #include "core/rng.h"
-#include "model/hgrn2.h"
+#include "models/decoder_lm.h"
+#include "models/registry.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 
@@ -14,8 +15,16 @@ inline Tensor token_ids(Rng& rng, int64_t batch, int64_t seq, int64_t vocab) {
   return ids;
 }
 
+// Sets one of the model's memory knobs (ModelMemoryConfig), leaving the others as they are.
+template <typename Knob, typename Value>
+void set_knob(DecoderLM& model, Knob ModelMemoryConfig::*knob, Value value) {
+  ModelMemoryConfig memory = model.memory();
+  memory.*knob = static_cast<Knob>(value);
+  model.set_memory(memory);
+}
+
 // Loss of the model over every position (targets: the next token, last position ignored), on the model's device.
-inline Var model_loss(const Hgrn2Model& model, Tape& tape, const Tensor& ids) {
+inline Var model_loss(const CausalLM& model, Tape& tape, const Tensor& ids) {
   const int64_t batch = ids.size(0), seq = ids.size(1), vocab = model.config().vocab_size;
   Tensor targets = Tensor::full({batch * seq}, -100, DType::I32);
   for (int64_t b = 0; b < batch; ++b)
@@ -27,7 +36,7 @@ inline Var model_loss(const Hgrn2Model& model, Tape& tape, const Tensor& ids) {
 // The projections the model runs as one GEMM each way (ParamSpec::adjacent_to_previous: q/f/i, gate/up) lie one
 // after another in memory: their values, their gradients and, where asked, their bf16 copies. Without that the model
 // still computes the same, one GEMM per weight, so only this check notices the fused path being lost.
-inline void expect_fused_projections_adjacent(const Hgrn2Model& model, bool grads, bool copies) {
+inline void expect_fused_projections_adjacent(const DecoderLM& model, bool grads, bool copies) {
   const auto& params = model.parameters();
   for (size_t i = 0; i < params.size();) {
     size_t end = i + 1;

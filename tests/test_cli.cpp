@@ -1,5 +1,5 @@
 // test_cli.cpp: the built `hgrn` binary, run as a user would: --version, --help, `info` on the default config
-// (its parameter total against hgrn2_param_specs), and the exit statuses and messages of bad input.
+// (its parameter total against model_param_specs), and the exit statuses and messages of bad input.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,8 +10,8 @@
 #include "config/config.h"
 #include "gpu_test.h"
 #include "hgrn_binary.h"
-#include "model/flops.h"
-#include "model/hgrn2_params.h"
+#include "models/cost.h"
+#include "models/params.h"
 #include "scratch_dir.h"
 
 namespace hgrn {
@@ -32,7 +32,7 @@ std::string write_temp_config(const std::string& name, const std::string& text) 
 
 int64_t param_total(const ModelConfig& m) {
   int64_t total = 0;
-  for (const ParamSpec& spec : hgrn2_param_specs(m)) total += shape_numel(spec.shape);
+  for (const ParamSpec& spec : model_param_specs(m)) total += shape_numel(spec.shape);
   return total;
 }
 
@@ -94,10 +94,32 @@ TEST_F(Cli, BenchRecurrenceOnTheCpuReportsTimesRatesAndTheFlopCount) {
   EXPECT_GT(j.at("forward_ms").get<double>(), 0.0);
   EXPECT_GT(j.at("forward_backward_ms").get<double>(), 0.0);
   // B·T tokens at the chunkwise count, with fla's chunk for T = 70 (64).
-  EXPECT_DOUBLE_EQ(j.at("forward_flops").get<double>(), 70.0 * recurrence_flops_per_token(2, 16, 8, 64));
+  EXPECT_DOUBLE_EQ(j.at("forward_flops").get<double>(), 70.0 * gla_recurrence_flops_per_token(2, 16, 8, 64));
   EXPECT_DOUBLE_EQ(j.at("forward_tflops").get<double>(),
                    j.at("forward_flops").get<double>() / (j.at("forward_ms").get<double>() * 1e-3) / 1e12);
   EXPECT_EQ(j.at("device_copy_gbps").get<double>(), 0.0);
+}
+
+TEST_F(Cli, BenchScanOnTheCpuReportsTimesAndRates) {
+  ScratchDir dir;
+  const std::string json_path = (dir.path() / "scan.json").string();
+  const CommandResult r = run_hgrn({"bench", "--scan", "2,70,8", "--dtype", "fp32", "--device", "cpu", "--warmup",
+                                    "1", "--iters", "2", "--json", json_path});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("| forward ms | forward+backward ms | forward GB/s | forward+backward GB/s |"),
+            std::string::npos)
+      << r.out;
+  std::ifstream f(json_path);
+  ASSERT_TRUE(f.good()) << json_path;
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j.at("kind").get<std::string>(), "scan");
+  EXPECT_GT(j.at("forward_ms").get<double>(), 0.0);
+  EXPECT_GT(j.at("forward_backward_ms").get<double>(), 0.0);
+  // fp32: x, g, o in the forward (12 bytes an element); x, g, dO, dx, dg more in the backward (20).
+  EXPECT_DOUBLE_EQ(j.at("forward_min_bytes").get<double>(), 2 * 70 * 8 * 12.0);
+  EXPECT_DOUBLE_EQ(j.at("forward_backward_min_bytes").get<double>(), 2 * 70 * 8 * 32.0);
+  // Two benchmarks at once are refused.
+  EXPECT_NE(run_hgrn({"bench", "--scan", "2,70,8", "--recurrence", "1,70,2,16,8", "--device", "cpu"}).status, 0);
 }
 
 // Training steps on the CPU (the default config): the JSON has the median and the mean step time, each between the

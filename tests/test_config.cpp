@@ -10,7 +10,7 @@
 
 #include "config/config.h"
 #include "config/suggest.h"
-#include "model/hgrn2_params.h"
+#include "models/params.h"
 
 namespace hgrn {
 namespace {
@@ -144,8 +144,9 @@ TEST(ConfigDerived, BothGivenTheLayerUsesExpandRatio) {
 TEST(ConfigDerived, NeitherIsAnError) {
   ModelConfig m;
   EXPECT_THROW(m.heads(), ConfigError);
-  const std::string message = error_of(with_value("model.expand_ratio", "null").text);
-  EXPECT_NE(message.find("test.yaml: model.expand_ratio: missing"), std::string::npos) << message;
+  const Edited edited = with_value("model.expand_ratio", "null");
+  const std::string message = error_of(edited.text);
+  EXPECT_NE(message.find(at(edited.line, 3) + "model.expand_ratio: missing"), std::string::npos) << message;  // a null points at its key
   EXPECT_NE(message.find("model.num_heads"), std::string::npos) << message;
 }
 
@@ -230,7 +231,7 @@ TEST(ConfigErrors, IntegerOutOfRange) {
 
 TEST(ConfigErrors, SectionThatIsNotAMapping) {
   const std::string message = error_of("model: 64\n");
-  EXPECT_NE(message.find(at(1, 8) + "model: expected a section (a mapping of keys: hidden_size"), std::string::npos)
+  EXPECT_NE(message.find(at(1, 8) + "model: expected a section (a mapping of keys: type, hidden_size"), std::string::npos)
       << message;
 }
 
@@ -280,7 +281,7 @@ TEST(ConfigErrors, NonPositiveSizesStepsAndRates) {
   expect_rejected("model.norm_eps", "0", "expected a positive number, got 0.0");
   for (const char* key : {"training.warmup_steps", "training.threads", "training.eval_interval",
                           "checkpoint.interval", "checkpoint.keep_every", "data.mqar.num_keys",
-                          "training.keep_recurrence_states", "training.recompute_gates_layers"})
+                          "model.memory.keep_recurrence_states", "model.memory.recompute_gates_layers"})
     expect_rejected(key, "-1", "expected 0 or a positive integer, got -1");
   expect_rejected("training.grad_clip", "-1", "expected 0 (off) or a positive norm");
   expect_rejected("training.weight_decay", "-0.1", "expected 0 or a positive number");
@@ -402,7 +403,7 @@ TEST(ConfigOverrides, MalformedOverride) {
       << message;
   message = error_of(base_yaml(), {"model=3"});
   EXPECT_NE(message.find("--set 'model=3': model: is a section; --set takes one key inside it, e.g. "
-                         "model.hidden_size=..."),
+                         "model.type=..."),
             std::string::npos)
       << message;
   message = error_of(base_yaml(), {"training.lr=[1"});
@@ -476,7 +477,7 @@ std::vector<std::filesystem::path> shipped_configs() {
 
 int64_t param_total(const ModelConfig& m) {
   int64_t total = 0;
-  for (const ParamSpec& spec : hgrn2_param_specs(m)) total += shape_numel(spec.shape);
+  for (const ParamSpec& spec : model_param_specs(m)) total += shape_numel(spec.shape);
   return total;
 }
 
@@ -499,7 +500,7 @@ TEST(ConfigFiles, DefaultConfigNeedsNoDownloadAndFitsACpu) {
   EXPECT_EQ(c.training.device, "auto");
   EXPECT_EQ(c.training.precision, "fp32");
   int64_t params = 0;
-  for (const ParamSpec& spec : hgrn2_param_specs(c.model)) params += shape_numel(spec.shape);
+  for (const ParamSpec& spec : model_param_specs(c.model)) params += shape_numel(spec.shape);
   EXPECT_LT(params, 2'000'000);
   EXPECT_LT(c.training.max_steps * c.training.micro_batch_size * c.data.seq_len, 10'000'000);  // tokens
 }

@@ -14,7 +14,8 @@
 #include "data/data_sources.h"
 #include "data/prepare.h"
 #include "io/checkpoint.h"
-#include "model/hgrn2.h"
+#include "models/decoder_lm.h"
+#include "models/registry.h"
 #include "scratch_dir.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
@@ -88,7 +89,7 @@ TEST(DataSources, TrainsAndEvaluatesOnPreparedShards) {
 
   TrainingState state = load_checkpoint(config.logging.run_dir + "/checkpoints/step_00000060.h5");
   Rng rng(0);
-  Hgrn2Model model(config.model, rng);
+  DecoderLM model(config.model, rng);
   model.load_parameters(state.params, "checkpoint");
   TokenShardReader valid(prepared_prefix() + "_valid");
   ShardEvalOptions options;

@@ -2,8 +2,8 @@
 // small model, the 6·N rule of thumb for a large one, and the memory estimates' scaling.
 #include <gtest/gtest.h>
 
-#include "model/flops.h"
-#include "model/hgrn2_params.h"
+#include "models/cost.h"
+#include "models/params.h"
 
 namespace hgrn {
 namespace {
@@ -26,9 +26,9 @@ TEST(InfoCost, ChunkSizeFollowsFlaTiling) {
 
 TEST(InfoCost, ParameterGroupsSumToTheSpecs) {
   const ModelConfig m = small_model();
-  const ModelCost cost = hgrn2_cost(m, 64, 4);
+  const ModelCost cost = model_cost(m, 64, 4);
   int64_t from_specs = 0;
-  for (const ParamSpec& spec : hgrn2_param_specs(m)) from_specs += shape_numel(spec.shape);
+  for (const ParamSpec& spec : model_param_specs(m)) from_specs += shape_numel(spec.shape);
   int64_t from_groups = 0;
   for (const auto& [group, count] : cost.params_by_group) from_groups += count;
   EXPECT_EQ(cost.params_total, from_specs);
@@ -40,7 +40,7 @@ TEST(InfoCost, ParameterGroupsSumToTheSpecs) {
 
 TEST(InfoCost, ForwardFlopsCountedByHand) {
   const ModelConfig m = small_model();  // D 64, H 4, K = V = 16, I 256, vocab 128, 2 layers
-  const ModelCost cost = hgrn2_cost(m, 64, 4);
+  const ModelCost cost = model_cost(m, 64, 4);
   const double projections = 2 * (4.0 * 64 * 64 + 3.0 * 64 * 256);  // per layer: q f i o, gate up down
   const double recurrence = 2.0 * 4 * 16 * 16 * 2 + 2.0 * 64 * 4 * (16 + 16);
   const double lm_head = 2.0 * 128 * 64;
@@ -50,15 +50,15 @@ TEST(InfoCost, ForwardFlopsCountedByHand) {
   // Tying the embeddings removes the lm_head parameters but not its matmul.
   ModelConfig tied = m;
   tied.tie_word_embeddings = true;
-  const ModelCost tied_cost = hgrn2_cost(tied, 64, 4);
+  const ModelCost tied_cost = model_cost(tied, 64, 4);
   EXPECT_EQ(tied_cost.params_total, cost.params_total - 128 * 64);
   EXPECT_DOUBLE_EQ(tied_cost.flops_per_token_fwd, cost.flops_per_token_fwd);
 }
 
 TEST(InfoCost, RecurrenceFlopsCountedByHand) {
   // 4·H·K·V (state update and inter-chunk output) + 2·C·H·(K + V) (scores and A·V over whole C×C blocks).
-  EXPECT_DOUBLE_EQ(recurrence_flops_per_token(2, 16, 8, 64), 4.0 * 2 * 16 * 8 + 2.0 * 64 * 2 * 24);
-  EXPECT_DOUBLE_EQ(recurrence_flops_per_token(8, 128, 128, 64), 524288.0 + 262144.0);
+  EXPECT_DOUBLE_EQ(gla_recurrence_flops_per_token(2, 16, 8, 64), 4.0 * 2 * 16 * 8 + 2.0 * 64 * 2 * 24);
+  EXPECT_DOUBLE_EQ(gla_recurrence_flops_per_token(8, 128, 128, 64), 524288.0 + 262144.0);
 }
 
 TEST(InfoCost, LargeModelIsCloseToSixN) {
@@ -67,7 +67,7 @@ TEST(InfoCost, LargeModelIsCloseToSixN) {
   m.num_hidden_layers = 26;
   m.expand_ratio = 128;
   m.vocab_size = 50304;
-  const ModelCost cost = hgrn2_cost(m, 2048, 2);
+  const ModelCost cost = model_cost(m, 2048, 2);
   const double non_embedding = static_cast<double>(cost.params_total - 50304 * 1024);
   // 6·N over the matmul parameters, plus a recurrence share of a few percent.
   EXPECT_GT(cost.flops_per_token_train, 6 * non_embedding);
@@ -76,12 +76,12 @@ TEST(InfoCost, LargeModelIsCloseToSixN) {
 
 TEST(InfoCost, MemoryScalesWithChunksAndPrecision) {
   const ModelConfig m = small_model();
-  const ModelCost short_seq = hgrn2_cost(m, 64, 4);
-  const ModelCost long_seq = hgrn2_cost(m, 128, 4);
+  const ModelCost short_seq = model_cost(m, 64, 4);
+  const ModelCost long_seq = model_cost(m, 128, 4);
   const double state = 4.0 * 16 * 16;  // H·K·V per layer
   EXPECT_DOUBLE_EQ(short_seq.state_bytes_per_sequence, 2 * (state * 4 + 1 * state * 4));
   EXPECT_DOUBLE_EQ(long_seq.state_bytes_per_sequence, 2 * (state * 4 + 2 * state * 4));
-  const ModelCost bf16 = hgrn2_cost(m, 64, 2);
+  const ModelCost bf16 = model_cost(m, 64, 2);
   EXPECT_LT(bf16.activation_bytes_per_token, short_seq.activation_bytes_per_token);
   EXPECT_GT(bf16.activation_bytes_per_token, 0.5 * short_seq.activation_bytes_per_token);
 }

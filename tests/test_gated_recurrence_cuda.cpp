@@ -1,6 +1,6 @@
 // test_gated_recurrence_cuda.cpp: a layer's HGRN2 gates feeding the HGRU2 recurrence as the model wires them (q̂, f̂
-// and v column blocks of one projection output, hgrn2_gates, then hgru2_recurrence given the gates' origin), on the
-// GPU, where the recurrence's backward runs the gates' backward in its own epilogue (Hgru2GatesEpilogue): the output
+// and v column blocks of one projection output, hgrn2_gates, then gla_recurrence given the gates' origin), on the
+// GPU, where the recurrence's backward runs the gates' backward in its own epilogue (GlaGatesEpilogue): the output
 // and the gradients of q̂, f̂, v and γ against the CPU composition of the two ops in fp64 on the values the GPU sees;
 // that dq, dk and dg were never formed (the fused path ran); and bitwise-identical gradients run to run. Sequence
 // lengths 1, 65, 130 and 200 (partial chunks), key widths 32, 64, 96 (a partial second K-tile) and 128, layer 0
@@ -18,7 +18,7 @@
 #include "hgru2_test_support.h"
 #include "ops/elementwise.h"
 #include "ops/hgrn2_gates.h"
-#include "ops/hgru2_recurrence.h"
+#include "ops/gla_recurrence.h"
 
 namespace hgrn {
 namespace {
@@ -77,7 +77,7 @@ Result run(const Problem& p, const Sizes& s, int64_t layer, Device device, DType
   const std::vector<Var> blocks = split_columns(tape, projection, {hk, hk, hv});
   const Hgrn2Gates gates = hgrn2_gates(tape, blocks[0], blocks[1], gamma, layer);
   EXPECT_EQ(gates.origin != nullptr, gpu) << "the gates' origin is made by the GPU path only";
-  const Hgru2Outputs r = hgru2_recurrence(tape, gates.q, gates.k, blocks[2], gates.g, nullptr, s.heads,
+  const GlaOutputs r = gla_recurrence(tape, gates.q, gates.k, blocks[2], gates.g, nullptr, s.heads,
                                           1.0 / std::sqrt(static_cast<double>(s.key_dim)), RecurrenceMode::Chunk,
                                           gpu ? 0 : 64, gates.origin);
   tape.backward(r.output, gpu ? to_gpu(p.d_out, act) : round_through(p.d_out, act));

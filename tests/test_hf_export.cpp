@@ -13,7 +13,8 @@
 #include "export_fixtures.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
-#include "model/hgrn2.h"
+#include "models/decoder_lm.h"
+#include "models/registry.h"
 #include "test_files.h"
 
 namespace hgrn {
@@ -31,7 +32,7 @@ const Tensor* find_tensor(const NamedTensors& tensors, const std::string& name) 
 }
 
 // The state dict of spec section 5.3 for small_model_config(): D = 16, F = H·K = 16, I = 24, vocabulary 32, L = 2,
-// written out by hand so that the test pins the spec rather than hgrn2_param_specs.
+// written out by hand so that the test pins the spec rather than model_param_specs.
 std::vector<std::pair<std::string, Shape>> spec_state_dict(bool tied) {
   std::vector<std::pair<std::string, Shape>> expected = {{"model.embeddings.weight", {32, 16}},
                                                          {"model.lower_bounds", {2, 16}}};
@@ -345,7 +346,7 @@ TEST(HfExportImport, RefusesConfigsHgrnCannotRun) {
     all.insert(all.begin(), config_path);
     expect_error_containing([&] { read_hf_config(dir.str()); }, all);
   };
-  expect_refused([](json& c) { c["model_type"] = "hgrn"; }, {"model_type", "\"hgrn2\"", "got \"hgrn\""});
+  expect_refused([](json& c) { c["model_type"] = "rwkv6"; }, {"model_type", "\"hgrn2\"", "got \"rwkv6\""});
   expect_refused([](json& c) { c.erase("model_type"); }, {"model_type"});
   expect_refused([](json& c) { c["use_short_conv"] = true; }, {"use_short_conv"});
   expect_refused([](json& c) { c["attn"] = json{{"layers", {1}}, {"num_heads", 2}}; }, {"attn", "expected null"});
@@ -398,7 +399,7 @@ class ExportCli : public ::testing::Test {
     config.model = small_model_config();
     config_ = config;
     Rng rng(42);
-    Hgrn2Model model(config.model, rng);
+    DecoderLM model(config.model, rng);
     TrainingState state;
     state.step = 17;
     for (const auto& [spec, var] : model.parameters()) {
@@ -458,7 +459,7 @@ TEST_F(ExportCli, HfExportWithReferenceLogitsMatchesTheImportedModel) {
 
   // The model rebuilt from the exported directory gives the logits the reference file holds.
   Rng rng(0);
-  Hgrn2Model model(imported_config, rng);
+  DecoderLM model(imported_config, rng);
   for (const auto& [name, value] : imported) model.parameter(name)->value.copy_from(value);
   Tape tape;
   tape.set_enabled(false);

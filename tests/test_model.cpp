@@ -1,52 +1,60 @@
-// test_model.cpp: the whole HGRN2 model: fp64 finite-difference gradients of every parameter (lower bounds
-// included), layer 0 giving no lower-bound gradient, chunkwise vs recurrent equality, and fla's parameter layout.
+// test_model.cpp: the whole model of every family member (HGRN2 and HGRN1): fp64 finite-difference gradients of every
+// parameter (lower bounds included), layer 0 giving no lower-bound gradient, chunkwise vs recurrent equality, carried
+// states, recomputation, gradient groups, and fla's parameter layout.
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "gradcheck.h"
 #include "model_fixtures.h"
-#include "model/hgrn2.h"
+#include "models/decoder_lm.h"
+#include "models/registry.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 
 namespace hgrn {
 namespace {
 
-ModelConfig tiny_config() {
+// HGRN2: H = 2 heads, K = 4, V = 4. HGRN1: a recurrence twice as wide as the model (fla's input_dim = D · 2), so
+// that the mixer's and the model's widths differ.
+ModelConfig tiny_config(const std::string& type = "hgrn2") {
   ModelConfig c;
+  c.type = type;
   c.hidden_size = 8;
   c.num_hidden_layers = 3;
-  c.expand_ratio = 4;  // H = 2 heads, K = 4, V = 4
+  c.expand_ratio = type == "hgrn2" ? 4 : 2;
   c.vocab_size = 11;
   c.intermediate_size = 12;
   c.initializer_range = 0.5;  // large weights make every path matter for the gradient check
   return c;
 }
 
+class EveryModelType : public ::testing::TestWithParam<std::string> {};
+
 using testing::expect_fused_projections_adjacent;
+using testing::set_knob;
 using testing::model_loss;
 using testing::token_ids;
 
-std::vector<Var> parameter_vars(const Hgrn2Model& model) {
+std::vector<Var> parameter_vars(const DecoderLM& model) {
   std::vector<Var> vars;
   for (const auto& [spec, var] : model.parameters()) vars.push_back(var);
   return vars;
 }
 
 // Lower bounds start at zero (gamma_l = l/L); random ones exercise the softmax/cumsum backward more fully.
-void randomise_lower_bounds(const Hgrn2Model& model, Rng& rng) {
+void randomise_lower_bounds(const DecoderLM& model, Rng& rng) {
   Tensor& gamma = model.parameter("model.lower_bounds")->value;
   for (int64_t i = 0; i < gamma.numel(); ++i) gamma.set_item(i, rng.normal());
 }
 
-TEST(Hgrn2Model, EveryParameterGradientMatchesFiniteDifferences) {
+TEST_P(EveryModelType, EveryParameterGradientMatchesFiniteDifferences) {
   for (const char* mode : {"chunk", "fused_recurrent"}) {
     SCOPED_TRACE(mode);
-    ModelConfig c = tiny_config();
+    ModelConfig c = tiny_config(GetParam());
     c.attn_mode = mode;
     Rng rng(42);
-    Hgrn2Model model(c, rng, DType::F64);
+    DecoderLM model(c, rng, DType::F64);
     randomise_lower_bounds(model, rng);
     // The model takes the chunkwise path only above 64 tokens (fla's rule): 66 tokens give a partial 2nd chunk.
     const bool chunked = std::string(mode) == "chunk";
@@ -58,7 +66,7 @@ TEST(Hgrn2Model, EveryParameterGradientMatchesFiniteDifferences) {
   }
 }
 
-TEST(Hgrn2Model, RecomputationGivesTheSameLossAndGradientsBitForBit) {
+TEST_P(EveryModelType, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   // training.recompute runs each token mixer and MLP again in the backward, training.recompute_elementwise the
   // gates, norms and SwiGLU, training.recompute_mlp_projections the MLP's gate and up GEMMs: the same ops on the same
   // inputs, so the same bits as keeping every activation. Passes: everything kept; elementwise recomputation (the
@@ -66,18 +74,18 @@ TEST(Hgrn2Model, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   // elementwise with the gates kept but in the last layer (training.recompute_gates_layers).
   for (int64_t seq : {5, 66}) {
     Rng rng(8);
-    Hgrn2Model model(tiny_config(), rng, DType::F64);
+    DecoderLM model(tiny_config(GetParam()), rng, DType::F64);
     randomise_lower_bounds(model, rng);
-    Tensor ids = token_ids(rng, 2, seq, tiny_config().vocab_size);
+    Tensor ids = token_ids(rng, 2, seq, tiny_config(GetParam()).vocab_size);
     constexpr int kPasses = 7;
     std::vector<std::vector<double>> grads[kPasses];
     double losses[kPasses];
     for (int pass = 0; pass < kPasses; ++pass) {
-      model.set_recompute(pass == 4);
-      model.set_recompute_elementwise(pass == 1 || pass == 2 || pass == 4 || pass >= 5);
-      model.set_recompute_mlp_projections(pass >= 2 && pass <= 4);
-      model.set_recompute_gates(pass < 5);
-      model.set_recompute_gates_layers(pass == 6 ? 1 : 0);
+      set_knob(model, &ModelMemoryConfig::recompute, pass == 4);
+      set_knob(model, &ModelMemoryConfig::recompute_elementwise, pass == 1 || pass == 2 || pass == 4 || pass >= 5);
+      set_knob(model, &ModelMemoryConfig::recompute_mlp_projections, pass >= 2 && pass <= 4);
+      set_knob(model, &ModelMemoryConfig::recompute_gates, pass < 5);
+      set_knob(model, &ModelMemoryConfig::recompute_gates_layers, pass == 6 ? 1 : 0);
       for (const Var& v : parameter_vars(model)) v->grad = Tensor();
       Tape tape;
       Var loss = model_loss(model, tape, ids);
@@ -97,17 +105,17 @@ TEST(Hgrn2Model, RecomputationGivesTheSameLossAndGradientsBitForBit) {
 // written after its group's report would be reduced half-done. Snapshot each group's gradients at the report and
 // compare them with the gradients at the end of the backward: they must be equal bit for bit. Also: groups are
 // reported once each, in index order, and cover every parameter exactly once.
-TEST(Hgrn2Model, GradientReadyGroupsAreCompleteWhenReported) {
+TEST_P(EveryModelType, GradientReadyGroupsAreCompleteWhenReported) {
   for (int variant = 0; variant < 4; ++variant) {
-    ModelConfig c = tiny_config();
+    ModelConfig c = tiny_config(GetParam());
     c.tie_word_embeddings = variant == 1;
     c.num_hidden_layers = variant == 2 ? 1 : 3;
     const bool recompute = variant == 3;
     SCOPED_TRACE(detail::concat("tied ", c.tie_word_embeddings, ", layers ", c.num_hidden_layers, ", recompute ",
                                 recompute));
     Rng rng(21);
-    Hgrn2Model model(c, rng, DType::F64);
-    model.set_recompute(recompute);
+    DecoderLM model(c, rng, DType::F64);
+    set_knob(model, &ModelMemoryConfig::recompute, recompute);
     randomise_lower_bounds(model, rng);
     const std::vector<std::vector<Var>> groups = model.gradient_ready_groups();
     ASSERT_EQ(groups.size(), static_cast<size_t>(c.num_hidden_layers) + 2);
@@ -142,12 +150,12 @@ TEST(Hgrn2Model, GradientReadyGroupsAreCompleteWhenReported) {
   }
 }
 
-TEST(Hgrn2Model, TiedEmbeddingsGradientMatchesFiniteDifferences) {
-  ModelConfig c = tiny_config();
+TEST_P(EveryModelType, TiedEmbeddingsGradientMatchesFiniteDifferences) {
+  ModelConfig c = tiny_config(GetParam());
   c.tie_word_embeddings = true;
   c.num_hidden_layers = 2;
   Rng rng(43);
-  Hgrn2Model model(c, rng, DType::F64);
+  DecoderLM model(c, rng, DType::F64);
   EXPECT_THROW(model.parameter("lm_head.weight"), Error);
   Tensor ids = token_ids(rng, 2, 4, c.vocab_size);
   testing::expect_gradients_match(
@@ -155,12 +163,12 @@ TEST(Hgrn2Model, TiedEmbeddingsGradientMatchesFiniteDifferences) {
       1e-6, 1e-6);
 }
 
-TEST(Hgrn2Model, SingleLayerGetsNoLowerBoundGradient) {
+TEST_P(EveryModelType, SingleLayerGetsNoLowerBoundGradient) {
   // With one layer, gamma_0 = 0 whatever Γ is: layer 0 skips the bound, so dΓ must be exactly zero.
-  ModelConfig c = tiny_config();
+  ModelConfig c = tiny_config(GetParam());
   c.num_hidden_layers = 1;
   Rng rng(44);
-  Hgrn2Model model(c, rng, DType::F64);
+  DecoderLM model(c, rng, DType::F64);
   randomise_lower_bounds(model, rng);
   Tape tape;
   model.parameter("model.lower_bounds")->grad = Tensor();
@@ -172,12 +180,12 @@ TEST(Hgrn2Model, SingleLayerGetsNoLowerBoundGradient) {
   EXPECT_TRUE(model.parameter("model.layers.0.attn.f_proj.weight")->grad.defined());
 }
 
-TEST(Hgrn2Model, ChunkwiseAndRecurrentModesGiveTheSameLogits) {
-  ModelConfig c = tiny_config();
+TEST_P(EveryModelType, ChunkwiseAndRecurrentModesGiveTheSameLogits) {
+  ModelConfig c = tiny_config(GetParam());
   Rng rng_a(45), rng_b(45), rng_ids(46);
-  Hgrn2Model chunked(c, rng_a, DType::F64);
+  DecoderLM chunked(c, rng_a, DType::F64);
   c.attn_mode = "fused_recurrent";
-  Hgrn2Model recurrent(c, rng_b, DType::F64);
+  DecoderLM recurrent(c, rng_b, DType::F64);
   Tensor ids = token_ids(rng_ids, 2, 70, c.vocab_size);  // two chunks of 64, the second partial
   Tape tape;
   tape.set_enabled(false);
@@ -190,7 +198,7 @@ TEST(Hgrn2Model, ChunkwiseAndRecurrentModesGiveTheSameLogits) {
 TEST(Hgrn2Model, ParametersFollowFlaNamesAndShapes) {
   ModelConfig c = tiny_config();
   Rng rng(47);
-  Hgrn2Model model(c, rng, DType::F32);
+  DecoderLM model(c, rng, DType::F32);
   EXPECT_EQ(model.parameter("model.embeddings.weight")->value.shape(), (Shape{11, 8}));
   EXPECT_EQ(model.parameter("model.lower_bounds")->value.shape(), (Shape{3, 8}));
   EXPECT_EQ(model.parameter("model.layers.2.attn.q_proj.weight")->value.shape(), (Shape{8, 8}));
@@ -205,25 +213,25 @@ TEST(Hgrn2Model, ParametersFollowFlaNamesAndShapes) {
   EXPECT_NEAR(std::sqrt(sum_sq / static_cast<double>(w.numel())), 0.5, 0.15);  // 64 draws: std within ~30%
 }
 
-TEST(Hgrn2Model, FusedProjectionsAreAdjacentAndStaySo) {
+TEST_P(EveryModelType, FusedProjectionsAreAdjacentAndStaySo) {
   Rng rng(50);
-  Hgrn2Model model(tiny_config(), rng, DType::F64);
+  DecoderLM model(tiny_config(GetParam()), rng, DType::F64);
   size_t runs = 0;
   for (const auto& [spec, var] : model.parameters()) runs += spec.adjacent_to_previous;
-  EXPECT_EQ(runs, 3u * static_cast<size_t>(tiny_config().num_hidden_layers));  // f, i and up in every layer
+  EXPECT_EQ(runs, 3u * static_cast<size_t>(tiny_config(GetParam()).num_hidden_layers));  // f, i and up in every layer
   expect_fused_projections_adjacent(model, false, false);
   for (int step = 0; step < 2; ++step) {  // the first backward makes the gradients adjacent, the second adds to them
     Tape tape;
-    tape.backward(model_loss(model, tape, token_ids(rng, 2, 9, tiny_config().vocab_size)));
+    tape.backward(model_loss(model, tape, token_ids(rng, 2, 9, tiny_config(GetParam()).vocab_size)));
     expect_fused_projections_adjacent(model, true, false);
   }
 }
 
-TEST(Hgrn2Model, SameSeedSameWeightsDifferentSeedDifferentWeights) {
-  ModelConfig c = tiny_config();
+TEST_P(EveryModelType, SameSeedSameWeightsDifferentSeedDifferentWeights) {
+  ModelConfig c = tiny_config(GetParam());
   Rng a(1), b(1), d(2);
-  Hgrn2Model ma(c, a), mb(c, b), md(c, d);
-  const std::string name = "model.layers.0.attn.q_proj.weight";
+  DecoderLM ma(c, a), mb(c, b), md(c, d);
+  const std::string name = "model.layers.0.attn.f_proj.weight";
   EXPECT_EQ(ma.parameter(name)->value.to_double_vector(), mb.parameter(name)->value.to_double_vector());
   EXPECT_NE(ma.parameter(name)->value.to_double_vector(), md.parameter(name)->value.to_double_vector());
 }
@@ -234,12 +242,12 @@ TEST(Hgrn2Model, SameSeedSameWeightsDifferentSeedDifferentWeights) {
 namespace hgrn {
 namespace {
 
-TEST(Hgrn2Model, CarriedStateEqualsOneLongSequence) {
+TEST_P(EveryModelType, CarriedStateEqualsOneLongSequence) {
   // Reading a sequence in two pieces with the recurrent state carried over gives the logits of reading it whole:
   // the unlimited-context mode of `hgrn eval`. Both the step-by-step (<= 64 tokens) and chunkwise paths.
-  ModelConfig c = tiny_config();
+  ModelConfig c = tiny_config(GetParam());
   Rng rng(48), rng_ids(49);
-  Hgrn2Model model(c, rng, DType::F64);
+  DecoderLM model(c, rng, DType::F64);
   randomise_lower_bounds(model, rng);
   for (int64_t first : {7, 70}) {
     SCOPED_TRACE(first);
@@ -258,7 +266,7 @@ TEST(Hgrn2Model, CarriedStateEqualsOneLongSequence) {
     std::vector<Var> states;
     const std::vector<double> a = model.forward(tape, part1, &states)->value.to_double_vector();
     ASSERT_EQ(states.size(), 3u);
-    EXPECT_EQ(states[0]->value.shape(), (Shape{2, 2, 4, 4}));
+    EXPECT_EQ(states[0]->value.shape(), (GetParam() == "hgrn2" ? Shape{2, 2, 4, 4} : Shape{2, 16}));
     const std::vector<double> b = model.forward(tape, part2, &states)->value.to_double_vector();
     const int64_t v = c.vocab_size;
     for (int64_t bi = 0; bi < 2; ++bi)
@@ -270,5 +278,12 @@ TEST(Hgrn2Model, CarriedStateEqualsOneLongSequence) {
   }
 }
 
+}  // namespace
+}  // namespace hgrn
+
+namespace hgrn {
+namespace {
+INSTANTIATE_TEST_SUITE_P(Models, EveryModelType, ::testing::ValuesIn(model_type_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 }  // namespace
 }  // namespace hgrn

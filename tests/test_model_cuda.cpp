@@ -8,12 +8,14 @@
 
 #include "gpu_test.h"
 #include "model_fixtures.h"
-#include "model/hgrn2.h"
+#include "models/decoder_lm.h"
+#include "models/registry.h"
 
 namespace hgrn {
 namespace {
 
 using testing::expect_close;
+using testing::set_knob;
 
 ModelConfig small_config() {
   ModelConfig c;
@@ -32,7 +34,7 @@ struct LossAndGrads {
 };
 
 // Loss and every parameter gradient; ids on the CPU.
-LossAndGrads loss_and_grads(const Hgrn2Model& model, const Tensor& ids) {
+LossAndGrads loss_and_grads(const DecoderLM& model, const Tensor& ids) {
   for (const auto& [spec, var] : model.parameters()) var->grad = Tensor();
   Tape tape;
   Var loss = testing::model_loss(model, tape, ids);
@@ -43,14 +45,14 @@ LossAndGrads loss_and_grads(const Hgrn2Model& model, const Tensor& ids) {
 }
 
 struct Models {
-  Hgrn2Model gpu, cpu;
+  DecoderLM gpu, cpu;
 };
 
 // The GPU model (fp32 master weights) and a CPU fp64 model holding exactly the same (fp32-representable) weights.
 Models make_models(DType act) {
   const ModelConfig c = small_config();
   Rng rng_a(21), rng_b(21);
-  Models m{Hgrn2Model(c, rng_a, DType::F32), Hgrn2Model(c, rng_b, DType::F64)};
+  Models m{DecoderLM(c, rng_a, DType::F32), DecoderLM(c, rng_b, DType::F64)};
   Rng lb(4);  // random lower bounds exercise the softmax/cumsum backward
   Tensor& gamma = m.gpu.parameter("model.lower_bounds")->value;
   for (int64_t i = 0; i < gamma.numel(); ++i) gamma.set_item(i, lb.normal());
@@ -132,16 +134,16 @@ TEST(ModelCuda, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   for (DType act : {DType::F32, DType::BF16}) {
     Models m = make_models(act);
     const Tensor ids = random_ids(2, 130, small_config().vocab_size, 17);
-    m.gpu.set_recompute_elementwise(false);
+    set_knob(m.gpu, &ModelMemoryConfig::recompute_elementwise, false);
     const LossAndGrads plain = loss_and_grads(m.gpu, ids);
     for (int variant = 1; variant < 10; ++variant) {
-      m.gpu.set_recompute_elementwise(variant <= 3 || variant >= 5);
-      m.gpu.set_recompute(variant == 2 || variant == 8);
-      m.gpu.set_recompute_mlp_projections(variant == 3 || variant == 4);
-      m.gpu.set_recompute_gates(variant != 5 && variant != 9);
-      m.gpu.set_recompute_gates_layers(variant == 9 ? 1 : 0);
-      m.gpu.set_recompute_weight_copies(variant == 6);
-      m.gpu.set_kept_recurrence_states(variant == 7 ? 1 : variant >= 8 ? 1000 : 0);
+      set_knob(m.gpu, &ModelMemoryConfig::recompute_elementwise, variant <= 3 || variant >= 5);
+      set_knob(m.gpu, &ModelMemoryConfig::recompute, variant == 2 || variant == 8);
+      set_knob(m.gpu, &ModelMemoryConfig::recompute_mlp_projections, variant == 3 || variant == 4);
+      set_knob(m.gpu, &ModelMemoryConfig::recompute_gates, variant != 5 && variant != 9);
+      set_knob(m.gpu, &ModelMemoryConfig::recompute_gates_layers, variant == 9 ? 1 : 0);
+      set_knob(m.gpu, &ModelMemoryConfig::recompute_weight_copies, variant == 6);
+      set_knob(m.gpu, &ModelMemoryConfig::keep_recurrence_states, variant == 7 ? 1 : variant >= 8 ? 1000 : 0);
       const LossAndGrads recomputed = loss_and_grads(m.gpu, ids);
       EXPECT_EQ(plain.loss, recomputed.loss) << dtype_name(act) << " variant " << variant;
       for (size_t p = 0; p < plain.grads.size(); ++p)

@@ -12,7 +12,8 @@
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
 #include "data/mqar.h"
-#include "model/hgrn2.h"
+#include "models/decoder_lm.h"
+#include "models/registry.h"
 #include "scratch_dir.h"
 #include "train/lm_loss.h"
 #include "train/trainer.h"
@@ -30,7 +31,7 @@ std::vector<std::vector<double>> accumulated_gradients(int64_t micro_batch_size,
   c.vocab_size = 32;
   c.intermediate_size = 24;
   Rng rng(3);
-  Hgrn2Model model(c, rng, DType::F64);
+  DecoderLM model(c, rng, DType::F64);
   MqarConfig task;
   task.num_kv_pairs = 3;
   MqarGenerator data(task, c.vocab_size, 16, 99);

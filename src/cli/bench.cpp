@@ -1,5 +1,5 @@
-// bench.cpp: `hgrn bench --config FILE` (training steps) and `hgrn bench --recurrence B,T,H,K,V` (the recurrence
-// alone): a table on stdout and, with --json, the same numbers as JSON.
+// bench.cpp: `hgrn bench --config FILE` (training steps), `hgrn bench --recurrence B,T,H,K,V` (the recurrence alone)
+// and `hgrn bench --scan B,T,C` (the gated scan alone): a table on stdout and, with --json, the same numbers as JSON.
 #include "cli/bench.h"
 
 #include <fstream>
@@ -17,7 +17,7 @@ namespace hgrn::cli {
 CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Time whole training steps of a config (median of device-synchronised steps), or the HGRU2 recurrence "
-               "alone; prints a table, --json writes it");
+               "or the gated scan alone; prints a table, --json writes it");
   bench->add_option("-c,--config", args.config.config_path, "YAML config whose model, batch and sequence to time")
       ->type_name("FILE");
   bench->add_option("-s,--set", args.config.overrides, "Override a config key (KEY=VALUE, repeatable)")
@@ -28,22 +28,29 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       ->type_name("B,T,H,K,V")
       ->delimiter(',')
       ->expected(5);
-  bench->add_option("--dtype", args.dtype, "Recurrence: q/k/v dtype (g is always fp32)")
+  bench->add_option("--scan", args.scan, "Time the gated scan (HGRN1's recurrence) alone at this shape")
+      ->type_name("B,T,C")
+      ->delimiter(',')
+      ->expected(3);
+  bench->add_option("--dtype", args.dtype, "Recurrence, scan: q/k/v or x dtype (g is always fp32)")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
-  bench->add_option("--device", args.device, "Recurrence: auto, cpu or cuda")
+  bench->add_option("--device", args.device, "Recurrence, scan: auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   bench->add_option("--warmup", args.warmup, "Untimed steps (or calls) first")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   bench->add_option("--steps", args.steps, "Timed training steps")->check(CLI::PositiveNumber)->capture_default_str();
-  bench->add_option("--iters", args.iters, "Timed recurrence calls")->check(CLI::PositiveNumber)->capture_default_str();
+  bench->add_option("--iters", args.iters, "Timed recurrence or scan calls")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   bench->add_option("--json", args.json_path, "Also write the results as JSON to this file")->type_name("FILE");
   bench->footer(
       "Examples:\n"
       "  hgrn bench --config configs/hgrn2-385m.yaml              # tokens/s, MFU, peak memory\n"
       "  hgrn bench --config configs/hgrn2-150m.yaml --steps 10 --json bench-150m.json\n"
       "  hgrn bench --recurrence 8,2048,8,128,128                 # the peer's recurrence shape\n"
+      "  hgrn bench --scan 8,2048,1024                            # HGRN1's scan, forward and forward+backward\n"
       "  mpirun -np 4 hgrn bench --config configs/hgrn2-385m.yaml # data-parallel steps on 4 GPUs (whole job)");
   return bench;
 }
@@ -53,8 +60,8 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
   std::ostringstream discarded;
   std::ostream& out = world().is_root() ? root_out : discarded;
   const bool steps = !args.config.config_path.empty();
-  if (steps == !args.recurrence.empty())
-    throw Error("hgrn bench: give either --config FILE (training steps) or --recurrence B,T,H,K,V, not both or none");
+  if (int{steps} + int{!args.recurrence.empty()} + int{!args.scan.empty()} != 1)
+    throw Error("hgrn bench: give one of --config FILE (training steps), --recurrence B,T,H,K,V or --scan B,T,C");
   nlohmann::json json;
   out << std::fixed;
   if (steps) {
@@ -83,6 +90,27 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
             {"model_tflops", r.model_tflops}, {"mfu", r.mfu}, {"first_loss", r.first_loss},
             {"last_loss", r.last_loss}, {"precision", config.training.precision},
             {"ranks", r.ranks}, {"zero1", config.training.zero1}};
+  } else if (!args.scan.empty()) {
+    const Device device = resolve_device(args.device);
+    const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;
+    HGRN_CHECK(dtype == DType::F32 || device == Device::CUDA, "hgrn bench: bf16 needs the GPU (use --dtype fp32)");
+    const auto& s = args.scan;
+    for (int64_t x : s) HGRN_CHECK(x > 0, "hgrn bench --scan: B,T,C must be positive");
+    const ScanBench r = bench_scan(s[0], s[1], s[2], dtype, device, args.warmup, args.iters);
+    const double gbps_fwd = r.bytes_forward / (r.forward_ms * 1e-3) / 1e9;
+    const double gbps_fwd_bwd = r.bytes_forward_backward / (r.forward_backward_ms * 1e-3) / 1e9;
+    // The note first, so that the table row stays the last line (scripts read it with tail).
+    out << "GB/s: the least bytes each must move over its median time (the forward reads x, g and writes o; the "
+           "backward also reads x, g, dO and writes dx, dg)\n";
+    out << std::setprecision(3)
+        << "| B | T | C | dtype | forward ms | forward+backward ms | forward GB/s | forward+backward GB/s |\n"
+        << "|---|---|---|---|---|---|---|---|\n| " << r.B << " | " << r.T << " | " << r.C << " | " << r.dtype
+        << " | " << r.forward_ms << " | " << r.forward_backward_ms << " | " << std::setprecision(1) << gbps_fwd
+        << " | " << gbps_fwd_bwd << " |\n";
+    json = {{"kind", "scan"}, {"B", r.B}, {"T", r.T}, {"C", r.C}, {"dtype", r.dtype}, {"device", device_name(device)},
+            {"forward_ms", r.forward_ms}, {"forward_backward_ms", r.forward_backward_ms},
+            {"forward_min_bytes", r.bytes_forward}, {"forward_backward_min_bytes", r.bytes_forward_backward},
+            {"forward_gbps", gbps_fwd}, {"forward_backward_gbps", gbps_fwd_bwd}};
   } else {
     const Device device = resolve_device(args.device);
     const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;

@@ -1,4 +1,5 @@
-// bench.h: `hgrn bench`: time training steps of a config, or the HGRU2 recurrence alone (train/bench.h).
+// bench.h: `hgrn bench`: time training steps of a config, or the HGRU2 recurrence or the gated scan alone
+// (train/bench.h).
 #pragma once
 #include "cli/common.h"
 
@@ -7,6 +8,7 @@ namespace hgrn::cli {
 struct BenchArgs {
   ConfigArgs config;
   std::vector<int64_t> recurrence;  // B, T, H, K, V
+  std::vector<int64_t> scan;        // B, T, C
   std::string dtype = "bf16";
   std::string device = "auto";
   int64_t warmup = 5, steps = 20, iters = 50;

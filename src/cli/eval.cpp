@@ -12,7 +12,7 @@
 #include "data/data_sources.h"
 #include "data/token_shards.h"
 #include "io/checkpoint.h"
-#include "model/hgrn2.h"
+#include "models/registry.h"
 #include "train/evaluate.h"
 
 namespace hgrn::cli {
@@ -53,9 +53,10 @@ int run_eval_command(const EvalArgs& args, std::ostream& out) {
     path = *latest;
   }
   const TrainingState state = load_checkpoint(path);
-  const Config trained = parse_config(state.config_yaml, path + " (its stored config)");
+  const Config trained = parse_stored_config(state.config_yaml, path + " (its stored config)");
   Rng unused_init(0);
-  Hgrn2Model model(trained.model, unused_init, DType::F32);
+  const std::unique_ptr<CausalLM> owned_model = create_model(trained.model, unused_init, DType::F32);
+  CausalLM& model = *owned_model;
   model.load_parameters(state.params, path);
   out << "checkpoint " << path << " (step " << state.step << ", " << state.tokens_seen << " tokens)\n";
 

@@ -13,7 +13,7 @@
 #include "io/checkpoint.h"
 #include "io/hdf5_export.h"
 #include "io/hf_export.h"
-#include "model/hgrn2.h"
+#include "models/registry.h"
 
 namespace hgrn::cli {
 
@@ -27,10 +27,10 @@ namespace {
 // is the one reported if that fails too.
 Config config_of_checkpoint(const TrainingState& state, const std::string& path) {
   try {
-    return parse_config(state.config_yaml, path);
+    return parse_stored_config(state.config_yaml, path);
   } catch (const ConfigError& original) {
     try {
-      return parse_config(state.config_yaml, path, {"data.task=mqar"});
+      return parse_stored_config(state.config_yaml, path, {"data.task=mqar"});
     } catch (const ConfigError&) {
       throw original;
     }
@@ -51,7 +51,7 @@ std::string byte_count(uintmax_t bytes) {
 CLI::App* add_export_command(CLI::App& app, ExportArgs& args) {
   CLI::App* command = app.add_subcommand(
       "export",
-      "Write a checkpoint's weights as a Hugging Face model directory (fla HGRN2ForCausalLM) or an HDF5 file");
+      "Write a checkpoint's weights as a Hugging Face model directory (fla's *ForCausalLM of the model's type) or an HDF5 file");
   command->add_option("--checkpoint", args.checkpoint_path, "Checkpoint file written by hgrn train (step_*.h5)")
       ->required()
       ->type_name("PATH");
@@ -96,8 +96,8 @@ NamedTensors reference_logits(const ModelConfig& config, const NamedTensors& par
   HGRN_CHECK(sequences > 0, "reference logits: the number of sequences must be positive, got ", sequences);
   // The initial values are overwritten below; only the parameter set is needed.
   Rng init_rng(0);
-  Hgrn2Model model(config, init_rng);
-  for (const auto& [name, value] : params) model.parameter(name)->value.copy_from(value);
+  const std::unique_ptr<CausalLM> model = create_model(config, init_rng);
+  for (const auto& [name, value] : params) model->parameter(name)->value.copy_from(value);
 
   Rng token_rng(kReferenceSeed);
   Tensor input_ids = Tensor::empty({sequences, kReferenceSequenceLength}, DType::I64);
@@ -107,7 +107,7 @@ NamedTensors reference_logits(const ModelConfig& config, const NamedTensors& par
 
   Tape tape;
   tape.set_enabled(false);  // inference: no backward closures, no saved activations
-  Var logits = model.forward(tape, input_ids);
+  Var logits = model->forward(tape, input_ids);
   Tensor logits_f32 = logits->value.dtype() == DType::F32 ? logits->value : logits->value.to(DType::F32);
   return {{"input_ids", input_ids}, {"logits", logits_f32}};
 }

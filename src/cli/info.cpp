@@ -6,7 +6,8 @@
 #include <iomanip>
 
 #include "core/format.h"
-#include "model/flops.h"
+#include "models/cost.h"
+#include "models/registry.h"
 
 namespace hgrn::cli {
 
@@ -45,13 +46,14 @@ void print_info(const Config& config, std::ostream& out) {
   const int64_t batch = config.training.micro_batch_size;
   const int64_t seq_len = config.data.seq_len;
   const int64_t bytes_per_activation = config.training.precision == "bf16" ? 2 : 4;
-  const ModelCost cost = hgrn2_cost(m, seq_len, bytes_per_activation);
+  const ModelCost cost = model_cost(m, seq_len, bytes_per_activation);
 
   out << "== resolved config ==\n" << config_to_yaml(config) << "\n";
 
   out << "== model ==\n"
-      << "  " << m.num_hidden_layers << " layers, hidden " << m.hidden_size << ", " << m.heads() << " heads (key "
-      << m.key_dim() << ", value " << m.value_dim() << "), MLP " << m.mlp_size() << ", vocab " << m.vocab_size
+      << "  " << model_family(m.type).display_name() << ": " << m.num_hidden_layers << " layers, hidden "
+      << m.hidden_size << ", " << model_family(m.type).mixer_summary(m) << ", MLP " << m.mlp_size() << ", vocab "
+      << m.vocab_size
       << (m.tie_word_embeddings ? ", tied embeddings" : ", untied embeddings") << "\n\n";
 
   out << "== parameters ==\n";

@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "config/suggest.h"
+#include "models/registry.h"
 
 namespace hgrn {
 
@@ -77,6 +78,7 @@ std::vector<Field> config_fields(Config& c) {
   CheckpointConfig& k = c.checkpoint;
   LoggingConfig& l = c.logging;
   return {
+      {"model.type", &m.type},
       {"model.hidden_size", &m.hidden_size},
       {"model.num_hidden_layers", &m.num_hidden_layers},
       {"model.expand_ratio", &m.expand_ratio},
@@ -89,6 +91,13 @@ std::vector<Field> config_fields(Config& c) {
       {"model.tie_word_embeddings", &m.tie_word_embeddings},
       {"model.initializer_range", &m.initializer_range},
       {"model.attn_mode", &m.attn_mode},
+      {"model.memory.recompute", &m.memory.recompute},
+      {"model.memory.recompute_elementwise", &m.memory.recompute_elementwise},
+      {"model.memory.recompute_mlp_projections", &m.memory.recompute_mlp_projections},
+      {"model.memory.recompute_gates", &m.memory.recompute_gates},
+      {"model.memory.recompute_weight_copies", &m.memory.recompute_weight_copies},
+      {"model.memory.recompute_gates_layers", &m.memory.recompute_gates_layers},
+      {"model.memory.keep_recurrence_states", &m.memory.keep_recurrence_states},
       {"data.task", &d.task},
       {"data.seq_len", &d.seq_len},
       {"data.train_data", &d.train_data},
@@ -110,13 +119,6 @@ std::vector<Field> config_fields(Config& c) {
       {"training.decay_fraction", &t.decay_fraction},
       {"training.weight_decay", &t.weight_decay},
       {"training.decay_embeddings", &t.decay_embeddings},
-      {"training.recompute", &t.recompute},
-      {"training.recompute_elementwise", &t.recompute_elementwise},
-      {"training.recompute_mlp_projections", &t.recompute_mlp_projections},
-      {"training.recompute_gates", &t.recompute_gates},
-      {"training.recompute_weight_copies", &t.recompute_weight_copies},
-      {"training.recompute_gates_layers", &t.recompute_gates_layers},
-      {"training.keep_recurrence_states", &t.keep_recurrence_states},
       {"training.deterministic", &t.deterministic},
       {"training.zero1", &t.zero1},
       {"training.collective_timeout_s", &t.collective_timeout_s},
@@ -139,8 +141,26 @@ std::vector<Field> config_fields(Config& c) {
 }
 
 const std::vector<std::string>& section_paths() {
-  static const std::vector<std::string> sections = {"model", "data", "data.mqar", "training", "checkpoint", "logging"};
+  static const std::vector<std::string> sections = {"model",    "model.memory", "data",   "data.mqar",
+                                                     "training", "checkpoint",   "logging"};
   return sections;
+}
+
+// Keys that have moved: an old name is refused with its new place (a checkpoint's stored config is migrated).
+const std::map<std::string, std::string>& moved_keys() {
+  static const std::map<std::string, std::string> moved = [] {
+    std::map<std::string, std::string> m;
+    for (const char* knob : {"recompute", "recompute_elementwise", "recompute_mlp_projections", "recompute_gates",
+                             "recompute_weight_copies", "recompute_gates_layers", "keep_recurrence_states"})
+      m[std::string("training.") + knob] = std::string("model.memory.") + knob;
+    return m;
+  }();
+  return moved;
+}
+
+std::string moved_key_problem(const std::string& old_path, const std::string& new_path) {
+  return "this key has moved to " + new_path + " (the layer's memory and recompute knobs belong to the model: put it "
+         "under model: memory:, or --set " + new_path + "=...)";
 }
 
 bool is_section(const std::string& path) {
@@ -327,9 +347,12 @@ std::string mark_text(const std::string& source, const YAML::Mark& mark) {
 // The reader: fills a Config from the YAML tree and the overrides, remembering where each key was set, so that a
 // check involving several keys (hidden_size vs expand_ratio) can still point at a line.
 
-class ConfigReader {
+class ConfigReader : public ConfigChecker {
  public:
-  explicit ConfigReader(std::string source) : source_(std::move(source)) { config_.source = source_; }
+  explicit ConfigReader(std::string source, bool migrate_moved_keys = false)
+      : source_(std::move(source)), migrate_moved_keys_(migrate_moved_keys) {
+    config_.source = source_;
+  }
   ConfigReader(Config config, std::string source) : config_(std::move(config)), source_(std::move(source)) {}
 
   void read_document(const YAML::Node& root) {
@@ -352,6 +375,8 @@ class ConfigReader {
     if (is_section(key))
       fail(where, key, "is a section; --set takes one key inside it, e.g. " + key + "." + child_names(key).front() +
                            "=...");
+    if (auto moved = moved_keys().find(key); moved != moved_keys().end())
+      fail(where, key, moved_key_problem(key, moved->second));
     Field* field = find_field(key);
     if (!field) fail(where, key, unknown_key_problem(key));
     YAML::Node value;
@@ -368,16 +393,24 @@ class ConfigReader {
 
   Config take() { return std::move(config_); }
 
- private:
-  [[noreturn]] void fail(const std::string& where, const std::string& key, const std::string& problem) const {
-    throw ConfigError(where + ": " + key + ": " + problem);
-  }
-
   // A check on a key's final value: the message points where it was set, or says it is the default.
-  [[noreturn]] void fail_key(const std::string& key, const std::string& problem) const {
+  [[noreturn]] void fail_key(const std::string& key, const std::string& problem) const override {
     auto it = origin_.find(key);
     if (it != origin_.end()) fail(it->second, key, problem);
     fail(source_, key, problem + " (this is the default value; set " + key + " to change it)");
+  }
+  bool is_set(const std::string& key) const override { return origin_.count(key) > 0; }
+  // Whether a key holds its default value (the same text in the written config).
+  bool at_default(const std::string& key) {
+    Config defaults;
+    for (const Field& f : config_fields(defaults))
+      if (f.path == key) return format_value(f.ref) == format_value(find_field(key)->ref);
+    return false;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& where, const std::string& key, const std::string& problem) const {
+    throw ConfigError(where + ": " + key + ": " + problem);
   }
 
   Field* find_field(const std::string& path) {
@@ -396,7 +429,11 @@ class ConfigReader {
       const std::string key_where = mark_text(source_, key.Mark());
       if (!key.IsScalar())
         fail(key_where, prefix.empty() ? "(top level)" : prefix, "expected a key name, got " + describe(key));
-      const std::string path = join_path(prefix, key.Scalar());
+      std::string path = join_path(prefix, key.Scalar());
+      if (auto moved = moved_keys().find(path); moved != moved_keys().end()) {
+        if (!migrate_moved_keys_) fail(key_where, path, moved_key_problem(path, moved->second));
+        path = moved->second;
+      }
       if (!seen.insert(path).second) fail(key_where, path, "duplicate key (it is already set earlier in this mapping)");
       // An empty value ("key:") carries the mark of whatever follows it, so such messages point at the key instead.
       const std::string value_where = value.IsNull() ? key_where : mark_text(source_, value.Mark());
@@ -486,37 +523,31 @@ class ConfigReader {
 
   Config config_;
   std::string source_;
+  bool migrate_moved_keys_ = false;
   std::vector<Field> fields_;
   std::map<std::string, std::string> origin_;  // key path -> "file:line:col" or the --set it came from
 };
 
 void ConfigReader::validate() {
   const ModelConfig& m = config_.model;
+  require_one_of("model.type", m.type, model_type_names());
+  // A key only another member has is refused rather than ignored (at its default it changes nothing).
+  for (const std::string& type : model_type_names())
+    for (const std::string& key : model_family(type).own_keys())
+      if (type != m.type && is_set(key) && !at_default(key))
+        fail_key(key, "belongs to model.type " + type + " (" + model_family(type).display_name() +
+                          "); this config's model.type is " + m.type);
   require_positive("model.hidden_size", m.hidden_size);
   require_positive("model.num_hidden_layers", m.num_hidden_layers);
   require_positive("model.vocab_size", m.vocab_size);
   require_positive("model.hidden_ratio", m.hidden_ratio);
   if (m.intermediate_size) require_positive("model.intermediate_size", *m.intermediate_size);
-  if (!m.expand_ratio && !m.num_heads)
-    fail(source_, "model.expand_ratio",
-         "missing: expected model.expand_ratio (the key width per head, fla's default 128) or model.num_heads; "
-         "fla's HGRN2Config needs one of them");
-  if (m.expand_ratio) {
-    require_positive("model.expand_ratio", *m.expand_ratio);
-    if (m.hidden_size % *m.expand_ratio != 0)
-      fail_key("model.expand_ratio", "expected a divisor of model.hidden_size = " + std::to_string(m.hidden_size) +
-                                         " (heads = hidden_size / expand_ratio), got " +
-                                         std::to_string(*m.expand_ratio));
-  }
-  if (m.num_heads) {
-    require_positive("model.num_heads", *m.num_heads);
-    if (m.hidden_size % *m.num_heads != 0)
-      fail_key("model.num_heads", "expected a divisor of model.hidden_size = " + std::to_string(m.hidden_size) +
-                                      " (value width = hidden_size / num_heads), got " + std::to_string(*m.num_heads));
-  }
   require_positive("model.norm_eps", m.norm_eps);
   require_positive("model.initializer_range", m.initializer_range);
   require_one_of("model.attn_mode", m.attn_mode, {"chunk", "fused_recurrent"});
+  require_non_negative("model.memory.keep_recurrence_states", m.memory.keep_recurrence_states);
+  require_non_negative("model.memory.recompute_gates_layers", m.memory.recompute_gates_layers);
+  model_family(m.type).validate(m, *this);
 
   const DataConfig& d = config_.data;
   require_one_of("data.task", d.task, {"mqar", "tokens"});
@@ -568,8 +599,6 @@ void ConfigReader::validate() {
                                                std::to_string(t.micro_batch_size) + ", got " +
                                                std::to_string(t.global_batch_size));
   require_positive("training.collective_timeout_s", t.collective_timeout_s);
-  require_non_negative("training.keep_recurrence_states", t.keep_recurrence_states);
-  require_non_negative("training.recompute_gates_layers", t.recompute_gates_layers);
   require_positive("training.max_steps", t.max_steps);
   require_positive("training.lr", t.lr);
   require_in("training.min_lr_ratio", t.min_lr_ratio, 0.0, false, 1.0, false);
@@ -633,6 +662,21 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   return reader.take();
 }
 
+Config parse_stored_config(const std::string& yaml_text, const std::string& source_name,
+                           const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(mark_text(source_name, e.mark) + ": invalid YAML: " + e.msg);
+  }
+  ConfigReader reader(source_name, /*migrate_moved_keys=*/true);
+  reader.read_document(root);
+  for (const std::string& text : overrides) reader.apply_override(text);
+  reader.validate();
+  return reader.take();
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
@@ -658,8 +702,14 @@ std::string config_to_yaml(const Config& config) {
   out << "# hgrn config, every key with its resolved value";
   if (!config.source.empty()) out << " (from " << config.source << ")";
   out << "\n";
+  // Keys only another family member has are left out: they mean nothing for this model.type.
+  std::set<std::string> foreign;
+  for (const std::string& type : model_type_names())
+    if (type != config.model.type)
+      for (const std::string& key : model_family(type).own_keys()) foreign.insert(key);
   std::vector<std::string> open_sections;  // the sections of the previous key, outermost first
   for (const Field& field : config_fields(copy)) {
+    if (foreign.count(field.path)) continue;
     std::vector<std::string> sections;
     for (std::string p = parent_path(field.path); !p.empty(); p = parent_path(p)) sections.insert(sections.begin(), p);
     size_t common = 0;

@@ -16,7 +16,25 @@ struct ConfigError : Error {
   using Error::Error;
 };
 
+// How a model trades memory for time in training: which activations the backward gets by running forward work again
+// instead of keeping them. Every setting computes the same bits; only memory and speed change.
+struct ModelMemoryConfig {
+  bool recompute = false;          // recompute each token mixer and MLP in the backward instead of keeping activations
+  bool recompute_elementwise = true;  // recompute the gates', norms' and SwiGLU's outputs in the backward (cheap work)
+                                      // instead of keeping them
+  bool recompute_mlp_projections = false;  // recompute the MLP's gate and up projections (its widest kept activations)
+                                           // in the backward from the block's normalised input: two more GEMMs
+  bool recompute_gates = true;     // with recompute_elementwise, also the gates' outputs (false keeps them)
+  bool recompute_weight_copies = false;  // bf16: drop the layers' bf16 weight copies between forward and backward
+  int64_t recompute_gates_layers = 0;  // with recompute_gates false: the last N layers recompute their gates anyway
+  int64_t keep_recurrence_states = 0;  // hgrn2 on the GPU: the first N layers keep the recurrence's per-chunk states
+                                       // for the backward instead of recomputing them (B·H·T/64·K·V values a layer)
+
+  bool operator==(const ModelMemoryConfig&) const = default;
+};
+
 struct ModelConfig {
+  std::string type = "hgrn2";  // the family member (fla's model_type): hgrn2 | hgrn (HGRN1); models/registry.h
   int64_t hidden_size = 64;
   int64_t num_hidden_layers = 2;
   std::optional<int64_t> expand_ratio;  // K, the key/forget width per head; fla: if set, H = hidden_size / expand_ratio
@@ -29,8 +47,9 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
   std::string attn_mode = "chunk";  // chunk (chunkwise, the training path) | fused_recurrent (step by step)
+  ModelMemoryConfig memory;
 
-  // Derived from the fields above by fla's HGRN2Config rules (expand_ratio wins when both are set); throw ConfigError
+  // HGRN2's sizes, derived from the fields above by fla's HGRN2Config rules (expand_ratio wins when both are set); throw ConfigError
   // when neither expand_ratio nor num_heads is set. parse_config has already checked that the sizes divide.
   int64_t heads() const;          // H
   int64_t key_dim() const;        // K = expand_ratio
@@ -82,16 +101,6 @@ struct TrainingConfig {
   double weight_decay = 0.1;
   bool decay_embeddings = false;   // embeddings (and a tied lm_head) in the decayed group?
   bool deterministic = true;       // GPU: bitwise-reproducible runs (no GEMM autotuning); false is faster
-  bool recompute = false;          // recompute each token mixer and MLP in the backward instead of keeping activations
-  bool recompute_elementwise = true;  // recompute the gates', norms' and SwiGLU's outputs in the backward (cheap work)
-                                      // instead of keeping them: ~30% less activation memory for ~3-5% of the step
-  bool recompute_mlp_projections = false;  // recompute the MLP's gate and up projections (its widest kept activations)
-                                           // in the backward from the block's normalised input: two more GEMMs
-  bool recompute_gates = true;     // with recompute_elementwise, also the gates' q, g, k (false keeps them)
-  bool recompute_weight_copies = false;  // bf16: drop the layers' bf16 weight copies between forward and backward
-  int64_t recompute_gates_layers = 0;  // with recompute_gates false: the last N layers recompute their gates anyway
-  int64_t keep_recurrence_states = 0;  // GPU: the first N layers keep the recurrence's per-chunk states for the
-                                       // backward instead of recomputing them (B·H·T/64·K·V values a layer)
   bool zero1 = false;              // several ranks: shard the optimiser moments across them (ZeRO-1)
   double collective_timeout_s = 600;  // several ranks: seconds a wait on the other ranks (MPI, NCCL) may last before
                                       // this rank stops with an error (a peer died or hangs); leave room for rank
@@ -135,12 +144,25 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
+// What a model family's own checks (models/registry.h: ModelFamily::validate) report through: a failure names the
+// key and where it was set, as every other config error does.
+class ConfigChecker {
+ public:
+  virtual ~ConfigChecker() = default;
+  [[noreturn]] virtual void fail_key(const std::string& key, const std::string& problem) const = 0;
+  virtual bool is_set(const std::string& key) const = 0;  // set by the file or a --set (not a default)
+};
+
 // Loads a YAML file, applies `section.key=value` overrides (as from --set), validates everything and returns the
 // resolved config. Throws hgrn::Error naming the file, the key and what was expected.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Same, from YAML text (`source_name` stands in for the file name in messages).
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
+// A checkpoint's stored config, which an earlier hgrn may have written: keys that have moved since (the memory knobs,
+// once training.*) are read at their new place instead of refused.
+Config parse_stored_config(const std::string& yaml_text, const std::string& source_name,
+                           const std::vector<std::string>& overrides = {});
 // Checks a config built in code (tests, tools) by the same rules as parse_config; throws ConfigError naming the key.
 void validate_config(const Config& config);
 // MQAR token ids: 0 is noise, 1..keys are keys, the remaining ids up to vocab_size - 1 are values.

@@ -17,7 +17,7 @@ constexpr int64_t kAlignment = 64;
 int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 }  // namespace
 
-DataParallel::DataParallel(Hgrn2Model& model, std::vector<ParamRef> params, const DataParallelOptions& options)
+DataParallel::DataParallel(CausalLM& model, std::vector<ParamRef> params, const DataParallelOptions& options)
     : model_(model), options_(options), params_(std::move(params)) {
   const World& w = world();
   const Device device = model.device();

@@ -2,7 +2,7 @@
 // own share of the batch, and the gradients are summed across ranks before the update.
 //
 // The parameters and their gradients live in two flat fp32 buffers, laid out bucket by bucket: one bucket per
-// group of Hgrn2Model::gradient_ready_groups(), in the order the backward completes them. During the backward of a
+// group of CausalLM::gradient_ready_groups(), in the order the backward completes them. During the backward of a
 // step's last micro-batch, each bucket's reduction is queued as soon as the model reports its gradients complete,
 // so that (between GPUs, on NCCL's own stream) it overlaps the backward of the layers before it.
 //
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "dist/collectives.h"
-#include "model/hgrn2.h"
+#include "models/registry.h"
 #include "train/optimizer.h"
 
 namespace hgrn {
@@ -32,7 +32,7 @@ class DataParallel {
   // Moves the model's parameters (already on their device) into the flat buffers, points every parameter's value
   // and gradient at its place there, and hooks the model's backward. `params` are the optimiser's parameter groups
   // (make_param_groups): every model parameter exactly once.
-  DataParallel(Hgrn2Model& model, std::vector<ParamRef> params, const DataParallelOptions& options);
+  DataParallel(CausalLM& model, std::vector<ParamRef> params, const DataParallelOptions& options);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -66,7 +66,7 @@ class DataParallel {
   // The range of each parameter (in params_ order) that `rank` updates under ZeRO-1.
   std::vector<ParamRef> params_of_rank(int rank) const;
 
-  Hgrn2Model& model_;
+  CausalLM& model_;
   DataParallelOptions options_;
   std::unique_ptr<Collectives> collectives_;
   std::vector<ParamRef> params_, rank_params_;

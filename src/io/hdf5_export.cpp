@@ -114,7 +114,7 @@ void export_hdf5(const ModelConfig& config, const NamedTensors& params, const st
   hdf5::prepare_library();
   HGRN_CHECK(dtype == DType::F32 || dtype == DType::BF16, "HDF5 export to ", out_file, ": dtype ", dtype_name(dtype),
              " is not offered (use fp32 or bf16)");
-  const std::vector<ParamSpec> specs = hgrn2_param_specs(config);
+  const std::vector<ParamSpec> specs = model_param_specs(config);
   const std::vector<const Tensor*> ordered =
       match_params_to_specs(specs, params, "the parameters to export to " + out_file);
   NamedTensors converted;

@@ -1,5 +1,5 @@
-// hf_export.cpp: the Hugging Face (fla HGRN2ForCausalLM) directory writer and reader: config.json fields of
-// hgrn-spec.md section 5.1, state-dict names and shapes of section 5.3 (which are hgrn2_param_specs).
+// hf_export.cpp: the Hugging Face (fla *ForCausalLM) directory writer and reader: the config.json fields shared by the
+// family (hgrn-spec.md section 5; each member adds its own) and the state-dict names and shapes of model_param_specs.
 #include "io/hf_export.h"
 
 #include <cstring>
@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "io/atomic_write.h"
+#include "io/hf_config_reader.h"
+#include "models/registry.h"
 
 namespace hgrn {
 
@@ -21,10 +23,9 @@ namespace {
 
 constexpr const char* kConfigFile = "config.json";
 
-// fla's HGRN2Config defaults (spec section 5.1) for fields a config.json leaves out, as transformers would fill them.
+// fla's config defaults (spec sections 5.1, 5.2) for fields a config.json leaves out, as transformers would fill them.
 constexpr int64_t kFlaDefaultHiddenSize = 2048;
 constexpr int64_t kFlaDefaultLayers = 24;
-constexpr int64_t kFlaDefaultExpandRatio = 128;
 constexpr int64_t kFlaDefaultHiddenRatio = 4;
 constexpr int64_t kFlaDefaultVocabSize = 32000;
 constexpr double kFlaDefaultNormEps = 1e-6;
@@ -53,54 +54,6 @@ std::string read_text_file(const std::string& path) {
   return text.str();
 }
 
-// Typed access to config.json fields, with messages naming the file and the field.
-class ConfigJson {
- public:
-  ConfigJson(json root, std::string path) : root_(std::move(root)), path_(std::move(path)) {}
-
-  bool has_non_null(const char* key) const { return root_.contains(key) && !root_[key].is_null(); }
-
-  // Absent: the default. Present and null: nullopt (meaning "unset", as in fla's constructor).
-  std::optional<int64_t> optional_int(const char* key, std::optional<int64_t> fallback) const {
-    if (!root_.contains(key)) return fallback;
-    const json& value = root_[key];
-    if (value.is_null()) return std::nullopt;
-    require(value.is_number_integer(), key, "an integer", value);
-    return value.get<int64_t>();
-  }
-  int64_t integer(const char* key, int64_t fallback) const {
-    std::optional<int64_t> value = optional_int(key, fallback);
-    require(value.has_value(), key, "an integer", json(nullptr));
-    return *value;
-  }
-  double number(const char* key, double fallback) const {
-    if (!root_.contains(key)) return fallback;
-    require(root_[key].is_number(), key, "a number", root_[key]);
-    return root_[key].get<double>();
-  }
-  bool boolean(const char* key, bool fallback) const {
-    if (!root_.contains(key)) return fallback;
-    require(root_[key].is_boolean(), key, "true or false", root_[key]);
-    return root_[key].get<bool>();
-  }
-  std::string string(const char* key, const std::string& fallback) const {
-    if (!root_.contains(key)) return fallback;
-    require(root_[key].is_string(), key, "a string", root_[key]);
-    return root_[key].get<std::string>();
-  }
-
-  void require(bool ok, const std::string& key, const std::string& expected, const json& got) const {
-    if (!ok) fail(key, "expected " + expected + ", got " + got.dump());
-  }
-  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
-    throw Error(path_ + ": " + key + ": " + problem);
-  }
-
- private:
-  json root_;
-  std::string path_;
-};
-
 }  // namespace
 
 std::vector<const Tensor*> match_params_to_specs(const std::vector<ParamSpec>& specs, const NamedTensors& tensors,
@@ -117,7 +70,7 @@ std::vector<const Tensor*> match_params_to_specs(const std::vector<ParamSpec>& s
   for (const auto& entry : by_name)
     if (!expected.count(entry.first)) unexpected.push_back(entry.first);
   if (!missing.empty() || !unexpected.empty()) {
-    std::string message = what + " do not match the HGRN2 parameter list of the config:";
+    std::string message = what + " do not match the parameter list of the config:";
     if (!missing.empty()) message += " missing " + join(missing) + ";";
     if (!unexpected.empty()) message += " unexpected " + join(unexpected) + ";";
     message.pop_back();
@@ -136,14 +89,9 @@ std::vector<const Tensor*> match_params_to_specs(const std::vector<ParamSpec>& s
 
 std::string hf_config_json(const ModelConfig& config, DType dtype) {
   json c = json::object();
-  c["model_type"] = "hgrn2";
-  c["architectures"] = {"HGRN2ForCausalLM"};
   c["hidden_size"] = config.hidden_size;
   c["num_hidden_layers"] = config.num_hidden_layers;
-  // Both resolved, as HGRN2Config stores them; fla's layer then uses H = hidden_size / expand_ratio, which is
-  // hgrn's heads() in either way the hgrn config was written.
-  c["expand_ratio"] = config.key_dim();
-  c["num_heads"] = config.heads();
+  model_family(config.type).write_hf_config(config, c);
   c["vocab_size"] = config.vocab_size;
   c["hidden_ratio"] = config.hidden_ratio;
   c["intermediate_size"] = config.mlp_size();
@@ -152,7 +100,7 @@ std::string hf_config_json(const ModelConfig& config, DType dtype) {
   c["tie_word_embeddings"] = config.tie_word_embeddings;
   c["initializer_range"] = config.initializer_range;
   c["attn_mode"] = config.attn_mode;
-  // What hgrn's architecture is, in HGRN2Config's words: no short convolutions, SwiGLU MLP, RMSNorms with weights,
+  // What hgrn's architecture is, in the fla config's words: no short convolutions, SwiGLU MLP, RMSNorms with weights,
   // no hybrid softmax-attention layers.
   c["use_short_conv"] = false;
   c["conv_size"] = 4;
@@ -179,7 +127,7 @@ std::string hf_config_json(const ModelConfig& config, DType dtype) {
 void write_hf_files(const ModelConfig& config, const NamedTensors& params, const std::string& dir, DType dtype,
                     int64_t shard_bytes) {
   torch_dtype_name(dtype);  // refuses dtypes other than F32 and BF16 before anything is written
-  const std::vector<ParamSpec> specs = hgrn2_param_specs(config);
+  const std::vector<ParamSpec> specs = model_param_specs(config);
   const std::vector<const Tensor*> ordered = match_params_to_specs(specs, params, "the parameters to export to " + dir);
   NamedTensors converted;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -209,17 +157,23 @@ ModelConfig read_hf_config(const std::string& dir) {
     throw Error(path + ": not valid JSON (" + e.what() + ")");
   }
   HGRN_CHECK(root.is_object(), path, ": expected a JSON object, got a ", root.type_name());
-  const ConfigJson c(root, path);
+  const HfConfigReader c(root, path);
 
   const std::string model_type = c.string("model_type", "");
-  if (model_type != "hgrn2")
-    c.fail("model_type", "expected \"hgrn2\" (fla's HGRN2ForCausalLM), got \"" + model_type + "\"");
+  std::string known;
+  for (const std::string& type : model_type_names()) {
+    if (type == model_type) break;
+    known += (known.empty() ? "\"" : ", \"") + type + "\" (fla's " + model_family(type).hf_architecture() + ")";
+    if (type == model_type_names().back())
+      c.fail("model_type", "expected one of " + known + ", got \"" + model_type + "\"");
+  }
+  const ModelFamily& family = model_family(model_type);
   if (c.boolean("use_short_conv", false))
-    c.fail("use_short_conv", "hgrn's HGRN2 has no short convolutions; a model trained with them cannot be imported");
+    c.fail("use_short_conv", "hgrn's models have no short convolutions; a model trained with them cannot be imported");
   if (c.has_non_null("attn"))
-    c.fail("attn", "hybrid softmax-attention layers are not part of hgrn's HGRN2; expected null");
+    c.fail("attn", "hybrid softmax-attention layers are not part of hgrn's models; expected null");
   if (c.has_non_null("attnres_block_size"))
-    c.fail("attnres_block_size", "attention residual blocks are not part of hgrn's HGRN2; expected null");
+    c.fail("attnres_block_size", "attention residual blocks are not part of hgrn's models; expected null");
   if (!c.boolean("elementwise_affine", true))
     c.fail("elementwise_affine", "hgrn's output norm always has a weight (g_norm.weight); expected true");
   const std::string act = c.string("hidden_act", "swish");
@@ -228,8 +182,6 @@ ModelConfig read_hf_config(const std::string& dir) {
   ModelConfig m;
   m.hidden_size = c.integer("hidden_size", kFlaDefaultHiddenSize);
   m.num_hidden_layers = c.integer("num_hidden_layers", kFlaDefaultLayers);
-  m.expand_ratio = c.optional_int("expand_ratio", kFlaDefaultExpandRatio);
-  m.num_heads = c.optional_int("num_heads", std::nullopt);
   m.vocab_size = c.integer("vocab_size", kFlaDefaultVocabSize);
   // fla's MLP falls back to 4 when hidden_ratio is null.
   m.hidden_ratio = c.optional_int("hidden_ratio", kFlaDefaultHiddenRatio).value_or(kFlaDefaultHiddenRatio);
@@ -238,32 +190,17 @@ ModelConfig read_hf_config(const std::string& dir) {
   m.norm_eps = c.number("norm_eps", kFlaDefaultNormEps);
   m.tie_word_embeddings = c.boolean("tie_word_embeddings", false);
   m.initializer_range = c.number("initializer_range", kFlaDefaultInitializerRange);
+  // HGRNConfig's default is fused_recurrent, HGRN2Config's chunk: the same function either way (config.h).
   m.attn_mode = c.string("attn_mode", "chunk");
   // fused_chunk is another tiling of the same chunkwise recurrence; hgrn's chunk path computes the same function.
   if (m.attn_mode == "fused_chunk") m.attn_mode = "chunk";
 
-  auto require_positive = [&](const char* key, int64_t value) {
-    if (value <= 0) c.fail(key, "expected a positive integer, got " + std::to_string(value));
-  };
-  require_positive("hidden_size", m.hidden_size);
-  require_positive("num_hidden_layers", m.num_hidden_layers);
-  require_positive("vocab_size", m.vocab_size);
-  require_positive("hidden_ratio", m.hidden_ratio);
-  if (m.intermediate_size) require_positive("intermediate_size", *m.intermediate_size);
-  if (!m.expand_ratio && !m.num_heads)
-    c.fail("expand_ratio", "expand_ratio and num_heads are both null; HGRN2Config needs one of them");
-  if (m.expand_ratio) {
-    require_positive("expand_ratio", *m.expand_ratio);
-    if (m.hidden_size % *m.expand_ratio != 0)
-      c.fail("expand_ratio", "expected a divisor of hidden_size = " + std::to_string(m.hidden_size) + ", got " +
-                                 std::to_string(*m.expand_ratio));
-  }
-  if (m.num_heads) {
-    require_positive("num_heads", *m.num_heads);
-    if (m.hidden_size % *m.num_heads != 0)
-      c.fail("num_heads", "expected a divisor of hidden_size = " + std::to_string(m.hidden_size) + ", got " +
-                              std::to_string(*m.num_heads));
-  }
+  c.require_positive("hidden_size", m.hidden_size);
+  c.require_positive("num_hidden_layers", m.num_hidden_layers);
+  c.require_positive("vocab_size", m.vocab_size);
+  c.require_positive("hidden_ratio", m.hidden_ratio);
+  if (m.intermediate_size) c.require_positive("intermediate_size", *m.intermediate_size);
+  family.read_hf_config(c, m);
   if (!(m.norm_eps > 0)) c.fail("norm_eps", "expected a positive number, got " + std::to_string(m.norm_eps));
   if (!(m.initializer_range > 0))
     c.fail("initializer_range", "expected a positive number, got " + std::to_string(m.initializer_range));
@@ -289,7 +226,7 @@ NamedTensors read_hf_weights(const std::string& dir, const ModelConfig& config) 
     std::erase_if(loaded, [](const auto& entry) { return entry.first == "lm_head.weight"; });
   }
 
-  const std::vector<ParamSpec> specs = hgrn2_param_specs(config);
+  const std::vector<ParamSpec> specs = model_param_specs(config);
   const std::vector<const Tensor*> ordered = match_params_to_specs(specs, loaded, "the weights in " + dir);
   NamedTensors params;
   for (size_t i = 0; i < specs.size(); ++i) {

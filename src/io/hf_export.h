@@ -1,4 +1,4 @@
-// hf_export.h: HGRN2 weights to and from a Hugging Face model directory in fla's HGRN2ForCausalLM layout
+// hf_export.h: a model's weights to and from a Hugging Face model directory in fla's *ForCausalLM layout
 // (hgrn-spec.md section 5): config.json (HGRN2Config, model_type "hgrn2") plus model.safetensors, or shards and
 // model.safetensors.index.json for large models. Such a directory loads with
 //   import fla; transformers.AutoModelForCausalLM.from_pretrained(dir)
@@ -9,14 +9,14 @@
 
 #include "config/config.h"
 #include "io/safetensors.h"
-#include "model/hgrn2_params.h"
+#include "models/params.h"
 
 namespace hgrn {
 
 // The transformers release whose config.json layout this exporter follows (loaders only record the field).
 inline constexpr const char* kTransformersVersion = "4.48.0";
 
-// Matches named tensors to the spec list (hgrn2_param_specs): the same names, each once (missing and unexpected ones
+// Matches named tensors to the spec list (model_param_specs): the same names, each once (missing and unexpected ones
 // are listed in full, so one message says everything that is wrong), and the same shapes. Returns the tensors in
 // spec order. Throws hgrn::Error that starts with `what` (the source, e.g. "the weights in DIR").
 std::vector<const Tensor*> match_params_to_specs(const std::vector<ParamSpec>& specs, const NamedTensors& tensors,
@@ -29,7 +29,7 @@ std::string hf_config_json(const ModelConfig& config, DType dtype);
 
 // Writes config.json and the weights (cast from fp32 to `dtype`, F32 or BF16) into the existing, empty directory
 // `dir`, sharded when they exceed shard_bytes. `params` are hgrn's parameters by fla name (fp32); they must match
-// hgrn2_param_specs(config) exactly in names and shapes (a tied model has no lm_head.weight). Not atomic by itself:
+// model_param_specs(config) exactly in names and shapes (a tied model has no lm_head.weight). Not atomic by itself:
 // export_hf wraps it; the CLI also uses it to add files to the same directory before it is published.
 void write_hf_files(const ModelConfig& config, const NamedTensors& params, const std::string& dir, DType dtype,
                     int64_t shard_bytes);
@@ -47,7 +47,7 @@ void export_hf(const ModelConfig& config, const NamedTensors& params, const std:
 ModelConfig read_hf_config(const std::string& dir);
 
 // Reads the weights of dir (single file or sharded; fp32 or bf16, converted to fp32) and checks them against
-// hgrn2_param_specs(config): the result is in spec order. Missing or extra tensors throw hgrn::Error listing all of
+// model_param_specs(config): the result is in spec order. Missing or extra tensors throw hgrn::Error listing all of
 // them; a wrong shape names the tensor and both shapes. A tied model's lm_head.weight is accepted only as an exact
 // copy of the embeddings (some writers keep it) and then dropped.
 NamedTensors read_hf_weights(const std::string& dir, const ModelConfig& config);

@@ -24,8 +24,8 @@ Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t la
 Var input_gate_from_forget(Tape& tape, const Var& g);
 Var input_gate_from_forget(Tape& tape, const Var& g, DType out_dtype);
 
-// What a layer's gates were made from, on the GPU: hgru2_recurrence, given it with these q, g and k, runs the gates'
-// backward in its own backward (kernels/hgru2_recurrence.h, Hgru2GatesEpilogue) where it is the gates' only consumer,
+// What a layer's gates were made from, on the GPU: gla_recurrence, given it with these q, g and k, runs the gates'
+// backward in its own backward (kernels/gla_recurrence.h, GlaGatesEpilogue) where it is the gates' only consumer,
 // so that dq, dk and dg are never stored; the gates' backward then finds no gradient left to pass on.
 struct Hgrn2GatesOrigin {
   Var q_hat, f_hat, gamma;

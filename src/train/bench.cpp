@@ -13,12 +13,16 @@
 #include "core/rng.h"
 #include "core/trace.h"
 #include "dist/world.h"
-#include "model/flops.h"
-#include "model/hgrn2.h"
-#include "ops/hgru2_recurrence.h"
+#include "models/cost.h"
+#include "models/registry.h"
+#include "ops/gated_scan.h"
+#include "ops/gla_recurrence.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
 #ifdef HGRN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda_context.h"
 #include "kernels/gemm.h"
 #endif
 
@@ -70,7 +74,7 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   if (device == Device::CUDA) r.gpu_peak_tflops = measure_bf16_gemm_tflops();
 #endif
   const auto setup = std::make_unique<TrainingModel>(config, tc.seed, device, act);
-  const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act == DType::BF16 ? 2 : 4);
+  const ModelCost cost = model_cost(config.model, config.data.seq_len, act == DType::BF16 ? 2 : 4);
   r.params = cost.params_total;
   // Under mpirun every rank runs the same steps on its own batch (data parallelism, as in training): the tokens
   // of a step are all ranks' and the GEMM peak is per GPU.
@@ -150,7 +154,7 @@ RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int
         Tape tape;
         tape.set_enabled(backward);
         for (const Var& x : {q, k, v, g}) x->grad = Tensor();
-        Hgru2Outputs o = hgru2_recurrence(tape, q, k, v, g, nullptr, H, scale, RecurrenceMode::Chunk);
+        GlaOutputs o = gla_recurrence(tape, q, k, v, g, nullptr, H, scale, RecurrenceMode::Chunk);
         if (backward) tape.backward(o.output, d_out);
       }
       device_synchronize();
@@ -164,7 +168,7 @@ RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int
   r.bytes_forward = static_cast<double>(B * T * H) * ((2 * K + 2 * V) * act_bytes + K * 4.0);
   // The kernels' chunk is 64 steps on the GPU; the CPU op runs fla's automatic chunk size.
   const int64_t chunk = device == Device::CUDA ? 64 : gla_chunk_size(T);
-  r.flops_forward = static_cast<double>(B * T) * recurrence_flops_per_token(static_cast<double>(H),
+  r.flops_forward = static_cast<double>(B * T) * gla_recurrence_flops_per_token(static_cast<double>(H),
                                                                             static_cast<double>(K),
                                                                             static_cast<double>(V),
                                                                             static_cast<double>(chunk));
@@ -174,6 +178,73 @@ RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int
     r.gemm_tflops = measure_bf16_gemm_tflops();
   }
 #endif
+  return r;
+}
+
+ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device, int64_t warmup, int64_t iters) {
+  ScanBench r{B, T, C, dtype_name(dtype)};
+  Rng rng(7);
+  Tensor x_host = Tensor::empty({B, T, C}, DType::F32), g_host = Tensor::empty({B, T, C}, DType::F32);
+  Tensor d_out_host = Tensor::empty({B, T, C}, DType::F32);
+  for (int64_t i = 0; i < x_host.numel(); ++i) {
+    x_host.set_item(i, rng.normal());
+    g_host.set_item(i, -std::log1p(std::exp(-(2.0 + rng.normal()))));  // logsigmoid of N(2, 1) logits
+    d_out_host.set_item(i, rng.normal());
+  }
+  auto put = [&](const Tensor& t, DType d) { return on_device(d == DType::F32 ? t : t.to(d), device); };
+  Var x = make_var(put(x_host, dtype), true), g = make_var(put(g_host, DType::F32), true);
+  const Tensor d_out = put(d_out_host, dtype);
+  auto call = [&](bool backward) {
+    Tape tape;
+    tape.set_enabled(backward);
+    x->grad = Tensor();
+    g->grad = Tensor();
+    GatedScanOutputs o = gated_scan(tape, x, g, nullptr);
+    if (backward) tape.backward(o.output, d_out);
+  };
+  auto time_calls = [&](bool backward) {
+    std::vector<double> ms;
+#ifdef HGRN_WITH_CUDA
+    cudaEvent_t start = nullptr, stop = nullptr;
+    if (device == Device::CUDA) {
+      CUDA_CHECK(cudaEventCreate(&start));
+      CUDA_CHECK(cudaEventCreate(&stop));
+    }
+#endif
+    for (int64_t i = 0; i < warmup + iters; ++i) {
+      device_synchronize();
+      const Clock::time_point t0 = Clock::now();
+#ifdef HGRN_WITH_CUDA
+      if (device == Device::CUDA) CUDA_CHECK(cudaEventRecord(start, cuda_stream()));
+#endif
+      call(backward);
+      double elapsed_ms = 0;
+#ifdef HGRN_WITH_CUDA
+      if (device == Device::CUDA) {
+        CUDA_CHECK(cudaEventRecord(stop, cuda_stream()));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float event_ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&event_ms, start, stop));
+        elapsed_ms = event_ms;
+      }
+#endif
+      if (device != Device::CUDA) elapsed_ms = seconds(t0) * 1e3;
+      if (i >= warmup) ms.push_back(elapsed_ms);
+    }
+#ifdef HGRN_WITH_CUDA
+    if (device == Device::CUDA) {
+      CUDA_CHECK(cudaEventDestroy(start));
+      CUDA_CHECK(cudaEventDestroy(stop));
+    }
+#endif
+    return median(ms);
+  };
+  r.forward_ms = time_calls(false);
+  r.forward_backward_ms = time_calls(true);
+  // Forward: x, g read and o written once; backward: x, g, dO read and dx, dg written once.
+  const double act = static_cast<double>(dtype_size(dtype)), elements = static_cast<double>(B * T * C);
+  r.bytes_forward = elements * (2 * act + 4);
+  r.bytes_forward_backward = r.bytes_forward + elements * (3 * act + 8);
   return r;
 }
 

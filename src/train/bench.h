@@ -1,4 +1,5 @@
-// bench.h: `hgrn bench`: timings of whole training steps of a config, and of the HGRU2 recurrence alone.
+// bench.h: `hgrn bench`: timings of whole training steps of a config, and of the HGRU2 recurrence or the gated scan
+// alone.
 // Benchmarks, not tests: the numbers go to docs/benchmarks.md with the command, GPU and commit.
 #pragma once
 #include <cstdint>
@@ -35,11 +36,21 @@ struct RecurrenceBench {
   std::string dtype;
   double forward_ms = 0, forward_backward_ms = 0;  // medians over groups of calls, per call
   double bytes_forward = 0;                          // bytes the forward must read and write at least
-  double flops_forward = 0;                          // recurrence_flops_per_token · B·T (the backward counts 2x)
+  double flops_forward = 0;                          // gla_recurrence_flops_per_token · B·T (the backward counts 2x)
   double copy_gbps = 0, gemm_tflops = 0;             // the GPU's measured ceilings (0 on the CPU)
 };
 // Times the recurrence op (q, k, v in `dtype`, fp32 g) on `device`: forward alone, and forward + backward.
 RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, DType dtype, Device device,
                                  int64_t warmup, int64_t iters);
+
+struct ScanBench {
+  int64_t B = 0, T = 0, C = 0;
+  std::string dtype;
+  double forward_ms = 0, forward_backward_ms = 0;        // medians over the timed calls
+  double bytes_forward = 0, bytes_forward_backward = 0;  // bytes each must read and write at least
+};
+// Times the gated scan op (x in `dtype`, fp32 g, no initial state) on `device`: forward alone, and forward +
+// backward, each call timed alone (CUDA events on the GPU, the host clock on the CPU).
+ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device, int64_t warmup, int64_t iters);
 
 }  // namespace hgrn

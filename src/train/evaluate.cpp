@@ -40,7 +40,7 @@ TokenBatch spans_batch(const TokenShardReader& shard, const std::vector<int64_t>
 
 }  // namespace
 
-EvalResult evaluate_batches(const Hgrn2Model& model, BatchSource& source, int64_t batches, int64_t batch_size) {
+EvalResult evaluate_batches(const CausalLM& model, BatchSource& source, int64_t batches, int64_t batch_size) {
   Tape no_grad;
   no_grad.set_enabled(false);
   source.set_cursor(0);
@@ -49,7 +49,7 @@ EvalResult evaluate_batches(const Hgrn2Model& model, BatchSource& source, int64_
   return sum.result();
 }
 
-EvalResult evaluate_shard(const Hgrn2Model& model, const TokenShardReader& shard, const ShardEvalOptions& options) {
+EvalResult evaluate_shard(const CausalLM& model, const TokenShardReader& shard, const ShardEvalOptions& options) {
   const int64_t T = options.seq_len, B = options.batch_size, N = shard.num_tokens();
   HGRN_CHECK(T >= 1 && B >= 1, "evaluation needs seq_len >= 1 and batch_size >= 1");
   HGRN_CHECK(N >= B * (options.stateful ? 2 : T + 1), shard.prefix(), " has ", N,

@@ -6,7 +6,7 @@
 
 #include "data/batch_source.h"
 #include "data/token_shards.h"
-#include "model/hgrn2.h"
+#include "models/registry.h"
 
 namespace hgrn {
 
@@ -17,7 +17,7 @@ struct EvalResult {
 };
 
 // `batches` batches of `batch_size` from `source`, restarted at cursor 0 (the same held-out set every time).
-EvalResult evaluate_batches(const Hgrn2Model& model, BatchSource& source, int64_t batches, int64_t batch_size);
+EvalResult evaluate_batches(const CausalLM& model, BatchSource& source, int64_t batches, int64_t batch_size);
 
 struct ShardEvalOptions {
   int64_t seq_len = 512;     // tokens per forward call
@@ -30,6 +30,6 @@ struct ShardEvalOptions {
 // state (the last (N - 1) mod T tokens are left out). Stateful mode: the shard is cut into batch_size contiguous
 // streams, each read in consecutive windows with the state carried, so every token after a stream's first is
 // predicted from all of that stream before it.
-EvalResult evaluate_shard(const Hgrn2Model& model, const TokenShardReader& shard, const ShardEvalOptions& options);
+EvalResult evaluate_shard(const CausalLM& model, const TokenShardReader& shard, const ShardEvalOptions& options);
 
 }  // namespace hgrn

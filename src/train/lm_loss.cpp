@@ -6,7 +6,7 @@
 
 namespace hgrn {
 
-CrossEntropyResult language_model_loss(const Hgrn2Model& model, Tape& tape, const TokenBatch& batch) {
+CrossEntropyResult language_model_loss(const CausalLM& model, Tape& tape, const TokenBatch& batch) {
   HGRN_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch inputs ", shape_str(batch.inputs.shape()),
              " and targets ", shape_str(batch.targets.shape()), " differ in shape");
   const Var hidden = model.forward_hidden(tape, batch.inputs);

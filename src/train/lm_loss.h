@@ -1,12 +1,12 @@
 // lm_loss.h: the language-model loss of one batch: forward, then cross-entropy against the batch's targets.
 #pragma once
 #include "data/mqar.h"
-#include "model/hgrn2.h"
+#include "models/registry.h"
 #include "ops/cross_entropy.h"
 
 namespace hgrn {
 
 // Targets are already aligned with positions (target_t is the token after position t; -100 = no loss).
-CrossEntropyResult language_model_loss(const Hgrn2Model& model, Tape& tape, const TokenBatch& batch);
+CrossEntropyResult language_model_loss(const CausalLM& model, Tape& tape, const TokenBatch& batch);
 
 }  // namespace hgrn

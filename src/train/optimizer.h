@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/autograd.h"
-#include "model/hgrn2_params.h"
+#include "models/params.h"
 
 namespace hgrn {
 

@@ -20,8 +20,8 @@
 #include "data/data_sources.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
-#include "model/flops.h"
-#include "model/hgrn2.h"
+#include "models/cost.h"
+#include "models/registry.h"
 #include "ops/gemm_cpu.h"
 #include "train/evaluate.h"
 #include "train/lm_loss.h"
@@ -45,15 +45,8 @@ uint64_t stream_seed(uint64_t seed, RngStream stream) { return Rng(seed).fork(st
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// What a checkpoint must match to be resumed: the model's shape and the precision of its master weights.
-std::string model_signature(const ModelConfig& m) {
-  return detail::concat("hgrn2 L=", m.num_hidden_layers, " D=", m.hidden_size, " H=", m.heads(), " K=", m.key_dim(),
-                        " V=", m.value_dim(), " I=", m.mlp_size(), " vocab=", m.vocab_size,
-                        " lower_bound=", m.use_lower_bound, " tied=", m.tie_word_embeddings, " master=fp32");
-}
-
 // `adam_m`/`adam_v`: the optimiser moments, whole and on the CPU (DataParallel::gather_moments).
-TrainingState capture_state(const Hgrn2Model& model, std::vector<Tensor> adam_m, std::vector<Tensor> adam_v,
+TrainingState capture_state(const CausalLM& model, std::vector<Tensor> adam_m, std::vector<Tensor> adam_v,
                             const AdamW& optimizer, const BatchSource& data, const Config& config, int64_t step,
                             int64_t tokens_seen) {
   TrainingState s;
@@ -125,17 +118,11 @@ DType activation_dtype(const std::string& precision, Device device) {
 }
 
 namespace {
-Hgrn2Model make_model(const Config& config, uint64_t init_seed, Device device, DType activation_dtype) {
+std::unique_ptr<CausalLM> make_model(const Config& config, uint64_t init_seed, Device device,
+                                     DType activation_dtype) {
   Rng init_rng(init_seed);
-  Hgrn2Model model(config.model, init_rng, DType::F32);
-  model.to_device(device, activation_dtype);
-  model.set_recompute(config.training.recompute);
-  model.set_recompute_elementwise(config.training.recompute_elementwise);
-  model.set_recompute_mlp_projections(config.training.recompute_mlp_projections);
-  model.set_recompute_gates(config.training.recompute_gates);
-  model.set_recompute_gates_layers(config.training.recompute_gates_layers);
-  model.set_kept_recurrence_states(config.training.keep_recurrence_states);
-  model.set_recompute_weight_copies(config.training.recompute_weight_copies);
+  std::unique_ptr<CausalLM> model = create_model(config.model, init_rng, DType::F32);
+  model->to_device(device, activation_dtype);
 #ifdef HGRN_WITH_CUDA
   set_gemm_autotune(device == Device::CUDA && !config.training.deterministic);
 #endif
@@ -144,7 +131,8 @@ Hgrn2Model make_model(const Config& config, uint64_t init_seed, Device device, D
 }  // namespace
 
 TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device device, DType activation_dtype)
-    : model(make_model(config, init_seed, device, activation_dtype)),
+    : owned_model(make_model(config, init_seed, device, activation_dtype)),
+      model(*owned_model),
       data_parallel(world().size > 1 ? std::make_unique<DataParallel>(
                                            model, make_param_groups(model.parameters(), config.training.decay_embeddings),
                                            DataParallelOptions{config.training.zero1})
@@ -257,9 +245,9 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
 
   const auto setup =
       std::make_unique<TrainingModel>(config, stream_seed(tc.seed, kInitStream), device, act_dtype);
-  Hgrn2Model& model = setup->model;
+  CausalLM& model = setup->model;
   AdamW& optimizer = setup->optimizer;
-  const ModelCost cost = hgrn2_cost(config.model, config.data.seq_len, act_dtype == DType::BF16 ? 2 : 4);
+  const ModelCost cost = model_cost(config.model, config.data.seq_len, act_dtype == DType::BF16 ? 2 : 4);
   log << "model: " << cost.params_total << " parameters, " << cost.flops_per_token_train / 1e6
       << " MFLOP per token (train)\n";
   if (setup->data_parallel && setup->data_parallel->zero1()) {

@@ -8,7 +8,7 @@
 #include "config/config.h"
 #include "data/batch_source.h"
 #include "dist/data_parallel.h"
-#include "model/hgrn2.h"
+#include "models/registry.h"
 #include "train/optimizer.h"
 
 namespace hgrn {
@@ -40,7 +40,8 @@ struct StepResult {
 // training.deterministic): what `hgrn train` and `hgrn bench` share.
 struct TrainingModel {
   TrainingModel(const Config& config, uint64_t init_seed, Device device, DType activation_dtype);
-  Hgrn2Model model;
+  std::unique_ptr<CausalLM> owned_model;
+  CausalLM& model;
   std::unique_ptr<DataParallel> data_parallel;  // null for a single process
   AdamW optimizer;
 };

@@ -1,4 +1,4 @@
-// hgru2_recurrence.h: the HGRU2 token-mixing recurrence, which is gated linear attention (GLA) with key k = 1 − λ.
+// gla_recurrence.h: the HGRU2 token-mixing recurrence, which is gated linear attention (GLA) with key k = 1 − λ.
 // Per batch and head a K×V matrix state evolves as S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t and is read out as
 // o_t = scale · q_t S_t. Two exact CPU forms with hand-written backwards: the step-by-step recurrence and fla's
 // chunkwise form (spec section 7); the chunkwise one is the reference the CUDA kernel is held to.
@@ -13,7 +13,7 @@ namespace hgrn {
 // Naive: step-by-step recurrence. Chunk: chunkwise form (spec section 7).
 enum class RecurrenceMode { Naive, Chunk };
 
-struct Hgru2Outputs {
+struct GlaOutputs {
   Var output;       // [B, T, H*V]
   Var final_state;  // [B, H, K, V]
 };
@@ -21,7 +21,7 @@ struct Hgru2Outputs {
 // q, k, g: [B, T, H*K]; v: [B, T, H*V] (head-major features: index h*K + c); g is the per-step log forget gate (<= 0).
 // initial_state: nullptr or [B, H, K, V]. On the CPU all tensors share one floating dtype (fp32 or fp64), and the state
 // is accumulated in that dtype (fp32 for fp32 inputs, as fla does).
-// On CUDA (kernels/hgru2_recurrence.h): q, k, v in the activation dtype (fp32 or bf16), g and initial_state fp32; the
+// On CUDA (kernels/gla_recurrence.h): q, k, v in the activation dtype (fp32 or bf16), g and initial_state fp32; the
 // output is in v's dtype, the final state fp32; K <= 256. Both modes run the chunkwise kernels with 64-step chunks
 // (chunk_size is ignored there), and the backward recomputes the per-chunk states (unless keep_states, below).
 // chunk_size: the chunk length BT of the chunkwise form (ignored by Naive); 0 = fla's choice
@@ -33,7 +33,7 @@ struct Hgru2Outputs {
 // keep_states: on the GPU, the forward's per-chunk states (B·H·ceil(T/64)·K·V in the activation dtype) are kept for
 // the backward, which then skips the state pass that recomputes them (the same bits: a memory-for-time trade). The CPU
 // backward always recomputes them.
-Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
+GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
                               int64_t chunk_size = 0, std::shared_ptr<const Hgrn2GatesOrigin> gates = nullptr,
                               bool keep_states = false);

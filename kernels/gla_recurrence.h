@@ -1,4 +1,4 @@
-// hgru2_recurrence.h: the HGRU2 (= gated linear attention) chunkwise recurrence on the GPU, forward and backward
+// gla_recurrence.h: the HGRU2 (= gated linear attention) chunkwise recurrence on the GPU, forward and backward
 // (spec section 7): S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t, o_t = s·q_t S_t, per (batch, head), in chunks of 64 steps.
 // q, k: [B, T, H·K] and v: [B, T, H·V] (row-strided: rows v_stride elements apart) in the activation dtype (fp32
 // or bf16, all three the same); g: [B, T, H·K] fp32
@@ -11,20 +11,20 @@
 
 namespace hgrn {
 
-struct Hgru2CudaShape {
+struct GlaCudaShape {
   int64_t batch = 0, time = 0, heads = 0, key_dim = 0, value_dim = 0;
 };
 
 // The chunk length of the CUDA kernels (fixed; the last chunk may be partial).
-constexpr int64_t kHgru2CudaChunk = 64;
+constexpr int64_t kGlaCudaChunk = 64;
 // Elements of a per-chunk state buffer: B·H·NT·K·V (NT = ceil(T / 64)); the forward's is in the activation dtype,
 // the backward's two are fp32.
-int64_t hgru2_cuda_states_elements(const Hgru2CudaShape& shape);
+int64_t gla_cuda_states_elements(const GlaCudaShape& shape);
 // Elements of a per-chunk 64×64 score buffer (A in the forward, in the activation dtype; dA in the backward, fp32):
 // B·H·NT·64·64.
-int64_t hgru2_cuda_scores_elements(const Hgru2CudaShape& shape);
+int64_t gla_cuda_scores_elements(const GlaCudaShape& shape);
 
-struct Hgru2CudaForwardArgs {
+struct GlaCudaForwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -42,7 +42,7 @@ struct Hgru2CudaForwardArgs {
   // q̄·S), so storing them rounded is exact and halves their traffic for bf16 (as fla stores them).
   void* states = nullptr;
 };
-void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs& args);
+void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args);
 
 // The HGRN2 gates' backward run in the epilogue of the kernel that forms dq, dk and dg (bwd_dqk), where the
 // recurrence's q, g and k are a layer's gates of q̂ and f̂ (kernels/hgrn2_gates.h: q = silu(q̂), g the lower-bounded
@@ -50,7 +50,7 @@ void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs&
 // without storing those three and reading them back: g's whole gradient dg − e^g·dk (in fp32, where the separate
 // pass had dk rounded to the activation dtype) goes into df̂ = ·∂g/∂f̂ and γ's gradient, and dq̂ = silu'(q̂)·dq (dq
 // likewise unrounded). dq̂ and df̂ are written, not accumulated (fresh buffers).
-struct Hgru2GatesEpilogue {
+struct GlaGatesEpilogue {
   const void* q_hat = nullptr;  // null: no epilogue (dq, dk, dg are written as asked)
   const void* f_hat = nullptr;
   int64_t q_hat_stride = 0, f_hat_stride = 0;  // row strides (0 = H·K: contiguous), as the gradients' below
@@ -58,15 +58,15 @@ struct Hgru2GatesEpilogue {
   void* dq_hat = nullptr;
   void* df_hat = nullptr;
   int64_t dq_hat_stride = 0, df_hat_stride = 0;
-  // += the sum over all rows of (dg − e^g dk)·∂g/∂γ, through `partials` (hgru2_cuda_gate_partials_elements floats:
+  // += the sum over all rows of (dg − e^g dk)·∂g/∂γ, through `partials` (gla_cuda_gate_partials_elements floats:
   // one row of sums per chunk and sequence, added in a fixed order); null: γ wants no gradient.
   float* dgamma_row = nullptr;
   float* partials = nullptr;
 };
-// Floats of Hgru2GatesEpilogue::partials: B·NT·H·K.
-int64_t hgru2_cuda_gate_partials_elements(const Hgru2CudaShape& shape);
+// Floats of GlaGatesEpilogue::partials: B·NT·H·K.
+int64_t gla_cuda_gate_partials_elements(const GlaCudaShape& shape);
 
-struct Hgru2CudaBackwardArgs {
+struct GlaCudaBackwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -87,7 +87,7 @@ struct Hgru2CudaBackwardArgs {
   float* d_initial_state = nullptr;
   bool accumulate_dq = true, accumulate_dk = true, accumulate_dv = true, accumulate_dg = true;
   // With gates.q_hat set, dq, dk and dg must be null: the gates' gradients are formed from them instead.
-  Hgru2GatesEpilogue gates;
+  GlaGatesEpilogue gates;
   // The per-chunk states S^(c) in the activation dtype, as the forward's state pass stores them (dq, dk and dg read
   // them; null where none of those is wanted). states_given: they hold the forward's states already (kept from it),
   // else they are scratch the backward recomputes them into first, with the forward's pass: the same bits either way.
@@ -97,6 +97,6 @@ struct Hgru2CudaBackwardArgs {
   float* d_states = nullptr;
   float* d_scores = nullptr;
 };
-void hgru2_cuda_backward(const Hgru2CudaShape& shape, const Hgru2CudaBackwardArgs& args);
+void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& args);
 
 }  // namespace hgrn

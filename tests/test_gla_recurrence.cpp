@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "gradcheck.h"
-#include "ops/hgru2_recurrence.h"
+#include "ops/gla_recurrence.h"
 
 namespace hgrn {
 namespace {
@@ -69,7 +69,7 @@ Result run(const Inputs& in, int64_t heads, DType dtype, RecurrenceMode mode, in
   Var v = make_var(in.v.to(dtype), true, "v");
   Var g = make_var(in.g.to(dtype), true, "g");
   Var s0 = in.s0.defined() ? make_var(in.s0.to(dtype), true, "s0") : nullptr;
-  Hgru2Outputs r = hgru2_recurrence(tape, q, k, v, g, s0, heads, scale, mode, chunk_size);
+  GlaOutputs r = gla_recurrence(tape, q, k, v, g, s0, heads, scale, mode, chunk_size);
   if (d_out.defined()) {
     if (d_final.defined()) r.final_state->grad = d_final.to(dtype);
     tape.backward(r.output, d_out.to(dtype));
@@ -145,7 +145,7 @@ Sizes with_time(Sizes s, int64_t time) {
   return s;
 }
 
-TEST(Hgru2Recurrence, NaiveAndChunkMatchHandComputedSteps) {
+TEST(GlaRecurrence, NaiveAndChunkMatchHandComputedSteps) {
   // B = H = 1, K = 2, V = 1, T = 2: S_t[c] = e^{g_tc} S_{t−1}[c] + k_tc v_t,  o_t = s Σ_c q_tc S_t[c].
   const double s = 0.5;
   Inputs in;
@@ -167,7 +167,7 @@ TEST(Hgru2Recurrence, NaiveAndChunkMatchHandComputedSteps) {
   }
 }
 
-TEST(Hgru2Recurrence, ChunkMatchesNaiveInFp64) {
+TEST(GlaRecurrence, ChunkMatchesNaiveInFp64) {
   // Partial chunks (15, 63, 65, 200), exact multiples (16, 64), a single step (1); several chunks at T = 200 both with
   // the default chunk (64: 4 sub-chunks of 16, so the off-diagonal reference-point blocks run) and with 16.
   // Tolerance: both forms are exact in exact arithmetic and differ only by the order of fp64 roundings (~1e-16 per
@@ -318,7 +318,7 @@ TEST(Hgru2GateRegimes, AlmostNoDecayKeepsTheWholeSum) {
 // ---------------------------------------------------------------------------------------------------------------------
 // Invariances.
 
-TEST(Hgru2Recurrence, ChunkSizeDoesNotChangeTheResult) {
+TEST(GlaRecurrence, ChunkSizeDoesNotChangeTheResult) {
   // fp64: chunk lengths 16/32/64 (and odd ones, 5 and 100 > T) are the same computation regrouped; rounding only.
   // fp32: the same with fp32 rounding of the regrouped sums, ~1e-6 relative; 1e-4 bounds it with margin.
   const Sizes s = with_time(kGeneralSizes, 100);
@@ -349,7 +349,7 @@ Tensor time_slice(const Tensor& x, int64_t from, int64_t to) {
   return out;
 }
 
-TEST(Hgru2Recurrence, SplitSequenceCarryingTheStateEqualsOneCall) {
+TEST(GlaRecurrence, SplitSequenceCarryingTheStateEqualsOneCall) {
   // T = 100 as 37 + 63 steps, the first call's final_state Var being the second call's initial_state, so the
   // gradients (dS0 of the second call flowing into the final-state gradient of the first) are checked too.
   // fp64 regrouping only: 1e-10 as in ChunkMatchesNaiveInFp64.
@@ -371,8 +371,8 @@ TEST(Hgru2Recurrence, SplitSequenceCarryingTheStateEqualsOneCall) {
     Var q2 = part(in.q, split, s.time, "q2"), k2 = part(in.k, split, s.time, "k2"),
         v2 = part(in.v, split, s.time, "v2"), g2 = part(in.g, split, s.time, "g2");
     Var s0 = make_var(in.s0.clone(), true, "s0");
-    Hgru2Outputs first = hgru2_recurrence(tape, q1, k1, v1, g1, s0, s.heads, 0.3, mode);
-    Hgru2Outputs second = hgru2_recurrence(tape, q2, k2, v2, g2, first.final_state, s.heads, 0.3, mode);
+    GlaOutputs first = gla_recurrence(tape, q1, k1, v1, g1, s0, s.heads, 0.3, mode);
+    GlaOutputs second = gla_recurrence(tape, q2, k2, v2, g2, first.final_state, s.heads, 0.3, mode);
     first.output->grad = time_slice(d_out, 0, split);
     second.final_state->grad = d_final.clone();
     tape.backward(second.output, time_slice(d_out, split, s.time));
@@ -393,7 +393,7 @@ TEST(Hgru2Recurrence, SplitSequenceCarryingTheStateEqualsOneCall) {
   }
 }
 
-TEST(Hgru2Recurrence, ChunkIsBitwiseDeterministic) {
+TEST(GlaRecurrence, ChunkIsBitwiseDeterministic) {
   // Per-(batch, head) work with per-thread scratch: the same bits whatever thread runs which pair.
   const Sizes s{4, 90, 4, 16, 16};
   Rng rng(13);
@@ -421,8 +421,8 @@ std::vector<Var> gradcheck_vars(const GradcheckCase& c, uint64_t seed) {
           make_var(in.s0, true, "s0")};
 }
 
-Hgru2Outputs call(Tape& t, const std::vector<Var>& in, const GradcheckCase& c, RecurrenceMode mode) {
-  return hgru2_recurrence(t, in[0], in[1], in[2], in[3], in[4], c.sizes.heads, 0.7, mode, c.chunk_size);
+GlaOutputs call(Tape& t, const std::vector<Var>& in, const GradcheckCase& c, RecurrenceMode mode) {
+  return gla_recurrence(t, in[0], in[1], in[2], in[3], in[4], c.sizes.heads, 0.7, mode, c.chunk_size);
 }
 
 // L = <output, R_o> + <final_state, R_s>: both outputs feed the loss.
@@ -430,7 +430,7 @@ void expect_two_output_gradients_match(const GradcheckCase& c, RecurrenceMode mo
                                        double h, double tol) {
   testing::expect_gradients_match_outputs(
       [&](Tape& tape, const std::vector<Var>& in) {
-        Hgru2Outputs r = call(tape, in, c, mode);
+        GlaOutputs r = call(tape, in, c, mode);
         return std::vector<Var>{r.output, r.final_state};
       },
       inputs, 77, h, tol);
@@ -477,7 +477,7 @@ INSTANTIATE_TEST_SUITE_P(Hgru2, Hgru2Gradients, ::testing::Values(RecurrenceMode
                            return info.param == RecurrenceMode::Naive ? std::string("Naive") : std::string("Chunk");
                          });
 
-TEST(Hgru2Recurrence, GradientsReachOnlyInputsThatWantThem) {
+TEST(GlaRecurrence, GradientsReachOnlyInputsThatWantThem) {
   // Only g wants a gradient (no initial state): the others stay without a gradient buffer, and dg still matches the
   // full-gradient run exactly (same kernel, same arithmetic).
   const Sizes s{1, 20, 2, 3, 4};
@@ -488,7 +488,7 @@ TEST(Hgru2Recurrence, GradientsReachOnlyInputsThatWantThem) {
   Tape tape;
   Var q = make_var(in.q.clone()), k = make_var(in.k.clone()), v = make_var(in.v.clone());
   Var g = make_var(in.g.clone(), true, "g");
-  Hgru2Outputs r = hgru2_recurrence(tape, q, k, v, g, nullptr, s.heads, 0.3, RecurrenceMode::Chunk);
+  GlaOutputs r = gla_recurrence(tape, q, k, v, g, nullptr, s.heads, 0.3, RecurrenceMode::Chunk);
   tape.backward(r.output, d_out);
   EXPECT_FALSE(q->grad.defined());
   EXPECT_FALSE(k->grad.defined());
@@ -496,11 +496,11 @@ TEST(Hgru2Recurrence, GradientsReachOnlyInputsThatWantThem) {
   EXPECT_EQ(g->grad.to_double_vector(), full.dg.to_double_vector());
 }
 
-TEST(Hgru2Recurrence, NoTapeEntryWithoutGradients) {
+TEST(GlaRecurrence, NoTapeEntryWithoutGradients) {
   Tape tape;
   Rng rng(32);
   const Inputs in = make_inputs(rng, {1, 5, 1, 2, 2}, false);
-  Hgru2Outputs r = hgru2_recurrence(tape, make_var(in.q), make_var(in.k), make_var(in.v), make_var(in.g), nullptr, 1,
+  GlaOutputs r = gla_recurrence(tape, make_var(in.q), make_var(in.k), make_var(in.v), make_var(in.g), nullptr, 1,
                                     1.0, RecurrenceMode::Chunk);
   EXPECT_EQ(tape.size(), 0u);
   EXPECT_FALSE(r.output->requires_grad);
@@ -511,27 +511,27 @@ TEST(Hgru2Recurrence, NoTapeEntryWithoutGradients) {
 // ---------------------------------------------------------------------------------------------------------------------
 // Shape and argument checks.
 
-TEST(Hgru2Recurrence, RejectsBadShapes) {
+TEST(GlaRecurrence, RejectsBadShapes) {
   Tape tape;
   auto zeros = [](const Shape& shape, DType dtype = DType::F32) { return make_var(Tensor::zeros(shape, dtype)); };
   // B = 2, T = 5, H = 2, K = 3, V = 4.
   const Var q = zeros({2, 5, 6}), k = zeros({2, 5, 6}), v = zeros({2, 5, 8}), g = zeros({2, 5, 6});
   const Var s0 = zeros({2, 2, 3, 4});
   const auto mode = RecurrenceMode::Chunk;
-  EXPECT_NO_THROW(hgru2_recurrence(tape, q, k, v, g, s0, 2, 1.0, mode));
-  EXPECT_THROW(hgru2_recurrence(tape, zeros({2, 30}), k, v, g, s0, 2, 1.0, mode), Error);        // q not 3-D
-  EXPECT_THROW(hgru2_recurrence(tape, q, zeros({2, 5, 4}), v, g, s0, 2, 1.0, mode), Error);     // k ≠ q
-  EXPECT_THROW(hgru2_recurrence(tape, q, k, v, zeros({2, 4, 6}), s0, 2, 1.0, mode), Error);     // g ≠ q
-  EXPECT_THROW(hgru2_recurrence(tape, q, k, zeros({1, 5, 8}), g, s0, 2, 1.0, mode), Error);     // v's batch
-  EXPECT_THROW(hgru2_recurrence(tape, q, k, zeros({2, 6, 8}), g, s0, 2, 1.0, mode), Error);     // v's time
-  EXPECT_THROW(hgru2_recurrence(tape, q, k, zeros({2, 5, 7}), g, s0, 2, 1.0, mode), Error);     // H ∤ v's width
-  EXPECT_THROW(hgru2_recurrence(tape, q, k, v, g, s0, 4, 1.0, mode), Error);                    // H ∤ q's width
-  EXPECT_THROW(hgru2_recurrence(tape, q, k, v, g, s0, 0, 1.0, mode), Error);                    // no heads
-  EXPECT_THROW(hgru2_recurrence(tape, q, k, v, g, zeros({2, 2, 4, 3}), 2, 1.0, mode), Error);   // state [K, V] swapped
-  EXPECT_THROW(hgru2_recurrence(tape, q, k, v, g, zeros({1, 2, 3, 4}), 2, 1.0, mode), Error);   // state's batch
-  EXPECT_THROW(hgru2_recurrence(tape, q, k, v, zeros({2, 5, 6}, DType::F64), s0, 2, 1.0, mode), Error);  // dtype mix
-  EXPECT_THROW(hgru2_recurrence(tape, q, k, v, g, s0, 2, 1.0, mode, -1), Error);                // chunk_size < 0
-  EXPECT_THROW(hgru2_recurrence(tape, zeros({2, 0, 6}), zeros({2, 0, 6}), zeros({2, 0, 8}), zeros({2, 0, 6}), s0, 2,
+  EXPECT_NO_THROW(gla_recurrence(tape, q, k, v, g, s0, 2, 1.0, mode));
+  EXPECT_THROW(gla_recurrence(tape, zeros({2, 30}), k, v, g, s0, 2, 1.0, mode), Error);        // q not 3-D
+  EXPECT_THROW(gla_recurrence(tape, q, zeros({2, 5, 4}), v, g, s0, 2, 1.0, mode), Error);     // k ≠ q
+  EXPECT_THROW(gla_recurrence(tape, q, k, v, zeros({2, 4, 6}), s0, 2, 1.0, mode), Error);     // g ≠ q
+  EXPECT_THROW(gla_recurrence(tape, q, k, zeros({1, 5, 8}), g, s0, 2, 1.0, mode), Error);     // v's batch
+  EXPECT_THROW(gla_recurrence(tape, q, k, zeros({2, 6, 8}), g, s0, 2, 1.0, mode), Error);     // v's time
+  EXPECT_THROW(gla_recurrence(tape, q, k, zeros({2, 5, 7}), g, s0, 2, 1.0, mode), Error);     // H ∤ v's width
+  EXPECT_THROW(gla_recurrence(tape, q, k, v, g, s0, 4, 1.0, mode), Error);                    // H ∤ q's width
+  EXPECT_THROW(gla_recurrence(tape, q, k, v, g, s0, 0, 1.0, mode), Error);                    // no heads
+  EXPECT_THROW(gla_recurrence(tape, q, k, v, g, zeros({2, 2, 4, 3}), 2, 1.0, mode), Error);   // state [K, V] swapped
+  EXPECT_THROW(gla_recurrence(tape, q, k, v, g, zeros({1, 2, 3, 4}), 2, 1.0, mode), Error);   // state's batch
+  EXPECT_THROW(gla_recurrence(tape, q, k, v, zeros({2, 5, 6}, DType::F64), s0, 2, 1.0, mode), Error);  // dtype mix
+  EXPECT_THROW(gla_recurrence(tape, q, k, v, g, s0, 2, 1.0, mode, -1), Error);                // chunk_size < 0
+  EXPECT_THROW(gla_recurrence(tape, zeros({2, 0, 6}), zeros({2, 0, 6}), zeros({2, 0, 8}), zeros({2, 0, 6}), s0, 2,
                                 1.0, mode),
                Error);  // empty sequence
 }

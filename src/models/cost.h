@@ -1,4 +1,4 @@
-// flops.h: what an HGRN2 model costs: parameters by group, FLOPs per token (forward and training step), and
+// cost.h: what a model costs: parameters by group, FLOPs per token (forward and training step), and
 // estimates of the recurrent-state and activation memory of training. Used by `hgrn info` and the trainer's log.
 #pragma once
 #include <cstdint>
@@ -22,11 +22,11 @@ struct ModelCost {
 // The chunk size fla's chunk_gla uses for a sequence of seq_len tokens: min(64, max(16, next_pow2(seq_len))).
 int64_t gla_chunk_size(int64_t seq_len);
 
-// FLOPs of the HGRU2 recurrence per token and layer in the chunkwise form (flops.cpp explains the count), for H heads
+// FLOPs of the GLA recurrence per token and layer in the chunkwise form (cost.cpp explains the count), for H heads
 // of key width K and value width V in chunks of C steps; the backward is counted as 2x this.
-double recurrence_flops_per_token(double H, double K, double V, double C);
+double gla_recurrence_flops_per_token(double H, double K, double V, double C);
 
 // bytes_per_activation: 4 for fp32 training, 2 for bf16 (the fp32 tensors of the list in flops.cpp stay 4).
-ModelCost hgrn2_cost(const ModelConfig& config, int64_t seq_len, int64_t bytes_per_activation);
+ModelCost model_cost(const ModelConfig& config, int64_t seq_len, int64_t bytes_per_activation);
 
 }  // namespace hgrn

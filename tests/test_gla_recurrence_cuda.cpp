@@ -1,4 +1,4 @@
-// test_hgru2_recurrence_cuda.cpp: the CUDA HGRU2 recurrence (kernels/hgru2_recurrence.cu) against the CPU chunk form
+// test_hgru2_recurrence_cuda.cpp: the CUDA HGRU2 recurrence (kernels/gla_recurrence.cu) against the CPU chunk form
 // in fp64, computed from the very values the GPU sees (q, k, v, dO rounded through the activation dtype; g, S0, dS_T
 // through fp32): outputs and every gradient, for sequence lengths around the 64-step chunk (1, 15, 63, 64, 65, 200,
 // 2047), key/value widths that are not multiples of the 64-wide tiles, with and without initial state and final-state
@@ -18,7 +18,7 @@
 #include "gradcheck.h"
 #include "hgru2_test_support.h"
 #include "ops/elementwise.h"
-#include "ops/hgru2_recurrence.h"
+#include "ops/gla_recurrence.h"
 
 namespace hgrn {
 namespace {
@@ -116,7 +116,7 @@ Result run(const Problem& p, int64_t heads, Device device, DType act, double sca
     g->grad = put(initial_grads->g, f32);
     if (s0) s0->grad = put(initial_grads->s0, f32);
   }
-  Hgru2Outputs r = hgru2_recurrence(tape, q, k, v, g, s0, heads, scale, mode, gpu ? 0 : 64, nullptr, keep_states);
+  GlaOutputs r = gla_recurrence(tape, q, k, v, g, s0, heads, scale, mode, gpu ? 0 : 64, nullptr, keep_states);
   if (r.output->requires_grad) {
     if (p.d_out.defined()) {
       if (p.d_final.defined()) r.final_state->grad = put(p.d_final, f32);
@@ -179,7 +179,7 @@ void expect_gpu_matches_cpu(const Problem& p, int64_t heads, DType act, double s
 
 // ---------------------------------------------------------------------------------------------------------------------
 
-TEST(Hgru2RecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
+TEST(GlaRecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
   HGRN_SKIP_WITHOUT_GPU();
   // Lengths around the chunk (1, below a sub-chunk, partial, exact, one over) and several chunks; K, V below, at and
   // above the 64-wide tile (16, 60, 128, 200 with a partial last tile; 32, 40, 96, 128); B·H > 1 throughout.
@@ -211,7 +211,7 @@ TEST(Hgru2RecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
 
 // v as a column block of a wider tensor (the fused projection's output): rows further apart than H·V, at offsets
 // that keep cp.async's 16-byte rows (8 bf16 / 4 fp32 columns) and one that does not (3).
-TEST(Hgru2RecurrenceCuda, RowStridedValuesMatchCpuReference) {
+TEST(GlaRecurrenceCuda, RowStridedValuesMatchCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
   const std::vector<Sizes> shapes{{2, 1, 2, 16, 32}, {2, 65, 2, 16, 32}, {1, 200, 3, 60, 40}, {2, 130, 4, 128, 128}};
   int variant = 0;
@@ -231,7 +231,7 @@ TEST(Hgru2RecurrenceCuda, RowStridedValuesMatchCpuReference) {
   }
 }
 
-TEST(Hgru2RecurrenceCuda, GateRegimes) {
+TEST(GlaRecurrenceCuda, GateRegimes) {
   HGRN_SKIP_WITHOUT_GPU();
   // fla's gate_logit_normalizer regimes: c = 0.1 (g ≈ −7 per step: strong decay), 1, 10 (g ≈ −0.07: long memory).
   const Sizes s{2, 200, 2, 60, 40};
@@ -247,7 +247,7 @@ TEST(Hgru2RecurrenceCuda, GateRegimes) {
   }
 }
 
-TEST(Hgru2RecurrenceCuda, DependentKernelsWaitForTheStatePass) {
+TEST(GlaRecurrenceCuda, DependentKernelsWaitForTheStatePass) {
   HGRN_SKIP_WITHOUT_GPU();
   // On Hopper, fwd_output and bwd_dv launch as programmatic dependents of the state pass before them and do their
   // state-free work before waiting for it. One sequence of 128 chunks: the pass walks them one after another (hundreds
@@ -263,7 +263,7 @@ TEST(Hgru2RecurrenceCuda, DependentKernelsWaitForTheStatePass) {
   }
 }
 
-TEST(Hgru2RecurrenceCuda, ExtremeDecayStaysFiniteAndAccurate) {
+TEST(GlaRecurrenceCuda, ExtremeDecayStaysFiniteAndAccurate) {
   HGRN_SKIP_WITHOUT_GPU();
   // g ≈ −20 per step: every decay over more than one step underflows, cumulative gates reach ~−1300 within a chunk.
   // No NaN/Inf may appear (expect_close fails on any). The outputs and dq, dk, dv are dominated by the undecayed
@@ -279,7 +279,7 @@ TEST(Hgru2RecurrenceCuda, ExtremeDecayStaysFiniteAndAccurate) {
   }
 }
 
-TEST(Hgru2RecurrenceCuda, AccumulatesIntoExistingGradientsAndHonoursRequests) {
+TEST(GlaRecurrenceCuda, AccumulatesIntoExistingGradientsAndHonoursRequests) {
   HGRN_SKIP_WITHOUT_GPU();
   const Sizes s{2, 100, 2, 60, 40};
   const DType act = DType::F32;
@@ -322,7 +322,7 @@ TEST(Hgru2RecurrenceCuda, AccumulatesIntoExistingGradientsAndHonoursRequests) {
   }
 }
 
-TEST(Hgru2RecurrenceCuda, BitwiseDeterministic) {
+TEST(GlaRecurrenceCuda, BitwiseDeterministic) {
   HGRN_SKIP_WITHOUT_GPU();
   // No atomics and fixed-order sums: two runs give the same bits; the naive mode runs the same kernels on the GPU.
   const Sizes s{2, 300, 2, 128, 128};
@@ -345,7 +345,7 @@ TEST(Hgru2RecurrenceCuda, BitwiseDeterministic) {
   }
 }
 
-TEST(Hgru2RecurrenceCuda, KeptStatesGiveTheRecomputedBits) {
+TEST(GlaRecurrenceCuda, KeptStatesGiveTheRecomputedBits) {
   HGRN_SKIP_WITHOUT_GPU();
   // The backward either recomputes the per-chunk states with the forward's own state pass or reads the forward's
   // (keep_states): the same bits by construction, so every result must match bit for bit. Odd shapes: a partial last
@@ -375,17 +375,17 @@ TEST(Hgru2RecurrenceCuda, KeptStatesGiveTheRecomputedBits) {
       }
 }
 
-TEST(Hgru2RecurrenceCuda, RejectsWrongDtypes) {
+TEST(GlaRecurrenceCuda, RejectsWrongDtypes) {
   HGRN_SKIP_WITHOUT_GPU();
   Tape tape;
   const Shape keys{1, 4, 8};
   auto gpu = [](const Shape& shape, DType dtype) { return make_var(Tensor::zeros(shape, dtype, Device::CUDA)); };
   // g must be fp32 on the GPU even for bf16 activations.
-  EXPECT_THROW(hgru2_recurrence(tape, gpu(keys, DType::BF16), gpu(keys, DType::BF16), gpu(keys, DType::BF16),
+  EXPECT_THROW(gla_recurrence(tape, gpu(keys, DType::BF16), gpu(keys, DType::BF16), gpu(keys, DType::BF16),
                                 gpu(keys, DType::BF16), nullptr, 2, 1.0, RecurrenceMode::Chunk),
                Error);
   // Inputs on different devices.
-  EXPECT_THROW(hgru2_recurrence(tape, gpu(keys, DType::F32), gpu(keys, DType::F32), gpu(keys, DType::F32),
+  EXPECT_THROW(gla_recurrence(tape, gpu(keys, DType::F32), gpu(keys, DType::F32), gpu(keys, DType::F32),
                                 make_var(Tensor::zeros(keys, DType::F32)), nullptr, 2, 1.0, RecurrenceMode::Chunk),
                Error);
 }

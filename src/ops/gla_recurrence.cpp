@@ -1,4 +1,4 @@
-// hgru2_recurrence.cpp: the HGRU2 recurrence S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t, o_t = s·q_t S_t on the CPU, in two
+// gla_recurrence.cpp: the HGRU2 recurrence S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t, o_t = s·q_t S_t on the CPU, in two
 // exact forms, each with a hand-written backward:
 //  * Naive: the step-by-step recurrence (fla's fused_recurrent / naive_recurrent_gla), backward in reverse time.
 //  * Chunk: fla's chunkwise GLA (spec sections 7.2 and 7.3): inter-chunk states, an intra-chunk score matrix A and the
@@ -8,7 +8,7 @@
 // Both forms work on one (batch, head) pair at a time, on contiguous copies of that head's rows, one OpenMP iteration
 // per pair with per-thread scratch. The pairs are independent and each is computed by the same sequential code, so the
 // result is the same bits for any number of threads.
-#include "ops/hgru2_recurrence.h"
+#include "ops/gla_recurrence.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,7 +17,7 @@
 #include "ops/elementwise.h"
 
 #ifdef HGRN_WITH_CUDA
-#include "kernels/hgru2_recurrence.h"
+#include "kernels/gla_recurrence.h"
 #endif
 
 namespace hgrn {
@@ -113,7 +113,7 @@ void scatter_add_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int
 
 // The global tensors of one call (gradient pointers are null where no gradient is wanted or available).
 template <typename T>
-struct Hgru2Io {
+struct GlaIo {
   const T* q = nullptr;
   const T* k = nullptr;
   const T* v = nullptr;
@@ -651,7 +651,7 @@ bool worth_parallel(const HeadDims& d) {
 
 // Copies the (b, h) pair's rows of q, k, v and g into the thread's scratch: where forward and backward both start.
 template <typename T>
-void gather_head_inputs(const Hgru2Io<T>& io, const HeadDims& d, int64_t b, int64_t h, HeadScratch<T>& s) {
+void gather_head_inputs(const GlaIo<T>& io, const HeadDims& d, int64_t b, int64_t h, HeadScratch<T>& s) {
   gather_head(io.q, d, b, h, d.key_dim, s.q.data());
   gather_head(io.k, d, b, h, d.key_dim, s.k.data());
   gather_head(io.v, d, b, h, d.value_dim, s.v.data());
@@ -670,7 +670,7 @@ void pair_state_or_zero(const T* states, int64_t pair, const HeadDims& d, T* dst
 }
 
 template <typename T>
-void hgru2_forward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayout& layout, RecurrenceMode mode,
+void gla_forward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& layout, RecurrenceMode mode,
                        T scale) {
   const int64_t V = d.value_dim, KV = d.state_size();
   const int64_t scores_per_pair = mode == RecurrenceMode::Chunk ? layout.scores_per_sequence() : 0;
@@ -694,7 +694,7 @@ void hgru2_forward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayou
 }
 
 template <typename T>
-void hgru2_backward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayout& layout, RecurrenceMode mode,
+void gla_backward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& layout, RecurrenceMode mode,
                         T scale) {
   const int64_t K = d.key_dim, V = d.value_dim, KV = d.state_size();
   const int64_t scores_per_pair = mode == RecurrenceMode::Chunk ? layout.scores_per_sequence() : 0;
@@ -731,10 +731,10 @@ void hgru2_backward_cpu(const Hgru2Io<T>& io, const HeadDims& d, const ChunkLayo
   }
 }
 
-// An Hgru2Io with the inputs that forward and backward both read; the caller adds its outputs.
+// An GlaIo with the inputs that forward and backward both read; the caller adds its outputs.
 template <typename T>
-Hgru2Io<T> io_with_inputs(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state) {
-  Hgru2Io<T> io;
+GlaIo<T> io_with_inputs(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state) {
+  GlaIo<T> io;
   io.q = q->value.data<T>();
   io.k = k->value.data<T>();
   io.v = v->value.data<T>();
@@ -749,8 +749,8 @@ bool backward_reads_states(const Var& q, const Var& k, const Var& g) {
   return wants_grad(q) || wants_grad(k) || wants_grad(g);
 }
 
-Hgru2CudaShape cuda_shape(const HeadDims& d) {
-  Hgru2CudaShape s;
+GlaCudaShape cuda_shape(const HeadDims& d) {
+  GlaCudaShape s;
   s.batch = d.batch;
   s.time = d.time;
   s.heads = d.heads;
@@ -761,18 +761,18 @@ Hgru2CudaShape cuda_shape(const HeadDims& d) {
 
 // The CUDA backward: gradients of both outputs (either may be undefined) into the inputs that want one (+=). With
 // `gates` (q, g and k are those gates), where this is the only gradient q, g and k get and q̂ and f̂ take fresh
-// ones, the gates' backward runs in the recurrence's (Hgru2GatesEpilogue): q̂'s, f̂'s and γ's gradients are written
+// ones, the gates' backward runs in the recurrence's (GlaGatesEpilogue): q̂'s, f̂'s and γ's gradients are written
 // here and dq, dk, dg never exist; otherwise they are formed for the gates' own backward.
-void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state,
+void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state,
                          const Var& out, const Var& final_out, const Tensor& saved_scores, const Tensor& kept_states,
                          const HeadDims& dims, double scale, const Hgrn2GatesOrigin* gates) {
-  const Hgru2CudaShape shape = cuda_shape(dims);
+  const GlaCudaShape shape = cuda_shape(dims);
   const Device device = Device::CUDA;
   if (out->grad.defined())
-    HGRN_CHECK(out->grad.dtype() == out->value.dtype(), "hgru2_recurrence: output gradient dtype ",
+    HGRN_CHECK(out->grad.dtype() == out->value.dtype(), "gla_recurrence: output gradient dtype ",
                dtype_name(out->grad.dtype()), " differs from the output's ", dtype_name(out->value.dtype()));
   if (final_out->grad.defined())
-    HGRN_CHECK(final_out->grad.dtype() == DType::F32, "hgru2_recurrence: final-state gradient must be fp32");
+    HGRN_CHECK(final_out->grad.dtype() == DType::F32, "gla_recurrence: final-state gradient must be fp32");
   const bool fuse_gates = gates && !q->grad.defined() && !k->grad.defined() && !g->grad.defined() &&
                           wants_grad(gates->q_hat) && wants_grad(gates->f_hat) && !gates->q_hat->grad.defined() &&
                           !gates->f_hat->grad.defined();
@@ -782,10 +782,10 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
   const Tensor states = !need_states ? Tensor()
                         : states_given
                             ? kept_states
-                            : Tensor::empty({hgru2_cuda_states_elements(shape)}, q->value.dtype(), device);
-  const Tensor d_states = Tensor::empty({hgru2_cuda_states_elements(shape)}, DType::F32, device);
-  const Tensor d_scores = Tensor::empty({hgru2_cuda_scores_elements(shape)}, DType::F32, device);
-  Hgru2CudaBackwardArgs a;
+                            : Tensor::empty({gla_cuda_states_elements(shape)}, q->value.dtype(), device);
+  const Tensor d_states = Tensor::empty({gla_cuda_states_elements(shape)}, DType::F32, device);
+  const Tensor d_scores = Tensor::empty({gla_cuda_scores_elements(shape)}, DType::F32, device);
+  GlaCudaBackwardArgs a;
   a.q = q->value.raw_data();
   a.k = k->value.raw_data();
   a.v = v->value.raw_data();
@@ -800,9 +800,9 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
   // Gradients that do not exist yet are written, not accumulated (no zero fill, no read-back).
   Tensor gate_partials;
   if (fuse_gates) {
-    Hgru2GatesEpilogue& e = a.gates;
+    GlaGatesEpilogue& e = a.gates;
     const Tensor &q_hat = gates->q_hat->value, &f_hat = gates->f_hat->value;
-    HGRN_CHECK(q_hat.dtype() == a.act && f_hat.dtype() == a.act, "hgru2_recurrence: the gates' q_hat and f_hat are ",
+    HGRN_CHECK(q_hat.dtype() == a.act && f_hat.dtype() == a.act, "gla_recurrence: the gates' q_hat and f_hat are ",
                dtype_name(q_hat.dtype()), "/", dtype_name(f_hat.dtype()), ", expected ", dtype_name(a.act));
     e.q_hat = q_hat.raw_data();
     e.q_hat_stride = q_hat.row_stride();
@@ -815,14 +815,14 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
     bool add_df = false, add_dq = false;
     const Tensor& df_hat = grad_buffer_for_write(gates->f_hat, &add_df, GradLayout::RowStrided);
     const Tensor& dq_hat = grad_buffer_for_write(gates->q_hat, &add_dq, GradLayout::RowStrided);
-    HGRN_CHECK(!add_df && !add_dq, "hgru2_recurrence: internal error: the gates' fresh gradients would accumulate");
+    HGRN_CHECK(!add_df && !add_dq, "gla_recurrence: internal error: the gates' fresh gradients would accumulate");
     e.df_hat = df_hat.raw_data();
     e.df_hat_stride = df_hat.row_stride();
     e.dq_hat = dq_hat.raw_data();
     e.dq_hat_stride = dq_hat.row_stride();
     if (gates->bounded && wants_grad(gates->gamma)) {
       e.dgamma_row = grad_buffer(gates->gamma).data<float>() + gates->layer * width;  // each layer adds its row
-      gate_partials = Tensor::empty({hgru2_cuda_gate_partials_elements(shape)}, DType::F32, device);
+      gate_partials = Tensor::empty({gla_cuda_gate_partials_elements(shape)}, DType::F32, device);
       e.partials = gate_partials.data<float>();
     }
   }
@@ -839,40 +839,40 @@ void hgru2_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g,
   a.states_given = states_given;
   a.d_states = d_states.data<float>();
   a.d_scores = d_scores.data<float>();
-  hgru2_cuda_backward(shape, a);
+  gla_cuda_backward(shape, a);
 }
 #endif
 
 }  // namespace
 
-Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_in, const Var& g,
+GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_in, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
                               int64_t chunk_size, std::shared_ptr<const Hgrn2GatesOrigin> gates, bool keep_states) {
-  HGRN_CHECK(q && k && v_in && g, "hgru2_recurrence: q, k, v and g are required");
+  HGRN_CHECK(q && k && v_in && g, "gla_recurrence: q, k, v and g are required");
   HGRN_CHECK(!gates || (gates->q == q && gates->k == k && gates->g == g),
-             "hgru2_recurrence: the gates' origin given is not that of these q, k and g");
+             "gla_recurrence: the gates' origin given is not that of these q, k and g");
   // v may be row-strided (a column block of the fused q/f/i projection: linear_columns).
   const Var v = contiguous_on_cpu(tape, v_in);
   const Tensor& qv = q->value;
-  HGRN_CHECK(qv.dim() == 3, "hgru2_recurrence: q must be [B, T, H*K], got ", shape_str(qv.shape()));
-  HGRN_CHECK(num_heads > 0, "hgru2_recurrence: num_heads must be positive, got ", num_heads);
+  HGRN_CHECK(qv.dim() == 3, "gla_recurrence: q must be [B, T, H*K], got ", shape_str(qv.shape()));
+  HGRN_CHECK(num_heads > 0, "gla_recurrence: num_heads must be positive, got ", num_heads);
   const int64_t batch = qv.size(0), time = qv.size(1), key_features = qv.size(2);
-  HGRN_CHECK(batch > 0 && time > 0 && key_features > 0, "hgru2_recurrence: empty q ", shape_str(qv.shape()));
-  HGRN_CHECK(key_features % num_heads == 0, "hgru2_recurrence: q's width ", key_features, " is not divisible by ",
+  HGRN_CHECK(batch > 0 && time > 0 && key_features > 0, "gla_recurrence: empty q ", shape_str(qv.shape()));
+  HGRN_CHECK(key_features % num_heads == 0, "gla_recurrence: q's width ", key_features, " is not divisible by ",
              num_heads, " heads");
-  HGRN_CHECK(k->value.shape() == qv.shape(), "hgru2_recurrence: k ", shape_str(k->value.shape()), " must match q ",
+  HGRN_CHECK(k->value.shape() == qv.shape(), "gla_recurrence: k ", shape_str(k->value.shape()), " must match q ",
              shape_str(qv.shape()));
-  HGRN_CHECK(g->value.shape() == qv.shape(), "hgru2_recurrence: g ", shape_str(g->value.shape()), " must match q ",
+  HGRN_CHECK(g->value.shape() == qv.shape(), "gla_recurrence: g ", shape_str(g->value.shape()), " must match q ",
              shape_str(qv.shape()));
   const Tensor& vv = v->value;
   HGRN_CHECK(vv.dim() == 3 && vv.size(0) == batch && vv.size(1) == time && vv.size(2) > 0 &&
                  vv.size(2) % num_heads == 0,
-             "hgru2_recurrence: v must be [", batch, ", ", time, ", H*V] with ", num_heads, " heads, got ",
+             "gla_recurrence: v must be [", batch, ", ", time, ", H*V] with ", num_heads, " heads, got ",
              shape_str(vv.shape()));
   const HeadDims dims{batch, time, num_heads, key_features / num_heads, vv.size(2) / num_heads};
   const Shape state_shape{batch, num_heads, dims.key_dim, dims.value_dim};
   if (initial_state)
-    HGRN_CHECK(initial_state->value.shape() == state_shape, "hgru2_recurrence: initial_state must be ",
+    HGRN_CHECK(initial_state->value.shape() == state_shape, "gla_recurrence: initial_state must be ",
                shape_str(state_shape), ", got ", shape_str(initial_state->value.shape()));
   const DType dtype = qv.dtype();
   // On the GPU (mixed precision): q, k, v in the activation dtype, g, the initial and final states fp32, the per-chunk
@@ -881,23 +881,23 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
   const bool on_cuda = device == Device::CUDA;
   for (const Var& x : {q, k, v, g, initial_state}) {
     if (!x) continue;
-    HGRN_CHECK(x->value.device() == device, "hgru2_recurrence: inputs mix ", device_name(device), " and ",
+    HGRN_CHECK(x->value.device() == device, "gla_recurrence: inputs mix ", device_name(device), " and ",
                device_name(x->value.device()));
     HGRN_CHECK(x == v ? x->value.is_row_strided() : x->value.is_contiguous(),
-               "hgru2_recurrence: inputs must be contiguous (v row-strided)");
+               "gla_recurrence: inputs must be contiguous (v row-strided)");
   }
   for (const Var& x : {k, v}) {
-    HGRN_CHECK(x->value.dtype() == dtype, "hgru2_recurrence: inputs mix ", dtype_name(dtype), " and ",
+    HGRN_CHECK(x->value.dtype() == dtype, "gla_recurrence: inputs mix ", dtype_name(dtype), " and ",
                dtype_name(x->value.dtype()));
   }
   const DType gate_dtype = on_cuda ? DType::F32 : dtype;
   for (const Var& x : {g, initial_state}) {
     if (!x) continue;
-    HGRN_CHECK(x->value.dtype() == gate_dtype, "hgru2_recurrence: ", x == g ? "g" : "initial_state", " must be ",
+    HGRN_CHECK(x->value.dtype() == gate_dtype, "gla_recurrence: ", x == g ? "g" : "initial_state", " must be ",
                dtype_name(gate_dtype), " here, got ", dtype_name(x->value.dtype()));
   }
-  HGRN_CHECK(chunk_size >= 0, "hgru2_recurrence: chunk_size must be >= 0 (0 = automatic), got ", chunk_size);
-  HGRN_CHECK(std::isfinite(scale), "hgru2_recurrence: scale must be finite, got ", scale);
+  HGRN_CHECK(chunk_size >= 0, "gla_recurrence: chunk_size must be >= 0 (0 = automatic), got ", chunk_size);
+  HGRN_CHECK(std::isfinite(scale), "gla_recurrence: scale must be finite, got ", scale);
   const ChunkLayout layout(time, chunk_size);
 
   // The same test op_output applies: a backward will be recorded iff the tape records and an input wants a gradient.
@@ -909,12 +909,12 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
   if (on_cuda) {
 #ifdef HGRN_WITH_CUDA
     // The CUDA kernels always run the chunk form with 64-step chunks (both modes compute the same function).
-    const Hgru2CudaShape shape = cuda_shape(dims);
+    const GlaCudaShape shape = cuda_shape(dims);
     output = Tensor::empty({batch, time, num_heads * dims.value_dim}, dtype, device);
     final_state = Tensor::empty(state_shape, DType::F32, device);
-    if (records) saved_scores = Tensor::empty({hgru2_cuda_scores_elements(shape)}, dtype, device);
-    const Tensor states = Tensor::empty({hgru2_cuda_states_elements(shape)}, dtype, device);
-    Hgru2CudaForwardArgs a;
+    if (records) saved_scores = Tensor::empty({gla_cuda_scores_elements(shape)}, dtype, device);
+    const Tensor states = Tensor::empty({gla_cuda_states_elements(shape)}, dtype, device);
+    GlaCudaForwardArgs a;
     a.q = qv.raw_data();
     a.k = k->value.raw_data();
     a.v = vv.raw_data();
@@ -927,26 +927,26 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     a.final_state = final_state.data<float>();
     a.scores = saved_scores.defined() ? saved_scores.raw_data() : nullptr;
     a.states = states.raw_data();
-    hgru2_cuda_forward(shape, a);
+    gla_cuda_forward(shape, a);
     if (records && keep_states && backward_reads_states(q, k, g)) kept_states = states;
 #else
-    throw Error("hgru2_recurrence: this hgrn was built without CUDA");
+    throw Error("gla_recurrence: this hgrn was built without CUDA");
 #endif
   } else {
     output = Tensor::empty({batch, time, num_heads * dims.value_dim}, dtype);
     final_state = Tensor::empty(state_shape, dtype);
     if (records && mode == RecurrenceMode::Chunk)
       saved_scores = Tensor::empty({dims.pairs() * layout.scores_per_sequence()}, dtype);
-    HGRN_DISPATCH_FLOAT(dtype, "hgru2_recurrence", [&] {
-      Hgru2Io<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
+    HGRN_DISPATCH_FLOAT(dtype, "gla_recurrence", [&] {
+      GlaIo<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
       io.output = output.data<scalar_t>();
       io.final_state = final_state.data<scalar_t>();
       io.saved_scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
-      hgru2_forward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
+      gla_forward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
     });
   }
 
-  Hgru2Outputs result{op_output(tape, output, {q, k, v, g, initial_state}),
+  GlaOutputs result{op_output(tape, output, {q, k, v, g, initial_state}),
                       op_output(tape, final_state, {q, k, v, g, initial_state})};
   if (!result.output->requires_grad) return result;
   Var out = result.output, final_out = result.final_state;
@@ -955,15 +955,15 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
     if (!out->grad.defined() && !final_out->grad.defined()) return;
     if (q->value.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-      hgru2_backward_cuda(q, k, v, g, initial_state, out, final_out, saved_scores, kept_states, dims, scale,
+      gla_backward_cuda(q, k, v, g, initial_state, out, final_out, saved_scores, kept_states, dims, scale,
                           gates.get());
 #else
-      throw Error("hgru2_recurrence: this hgrn was built without CUDA");
+      throw Error("gla_recurrence: this hgrn was built without CUDA");
 #endif
       return;
     }
-    HGRN_DISPATCH_FLOAT(q->value.dtype(), "hgru2_recurrence backward", [&] {
-      Hgru2Io<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
+    HGRN_DISPATCH_FLOAT(q->value.dtype(), "gla_recurrence backward", [&] {
+      GlaIo<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
       io.scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
       io.d_output = out->grad.defined() ? out->grad.data<scalar_t>() : nullptr;
       io.d_final_state = final_out->grad.defined() ? final_out->grad.data<scalar_t>() : nullptr;
@@ -973,7 +973,7 @@ Hgru2Outputs hgru2_recurrence(Tape& tape, const Var& q, const Var& k, const Var&
       io.dv = wants_grad(v) ? grad_buffer(v).data<scalar_t>() : nullptr;
       io.dg = wants_grad(g) ? grad_buffer(g).data<scalar_t>() : nullptr;
       io.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<scalar_t>() : nullptr;
-      hgru2_backward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
+      gla_backward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
     });
   });
   return result;

@@ -1,5 +1,5 @@
-// hgru2_recurrence.cu: the chunkwise HGRU2/GLA recurrence on the GPU (spec 7.1–7.3), forward and backward, held to the
-// CPU chunk form in src/ops/hgru2_recurrence.cpp (same stages, same gate-gradient bookkeeping).
+// gla_recurrence.cu: the chunkwise HGRU2/GLA recurrence on the GPU (spec 7.1–7.3), forward and backward, held to the
+// CPU chunk form in src/ops/gla_recurrence.cpp (same stages, same gate-gradient bookkeeping).
 //
 // Work is split as fla splits it:
 //   state_pass   (B·H, K-tiles, V-tiles or pairs of them; sequential over chunks): the states S^(c) entering every
@@ -8,7 +8,7 @@
 //   fwd_output   (B·H, chunk): the intra-chunk scores A and o = s·(q ⊙ e^G) S^(c) + A v.
 //   bwd_dv       (B·H, chunk): dv = Aᵀ dO + (k ⊙ e^{G_L − G}) dS_e, and dA = s·dO vᵀ.
 //   bwd_dqk      (B·H, chunk, K-tile): intra and inter dq, dk, and dg; or, where q, g and k are a layer's HGRN2
-//                gates (Hgru2GatesEpilogue), the gates' backward on them in its epilogue: q̂'s, f̂'s and γ's gradients
+//                gates (GlaGatesEpilogue), the gates' backward on them in its epilogue: q̂'s, f̂'s and γ's gradients
 //                written instead, dq, dk and dg never stored.
 // On Hopper each kernel launches as a programmatic dependent of the one before it, so that fwd_output and bwd_dv do
 // their first phase while the state pass before them finishes (the rule they keep: above allow_dependent_launch).
@@ -40,7 +40,7 @@
 // by the pass, read by bwd_dqk) and lets a caller keep the forward's states instead of recomputing them.
 // The backward's scratch: the recomputed states (unless kept), the state gradients (B·H·NT·K·V fp32) and dA
 // (B·H·NT·64·64 fp32); the forward keeps A (B·H·NT·64·64, in the activation dtype: exact, see
-// Hgru2CudaForwardArgs::scores) for the backward.
+// GlaCudaForwardArgs::scores) for the backward.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -54,7 +54,7 @@
 #include "chunk_sums.cuh"
 #include "elementwise.cuh"
 #include "hgrn2_gate_math.cuh"
-#include "hgru2_recurrence.h"
+#include "gla_recurrence.h"
 #include "sigmoid.cuh"
 
 namespace hgrn {
@@ -1264,7 +1264,7 @@ struct BwdDqkParams {
   float* dg;
   bool accumulate_dq, accumulate_dk, accumulate_dg;
   Dims d;
-  Hgru2GatesEpilogue gates;  // q_hat set: the gates' gradients instead of dq, dk, dg (strides resolved: never 0)
+  GlaGatesEpilogue gates;  // q_hat set: the gates' gradients instead of dq, dk, dg (strides resolved: never 0)
 };
 
 // bwd_dqk's tile strides: q, k and G rows of kLdB (≡ 8 banks mod 32) and dA rows of kLdD (≡ 4): the tensor-core
@@ -1381,7 +1381,7 @@ __device__ __forceinline__ RowGradients row_gradients(const BwdDqkSmem<In>& s, i
 // kernel's shared memory does not grow; ptxas now keeps one 4-byte value in local memory (around the staging
 // fallback's call), which did not show in the timings.
 template <typename In>
-__device__ void stage_gate_inputs(const Hgru2GatesEpilogue& e, const BwdDqkSmem<In>& s, const Dims& d,
+__device__ void stage_gate_inputs(const GlaGatesEpilogue& e, const BwdDqkSmem<In>& s, const Dims& d,
                                   const ChunkBlock& cb, int k0, int kcols) {
   const int64_t row0 = static_cast<int64_t>(cb.b) * d.T + cb.t0, channel = static_cast<int64_t>(cb.h) * d.K + k0;
   const In* q_hat = static_cast<const In*>(e.q_hat) + row0 * e.q_hat_stride + channel;
@@ -1397,7 +1397,7 @@ __device__ void stage_gate_inputs(const Hgru2GatesEpilogue& e, const BwdDqkSmem<
   }
 }
 
-// bwd_dqk's epilogue with the gates' backward (Hgru2GatesEpilogue), on the rows this thread owns (column a of rows
+// bwd_dqk's epilogue with the gates' backward (GlaGatesEpilogue), on the rows this thread owns (column a of rows
 // r_lo .. r_lo + rows − 1 of chunk c of pair (b, h), K-tile at k0): dq, dk and dg formed as write_rows forms them
 // (never stored), then through the gates: df̂ = (dg − λ·dk)·∂g/∂f̂ and dq̂ = silu'(q̂)·dq, with
 // cuda_hgrn2_gates_backward's per-element functions (hgrn2_gate_math.cuh, sigmoid.cuh), and the chunk's column sums
@@ -1408,7 +1408,7 @@ template <typename In>
 __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>& s, const ChunkBlock& cb, int k0,
                                      int kcols, int a, int rg, int rows, float suffix) {
   using namespace gate_math;
-  const Hgru2GatesEpilogue& e = p.gates;
+  const GlaGatesEpilogue& e = p.gates;
   const Dims& d = p.d;
   const int r_lo = rg * kSub, last = cb.n - 1;
   const int64_t channel = static_cast<int64_t>(cb.h) * d.K + k0 + a;
@@ -1763,14 +1763,14 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 // Host side.
 
 // v_stride, dv_stride: 0 = H·V (contiguous).
-Dims make_dims(const Hgru2CudaShape& shape, int64_t v_stride, int64_t dv_stride) {
+Dims make_dims(const GlaCudaShape& shape, int64_t v_stride, int64_t dv_stride) {
   HGRN_CHECK(shape.batch > 0 && shape.time > 0 && shape.heads > 0 && shape.key_dim > 0 && shape.value_dim > 0,
-             "hgru2 CUDA: empty shape");
-  HGRN_CHECK(shape.key_dim <= kMaxKey, "hgru2 CUDA: key dim ", shape.key_dim, " > ", kMaxKey, " is not supported");
-  HGRN_CHECK(shape.batch * shape.heads <= 65535, "hgru2 CUDA: batch·heads ", shape.batch * shape.heads,
+             "gla_recurrence CUDA: empty shape");
+  HGRN_CHECK(shape.key_dim <= kMaxKey, "gla_recurrence CUDA: key dim ", shape.key_dim, " > ", kMaxKey, " is not supported");
+  HGRN_CHECK(shape.batch * shape.heads <= 65535, "gla_recurrence CUDA: batch·heads ", shape.batch * shape.heads,
              " exceeds the grid limit 65535");
   HGRN_CHECK((shape.time + kChunk - 1) / kChunk <= 65535 && shape.value_dim < (int64_t{1} << 20),
-             "hgru2 CUDA: sequence or value dim too large (at most 65535 chunks of 64)");
+             "gla_recurrence CUDA: sequence or value dim too large (at most 65535 chunks of 64)");
   Dims d;
   d.T = static_cast<int>(shape.time);
   d.H = static_cast<int>(shape.heads);
@@ -1785,7 +1785,7 @@ Dims make_dims(const Hgru2CudaShape& shape, int64_t v_stride, int64_t dv_stride)
   if (!dv_stride) dv_stride = hv;
   HGRN_CHECK(v_stride >= hv && dv_stride >= hv && std::max(v_stride, dv_stride) <= 0x7fffffff &&
                  static_cast<int64_t>(shape.batch) * shape.time <= 0x7fffffff,
-             "hgru2 CUDA: v's row stride ", v_stride, " or dv's ", dv_stride, " is narrower than H·V = ", hv,
+             "gla_recurrence CUDA: v's row stride ", v_stride, " or dv's ", dv_stride, " is narrower than H·V = ", hv,
              " or too wide, or B·T too large");
   d.v_stride = static_cast<int>(v_stride);
   d.dv_stride = static_cast<int>(dv_stride);
@@ -1811,7 +1811,7 @@ template <typename... Args>
 void launch(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, Args... args) {
   static_assert(sizeof...(Args) == 1, "one parameter struct");
   const size_t optin = cuda_device_properties().sharedMemPerBlockOptin;
-  HGRN_CHECK(bytes <= optin, "hgru2 CUDA: ", name, " needs ", bytes, " bytes of shared memory, the device has ", optin);
+  HGRN_CHECK(bytes <= optin, "gla_recurrence CUDA: ", name, " needs ", bytes, " bytes of shared memory, the device has ", optin);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -1853,7 +1853,7 @@ struct Launcher {
   // blocks, one or two to an SM, ran the recurrence 1.5% slower than 384 three to an SM.
   template <bool REVERSE>
   void state_pass(const StatePassParams& p) const {
-    const char* name = REVERSE ? "hgru2_state_pass_reverse" : "hgru2_state_pass";
+    const char* name = REVERSE ? "gla_state_pass_reverse" : "gla_state_pass";
     StatePassSmem<In, 1> s1;
     const size_t bytes = StatePassSmem<In, 1>::carve(nullptr, &s1);
     const int64_t blocks = static_cast<int64_t>(d.nk) * d.nv * pairs;
@@ -1883,20 +1883,20 @@ struct Launcher {
   void fwd_output(const FwdOutputParams& p) const {
     FwdOutputSmem<In> s;
     launch(fwd_output_kernel<In>, dim3(d.NT, pairs), FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s),
-           "hgru2_fwd_output", p);
+           "gla_fwd_output", p);
   }
   void bwd_dv(const BwdDvParams& p) const {
     BwdDvSmem<In> s;
-    launch(bwd_dv_kernel<In>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s), "hgru2_bwd_dv", p);
+    launch(bwd_dv_kernel<In>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s), "gla_bwd_dv", p);
   }
   void bwd_dqk(const BwdDqkParams& p) const {
     BwdDqkSmem<In> s;
-    launch(bwd_dqk_kernel<In>, dim3(d.nk, d.NT, pairs), BwdDqkSmem<In>::carve(nullptr, &s), "hgru2_bwd_dqk", p);
+    launch(bwd_dqk_kernel<In>, dim3(d.nk, d.NT, pairs), BwdDqkSmem<In>::carve(nullptr, &s), "gla_bwd_dqk", p);
   }
 };
 
 template <typename In>
-void forward_impl(const Dims& d, unsigned pairs, const Hgru2CudaForwardArgs& a) {
+void forward_impl(const Dims& d, unsigned pairs, const GlaCudaForwardArgs& a) {
   const Launcher<In> launcher{d, pairs};
   const StatePassParams sp{a.k, a.v, d.v_stride, a.g, a.initial_state, a.states, true, a.final_state, nullptr, 1.0f, d};
   launcher.template state_pass<false>(sp);
@@ -1904,7 +1904,7 @@ void forward_impl(const Dims& d, unsigned pairs, const Hgru2CudaForwardArgs& a) 
 }
 
 template <typename In>
-void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a) {
+void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) {
   const Launcher<In> launcher{d, pairs};
   const bool need_dqk = a.dq || a.dk || a.dg || a.gates.q_hat;
   if (need_dqk && !a.states_given) {  // S^(c), recomputed as the forward stored them: only dq, dk and dg read them
@@ -1918,7 +1918,7 @@ void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a
     launcher.bwd_dv(
         BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.scale, a.dv, a.accumulate_dv, a.d_scores, d});
   if (!need_dqk) return;
-  Hgru2GatesEpilogue gates = a.gates;
+  GlaGatesEpilogue gates = a.gates;
   const int64_t key_width = static_cast<int64_t>(d.H) * d.K;
   for (int64_t* stride : {&gates.q_hat_stride, &gates.f_hat_stride, &gates.dq_hat_stride, &gates.df_hat_stride})
     if (!*stride) *stride = key_width;
@@ -1932,46 +1932,46 @@ void backward_impl(const Dims& d, unsigned pairs, const Hgru2CudaBackwardArgs& a
 
 }  // namespace
 
-int64_t hgru2_cuda_states_elements(const Hgru2CudaShape& s) {
+int64_t gla_cuda_states_elements(const GlaCudaShape& s) {
   return s.batch * s.heads * ((s.time + kChunk - 1) / kChunk) * s.key_dim * s.value_dim;
 }
 
-int64_t hgru2_cuda_gate_partials_elements(const Hgru2CudaShape& s) {
+int64_t gla_cuda_gate_partials_elements(const GlaCudaShape& s) {
   return s.batch * ((s.time + kChunk - 1) / kChunk) * s.heads * s.key_dim;
 }
 
-int64_t hgru2_cuda_scores_elements(const Hgru2CudaShape& s) {
+int64_t gla_cuda_scores_elements(const GlaCudaShape& s) {
   return s.batch * s.heads * ((s.time + kChunk - 1) / kChunk) * kChunk * kChunk;
 }
 
-void hgru2_cuda_forward(const Hgru2CudaShape& shape, const Hgru2CudaForwardArgs& args) {
+void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args) {
   const Dims d = make_dims(shape, args.v_stride, 0);
   HGRN_CHECK(args.q && args.k && args.v && args.g && args.output && args.final_state && args.states,
-             "hgru2_cuda_forward: missing tensor");
+             "gla_cuda_forward: missing tensor");
   const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
-  HGRN_CUDA_DISPATCH_ACT(args.act, "hgru2_cuda_forward", [&] { forward_impl<act_t>(d, pairs, args); });
+  HGRN_CUDA_DISPATCH_ACT(args.act, "gla_cuda_forward", [&] { forward_impl<act_t>(d, pairs, args); });
 }
 
-void hgru2_cuda_backward(const Hgru2CudaShape& shape, const Hgru2CudaBackwardArgs& args) {
+void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& args) {
   const Dims d = make_dims(shape, args.v_stride, args.dv_stride);
   HGRN_CHECK(args.q && args.k && args.v && args.g && args.scores && args.d_states && args.d_scores,
-             "hgru2_cuda_backward: missing tensor");
-  const Hgru2GatesEpilogue& e = args.gates;
+             "gla_cuda_backward: missing tensor");
+  const GlaGatesEpilogue& e = args.gates;
   HGRN_CHECK(args.states || !(args.dq || args.dk || args.dg || e.q_hat),
-             "hgru2_cuda_backward: dq, dk, dg (or the gates' gradients) need the states buffer");
+             "gla_cuda_backward: dq, dk, dg (or the gates' gradients) need the states buffer");
   if (e.q_hat) {
     HGRN_CHECK(!args.dq && !args.dk && !args.dg,
-               "hgru2_cuda_backward: with the gates epilogue, dq, dk and dg are not formed: pass them null");
-    HGRN_CHECK(e.f_hat && e.dq_hat && e.df_hat, "hgru2_cuda_backward: the gates epilogue needs f_hat, dq_hat, df_hat");
+               "gla_cuda_backward: with the gates epilogue, dq, dk and dg are not formed: pass them null");
+    HGRN_CHECK(e.f_hat && e.dq_hat && e.df_hat, "gla_cuda_backward: the gates epilogue needs f_hat, dq_hat, df_hat");
     HGRN_CHECK(!e.dgamma_row || (e.gamma_row && e.partials),
-               "hgru2_cuda_backward: the gates epilogue's dgamma_row needs gamma_row and partials");
+               "gla_cuda_backward: the gates epilogue's dgamma_row needs gamma_row and partials");
     const int64_t key_width = shape.heads * shape.key_dim;
     for (int64_t stride : {e.q_hat_stride, e.f_hat_stride, e.dq_hat_stride, e.df_hat_stride})
-      HGRN_CHECK(stride == 0 || stride >= key_width, "hgru2_cuda_backward: a gates row stride ", stride,
+      HGRN_CHECK(stride == 0 || stride >= key_width, "gla_cuda_backward: a gates row stride ", stride,
                  " is narrower than H·K = ", key_width);
   }
   const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
-  HGRN_CUDA_DISPATCH_ACT(args.act, "hgru2_cuda_backward", [&] { backward_impl<act_t>(d, pairs, args); });
+  HGRN_CUDA_DISPATCH_ACT(args.act, "gla_cuda_backward", [&] { backward_impl<act_t>(d, pairs, args); });
 }
 
 }  // namespace hgrn

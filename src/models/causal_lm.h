@@ -1,0 +1,55 @@
+// causal_lm.h: the one interface through which training, evaluation, benchmarks, data parallelism, checkpoints,
+// export and the command line see a model, whatever its family member (models/registry.h makes one from a config).
+#pragma once
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "core/autograd.h"
+#include "models/params.h"
+
+namespace hgrn {
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+
+  // input_ids: int32 or int64 [B, T]. Returns logits [B, T, vocab_size].
+  // recurrent_states (optional) carries each layer's recurrent state across calls, which is how an RNN reads
+  // unlimited context: on input, a layer's entry (if defined) is its initial state; on return, every entry holds
+  // that layer's final state. Null: every sequence starts from the zero state.
+  virtual Var forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr) const = 0;
+  // forward without the LM head: the final normed hidden states [B, T, D], which forward multiplies by lm_head().
+  // Training feeds them to linear_cross_entropy, which never holds the whole batch's logits.
+  virtual Var forward_hidden(Tape& tape, const Tensor& input_ids,
+                             std::vector<Var>* recurrent_states = nullptr) const = 0;
+  virtual const Var& lm_head() const = 0;  // [vocab, D]; the embedding matrix when tied
+
+  // Moves every parameter to `device` (fp32 master weights stay fp32) and sets the dtype activations are computed
+  // in: fp32, or bf16 on the GPU (mixed precision: GEMMs on bf16 copies of the weights, fp32 gradients).
+  virtual void to_device(Device device, DType activation_dtype) = 0;
+  virtual Device device() const = 0;
+  virtual DType activation_dtype() const = 0;
+  // What the backward recomputes instead of keeping (config.model.memory at construction): the same bits either way.
+  virtual void set_memory(const ModelMemoryConfig& memory) = 0;
+
+  // Data parallelism overlaps the gradient reduction with the backward pass. The parameters fall into groups, in the
+  // order their gradients become final during a backward; every parameter is in exactly one group. With a hook set,
+  // the backward calls hook(group) as soon as every gradient of that group is complete (on the GPU: all kernels
+  // writing them are queued).
+  virtual std::vector<std::vector<Var>> gradient_ready_groups() const = 0;
+  virtual void set_gradient_ready_hook(std::function<void(size_t group)> hook) = 0;
+
+  virtual const ModelConfig& config() const = 0;
+  // In model_param_specs order, with their fla names and groups.
+  virtual const std::vector<std::pair<ParamSpec, Var>>& parameters() const = 0;
+  virtual const Var& parameter(const std::string& name) const = 0;  // throws if the model has no such tensor
+  // Copies named tensors (a checkpoint's or an imported model's) into the parameters: the names and shapes must be
+  // exactly the model's, in any order; `source` names where they came from in messages.
+  virtual void load_parameters(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                               const std::string& source) = 0;
+};
+
+}  // namespace hgrn

@@ -1,0 +1,64 @@
+// registry.h: the HGRN family's members behind one description each (ModelFamily), and the model factory. A member is
+// a folder of its own (models/<type>/) holding its token mixer and its ModelFamily; adding one is those files plus
+// one line in registry.cpp (docs/models.md).
+#pragma once
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/rng.h"
+#include "models/causal_lm.h"
+#include "models/params.h"
+#include "models/token_mixer.h"
+
+namespace hgrn {
+
+class HfConfigReader;
+
+// What a token mixer costs per layer, beyond its projections' GEMMs (which models/cost.cpp counts from the
+// parameter list).
+struct MixerCost {
+  double flops_per_token = 0;             // the recurrence's own arithmetic (forward)
+  double state_bytes_per_sequence = 0;    // recurrent state the forward keeps (final and per-chunk states)
+  double activation_bytes_per_token = 0;  // the mixer's tensors the backward needs (projections' outputs included)
+};
+
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+  virtual std::string type() const = 0;             // model.type and fla's model_type, e.g. "hgrn2"
+  virtual std::string display_name() const = 0;     // e.g. "HGRN2"
+  virtual std::string hf_architecture() const = 0;  // fla's class, e.g. "HGRN2ForCausalLM"
+  // model.* keys only this member has: set in a config of another type, they are refused.
+  virtual std::vector<std::string> own_keys() const = 0;
+  // This member's checks of the model section (sizes that must divide, ...), reported through `checker`.
+  virtual void validate(const ModelConfig& config, const ConfigChecker& checker) const = 0;
+  // The token mixer's shape in a few words for `hgrn info`, e.g. "8 heads (key 128, value 128)".
+  virtual std::string mixer_summary(const ModelConfig& config) const = 0;
+  // The width of the forget gate, and so of each row of model.lower_bounds.
+  virtual int64_t gate_width(const ModelConfig& config) const = 0;
+  // One layer's token-mixer parameters, named below "model.layers.N.attn.", in registration order.
+  virtual std::vector<ParamSpec> mixer_param_specs(const ModelConfig& config) const = 0;
+  virtual std::unique_ptr<TokenMixer> make_mixer(const ModelConfig& config) const = 0;
+  virtual MixerCost mixer_cost(const ModelConfig& config, int64_t seq_len, int64_t bytes_per_activation) const = 0;
+  // What a checkpoint must match to be resumed: the member and its shapes.
+  virtual std::string signature(const ModelConfig& config) const = 0;
+  // The member's own config.json fields (model_type, architectures and its widths); the shared ones are written and
+  // read by io/hf_export.cpp.
+  virtual void write_hf_config(const ModelConfig& config, nlohmann::json& out) const = 0;
+  virtual void read_hf_config(const HfConfigReader& in, ModelConfig& config) const = 0;
+};
+
+// The registered model.type names, in registration order.
+std::vector<std::string> model_type_names();
+// The member of that model.type; throws hgrn::Error listing the known types.
+const ModelFamily& model_family(const std::string& type);
+// A model of config's member, every parameter created in `dtype` and initialised as fla does: N(0, range) for
+// projections and embeddings (drawn in model_param_specs order from `init_rng`), ones for norms, zeros for lower bounds.
+std::unique_ptr<CausalLM> create_model(const ModelConfig& config, Rng& init_rng, DType dtype = DType::F32);
+// What a checkpoint must match to be resumed: the member's shapes and the master weights' precision.
+std::string model_signature(const ModelConfig& config);
+
+}  // namespace hgrn

@@ -1,0 +1,40 @@
+// token_mixer.h: what a family member plugs into the shared decoder (models/decoder_lm.h): its token mixer, the
+// layer's sequence-mixing half, and the memory-policy helpers every mixer uses the same way.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "config/config.h"
+#include "core/autograd.h"
+#include "ops/recompute.h"
+
+namespace hgrn {
+
+// One layer's call of a token mixer.
+struct MixerCall {
+  int64_t layer = 0;                    // ℓ
+  int64_t num_layers = 0;               // L
+  const std::vector<Var>* weights;      // the layer's mixer parameters, in ModelFamily::mixer_param_specs order
+  const ModelMemoryConfig* memory;      // what the backward recomputes
+  Var x;                                // attn_norm(h), the mixer's input [B, T, D]
+  Var gamma;                            // the lower bounds' γ [L, gate width] (undefined without lower bounds)
+  Var h;                                // the residual stream: the mixer returns h + Mixer(x)
+  Var* state = nullptr;                 // optional carried state: in, the initial one (undefined: zero); out, final
+};
+
+class TokenMixer {
+ public:
+  virtual ~TokenMixer() = default;
+  // Records the layer's mixer on the tape and returns h + Mixer(x) (the residual add made by its last GEMM).
+  virtual Var forward(Tape& tape, const MixerCall& call) const = 0;
+};
+
+// rematerialize(tape, vars, values) when memory.recompute_elementwise is on; else the values are kept.
+void recompute_in_backward(Tape& tape, const ModelMemoryConfig& memory, const std::vector<Var>& vars,
+                           RematerializeFn values);
+// Under recompute_elementwise: an RMSNorm output `normed` of `input` is not kept for the backward; it comes back in
+// the norm's own backward, or (read_early: something reads it before then) by a forward of its own.
+void free_norm_output(Tape& tape, const ModelMemoryConfig& memory, const Var& normed, const Var& input,
+                      const Var& weight, double eps, bool read_early);
+
+}  // namespace hgrn
