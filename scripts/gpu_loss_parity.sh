@@ -23,7 +23,7 @@ seq=${SEQ:-2048}
 config=configs/$model.yaml
 mkdir -p "$out"
 source scripts/peer_env.sh
-read -r layers hidden batch <<<"$(peer_shape "$model")"
+read -r layers hidden batch _ <<<"$(peer_shape "$model")"
 if [ ! -x build-gpu/hgrn ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHGRN_CUDA=ON ${HGRN_CMAKE_ARGS:-}
   cmake --build build-gpu -j"$(nproc)" --target hgrn

@@ -60,11 +60,15 @@ if ! python3 -c "import fla" 2>/dev/null; then
   export PYTHONPATH="$pylib${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # The peer-baseline shapes (../shared/docs/peer-baseline.md) of a config name: layers hidden batch.
-peer_shape() {
+peer_shape() {  # layers, hidden size, batch and fla's model_type of a shipped GPU config
   case "$1" in
-    hgrn2-150m) echo "15 768 16" ;;
-    hgrn2-385m) echo "26 1024 16" ;;
-    hgrn2-1b) echo "18 2048 8" ;;
-    *) echo "no peer-baseline shape for '$1' (expected hgrn2-150m, hgrn2-385m or hgrn2-1b)" >&2; return 1 ;;
+    hgrn2-150m) echo "15 768 16 hgrn2" ;;
+    hgrn2-385m) echo "26 1024 16 hgrn2" ;;
+    hgrn2-1b) echo "18 2048 8 hgrn2" ;;
+    hgrn1-150m) echo "15 768 16 hgrn" ;;
+    hgrn1-385m) echo "26 1024 16 hgrn" ;;
+    hgrn1-1b) echo "18 2048 8 hgrn" ;;
+    *) echo "no peer-baseline shape for '$1' (expected hgrn2-150m, hgrn2-385m, hgrn2-1b or the hgrn1- ones)" >&2
+       return 1 ;;
   esac
 }

@@ -591,3 +591,52 @@ TEST(ConfigBatch, GlobalBatchSizeWithAccumulationStepsOrNotAMultipleIsRejected) 
 
 }  // namespace
 }  // namespace hgrn
+
+namespace hgrn {
+namespace {
+
+TEST(ConfigModelTypes, EachMemberIsAcceptedAndAnUnknownTypeListsThem) {
+  EXPECT_EQ(parse_config(base_yaml(), kSource).model.type, "hgrn2");  // the default: configs without a type
+  EXPECT_EQ(parse_config(base_yaml(), kSource, {"model.type=hgrn", "model.expand_ratio=2"}).model.type, "hgrn");
+  const std::string message = error_of(base_yaml(), {"model.type=hgrn3"});
+  EXPECT_NE(message.find("model.type: expected one of hgrn2 | hgrn, got 'hgrn3'"), std::string::npos) << message;
+}
+
+TEST(ConfigModelTypes, AKeyOfAnotherMemberIsRefusedNamingItsType) {
+  const Edited edited = with_value("model.type", "hgrn");
+  std::string text = edited.text + "";
+  // num_heads only HGRN2 has: set in an HGRN1 config, the message says whose key it is and points at it.
+  const std::string heads = error_of(text, {"model.num_heads=4"});
+  EXPECT_NE(heads.find("model.num_heads: belongs to model.type hgrn2 (HGRN2); this config's model.type is hgrn"),
+            std::string::npos)
+      << heads;
+  EXPECT_NE(heads.find("--set 'model.num_heads=4'"), std::string::npos) << heads;
+  const std::string states = error_of(text, {"model.memory.keep_recurrence_states=3"});
+  EXPECT_NE(states.find("model.memory.keep_recurrence_states: belongs to model.type hgrn2"), std::string::npos)
+      << states;
+}
+
+TEST(ConfigModelTypes, MovedMemoryKnobsNameTheirNewPlace) {
+  const std::string text = base_yaml() + "";
+  // In the file: the training section gains an old key.
+  std::string old_file = text;
+  old_file.replace(old_file.find("training:\n"), 10, "training:\n  recompute_gates: false\n");
+  const std::string in_file = error_of(old_file);
+  EXPECT_NE(in_file.find("training.recompute_gates: this key has moved to model.memory.recompute_gates"),
+            std::string::npos)
+      << in_file;
+  EXPECT_NE(in_file.find(std::string(kSource) + ":"), std::string::npos) << in_file;
+  const std::string in_set = error_of(text, {"training.keep_recurrence_states=2"});
+  EXPECT_NE(in_set.find("has moved to model.memory.keep_recurrence_states"), std::string::npos) << in_set;
+  // The new place takes them.
+  const Config c = parse_config(text, kSource, {"model.memory.recompute_gates=false",
+                                                "model.memory.keep_recurrence_states=2"});
+  EXPECT_FALSE(c.model.memory.recompute_gates);
+  EXPECT_EQ(c.model.memory.keep_recurrence_states, 2);
+  // A checkpoint's stored config from before the move reads them at their new place.
+  const Config stored = parse_stored_config(old_file, "stored");
+  EXPECT_FALSE(stored.model.memory.recompute_gates);
+}
+
+}  // namespace
+}  // namespace hgrn

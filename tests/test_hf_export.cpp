@@ -539,3 +539,67 @@ TEST(ExportReference, SameSeedSameSequences) {
 
 }  // namespace
 }  // namespace hgrn
+
+namespace hgrn {
+namespace {
+
+// HGRN1 (fla's HGRNForCausalLM): D = 16 with a recurrence twice as wide, so that the mixer's widths and D differ.
+ModelConfig small_hgrn1_config() {
+  ModelConfig m = small_model_config();
+  m.type = "hgrn";
+  m.expand_ratio = 2;
+  return m;
+}
+
+TEST(HfExport, Hgrn1WritesHgrnConfigAndRoundTripsBitExact) {
+  const ModelConfig config = small_hgrn1_config();
+  const NamedTensors params = random_params(config);
+  ScratchDir dir;
+  const std::string out = dir / "hgrn1";
+  export_hf(config, params, out, DType::F32);
+  const nlohmann::json c = nlohmann::json::parse(read_file(out + "/config.json"));
+  EXPECT_EQ(c["model_type"], "hgrn");
+  EXPECT_EQ(c["architectures"], nlohmann::json::array({"HGRNForCausalLM"}));
+  EXPECT_EQ(c["expand_ratio"], 2);
+  EXPECT_FALSE(c.contains("num_heads"));  // HGRNConfig has none
+  const ModelConfig imported = read_hf_config(out);
+  EXPECT_EQ(imported.type, "hgrn");
+  EXPECT_EQ(imported.expand_ratio, std::optional<int64_t>(2));
+  EXPECT_EQ(imported.hidden_size, 16);
+  const NamedTensors back = read_hf_weights(out, imported);
+  ASSERT_EQ(back.size(), params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(back[i].first, params[i].first);
+    EXPECT_TRUE(same_bits(back[i].second, params[i].second)) << params[i].first;
+  }
+  // The weights name fla's HGRN layer: i/f/g projections D·expand_ratio wide.
+  bool found = false;
+  for (const auto& [name, tensor] : back)
+    if (name == "model.layers.1.attn.g_proj.weight") {
+      found = true;
+      EXPECT_EQ(tensor.shape(), (Shape{32, 16}));
+    }
+  EXPECT_TRUE(found);
+}
+
+TEST(HfExportImport, Hgrn1AbsentFieldsTakeHgrnConfigDefaultsAndAnUnknownTypeIsRefused) {
+  ScratchDir dir;
+  write_file(dir / "config.json",
+             R"({"model_type": "hgrn", "hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 10})");
+  const ModelConfig m = read_hf_config(dir.str());
+  EXPECT_EQ(m.type, "hgrn");
+  EXPECT_EQ(m.expand_ratio, std::optional<int64_t>(1));
+  write_file(dir / "config.json", R"({"model_type": "mamba", "hidden_size": 64})");
+  try {
+    read_hf_config(dir.str());
+    ADD_FAILURE() << "model_type mamba was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model_type: expected one of \"hgrn2\" (fla's HGRN2ForCausalLM), \"hgrn\" "
+                                         "(fla's HGRNForCausalLM), got \"mamba\""),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hgrn

@@ -195,6 +195,24 @@ TEST_P(EveryModelType, ChunkwiseAndRecurrentModesGiveTheSameLogits) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-10) << "logit " << i;
 }
 
+TEST(Hgrn1Model, ParametersFollowFlaNamesAndShapes) {
+  // fla's HGRNForCausalLM with expand_ratio 2: the mixer's projections are input_dim = 16 wide, as the lower bounds.
+  Rng rng(47);
+  DecoderLM model(tiny_config("hgrn"), rng, DType::F32);
+  EXPECT_EQ(model.parameter("model.lower_bounds")->value.shape(), (Shape{3, 16}));
+  for (const char* proj : {"i_proj", "f_proj", "g_proj"})
+    EXPECT_EQ(model.parameter(std::string("model.layers.1.attn.") + proj + ".weight")->value.shape(), (Shape{16, 8}));
+  EXPECT_EQ(model.parameter("model.layers.1.attn.g_norm.weight")->value.shape(), (Shape{16}));
+  EXPECT_EQ(model.parameter("model.layers.1.attn.o_proj.weight")->value.shape(), (Shape{8, 16}));
+  EXPECT_THROW(model.parameter("model.layers.1.attn.q_proj.weight"), Error);
+  // fla registers i, f, g, g_norm, o: the same order here, so the same initial draws for the same seed.
+  std::vector<std::string> mixer;
+  for (const auto& [spec, var] : model.parameters())
+    if (spec.name.rfind("model.layers.0.attn.", 0) == 0) mixer.push_back(spec.name.substr(20));
+  EXPECT_EQ(mixer, (std::vector<std::string>{"i_proj.weight", "f_proj.weight", "g_proj.weight", "g_norm.weight",
+                                             "o_proj.weight"}));
+}
+
 TEST(Hgrn2Model, ParametersFollowFlaNamesAndShapes) {
   ModelConfig c = tiny_config();
   Rng rng(47);

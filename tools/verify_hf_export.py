@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""verify_hf_export.py: checks a directory written by `hgrn export --format hf` against fla's own HGRN2.
+"""verify_hf_export.py: checks a directory written by `hgrn export --format hf` against fla's own model of its type
+(HGRN2ForCausalLM for model_type "hgrn2", HGRNForCausalLM for "hgrn").
 
 Usage:
     hgrn export --checkpoint runs/x/checkpoints/step_00001000.h5 --format hf --out exports/x --reference-logits 4
@@ -8,8 +9,8 @@ Usage:
 What it checks, in order (exit status 0 only if all pass):
   1. The weights, read with the plain `safetensors` package (model.safetensors, or the shards that
      model.safetensors.index.json names), have exactly the state-dict names and shapes that config.json implies for
-     fla's HGRN2ForCausalLM (hgrn-spec.md section 5.3).
-  2. `import fla` (which registers HGRN2 with transformers' Auto classes), then
+     fla's HGRN2ForCausalLM or HGRNForCausalLM (hgrn-spec.md section 5.3).
+  2. `import fla` (which registers fla's models with transformers' Auto classes), then
      AutoModelForCausalLM.from_pretrained(dir, torch_dtype=float32) loads the directory with no missing, unexpected
      or mismatched weights.
   3. fla's forward on the input_ids of hgrn_reference.safetensors (written by --reference-logits) reproduces hgrn's
@@ -38,32 +39,40 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def expected_state_dict(config):
-    """Names and shapes of HGRN2ForCausalLM's state dict for this config.json (use_short_conv False)."""
+def mixer_shapes(config):
+    """The token mixer's tensors (below model.layers.N.attn.) and the lower bounds' width, by model_type."""
     d = config["hidden_size"]
-    layers = config["num_hidden_layers"]
-    vocab = config["vocab_size"]
+    if config["model_type"] == "hgrn":
+        width = d * config.get("expand_ratio", 1)
+        return {"i_proj.weight": (width, d), "f_proj.weight": (width, d), "g_proj.weight": (width, d),
+                "g_norm.weight": (width,), "o_proj.weight": (d, width)}, width
     expand_ratio = config.get("expand_ratio", 128)
     num_heads = config.get("num_heads")
     if expand_ratio is None:
         expand_ratio = d // num_heads
-    heads = d // expand_ratio
-    forget_dim = heads * expand_ratio
+    forget_dim = (d // expand_ratio) * expand_ratio
+    return {"q_proj.weight": (forget_dim, d), "f_proj.weight": (forget_dim, d), "i_proj.weight": (d, d),
+            "g_norm.weight": (d,), "o_proj.weight": (d, d)}, d
+
+
+def expected_state_dict(config):
+    """Names and shapes of fla's *ForCausalLM state dict for this config.json (use_short_conv False)."""
+    d = config["hidden_size"]
+    layers = config["num_hidden_layers"]
+    vocab = config["vocab_size"]
+    mixer, gate_width = mixer_shapes(config)
     intermediate = config.get("intermediate_size")
     if intermediate is None:
         ratio = config.get("hidden_ratio") or 4
         intermediate = 256 * math.ceil(int(d * ratio * 2 / 3) / 256)
     shapes = {"model.embeddings.weight": (vocab, d)}
     if config.get("use_lower_bound", True):
-        shapes["model.lower_bounds"] = (layers, d)
+        shapes["model.lower_bounds"] = (layers, gate_width)
     for layer in range(layers):
         p = f"model.layers.{layer}."
         shapes[p + "attn_norm.weight"] = (d,)
-        shapes[p + "attn.q_proj.weight"] = (forget_dim, d)
-        shapes[p + "attn.f_proj.weight"] = (forget_dim, d)
-        shapes[p + "attn.i_proj.weight"] = (d, d)
-        shapes[p + "attn.g_norm.weight"] = (d,)
-        shapes[p + "attn.o_proj.weight"] = (d, d)
+        for name, shape in mixer.items():
+            shapes[p + "attn." + name] = shape
         shapes[p + "mlp_norm.weight"] = (d,)
         shapes[p + "mlp.gate_proj.weight"] = (intermediate, d)
         shapes[p + "mlp.up_proj.weight"] = (intermediate, d)
@@ -120,7 +129,7 @@ def load_with_fla(export_dir, device):
     import torch
     import transformers
 
-    import fla  # noqa: F401  (registers HGRN2Config / HGRN2ForCausalLM with the Auto classes)
+    import fla  # noqa: F401  (registers fla's configs and models with the Auto classes)
     from transformers import AutoModelForCausalLM
 
     # transformers 5 renamed torch_dtype to dtype.
@@ -178,8 +187,9 @@ def main():
 
     with open(os.path.join(args.export_dir, "config.json")) as f:
         config = json.load(f)
-    if config.get("model_type") != "hgrn2":
-        sys.exit(f"{args.export_dir}/config.json: model_type is {config.get('model_type')!r}, expected 'hgrn2'")
+    if config.get("model_type") not in ("hgrn2", "hgrn"):
+        sys.exit(f"{args.export_dir}/config.json: model_type is {config.get('model_type')!r}, "
+                 "expected 'hgrn2' or 'hgrn'")
 
     ok = check_names_and_shapes(args.export_dir, config)
 

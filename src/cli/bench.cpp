@@ -16,8 +16,8 @@ namespace hgrn::cli {
 
 CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
   CLI::App* bench = app.add_subcommand(
-      "bench", "Time whole training steps of a config (median of device-synchronised steps), or the HGRU2 recurrence "
-               "or the gated scan alone; prints a table, --json writes it");
+      "bench", "Time whole training steps of a config (median of device-synchronised steps), or the GLA "
+               "recurrence (HGRN2's) or the gated scan (HGRN1's) alone; prints a table, --json writes it");
   bench->add_option("-c,--config", args.config.config_path, "YAML config whose model, batch and sequence to time")
       ->type_name("FILE");
   bench->add_option("-s,--set", args.config.overrides, "Override a config key (KEY=VALUE, repeatable)")

@@ -6,11 +6,13 @@
 namespace hgrn {
 
 const ModelFamily& hgrn2_family();
+const ModelFamily& hgrn1_family();
 
 namespace {
 const std::vector<const ModelFamily*>& families() {
   static const std::vector<const ModelFamily*> all = {
       &hgrn2_family(),
+      &hgrn1_family(),
   };
   return all;
 }

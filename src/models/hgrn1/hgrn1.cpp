@@ -1,0 +1,157 @@
+// hgrn1.cpp: HGRN1 (fla's HGRNForCausalLM, hgrn-spec.md sections 3 and 5.2; Qin et al., "Hierarchically Gated
+// Recurrent Neural Network for Sequence Modeling", NeurIPS 2023): its token mixer, the real-valued HGRU — an
+// elementwise gated linear recurrence whose forget gate has the layer-wise lower bound — and its description.
+#include <nlohmann/json.hpp>
+
+#include "core/trace.h"
+#include "io/hf_config_reader.h"
+#include "models/registry.h"
+#include "ops/activations.h"
+#include "ops/elementwise.h"
+#include "ops/gated_scan.h"
+#include "ops/hgrn2_gates.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/swiglu_linear.h"
+
+namespace hgrn {
+namespace {
+
+// The recurrence width: fla's input_dim = hidden_size · expand_ratio (HGRNConfig's default expand_ratio is 1).
+int64_t input_dim(const ModelConfig& c) { return c.hidden_size * c.expand_ratio.value_or(1); }
+
+// HGRNAttention (spec 3): î, f̂, ĝ = x Wiᵀ, x Wfᵀ, x Wgᵀ; g = the lower-bounded log forget gate of f̂;
+// u = silu(î) ⊙ (1 − e^g); h_t = e^{g_t} ⊙ h_{t−1} + u_t; then [RMSNorm(h) ⊙ silu(ĝ)] · Woᵀ, whose GEMM adds the
+// residual stream: returns h + TokenMixer(x).
+class Hgrn1Mixer final : public TokenMixer {
+ public:
+  explicit Hgrn1Mixer(const ModelConfig& config) : config_(config) {}
+
+  Var forward(Tape& tape, const MixerCall& call) const override {
+    const int64_t l = call.layer;
+    const std::vector<Var>& w = *call.weights;  // i_proj, f_proj, g_proj, g_norm, o_proj
+    const Var &i_proj = w[0], &f_proj = w[1], &g_proj = w[2], &g_norm = w[3], &o_proj = w[4];
+    const ModelMemoryConfig& memory = *call.memory;
+    Var i_hat, f_hat, g_hat;
+    {
+      TraceLayer trace(tape, "i/f/g projections");
+      // One GEMM for the three (adjacent weights); the gates and the output gate read the column blocks.
+      const std::vector<Var> ifg = linear_columns(tape, call.x, {i_proj, f_proj, g_proj});
+      i_hat = ifg[0];
+      f_hat = ifg[1];
+      g_hat = ifg[2];
+    }
+    // g in fp32 on the GPU (spec 1.3; fla rounds it to the activation dtype), k = 1 − e^g and u = silu(î) ⊙ k in the
+    // activation dtype.
+    const Var gamma = call.gamma;
+    const auto make_input = [l, i_hat, f_hat, gamma](Tape& t) {
+      const Var g = hgrn2_forget_gate(t, contiguous_on_cpu(t, f_hat), gamma, l);
+      const Var k = input_gate_from_forget(t, g, f_hat->value.dtype());
+      return std::pair<Var, Var>{g, swiglu(t, contiguous(t, i_hat), k)};
+    };
+    Var g, u;
+    {
+      TraceLayer trace(tape, "gates");
+      std::tie(g, u) = make_input(tape);
+    }
+    // As fla: the step-by-step form for short sequences, else the configured mode (the same function).
+    const int64_t seq_len = call.x->value.size(1);
+    const ScanMode mode = config_.attn_mode == "chunk" && seq_len > 64 ? ScanMode::Chunk : ScanMode::Sequential;
+    GatedScanOutputs r;
+    {
+      TraceLayer trace(tape, "recurrence");
+      r = gated_scan(tape, u, g, call.state ? *call.state : nullptr, mode);
+    }
+    if (call.state) *call.state = r.final_state;
+    // g and u are elementwise functions of f̂ and î, which the gates keep for their own backward anyway.
+    if (memory.recompute_gates || l >= call.num_layers - memory.recompute_gates_layers)
+      recompute_in_backward(tape, memory, {g, u}, [make_input](Tape& untaped) {
+        const auto again = make_input(untaped);
+        return std::vector<Tensor>{again.first->value, again.second->value};
+      });
+    TraceLayer trace(tape, "g_norm + o_proj");
+    // FusedRMSNormGated: RMSNorm(o) ⊙ silu(ĝ), then o_proj; eps is the model's norm_eps here (unlike HGRN2's).
+    const Var normed = rmsnorm(tape, r.output, g_norm, config_.norm_eps);
+    const Var out = swiglu_linear(tape, g_hat, normed, o_proj, /*keep_hidden=*/!memory.recompute_elementwise,
+                                  /*residual=*/call.h);
+    free_norm_output(tape, memory, normed, r.output, g_norm, config_.norm_eps, /*read_early=*/true);
+    return out;
+  }
+
+ private:
+  ModelConfig config_;
+};
+
+class Hgrn1Family final : public ModelFamily {
+ public:
+  std::string type() const override { return "hgrn"; }
+  std::string display_name() const override { return "HGRN1"; }
+  std::string hf_architecture() const override { return "HGRNForCausalLM"; }
+  std::vector<std::string> own_keys() const override { return {}; }
+
+  void validate(const ModelConfig& m, const ConfigChecker& checker) const override {
+    if (m.expand_ratio && *m.expand_ratio <= 0)
+      checker.fail_key("model.expand_ratio", "expected a positive integer (the recurrence is hidden_size x "
+                                             "expand_ratio wide; fla's HGRNConfig default is 1), got " +
+                                                 std::to_string(*m.expand_ratio));
+  }
+
+  std::string mixer_summary(const ModelConfig& c) const override {
+    return detail::concat("recurrence width ", input_dim(c), " (expand_ratio ", c.expand_ratio.value_or(1), ")");
+  }
+
+  int64_t gate_width(const ModelConfig& c) const override { return input_dim(c); }
+
+  std::vector<ParamSpec> mixer_param_specs(const ModelConfig& c) const override {
+    const int64_t D = c.hidden_size, E = input_dim(c);
+    return {
+        {"i_proj.weight", {E, D}, ParamGroup::Mixer, ParamInit::Normal},
+        {"f_proj.weight", {E, D}, ParamGroup::Mixer, ParamInit::Normal, true},
+        {"g_proj.weight", {E, D}, ParamGroup::Mixer, ParamInit::Normal, true},
+        {"g_norm.weight", {E}, ParamGroup::Norm, ParamInit::Ones},
+        {"o_proj.weight", {D, E}, ParamGroup::Mixer, ParamInit::Normal},
+    };
+  }
+
+  std::unique_ptr<TokenMixer> make_mixer(const ModelConfig& c) const override {
+    return std::make_unique<Hgrn1Mixer>(c);
+  }
+
+  // The scan is one multiply-add per channel and token. Kept per token: î, f̂, ĝ, k, u, o and RMSNorm(o) in the
+  // activation dtype, g in fp32; state: the fp32 final state.
+  MixerCost mixer_cost(const ModelConfig& c, int64_t, int64_t bytes) const override {
+    const double E = static_cast<double>(input_dim(c)), b = static_cast<double>(bytes);
+    MixerCost cost;
+    cost.flops_per_token = 2.0 * E;
+    cost.state_bytes_per_sequence = 4.0 * E;
+    cost.activation_bytes_per_token = b * 7.0 * E + 4.0 * E;
+    return cost;
+  }
+
+  std::string signature(const ModelConfig& m) const override {
+    return detail::concat("hgrn L=", m.num_hidden_layers, " D=", m.hidden_size, " E=", input_dim(m),
+                          " I=", m.mlp_size(), " vocab=", m.vocab_size, " lower_bound=", m.use_lower_bound,
+                          " tied=", m.tie_word_embeddings);
+  }
+
+  void write_hf_config(const ModelConfig& m, nlohmann::json& c) const override {
+    c["model_type"] = type();
+    c["architectures"] = {hf_architecture()};
+    c["expand_ratio"] = m.expand_ratio.value_or(1);
+  }
+
+  void read_hf_config(const HfConfigReader& c, ModelConfig& m) const override {
+    m.type = type();
+    m.expand_ratio = c.integer("expand_ratio", 1);
+    c.require_positive("expand_ratio", *m.expand_ratio);
+  }
+};
+
+}  // namespace
+
+const ModelFamily& hgrn1_family() {
+  static const Hgrn1Family family;
+  return family;
+}
+
+}  // namespace hgrn
