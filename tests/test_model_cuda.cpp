@@ -17,11 +17,15 @@ namespace {
 using testing::expect_close;
 using testing::set_knob;
 
-ModelConfig small_config() {
+// HGRN2: H = 3 heads, K = V = 32. HGRN1: a recurrence 96 channels wide (an odd number of 32-channel groups).
+class ModelCudaEveryType : public ::testing::TestWithParam<std::string> {};
+
+ModelConfig small_config(const std::string& type) {
   ModelConfig c;
+  c.type = type;
   c.hidden_size = 96;
   c.num_hidden_layers = 3;
-  c.expand_ratio = 32;  // H = 3 heads, K = V = 32
+  c.expand_ratio = type == "hgrn2" ? 32 : 1;
   c.vocab_size = 41;
   c.intermediate_size = 100;  // not a power of two
   c.initializer_range = 0.1;
@@ -49,8 +53,8 @@ struct Models {
 };
 
 // The GPU model (fp32 master weights) and a CPU fp64 model holding exactly the same (fp32-representable) weights.
-Models make_models(DType act) {
-  const ModelConfig c = small_config();
+Models make_models(const std::string& type, DType act) {
+  const ModelConfig c = small_config(type);
   Rng rng_a(21), rng_b(21);
   Models m{DecoderLM(c, rng_a, DType::F32), DecoderLM(c, rng_b, DType::F64)};
   Rng lb(4);  // random lower bounds exercise the softmax/cumsum backward
@@ -68,11 +72,11 @@ Tensor random_ids(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
   return testing::token_ids(rng, batch, seq, vocab);
 }
 
-void check_model(DType act, double loss_tol, double grad_tol) {
+void check_model(const std::string& type, DType act, double loss_tol, double grad_tol) {
   for (int64_t seq : {33, 130}) {  // step-by-step and chunked forms on the CPU; 130 = two full chunks + 2 tokens
     SCOPED_TRACE(::testing::Message() << dtype_name(act) << " activations, T = " << seq);
-    Models m = make_models(act);
-    const Tensor ids = random_ids(2, seq, small_config().vocab_size, 100 + seq);
+    Models m = make_models(type, act);
+    const Tensor ids = random_ids(2, seq, small_config(type).vocab_size, 100 + seq);
     const LossAndGrads gpu = loss_and_grads(m.gpu, ids), cpu = loss_and_grads(m.cpu, ids);
     EXPECT_NEAR(gpu.loss, cpu.loss, loss_tol * std::abs(cpu.loss));
     size_t p = 0;
@@ -84,34 +88,34 @@ void check_model(DType act, double loss_tol, double grad_tol) {
   }
 }
 
-TEST(ModelCuda, Fp32LossAndEveryGradientMatchTheCpuReference) {
+TEST_P(ModelCudaEveryType, Fp32LossAndEveryGradientMatchTheCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
   // fp32 all the way (no TF32 GEMMs): only summation order differs from fp64; through 3 layers, 1e-4 relative.
-  check_model(DType::F32, 1e-5, 1e-4);
+  check_model(GetParam(), DType::F32, 1e-5, 1e-4);
 }
 
-TEST(ModelCuda, Bf16LossAndEveryGradientMatchTheCpuReference) {
+TEST_P(ModelCudaEveryType, Bf16LossAndEveryGradientMatchTheCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
   // bf16 activations round every intermediate to 8 mantissa bits (2^-9 relative); after 3 layers of projections,
   // norms and the recurrence the gradients sit near 1% relative RMS: 5% bounds them without hiding a wrong formula
   // (a missing term or wrong sign gives errors of order 100%).
-  check_model(DType::BF16, 1e-2, 5e-2);
+  check_model(GetParam(), DType::BF16, 1e-2, 5e-2);
 }
 
 // The fused projections' operands stay adjacent through to_device, the bf16 copies and the first gradients.
-TEST(ModelCuda, FusedProjectionsStayAdjacentOnTheGpu) {
+TEST_P(ModelCudaEveryType, FusedProjectionsStayAdjacentOnTheGpu) {
   HGRN_SKIP_WITHOUT_GPU();
-  Models m = make_models(DType::BF16);
+  Models m = make_models(GetParam(), DType::BF16);
   testing::expect_fused_projections_adjacent(m.gpu, false, false);
-  loss_and_grads(m.gpu, random_ids(2, 70, small_config().vocab_size, 5));
+  loss_and_grads(m.gpu, random_ids(2, 70, small_config(GetParam()).vocab_size, 5));
   testing::expect_fused_projections_adjacent(m.gpu, true, true);
 }
 
-TEST(ModelCuda, ForwardAndBackwardAreBitwiseDeterministic) {
+TEST_P(ModelCudaEveryType, ForwardAndBackwardAreBitwiseDeterministic) {
   HGRN_SKIP_WITHOUT_GPU();
   for (DType act : {DType::F32, DType::BF16}) {
-    Models m = make_models(act);
-    const Tensor ids = random_ids(3, 130, small_config().vocab_size, 9);
+    Models m = make_models(GetParam(), act);
+    const Tensor ids = random_ids(3, 130, small_config(GetParam()).vocab_size, 9);
     const LossAndGrads a = loss_and_grads(m.gpu, ids), b = loss_and_grads(m.gpu, ids);
     EXPECT_EQ(a.loss, b.loss) << dtype_name(act);
     for (size_t p = 0; p < a.grads.size(); ++p)
@@ -120,7 +124,7 @@ TEST(ModelCuda, ForwardAndBackwardAreBitwiseDeterministic) {
   }
 }
 
-TEST(ModelCuda, RecomputationGivesTheSameLossAndGradientsBitForBit) {
+TEST_P(ModelCudaEveryType, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   HGRN_SKIP_WITHOUT_GPU();
   // training.recompute re-runs each token mixer and MLP in the backward, training.recompute_elementwise the gates,
   // norms and SwiGLU, training.recompute_mlp_projections the MLP's gate and up GEMMs: the same deterministic kernels
@@ -132,8 +136,8 @@ TEST(ModelCuda, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   // (training.keep_recurrence_states: the backward's state pass skipped, its bits read instead); elementwise with the
   // gates kept but in the last layer (training.recompute_gates_layers) and every layer's states kept.
   for (DType act : {DType::F32, DType::BF16}) {
-    Models m = make_models(act);
-    const Tensor ids = random_ids(2, 130, small_config().vocab_size, 17);
+    Models m = make_models(GetParam(), act);
+    const Tensor ids = random_ids(2, 130, small_config(GetParam()).vocab_size, 17);
     set_knob(m.gpu, &ModelMemoryConfig::recompute_elementwise, false);
     const LossAndGrads plain = loss_and_grads(m.gpu, ids);
     for (int variant = 1; variant < 10; ++variant) {
@@ -153,5 +157,12 @@ TEST(ModelCuda, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   }
 }
 
+}  // namespace
+}  // namespace hgrn
+
+namespace hgrn {
+namespace {
+INSTANTIATE_TEST_SUITE_P(Models, ModelCudaEveryType, ::testing::ValuesIn(model_type_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 }  // namespace
 }  // namespace hgrn
