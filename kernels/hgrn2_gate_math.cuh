@@ -69,6 +69,20 @@ __device__ __forceinline__ ForgetGate forget_gate(float x, float gamma, float lo
   return {near_one ? std_max(g, log_gamma) : g, u};
 }
 
+// The decay λ = e^g and k = 1 − λ of forget_gate without its logarithm, for a recurrence that multiplies its state by
+// e^g (HGRN1's scan): k is forget_gate's bit for bit; λ = 1 − k where λ > 1/2 (one rounding), else
+// γ + (1 − γ)·σ(x), as forget_gate_grad takes it. With σ(±x) for the derivatives: ∂λ/∂f̂ = (1 − γ)·σ(x)·σ(−x),
+// ∂λ/∂γ = σ(−x), and ∂k = −∂λ; no division, so nothing overflows however small λ is. expf, as for g.
+struct DecayGate {
+  float lambda, k, sigmoid_x, sigmoid_minus_x;
+};
+__device__ __forceinline__ DecayGate decay_gate(float x, float gamma) {
+  const Sigmoids s = sigmoids(x);
+  const float k = (1.f - gamma) * s.of_minus_x;
+  const float lambda = k < 0.5f ? 1.f - k : gamma + (1.f - gamma) * s.of_x;
+  return {lambda, k, s.of_x, s.of_minus_x};
+}
+
 // λ, ∂g/∂f̂ = (1 − γ)·σ(x)·σ(−x)/λ and ∂g/∂γ = σ(−x)/λ of one element (γ = 0: unbounded), with λ recomputed from f̂
 // (g is not read back), for gradients rounded to Act (sigmoids). For λ >= kSmallLambda as products with 1/λ, σ(x)/λ <= 1/(1 − γ) taken first so that nothing
 // overflows on the way; below it the CPU's exponentials of sums of logs.

@@ -32,6 +32,8 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       ->type_name("B,T,C")
       ->delimiter(',')
       ->expected(3);
+  bench->add_flag("--fused", args.fused_scan,
+                  "Scan: time HGRN1's gates and scan fused (lower_bounded_gated_scan, from î and f̂, bounded gate)");
   bench->add_option("--dtype", args.dtype, "Recurrence, scan: q/k/v or x dtype (g is always fp32)")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
@@ -51,6 +53,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       "  hgrn bench --config configs/hgrn2-150m.yaml --steps 10 --json bench-150m.json\n"
       "  hgrn bench --recurrence 8,2048,8,128,128                 # the peer's recurrence shape\n"
       "  hgrn bench --scan 8,2048,1024                            # HGRN1's scan, forward and forward+backward\n"
+      "  hgrn bench --scan 8,2048,1024 --fused --dtype bf16       # HGRN1's gates and scan in one op\n"
       "  mpirun -np 4 hgrn bench --config configs/hgrn2-385m.yaml # data-parallel steps on 4 GPUs (whole job)");
   return bench;
 }
@@ -96,18 +99,22 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
     HGRN_CHECK(dtype == DType::F32 || device == Device::CUDA, "hgrn bench: bf16 needs the GPU (use --dtype fp32)");
     const auto& s = args.scan;
     for (int64_t x : s) HGRN_CHECK(x > 0, "hgrn bench --scan: B,T,C must be positive");
-    const ScanBench r = bench_scan(s[0], s[1], s[2], dtype, device, args.warmup, args.iters);
+    const ScanBench r = bench_scan(s[0], s[1], s[2], dtype, device, args.warmup, args.iters, args.fused_scan);
     const double gbps_fwd = r.bytes_forward / (r.forward_ms * 1e-3) / 1e9;
     const double gbps_fwd_bwd = r.bytes_forward_backward / (r.forward_backward_ms * 1e-3) / 1e9;
     // The note first, so that the table row stays the last line (scripts read it with tail).
-    out << "GB/s: the least bytes each must move over its median time (the forward reads x, g and writes o; the "
-           "backward also reads x, g, dO and writes dx, dg)\n";
+    out << (args.fused_scan ? "lower_bounded_gated_scan. GB/s: the least bytes each must move over its median time "
+                              "(the forward reads î, f̂ and writes o; the backward also reads î, f̂, dO and writes dî, "
+                              "df̂)\n"
+                            : "GB/s: the least bytes each must move over its median time (the forward reads x, g and "
+                              "writes o; the backward also reads x, g, dO and writes dx, dg)\n");
     out << std::setprecision(3)
         << "| B | T | C | dtype | forward ms | forward+backward ms | forward GB/s | forward+backward GB/s |\n"
         << "|---|---|---|---|---|---|---|---|\n| " << r.B << " | " << r.T << " | " << r.C << " | " << r.dtype
         << " | " << r.forward_ms << " | " << r.forward_backward_ms << " | " << std::setprecision(1) << gbps_fwd
         << " | " << gbps_fwd_bwd << " |\n";
-    json = {{"kind", "scan"}, {"B", r.B}, {"T", r.T}, {"C", r.C}, {"dtype", r.dtype}, {"device", device_name(device)},
+    json = {{"kind", args.fused_scan ? "lower_bounded_scan" : "scan"}, {"B", r.B}, {"T", r.T}, {"C", r.C},
+            {"dtype", r.dtype}, {"device", device_name(device)},
             {"forward_ms", r.forward_ms}, {"forward_backward_ms", r.forward_backward_ms},
             {"forward_min_bytes", r.bytes_forward}, {"forward_backward_min_bytes", r.bytes_forward_backward},
             {"forward_gbps", gbps_fwd}, {"forward_backward_gbps", gbps_fwd_bwd}};

@@ -16,6 +16,7 @@
 #include "models/cost.h"
 #include "models/registry.h"
 #include "ops/gated_scan.h"
+#include "ops/lower_bounded_gated_scan.h"
 #include "ops/gla_recurrence.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
@@ -181,7 +182,8 @@ RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int
   return r;
 }
 
-ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device, int64_t warmup, int64_t iters) {
+ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device, int64_t warmup, int64_t iters,
+                     bool fused) {
   ScanBench r{B, T, C, dtype_name(dtype)};
   Rng rng(7);
   Tensor x_host = Tensor::empty({B, T, C}, DType::F32), g_host = Tensor::empty({B, T, C}, DType::F32);
@@ -194,12 +196,26 @@ ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device
   auto put = [&](const Tensor& t, DType d) { return on_device(d == DType::F32 ? t : t.to(d), device); };
   Var x = make_var(put(x_host, dtype), true), g = make_var(put(g_host, DType::F32), true);
   const Tensor d_out = put(d_out_host, dtype);
+  // The fused op: î = x, f̂ ~ N(2, 1) logits in `dtype`, and layer 1 of a two-layer γ with bounds in [0.2, 0.8].
+  Var f_hat, gamma;
+  if (fused) {
+    Tensor f_host = Tensor::empty({B, T, C}, DType::F32), gamma_host = Tensor::zeros({2, C}, DType::F32);
+    for (int64_t i = 0; i < f_host.numel(); ++i) f_host.set_item(i, 2.0 + rng.normal());
+    for (int64_t c = 0; c < C; ++c) gamma_host.set_item(C + c, 0.2 + 0.6 * static_cast<double>(c % 7) / 6.0);
+    f_hat = make_var(put(f_host, dtype), true);
+    gamma = make_var(put(gamma_host, DType::F32), true);
+  }
   auto call = [&](bool backward) {
     Tape tape;
     tape.set_enabled(backward);
     x->grad = Tensor();
     g->grad = Tensor();
-    GatedScanOutputs o = gated_scan(tape, x, g, nullptr);
+    if (fused) {
+      f_hat->grad = Tensor();
+      gamma->grad = Tensor();
+    }
+    GatedScanOutputs o = fused ? lower_bounded_gated_scan(tape, x, f_hat, gamma, 1, nullptr)
+                               : gated_scan(tape, x, g, nullptr);
     if (backward) tape.backward(o.output, d_out);
   };
   auto time_calls = [&](bool backward) {
@@ -241,10 +257,12 @@ ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device
   };
   r.forward_ms = time_calls(false);
   r.forward_backward_ms = time_calls(true);
-  // Forward: x, g read and o written once; backward: x, g, dO read and dx, dg written once.
+  // Forward: x, g read and o written once; backward: x, g, dO read and dx, dg written once. Fused: î, f̂ in place
+  // of x, g (both in `dtype`), likewise.
   const double act = static_cast<double>(dtype_size(dtype)), elements = static_cast<double>(B * T * C);
-  r.bytes_forward = elements * (2 * act + 4);
-  r.bytes_forward_backward = r.bytes_forward + elements * (3 * act + 8);
+  const double gate = fused ? act : 4;
+  r.bytes_forward = elements * (2 * act + gate);
+  r.bytes_forward_backward = r.bytes_forward + elements * (3 * act + 2 * gate);
   return r;
 }
 

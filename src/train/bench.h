@@ -50,7 +50,9 @@ struct ScanBench {
   double bytes_forward = 0, bytes_forward_backward = 0;  // bytes each must read and write at least
 };
 // Times the gated scan op (x in `dtype`, fp32 g, no initial state) on `device`: forward alone, and forward +
-// backward, each call timed alone (CUDA events on the GPU, the host clock on the CPU).
-ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device, int64_t warmup, int64_t iters);
+// backward, each call timed alone (CUDA events on the GPU, the host clock on the CPU). fused: times
+// lower_bounded_gated_scan instead (î, f̂ in `dtype`, a bounded layer's fp32 γ, whose gradient is taken too).
+ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device, int64_t warmup, int64_t iters,
+                     bool fused = false);
 
 }  // namespace hgrn

@@ -11,6 +11,7 @@
 #include "ops/gated_scan.h"
 #include "ops/hgrn2_gates.h"
 #include "ops/linear.h"
+#include "ops/lower_bounded_gated_scan.h"
 #include "ops/rmsnorm.h"
 #include "ops/swiglu_linear.h"
 
@@ -41,34 +42,41 @@ class Hgrn1Mixer final : public TokenMixer {
       f_hat = ifg[1];
       g_hat = ifg[2];
     }
-    // g in fp32 on the GPU (spec 1.3; fla rounds it to the activation dtype), k = 1 − e^g and u = silu(î) ⊙ k in the
-    // activation dtype.
     const Var gamma = call.gamma;
-    const auto make_input = [l, i_hat, f_hat, gamma](Tape& t) {
-      const Var g = hgrn2_forget_gate(t, contiguous_on_cpu(t, f_hat), gamma, l);
-      const Var k = input_gate_from_forget(t, g, f_hat->value.dtype());
-      return std::pair<Var, Var>{g, swiglu(t, contiguous(t, i_hat), k)};
-    };
-    Var g, u;
-    {
-      TraceLayer trace(tape, "gates");
-      std::tie(g, u) = make_input(tape);
-    }
+    const Var initial_state = call.state ? *call.state : nullptr;
     // As fla: the step-by-step form for short sequences, else the configured mode (the same function).
     const int64_t seq_len = call.x->value.size(1);
     const ScanMode mode = config_.attn_mode == "chunk" && seq_len > 64 ? ScanMode::Chunk : ScanMode::Sequential;
     GatedScanOutputs r;
-    {
+    if (call.x->value.device() == Device::CUDA) {
+      // One op from î and f̂ to o: the gates are computed where the scan reads î and f̂ and recomputed in its backward,
+      // so nothing but o and the chunk states is kept and there is nothing to recompute here.
       TraceLayer trace(tape, "recurrence");
-      r = gated_scan(tape, u, g, call.state ? *call.state : nullptr, mode);
+      r = lower_bounded_gated_scan(tape, i_hat, f_hat, gamma, l, initial_state, mode);
+    } else {
+      // The composition (the fused op's CPU reference, op by op): g, k = 1 − e^g and u = silu(î) ⊙ k, then the scan.
+      const auto make_input = [l, i_hat, f_hat, gamma](Tape& t) {
+        const Var g = hgrn2_forget_gate(t, contiguous_on_cpu(t, f_hat), gamma, l);
+        const Var k = input_gate_from_forget(t, g, f_hat->value.dtype());
+        return std::pair<Var, Var>{g, swiglu(t, contiguous(t, i_hat), k)};
+      };
+      Var g, u;
+      {
+        TraceLayer trace(tape, "gates");
+        std::tie(g, u) = make_input(tape);
+      }
+      {
+        TraceLayer trace(tape, "recurrence");
+        r = gated_scan(tape, u, g, initial_state, mode);
+      }
+      // g and u are elementwise functions of f̂ and î, which the gates keep for their own backward anyway.
+      if (memory.recompute_gates || l >= call.num_layers - memory.recompute_gates_layers)
+        recompute_in_backward(tape, memory, {g, u}, [make_input](Tape& untaped) {
+          const auto again = make_input(untaped);
+          return std::vector<Tensor>{again.first->value, again.second->value};
+        });
     }
     if (call.state) *call.state = r.final_state;
-    // g and u are elementwise functions of f̂ and î, which the gates keep for their own backward anyway.
-    if (memory.recompute_gates || l >= call.num_layers - memory.recompute_gates_layers)
-      recompute_in_backward(tape, memory, {g, u}, [make_input](Tape& untaped) {
-        const auto again = make_input(untaped);
-        return std::vector<Tensor>{again.first->value, again.second->value};
-      });
     TraceLayer trace(tape, "g_norm + o_proj");
     // FusedRMSNormGated: RMSNorm(o) ⊙ silu(ĝ), then o_proj; eps is the model's norm_eps here (unlike HGRN2's).
     const Var normed = rmsnorm(tape, r.output, g_norm, config_.norm_eps);
@@ -117,14 +125,15 @@ class Hgrn1Family final : public ModelFamily {
     return std::make_unique<Hgrn1Mixer>(c);
   }
 
-  // The scan is one multiply-add per channel and token. Kept per token: î, f̂, ĝ, k, u, o and RMSNorm(o) in the
-  // activation dtype, g in fp32; state: the fp32 final state.
+  // The scan is one multiply-add per channel and token. Kept per token on the GPU (the fused scan stores no gates):
+  // î, f̂, ĝ, o and RMSNorm(o) in the activation dtype, and the fp32 state entering each 64-token chunk; state: the
+  // fp32 final state.
   MixerCost mixer_cost(const ModelConfig& c, int64_t, int64_t bytes) const override {
     const double E = static_cast<double>(input_dim(c)), b = static_cast<double>(bytes);
     MixerCost cost;
     cost.flops_per_token = 2.0 * E;
     cost.state_bytes_per_sequence = 4.0 * E;
-    cost.activation_bytes_per_token = b * 7.0 * E + 4.0 * E;
+    cost.activation_bytes_per_token = b * 5.0 * E + 4.0 * E / 64.0;
     return cost;
   }
 

@@ -1,0 +1,527 @@
+// lower_bounded_gated_scan.cu: HGRN1's recurrence fused with its gates on the GPU: per element, from î and f̂,
+//   λ = e^g (the lower-bounded forget gate, gate_math::decay_gate), u = silu(î)·(1 − λ),  h_t = λ_t h_{t−1} + u_t,
+// held to the CPU composition (hgrn2_forget_gate, input_gate_from_forget, swiglu, gated_scan). The chunked scan is
+// gated_scan.cu's (64-step chunks; passes in parallel over (batch, chunk, channel), the carries sequential over
+// chunks), with the gates computed where î and f̂ are loaded, so that neither g, k nor u is ever stored:
+//   forward: summary (chunks 0 .. NT−2: each chunk's scan from zero h_end^(k) and its decay product P^(k) = Π λ),
+//            carry (H^(k+1) = P^(k) H^(k) + h_end^(k), kept for the backward), output (the scan again from H^(k),
+//            writing o and the final state).
+//   backward: summary (chunks 1 .. NT−1: the reverse scan from zero, u^(k) = λ_s dh_s at the first row s, and P^(k)),
+//            carry (β^(k−1) = u^(k) + P^(k) β^(k)), grads (per chunk: h_{t−1} − silu(î_t) recomputed forward into
+//            registers, then the reverse scan from β^(k) writing dî and df̂ and the chunk's share of dγ).
+// The gradients need no logarithm: as k = 1 − λ, the step's whole derivative in λ is dL/dλ_t = (h_{t−1} − a_t)·dh_t
+// (a = silu(î)), and λ's derivatives in f̂ and γ are products of sigmoids (decay_gate). dî = silu'(î)·k·dh_t.
+// Determinism: no atomics; every value is computed by one thread in a fixed order, and γ's gradient is summed per
+// (batch, chunk) by one thread, then over those in a fixed order (chunk_sums.cuh).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <tuple>
+
+#include "chunk_sums.cuh"
+#include "cuda_check.h"
+#include "cuda_context.h"
+#include "dtype_cuda.cuh"
+#include "elementwise.cuh"
+#include "hgrn2_gate_math.cuh"
+#include "lower_bounded_gated_scan.h"
+#include "sigmoid.cuh"
+
+namespace hgrn {
+
+namespace {
+
+using gate_math::decay_gate;
+using gate_math::DecayGate;
+
+constexpr int kChunk = static_cast<int>(kLowerBoundedScanCudaChunk);
+constexpr int kThreads = 128;
+constexpr int kBatch = 8;       // rows whose loads a streaming kernel issues before using them
+constexpr int kCarryBatch = 8;  // the same for the chunks of the carry passes
+constexpr int kWide = 4;        // channels a thread of the streaming kernels takes where alignment allows
+constexpr int kSumLanes = 8;    // add_chunk_sums' lanes for γ's gradient
+
+struct Geometry {
+  int B, T, C, NT;
+  int64_t i_stride, f_stride;  // row strides of î and f̂ (elements)
+  // Offset of chunk k's slot of a [B, NT − 1, C] per-chunk buffer, for batch b and channel c.
+  __device__ int64_t slot(int b, int k, int c) const { return (static_cast<int64_t>(b) * (NT - 1) + k) * C + c; }
+};
+
+// The thread's first channel (it owns V adjacent ones); false past the last channel.
+template <int V>
+__device__ __forceinline__ bool thread_channel(const Geometry& d, int& c) {
+  c = (blockIdx.x * kThreads + threadIdx.x) * V;
+  return c < d.C;
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void load_v(const T* p, float (&out)[V]) {
+  load_pack<V>(p, 0, out);
+}
+template <int V, typename T>
+__device__ __forceinline__ void store_v(T* p, const float (&in)[V]) {
+  store_pack<V>(p, 0, in);
+}
+// p (+)= in: adds to what is there when accumulate, else overwrites.
+template <int V, typename T>
+__device__ __forceinline__ void write_v(T* p, float (&in)[V], bool accumulate) {
+  if (accumulate) {
+    float old[V];
+    load_v<V>(p, old);
+#pragma unroll
+    for (int v = 0; v < V; ++v) in[v] += old[v];
+  }
+  store_v<V>(p, in);
+}
+
+// The channels' γ (0 for the unbounded gate).
+template <int V>
+__device__ __forceinline__ void load_gamma(const float* gamma_row, int c, float (&gamma)[V]) {
+  if (gamma_row) {
+    load_v<V>(gamma_row + c, gamma);
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) gamma[v] = 0.f;
+  }
+}
+
+// One element's step inputs: the decay λ, the input u = a·k with a = silu(î), and a. The forward passes and the
+// backward's recomputation all take them from here, so that they compute the same bits.
+struct Step {
+  float decay, input, silu;
+};
+template <typename Act>
+__device__ __forceinline__ Step step_of(float i_hat, float f_hat, float gamma) {
+  const DecayGate gate = decay_gate(f_hat, gamma);
+  const float a = i_hat * stable_sigmoid<Act>(i_hat);
+  return {gate.lambda, a * gate.k, a};
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Forward.
+
+struct ForwardParams {
+  Geometry d;
+  const void* i_hat;
+  const void* f_hat;
+  const float* gamma_row;
+  const float* initial_state;  // null: zero
+  void* output;
+  float* final_state;   // null: not written
+  float* chunk_states;  // summary: h_end^(k); carry: H^(k+1), slot k
+  float* decays;        // P^(k), slot k
+};
+
+// Chunk k = blockIdx.y (< NT − 1, so whole): the scan from zero and the product of the decays.
+template <typename Act, int V>
+__global__ void __launch_bounds__(kThreads) forward_summary_kernel(const ForwardParams p) {
+  const Geometry& d = p.d;
+  int c;
+  if (!thread_channel<V>(d, c)) return;
+  const int k = blockIdx.y, b = blockIdx.z;
+  const int64_t row = static_cast<int64_t>(b) * d.T + static_cast<int64_t>(k) * kChunk;
+  const Act* ip = static_cast<const Act*>(p.i_hat) + row * d.i_stride + c;
+  const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
+  float gamma[V];
+  load_gamma<V>(p.gamma_row, c, gamma);
+  float h[V] = {}, product[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) product[v] = 1.f;
+  for (int i0 = 0; i0 < kChunk; i0 += kBatch) {
+    float iv[kBatch][V], fv[kBatch][V];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      load_v<V>(ip + (i0 + i) * d.i_stride, iv[i]);
+      load_v<V>(fp + (i0 + i) * d.f_stride, fv[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const Step s = step_of<Act>(iv[i][v], fv[i][v], gamma[v]);
+        h[v] = s.decay * h[v] + s.input;
+        product[v] *= s.decay;
+      }
+  }
+  store_v<V>(p.chunk_states + d.slot(b, k, c), h);
+  store_v<V>(p.decays + d.slot(b, k, c), product);
+}
+
+// Per (batch, channel), chunks in order: H^(k+1) = P^(k) H^(k) + h_end^(k), over h_end^(k) in place.
+__global__ void __launch_bounds__(kThreads) forward_carry_kernel(const ForwardParams p) {
+  const Geometry& d = p.d;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= static_cast<int64_t>(d.B) * d.C) return;
+  const int b = static_cast<int>(idx / d.C), c = static_cast<int>(idx % d.C);
+  float h = p.initial_state ? p.initial_state[idx] : 0.f;
+  float* states = p.chunk_states + d.slot(b, 0, c);
+  const float* decays = p.decays + d.slot(b, 0, c);
+  const int n = d.NT - 1;
+  for (int k0 = 0; k0 < n; k0 += kCarryBatch) {
+    float s[kCarryBatch], e[kCarryBatch];
+#pragma unroll
+    for (int j = 0; j < kCarryBatch; ++j)
+      if (k0 + j < n) {
+        s[j] = states[static_cast<int64_t>(k0 + j) * d.C];
+        e[j] = decays[static_cast<int64_t>(k0 + j) * d.C];
+      }
+#pragma unroll
+    for (int j = 0; j < kCarryBatch; ++j)
+      if (k0 + j < n) {
+        h = e[j] * h + s[j];
+        states[static_cast<int64_t>(k0 + j) * d.C] = h;
+      }
+  }
+}
+
+// Chunk k = blockIdx.y: the scan from the state entering it, writing o; the last chunk writes the final state.
+template <typename Act, int V>
+__global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardParams p) {
+  const Geometry& d = p.d;
+  int c;
+  if (!thread_channel<V>(d, c)) return;
+  const int k = blockIdx.y, b = blockIdx.z;
+  const int t0 = k * kChunk, n = min(kChunk, d.T - t0);
+  const int64_t row = static_cast<int64_t>(b) * d.T + t0;
+  float h[V] = {};
+  if (k > 0)
+    load_v<V>(p.chunk_states + d.slot(b, k - 1, c), h);
+  else if (p.initial_state)
+    load_v<V>(p.initial_state + static_cast<int64_t>(b) * d.C + c, h);
+  float gamma[V];
+  load_gamma<V>(p.gamma_row, c, gamma);
+  const Act* ip = static_cast<const Act*>(p.i_hat) + row * d.i_stride + c;
+  const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
+  Act* o = static_cast<Act*>(p.output) + row * d.C + c;
+  for (int i0 = 0; i0 < n; i0 += kBatch) {
+    float iv[kBatch][V], fv[kBatch][V];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (i0 + i < n) {
+        load_v<V>(ip + (i0 + i) * d.i_stride, iv[i]);
+        load_v<V>(fp + (i0 + i) * d.f_stride, fv[i]);
+      }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (i0 + i < n) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const Step s = step_of<Act>(iv[i][v], fv[i][v], gamma[v]);
+          h[v] = s.decay * h[v] + s.input;
+        }
+        store_v<V>(o + static_cast<int64_t>(i0 + i) * d.C, h);
+      }
+  }
+  if (k == d.NT - 1 && p.final_state) store_v<V>(p.final_state + static_cast<int64_t>(b) * d.C + c, h);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Backward.
+
+struct BackwardParams {
+  Geometry d;
+  const void* i_hat;
+  const void* f_hat;
+  const float* gamma_row;
+  const float* initial_state;
+  const float* chunk_states;
+  const void* d_output;  // null: zero (contiguous otherwise)
+  const float* d_final_state;
+  void* di;
+  int64_t di_stride;
+  void* df;
+  int64_t df_stride;
+  float* d_initial_state;
+  bool accumulate_di, accumulate_df, accumulate_d_initial_state;
+  float* partials;  // [B, NT, C] per-(batch, chunk) sums for γ's gradient; null: not wanted
+  float* boundary;  // summary: u^(k) in slot k − 1; carry: β^(k−1) over it
+  float* decays;    // P^(k) in slot k − 1
+};
+
+// Chunk k = blockIdx.y + 1 (>= 1; only the last may be partial): the reverse scan from zero, u^(k) = λ_s dh_s at its
+// first row s, and the product of its decays.
+template <typename Act, int V>
+__global__ void __launch_bounds__(kThreads) backward_summary_kernel(const BackwardParams p) {
+  const Geometry& d = p.d;
+  int c;
+  if (!thread_channel<V>(d, c)) return;
+  const int k = blockIdx.y + 1, b = blockIdx.z;
+  const int t0 = k * kChunk, n = min(kChunk, d.T - t0);
+  const int64_t row = static_cast<int64_t>(b) * d.T + t0;
+  float gamma[V];
+  load_gamma<V>(p.gamma_row, c, gamma);
+  const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
+  const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * d.C + c : nullptr;
+  float r[V] = {}, product[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) product[v] = 1.f;
+  for (int i0 = (n - 1) / kBatch * kBatch; i0 >= 0; i0 -= kBatch) {  // batches of rows, last first
+    float fv[kBatch][V], dov[kBatch][V] = {};
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (i0 + i < n) {
+        load_v<V>(fp + (i0 + i) * d.f_stride, fv[i]);
+        if (d_out) load_v<V>(d_out + static_cast<int64_t>(i0 + i) * d.C, dov[i]);
+      }
+#pragma unroll
+    for (int i = kBatch - 1; i >= 0; --i)
+      if (i0 + i < n)
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const float decay = decay_gate(fv[i][v], gamma[v]).lambda;
+          r[v] = decay * (dov[i][v] + r[v]);
+          product[v] *= decay;
+        }
+  }
+  store_v<V>(p.boundary + d.slot(b, k - 1, c), r);
+  store_v<V>(p.decays + d.slot(b, k - 1, c), product);
+}
+
+// Per (batch, channel), chunks in reverse from β^(NT−1) = the final state's gradient: β^(k−1) = u^(k) + P^(k) β^(k),
+// written over u^(k) (slot k − 1).
+__global__ void __launch_bounds__(kThreads) backward_carry_kernel(const BackwardParams p) {
+  const Geometry& d = p.d;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= static_cast<int64_t>(d.B) * d.C) return;
+  const int b = static_cast<int>(idx / d.C), c = static_cast<int>(idx % d.C);
+  float beta = p.d_final_state ? p.d_final_state[idx] : 0.f;
+  float* boundary = p.boundary + d.slot(b, 0, c);
+  const float* decays = p.decays + d.slot(b, 0, c);
+  for (int j0 = d.NT - 2; j0 >= 0; j0 -= kCarryBatch) {  // slots j0, j0 − 1, ... (chunk k = slot + 1)
+    float u[kCarryBatch], e[kCarryBatch];
+#pragma unroll
+    for (int j = 0; j < kCarryBatch; ++j)
+      if (j0 - j >= 0) {
+        u[j] = boundary[static_cast<int64_t>(j0 - j) * d.C];
+        e[j] = decays[static_cast<int64_t>(j0 - j) * d.C];
+      }
+#pragma unroll
+    for (int j = 0; j < kCarryBatch; ++j)
+      if (j0 - j >= 0) {
+        beta = u[j] + e[j] * beta;
+        boundary[static_cast<int64_t>(j0 - j) * d.C] = beta;
+      }
+  }
+}
+
+// Chunk k = blockIdx.y: h_{t−1} − silu(î_t) over the chunk into registers (the loops are unrolled), then the reverse
+// scan from β^(k), reloading î and f̂ (just read: from cache) to recompute λ, k and the sigmoids rather than hold
+// them, writing dî and df̂ and summing the chunk's share of γ's gradient; chunk 0 ends with the initial state's.
+template <typename Act, int V>
+__global__ void __launch_bounds__(kThreads) backward_grads_kernel(const BackwardParams p) {
+  const Geometry& d = p.d;
+  int c;
+  if (!thread_channel<V>(d, c)) return;
+  const int k = blockIdx.y, b = blockIdx.z;
+  const int t0 = k * kChunk, n = min(kChunk, d.T - t0);
+  const int64_t row = static_cast<int64_t>(b) * d.T + t0;
+  const int64_t state_at = static_cast<int64_t>(b) * d.C + c;
+  float h[V] = {};
+  if (k > 0)
+    load_v<V>(p.chunk_states + d.slot(b, k - 1, c), h);
+  else if (p.initial_state)
+    load_v<V>(p.initial_state + state_at, h);
+  float gamma[V];
+  load_gamma<V>(p.gamma_row, c, gamma);
+  const Act* ip = static_cast<const Act*>(p.i_hat) + row * d.i_stride + c;
+  const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
+  float lean[kChunk][V];  // h_{t−1} − a_t: dL/dλ_t per unit dh_t
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) {
+    if (i < n) {
+      float iv[V], fv[V];
+      load_v<V>(ip + i * d.i_stride, iv);
+      load_v<V>(fp + i * d.f_stride, fv);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const Step s = step_of<Act>(iv[v], fv[v], gamma[v]);
+        lean[i][v] = h[v] - s.silu;
+        h[v] = s.decay * h[v] + s.input;
+      }
+    }
+  }
+  float r[V] = {}, dgamma[V] = {};
+  if (k < d.NT - 1)
+    load_v<V>(p.boundary + d.slot(b, k, c), r);
+  else if (p.d_final_state)
+    load_v<V>(p.d_final_state + state_at, r);
+  const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * d.C + c : nullptr;
+  Act* di = p.di ? static_cast<Act*>(p.di) + row * p.di_stride + c : nullptr;
+  Act* df = p.df ? static_cast<Act*>(p.df) + row * p.df_stride + c : nullptr;
+#pragma unroll
+  for (int i = kChunk - 1; i >= 0; --i) {
+    if (i < n) {
+      float iv[V], fv[V], dh[V] = {};
+      load_v<V>(ip + i * d.i_stride, iv);
+      load_v<V>(fp + i * d.f_stride, fv);
+      if (d_out) load_v<V>(d_out + static_cast<int64_t>(i) * d.C, dh);
+      float div[V], dfv[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const DecayGate gate = decay_gate(fv[v], gamma[v]);
+        dh[v] += r[v];
+        r[v] = gate.lambda * dh[v];
+        div[v] = silu_backward_value(iv[v], stable_sigmoid<Act>(iv[v]), gate.k * dh[v]);
+        const float d_lambda = lean[i][v] * dh[v];
+        dfv[v] = d_lambda * ((1.f - gamma[v]) * gate.sigmoid_x * gate.sigmoid_minus_x);
+        dgamma[v] += d_lambda * gate.sigmoid_minus_x;
+      }
+      if (di) write_v<V>(di + i * p.di_stride, div, p.accumulate_di);
+      if (df) write_v<V>(df + i * p.df_stride, dfv, p.accumulate_df);
+    }
+  }
+  if (k == 0 && p.d_initial_state) write_v<V>(p.d_initial_state + state_at, r, p.accumulate_d_initial_state);
+  if (p.partials) store_v<V>(p.partials + (static_cast<int64_t>(b) * d.NT + k) * d.C + c, dgamma);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Host side.
+
+Geometry make_geometry(const LowerBoundedScanCudaShape& s, int64_t i_stride, int64_t f_stride) {
+  HGRN_CHECK(s.batch > 0 && s.time > 0 && s.channels > 0, "lower_bounded_gated_scan CUDA: empty shape");
+  const int64_t chunks = (s.time + kChunk - 1) / kChunk;
+  HGRN_CHECK(s.batch <= 65535 && chunks <= 65535 && s.channels <= 0x7fffffff / 2,
+             "lower_bounded_gated_scan CUDA: B ", s.batch, ", T ", s.time, " or C ", s.channels,
+             " too large (at most 65535 sequences and 65535 chunks of ", kChunk, ")");
+  Geometry d;
+  d.B = static_cast<int>(s.batch);
+  d.T = static_cast<int>(s.time);
+  d.C = static_cast<int>(s.channels);
+  d.NT = static_cast<int>(chunks);
+  d.i_stride = i_stride ? i_stride : s.channels;
+  d.f_stride = f_stride ? f_stride : s.channels;
+  HGRN_CHECK(d.i_stride >= d.C && d.f_stride >= d.C, "lower_bounded_gated_scan CUDA: a row stride (î ", d.i_stride,
+             ", f̂ ", d.f_stride, ") is narrower than C = ", d.C);
+  return d;
+}
+
+// Whether every (pointer, row stride, element size) allows a thread V adjacent channels as one aligned access.
+bool aligned_for(int V, int64_t channels,
+                 std::initializer_list<std::tuple<const void*, int64_t, size_t>> operands) {
+  if (channels % V != 0) return false;
+  for (const auto& [pointer, stride, element] : operands)
+    if (pointer && (reinterpret_cast<uintptr_t>(pointer) % (V * element) != 0 || stride % V != 0)) return false;
+  return true;
+}
+
+dim3 chunk_grid(const Geometry& d, int vector, int chunks) {
+  return dim3(static_cast<unsigned>((d.C + kThreads * vector - 1) / (kThreads * vector)),
+              static_cast<unsigned>(chunks), static_cast<unsigned>(d.B));
+}
+unsigned carry_blocks(const Geometry& d) {
+  return static_cast<unsigned>((static_cast<int64_t>(d.B) * d.C + kThreads - 1) / kThreads);
+}
+
+// Launches kernel<V> for V = wide when `wide_ok`, else V = 1, over `chunks` chunks.
+#define HGRN_LAUNCH_WIDE(KERNEL, ACT, WIDE, WIDE_OK, CHUNKS, PARAMS)                                        \
+  do {                                                                                                    \
+    if (WIDE_OK)                                                                                          \
+      KERNEL<ACT, WIDE><<<chunk_grid(d, WIDE, CHUNKS), kThreads, 0, cuda_stream()>>>(PARAMS);              \
+    else                                                                                                  \
+      KERNEL<ACT, 1><<<chunk_grid(d, 1, CHUNKS), kThreads, 0, cuda_stream()>>>(PARAMS);                    \
+    CUDA_CHECK_LAUNCH(#KERNEL);                                                                           \
+  } while (0)
+
+template <typename Act>
+void forward_impl(const Geometry& d, const LowerBoundedScanCudaForwardArgs& a) {
+  const ForwardParams p{d,        a.i_hat,        a.f_hat,           a.gamma_row,  a.initial_state,
+                        a.output, a.final_state, a.chunk_states, a.scratch};
+  const size_t act = sizeof(Act), f32 = sizeof(float);
+  const bool wide = aligned_for(kWide, d.C,
+                                {{a.i_hat, d.i_stride, act},
+                                 {a.f_hat, d.f_stride, act},
+                                 {a.gamma_row, 0, f32},
+                                 {a.output, d.C, act},
+                                 {a.initial_state, d.C, f32},
+                                 {a.final_state, d.C, f32},
+                                 {a.chunk_states, d.C, f32},
+                                 {a.scratch, d.C, f32}});
+  if (d.NT > 1) {
+    HGRN_LAUNCH_WIDE(forward_summary_kernel, Act, kWide, wide, d.NT - 1, p);
+    forward_carry_kernel<<<carry_blocks(d), kThreads, 0, cuda_stream()>>>(p);
+    CUDA_CHECK_LAUNCH("lower_bounded_scan_forward_carry");
+  }
+  HGRN_LAUNCH_WIDE(forward_output_kernel, Act, kWide, wide, d.NT, p);
+}
+
+template <typename Act>
+void backward_impl(const Geometry& d, const LowerBoundedScanCudaBackwardArgs& a) {
+  BackwardParams p;
+  p.d = d;
+  p.i_hat = a.i_hat;
+  p.f_hat = a.f_hat;
+  p.gamma_row = a.gamma_row;
+  p.initial_state = a.initial_state;
+  p.chunk_states = a.chunk_states;
+  p.d_output = a.d_output;
+  p.d_final_state = a.d_final_state;
+  p.di = a.di;
+  p.di_stride = a.di_stride ? a.di_stride : d.C;
+  p.df = a.df;
+  p.df_stride = a.df_stride ? a.df_stride : d.C;
+  p.d_initial_state = a.d_initial_state;
+  p.accumulate_di = a.accumulate_di;
+  p.accumulate_df = a.accumulate_df;
+  p.accumulate_d_initial_state = a.accumulate_d_initial_state;
+  p.partials = a.dgamma_row ? a.workspace : nullptr;
+  p.boundary = a.scratch_a;
+  p.decays = a.scratch_b;
+  HGRN_CHECK(p.di_stride >= d.C && p.df_stride >= d.C, "lower_bounded_gated_scan CUDA: a gradient row stride (dî ",
+             p.di_stride, ", df̂ ", p.df_stride, ") is narrower than C = ", d.C);
+  if (d.NT > 1) {
+    const size_t act = sizeof(Act), f32 = sizeof(float);
+    const bool wide = aligned_for(kWide, d.C,
+                                  {{a.f_hat, d.f_stride, act},
+                                   {a.gamma_row, 0, f32},
+                                   {a.d_output, d.C, act},
+                                   {a.scratch_a, d.C, f32},
+                                   {a.scratch_b, d.C, f32}});
+    HGRN_LAUNCH_WIDE(backward_summary_kernel, Act, kWide, wide, d.NT - 1, p);
+    backward_carry_kernel<<<carry_blocks(d), kThreads, 0, cuda_stream()>>>(p);
+    CUDA_CHECK_LAUNCH("lower_bounded_scan_backward_carry");
+  }
+  // One channel a thread: the chunk's h_{t−1} − a_t stays in registers (64 floats a channel; two channels spill).
+  backward_grads_kernel<Act, 1><<<chunk_grid(d, 1, d.NT), kThreads, 0, cuda_stream()>>>(p);
+  CUDA_CHECK_LAUNCH("lower_bounded_scan_backward_grads");
+  if (p.partials)
+    add_chunk_sums<kSumLanes>(p.partials, a.dgamma_row, static_cast<long long>(d.B) * d.NT, d.C,
+                              "lower_bounded_scan_dgamma_reduce");
+}
+
+#undef HGRN_LAUNCH_WIDE
+
+}  // namespace
+
+int64_t lower_bounded_scan_cuda_chunk_elements(const LowerBoundedScanCudaShape& s) {
+  return s.batch * ((s.time + kChunk - 1) / kChunk - 1) * s.channels;
+}
+
+int64_t lower_bounded_scan_cuda_dgamma_workspace(const LowerBoundedScanCudaShape& s) {
+  return s.batch * ((s.time + kChunk - 1) / kChunk) * s.channels;
+}
+
+void lower_bounded_scan_cuda_forward(const LowerBoundedScanCudaShape& shape,
+                                     const LowerBoundedScanCudaForwardArgs& args) {
+  const Geometry d = make_geometry(shape, args.i_stride, args.f_stride);
+  HGRN_CHECK(args.i_hat && args.f_hat && args.output, "lower_bounded_scan_cuda_forward: missing tensor");
+  HGRN_CHECK(d.NT == 1 || (args.chunk_states && args.scratch),
+             "lower_bounded_scan_cuda_forward: the chunk-state and scratch buffers are required when T > ", kChunk);
+  HGRN_CUDA_DISPATCH_ACT(args.act, "lower_bounded_scan_cuda_forward", [&] { forward_impl<act_t>(d, args); });
+}
+
+void lower_bounded_scan_cuda_backward(const LowerBoundedScanCudaShape& shape,
+                                      const LowerBoundedScanCudaBackwardArgs& args) {
+  const Geometry d = make_geometry(shape, args.i_stride, args.f_stride);
+  HGRN_CHECK(args.i_hat && args.f_hat, "lower_bounded_scan_cuda_backward: missing tensor");
+  HGRN_CHECK(d.NT == 1 || (args.chunk_states && args.scratch_a && args.scratch_b),
+             "lower_bounded_scan_cuda_backward: the chunk-state and scratch buffers are required when T > ", kChunk);
+  HGRN_CHECK(!args.dgamma_row || (args.gamma_row && args.workspace),
+             "lower_bounded_scan_cuda_backward: dgamma_row needs gamma_row and a workspace");
+  if (!args.di && !args.df && !args.d_initial_state && !args.dgamma_row) return;
+  HGRN_CUDA_DISPATCH_ACT(args.act, "lower_bounded_scan_cuda_backward", [&] { backward_impl<act_t>(d, args); });
+}
+
+}  // namespace hgrn
