@@ -127,6 +127,8 @@ std::string hf_config_json(const ModelConfig& config, DType dtype) {
 void write_hf_files(const ModelConfig& config, const NamedTensors& params, const std::string& dir, DType dtype,
                     int64_t shard_bytes) {
   torch_dtype_name(dtype);  // refuses dtypes other than F32 and BF16 before anything is written
+  const std::string refusal = model_family(config.type).hf_export_refusal(config);
+  HGRN_CHECK(refusal.empty(), "Hugging Face export to ", dir, ": ", refusal);
   const std::vector<ParamSpec> specs = model_param_specs(config);
   const std::vector<const Tensor*> ordered = match_params_to_specs(specs, params, "the parameters to export to " + dir);
   NamedTensors converted;
