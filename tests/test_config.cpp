@@ -616,6 +616,23 @@ TEST(ConfigModelTypes, AKeyOfAnotherMemberIsRefusedNamingItsType) {
       << states;
 }
 
+TEST(ConfigModelTypes, ComplexIsHgrnsOwnAndRefusesTheGpu) {
+  // model.complex (the HGRN1 paper's complex HGRU) is HGRN1's key: refused for hgrn2, taken for hgrn on the CPU.
+  const std::string refused = error_of(base_yaml(), {"model.complex=true"});
+  EXPECT_NE(refused.find("model.complex: belongs to model.type hgrn (HGRN1); this config's model.type is hgrn2"),
+            std::string::npos)
+      << refused;
+  EXPECT_FALSE(parse_config(base_yaml(), kSource, {"model.complex=false"}).model.complex);  // the default is fine
+  const std::vector<std::string> complex_hgrn{"model.type=hgrn", "model.expand_ratio=1", "model.complex=true"};
+  std::vector<std::string> on_cpu = complex_hgrn;
+  on_cpu.push_back("training.device=cpu");
+  EXPECT_TRUE(parse_config(base_yaml(), kSource, on_cpu).model.complex);
+  std::vector<std::string> on_gpu = complex_hgrn;
+  on_gpu.push_back("training.device=cuda");
+  const std::string gpu = error_of(base_yaml(), on_gpu);
+  EXPECT_NE(gpu.find("training.device: expected cpu or auto with model.complex = true"), std::string::npos) << gpu;
+}
+
 TEST(ConfigModelTypes, MovedMemoryKnobsNameTheirNewPlace) {
   const std::string text = base_yaml() + "";
   // In the file: the training section gains an old key.

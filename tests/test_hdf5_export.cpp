@@ -96,7 +96,7 @@ void expect_file_matches(const std::string& path, const ModelConfig& config, con
   ASSERT_GE(file, 0) << path;
   EXPECT_EQ(read_string_attribute(file, "format"), "hgrn-weights-v1");
   EXPECT_EQ(read_string_attribute(file, "config"), hf_config_json(config, dtype));
-  EXPECT_EQ(nlohmann::json::parse(read_string_attribute(file, "config"))["model_type"], "hgrn2");
+  EXPECT_EQ(nlohmann::json::parse(read_string_attribute(file, "config"))["model_type"], config.type);
 
   std::vector<std::string> names;
   H5Literate(file, H5_INDEX_CRT_ORDER, H5_ITER_INC, nullptr, collect_name, &names);
@@ -126,6 +126,22 @@ TEST(Hdf5Export, Fp32FileReadsBackWithTheHdf5CApi) {
   export_hdf5(config, params, dir / "weights.h5", DType::F32);
   EXPECT_EQ(directory_listing(dir.str()), std::vector<std::string>{"weights.h5"});
   expect_file_matches(dir / "weights.h5", config, params, DType::F32);
+}
+
+TEST(Hdf5Export, ComplexHgrnExportsEveryTensor) {
+  // The complex HGRU has no Hugging Face form, but the HDF5 file takes any parameter list.
+  ScratchDir dir;
+  ModelConfig config = small_model_config();
+  config.type = "hgrn";
+  config.expand_ratio = 1;
+  config.complex = true;
+  const NamedTensors params = random_params(config, 13);
+  export_hdf5(config, params, dir / "weights.h5", DType::F32);
+  expect_file_matches(dir / "weights.h5", config, params, DType::F32);
+  const hid_t file = H5Fopen((dir / "weights.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  EXPECT_EQ(nlohmann::json::parse(read_string_attribute(file, "config"))["complex"], true);
+  EXPECT_GE(H5Fclose(file), 0);
 }
 
 TEST(Hdf5Export, Bf16IsStoredAsUint16BitPatterns) {

@@ -275,6 +275,17 @@ TEST(HfExport, TrailingSlashNamesTheSameDirectory) {
   expect_same_params(random_params(config, 2), read_hf_weights(dir / "out", config));
 }
 
+TEST(HfExport, ComplexHgrnIsRefusedPointingAtHdf5) {
+  ScratchDir dir;
+  ModelConfig config = small_model_config();
+  config.type = "hgrn";
+  config.expand_ratio = 1;
+  config.complex = true;
+  expect_error_containing([&] { export_hf(config, random_params(config), dir / "out", DType::F32); },
+                          {"model.complex", "no Hugging Face form", "--format hdf5"});
+  EXPECT_TRUE(directory_listing(dir.str()).empty());
+}
+
 TEST(HfExport, FailedExportLeavesNoDirectory) {
   ScratchDir dir;
   const ModelConfig config = small_model_config();

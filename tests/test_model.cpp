@@ -1,8 +1,10 @@
-// test_model.cpp: the whole model of every family member (HGRN2 and HGRN1): fp64 finite-difference gradients of every
-// parameter (lower bounds included), layer 0 giving no lower-bound gradient, chunkwise vs recurrent equality, carried
-// states, recomputation, gradient groups, and fla's parameter layout.
+// test_model.cpp: the whole model of every family member (HGRN2, HGRN1, and HGRN1's complex-valued HGRU as
+// "hgrn-complex"): fp64 finite-difference gradients of every parameter (lower bounds included), layer 0 giving no
+// lower-bound gradient, chunkwise vs recurrent equality, carried states, recomputation, gradient groups, and the
+// parameter layouts.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 
 #include "gradcheck.h"
@@ -16,10 +18,11 @@ namespace hgrn {
 namespace {
 
 // HGRN2: H = 2 heads, K = 4, V = 4. HGRN1: a recurrence twice as wide as the model (fla's input_dim = D · 2), so
-// that the mixer's and the model's widths differ.
+// that the mixer's and the model's widths differ. "hgrn-complex": HGRN1 with model.complex.
 ModelConfig tiny_config(const std::string& type = "hgrn2") {
   ModelConfig c;
-  c.type = type;
+  c.type = type == "hgrn-complex" ? "hgrn" : type;
+  c.complex = type == "hgrn-complex";
   c.hidden_size = 8;
   c.num_hidden_layers = 3;
   c.expand_ratio = type == "hgrn2" ? 4 : 2;
@@ -213,6 +216,31 @@ TEST(Hgrn1Model, ParametersFollowFlaNamesAndShapes) {
                                              "o_proj.weight"}));
 }
 
+TEST(Hgrn1ComplexModel, ParametersHaveTheComplexHgruLayout) {
+  // d = 16 (expand_ratio 2): the recurrence's real and imaginary parts make the output gate and norm 2d = 32 wide.
+  Rng rng(47);
+  DecoderLM model(tiny_config("hgrn-complex"), rng, DType::F64);
+  EXPECT_EQ(model.parameter("model.lower_bounds")->value.shape(), (Shape{3, 16}));
+  std::vector<std::string> mixer;
+  for (const auto& [spec, var] : model.parameters())
+    if (spec.name.rfind("model.layers.0.attn.", 0) == 0) mixer.push_back(spec.name.substr(20));
+  EXPECT_EQ(mixer, (std::vector<std::string>{"cr_proj.weight", "ci_proj.weight", "f_proj.weight", "g_proj.weight",
+                                             "cr_proj.bias", "ci_proj.bias", "f_proj.bias", "g_proj.bias", "theta",
+                                             "out_norm.weight", "out_norm.bias", "o_proj.weight", "o_proj.bias"}));
+  const std::string p = "model.layers.1.attn.";
+  EXPECT_EQ(model.parameter(p + "cr_proj.weight")->value.shape(), (Shape{16, 8}));
+  EXPECT_EQ(model.parameter(p + "g_proj.weight")->value.shape(), (Shape{32, 8}));
+  EXPECT_EQ(model.parameter(p + "g_proj.bias")->value.shape(), (Shape{32}));
+  EXPECT_EQ(model.parameter(p + "out_norm.bias")->value.shape(), (Shape{32}));
+  EXPECT_EQ(model.parameter(p + "o_proj.weight")->value.shape(), (Shape{8, 32}));
+  EXPECT_EQ(model.parameter(p + "o_proj.bias")->value.shape(), (Shape{8}));
+  // Biases zero, the norm's weight one, θ_j = 10000^(−2j/d).
+  EXPECT_EQ(model.parameter(p + "f_proj.bias")->value.item(3), 0.0);
+  EXPECT_EQ(model.parameter(p + "out_norm.weight")->value.item(3), 1.0);
+  const Tensor& theta = model.parameter(p + "theta")->value;
+  for (int64_t j = 0; j < 16; ++j) EXPECT_DOUBLE_EQ(theta.item(j), std::pow(10000.0, -2.0 * j / 16.0)) << j;
+}
+
 TEST(Hgrn2Model, ParametersFollowFlaNamesAndShapes) {
   ModelConfig c = tiny_config();
   Rng rng(47);
@@ -236,7 +264,9 @@ TEST_P(EveryModelType, FusedProjectionsAreAdjacentAndStaySo) {
   DecoderLM model(tiny_config(GetParam()), rng, DType::F64);
   size_t runs = 0;
   for (const auto& [spec, var] : model.parameters()) runs += spec.adjacent_to_previous;
-  EXPECT_EQ(runs, 3u * static_cast<size_t>(tiny_config(GetParam()).num_hidden_layers));  // f, i and up in every layer
+  // f, i and up in every layer; the complex HGRU's ci, f and g follow cr.
+  const size_t per_layer = GetParam() == "hgrn-complex" ? 4u : 3u;
+  EXPECT_EQ(runs, per_layer * static_cast<size_t>(tiny_config(GetParam()).num_hidden_layers));
   expect_fused_projections_adjacent(model, false, false);
   for (int step = 0; step < 2; ++step) {  // the first backward makes the gradients adjacent, the second adds to them
     Tape tape;
@@ -284,7 +314,10 @@ TEST_P(EveryModelType, CarriedStateEqualsOneLongSequence) {
     std::vector<Var> states;
     const std::vector<double> a = model.forward(tape, part1, &states)->value.to_double_vector();
     ASSERT_EQ(states.size(), 3u);
-    EXPECT_EQ(states[0]->value.shape(), (GetParam() == "hgrn2" ? Shape{2, 2, 4, 4} : Shape{2, 16}));
+    const Shape state_shape = GetParam() == "hgrn2"          ? Shape{2, 2, 4, 4}
+                              : GetParam() == "hgrn-complex" ? Shape{2, 2, 16}
+                                                             : Shape{2, 16};
+    EXPECT_EQ(states[0]->value.shape(), state_shape);
     const std::vector<double> b = model.forward(tape, part2, &states)->value.to_double_vector();
     const int64_t v = c.vocab_size;
     for (int64_t bi = 0; bi < 2; ++bi)
@@ -301,7 +334,17 @@ TEST_P(EveryModelType, CarriedStateEqualsOneLongSequence) {
 
 namespace hgrn {
 namespace {
-INSTANTIATE_TEST_SUITE_P(Models, EveryModelType, ::testing::ValuesIn(model_type_names()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+std::vector<std::string> model_variants() {
+  std::vector<std::string> v = model_type_names();
+  v.push_back("hgrn-complex");
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Models, EveryModelType, ::testing::ValuesIn(model_variants()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
 }  // namespace
 }  // namespace hgrn

@@ -347,7 +347,8 @@ TEST(MakeParamGroups, AssignsDecayByGroup) {
   std::vector<std::pair<ParamSpec, Var>> named;
   const std::vector<std::pair<ParamGroup, bool>> groups = {
       {ParamGroup::Embedding, false}, {ParamGroup::LowerBound, false}, {ParamGroup::Norm, false},
-      {ParamGroup::Mixer, true},      {ParamGroup::Mlp, true},         {ParamGroup::LmHead, true}};
+      {ParamGroup::Mixer, true},      {ParamGroup::MixerVector, false}, {ParamGroup::Mlp, true},
+      {ParamGroup::LmHead, true}};
   for (const auto& [group, decays] : groups)
     named.push_back({ParamSpec{param_group_name(group), {2}, group, ParamInit::Zeros},
                      make_var(Tensor::zeros({2}, DType::F32), true, param_group_name(group))});

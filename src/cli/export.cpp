@@ -125,6 +125,7 @@ int run_export_command(const ExportArgs& args, std::ostream& out) {
     return kExitOk;
   }
 
+  require_hf_form(config.model, args.out_path);
   publish_atomically(args.out_path, /*is_directory=*/true, args.force, [&](const std::string& temp_dir) {
     write_hf_files(config.model, state.params, temp_dir, dtype, args.shard_bytes);
     if (args.reference_sequences > 0) {

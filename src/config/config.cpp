@@ -91,6 +91,7 @@ std::vector<Field> config_fields(Config& c) {
       {"model.tie_word_embeddings", &m.tie_word_embeddings},
       {"model.initializer_range", &m.initializer_range},
       {"model.attn_mode", &m.attn_mode},
+      {"model.complex", &m.complex},
       {"model.memory.recompute", &m.memory.recompute},
       {"model.memory.recompute_elementwise", &m.memory.recompute_elementwise},
       {"model.memory.recompute_mlp_projections", &m.memory.recompute_mlp_projections},
@@ -585,6 +586,9 @@ void ConfigReader::validate() {
   const TrainingConfig& t = config_.training;
   require_one_of("training.device", t.device, {"auto", "cpu", "cuda"});
   require_one_of("training.precision", t.precision, {"fp32", "bf16"});
+  if (m.complex && t.device == "cuda")
+    fail_key("training.device", "expected cpu or auto with model.complex = true: the complex HGRU's ops have no CUDA "
+                                "kernels yet (set training.device to cpu, or model.complex to false)");
   if (t.precision == "bf16" && t.device == "cpu")
     fail_key("training.precision", "expected fp32 with training.device = cpu: bf16 training needs a GPU "
                                    "(set training.device to cuda or auto, or precision to fp32)");

@@ -124,8 +124,14 @@ std::string hf_config_json(const ModelConfig& config, DType dtype) {
   return c.dump(2) + "\n";
 }
 
+void require_hf_form(const ModelConfig& config, const std::string& out_dir) {
+  const std::string refusal = model_family(config.type).hf_export_refusal(config);
+  HGRN_CHECK(refusal.empty(), "Hugging Face export to ", out_dir, ": ", refusal);
+}
+
 void write_hf_files(const ModelConfig& config, const NamedTensors& params, const std::string& dir, DType dtype,
                     int64_t shard_bytes) {
+  require_hf_form(config, dir);
   torch_dtype_name(dtype);  // refuses dtypes other than F32 and BF16 before anything is written
   const std::vector<ParamSpec> specs = model_param_specs(config);
   const std::vector<const Tensor*> ordered = match_params_to_specs(specs, params, "the parameters to export to " + dir);
@@ -142,6 +148,7 @@ void write_hf_files(const ModelConfig& config, const NamedTensors& params, const
 
 void export_hf(const ModelConfig& config, const NamedTensors& params, const std::string& out_dir, DType dtype,
                int64_t shard_bytes, bool overwrite) {
+  require_hf_form(config, out_dir);
   publish_atomically(out_dir, /*is_directory=*/true, overwrite, [&](const std::string& temp_dir) {
     write_hf_files(config, params, temp_dir, dtype, shard_bytes);
   });

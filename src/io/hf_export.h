@@ -27,6 +27,10 @@ std::vector<const Tensor*> match_params_to_specs(const std::vector<ParamSpec>& s
 // with a trailing newline.
 std::string hf_config_json(const ModelConfig& config, DType dtype);
 
+// Throws hgrn::Error naming out_dir when the model has no Hugging Face form (ModelFamily::hf_export_refusal): called
+// before anything is written by export_hf and the CLI, and again by write_hf_files.
+void require_hf_form(const ModelConfig& config, const std::string& out_dir);
+
 // Writes config.json and the weights (cast from fp32 to `dtype`, F32 or BF16) into the existing, empty directory
 // `dir`, sharded when they exceed shard_bytes. `params` are hgrn's parameters by fla name (fp32); they must match
 // model_param_specs(config) exactly in names and shapes (a tied model has no lm_head.weight). Not atomic by itself:

@@ -41,6 +41,10 @@ DecoderLM::DecoderLM(const ModelConfig& config, std::unique_ptr<TokenMixer> mixe
       case ParamInit::Normal: fill_normal(value, config.initializer_range, init_rng); break;
       case ParamInit::Ones: value.fill(1.0); break;
       case ParamInit::Zeros: value.zero(); break;
+      case ParamInit::RotaryAngles:
+        for (int64_t j = 0; j < value.numel(); ++j)
+          value.set_item(j, std::pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(value.numel())));
+        break;
     }
     params_.emplace_back(spec, make_var(std::move(value), true, spec.name));
   }

@@ -12,6 +12,7 @@ const char* param_group_name(ParamGroup group) {
     case ParamGroup::LowerBound: return "lower_bounds";
     case ParamGroup::Norm: return "norm";
     case ParamGroup::Mixer: return "token_mixer";
+    case ParamGroup::MixerVector: return "token_mixer_vectors";
     case ParamGroup::Mlp: return "mlp";
     case ParamGroup::LmHead: return "lm_head";
   }

@@ -9,10 +9,12 @@
 
 namespace hgrn {
 
-enum class ParamGroup { Embedding, LowerBound, Norm, Mixer, Mlp, LmHead };
+// MixerVector: a token mixer's biases and per-channel angles (no weight decay, no GEMM).
+enum class ParamGroup { Embedding, LowerBound, Norm, Mixer, MixerVector, Mlp, LmHead };
 const char* param_group_name(ParamGroup group);
 
-enum class ParamInit { Normal, Ones, Zeros };  // Normal: N(0, initializer_range)
+// Normal: N(0, initializer_range). RotaryAngles (a vector of n): θ_j = 10000^(−2j/n), RoPE-like frequencies.
+enum class ParamInit { Normal, Ones, Zeros, RotaryAngles };
 
 struct ParamSpec {
   std::string name;  // the Hugging Face / fla state-dict key, e.g. model.layers.0.attn.q_proj.weight

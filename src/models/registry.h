@@ -49,6 +49,9 @@ class ModelFamily {
   // read by io/hf_export.cpp.
   virtual void write_hf_config(const ModelConfig& config, nlohmann::json& out) const = 0;
   virtual void read_hf_config(const HfConfigReader& in, ModelConfig& config) const = 0;
+  // Why this model has no Hugging Face form (fla has no class for it), or empty: Hugging Face export refuses it with
+  // this reason, while the HDF5 export (which stores the same config fields) takes it.
+  virtual std::string hf_export_refusal(const ModelConfig&) const { return {}; }
 };
 
 // The registered model.type names, in registration order.

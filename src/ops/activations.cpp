@@ -1,5 +1,5 @@
-// activations.cpp: silu and swiglu, forward and backward (on the GPU through kernels/activations.h).
-// silu'(x) = σ(x) · (1 + x · (1 − σ(x))).
+// activations.cpp: silu and swiglu, forward and backward (on the GPU through kernels/activations.h), and sigmoid
+// (CPU only). silu'(x) = σ(x) · (1 + x · (1 − σ(x))), σ'(x) = σ(x) · (1 − σ(x)).
 #include "ops/activations.h"
 
 #include <cmath>
@@ -151,6 +151,38 @@ Var silu(Tape& tape, const Var& x) {
   tape.record([x, out] {
     if (!out->grad.defined()) return;
     swiglu_backward(x, nullptr, out->grad, nullptr);
+  });
+  return out;
+}
+
+template <typename T>
+static void sigmoid_forward_cpu(const T* x, T* y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
+  for (int64_t i = 0; i < n; ++i) y[i] = stable_sigmoid(x[i]);
+}
+
+template <typename T>
+static void sigmoid_backward_cpu(const T* y, const T* dy, T* dx, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
+  for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * y[i] * (T(1) - y[i]);
+}
+
+Var sigmoid(Tape& tape, const Var& x) {
+  check_input("sigmoid", x);
+  HGRN_CHECK(x->value.device() == Device::CPU,
+             "sigmoid: no CUDA kernel; the complex HGRU (model.complex: true) trains on the CPU (training.device: cpu)");
+  Tensor y = Tensor::empty(x->value.shape(), x->value.dtype());
+  HGRN_DISPATCH_FLOAT(x->value.dtype(), "sigmoid", [&] {
+    sigmoid_forward_cpu(x->value.data<scalar_t>(), y.data<scalar_t>(), y.numel());
+  });
+  Var out = op_output(tape, y, {x});
+  if (!out->requires_grad) return out;
+  tape.record([x, out] {
+    if (!out->grad.defined()) return;
+    HGRN_DISPATCH_FLOAT(x->value.dtype(), "sigmoid backward", [&] {
+      sigmoid_backward_cpu(out->value.data<scalar_t>(), out->grad.data<scalar_t>(),
+                           grad_buffer(x).data<scalar_t>(), out->value.numel());
+    });
   });
   return out;
 }

@@ -1,5 +1,5 @@
-// activations.h: silu (the query activation) and swiglu = silu(gate) ⊙ up (the GatedMLP's activation), fused so
-// that the MLP's product is one op with one saved pair of inputs.
+// activations.h: silu (the query activation), swiglu = silu(gate) ⊙ up (the GatedMLP's activation), fused so
+// that the MLP's product is one op with one saved pair of inputs, and sigmoid (the complex HGRU's output gate).
 #pragma once
 #include "core/autograd.h"
 
@@ -7,6 +7,9 @@ namespace hgrn {
 
 // y = x · σ(x).
 Var silu(Tape& tape, const Var& x);
+
+// y = σ(x) = 1 / (1 + e^{−x}). CPU only: a CUDA input throws hgrn::Error.
+Var sigmoid(Tape& tape, const Var& x);
 
 // y = silu(gate) ⊙ up; gate and up have the same shape.
 Var swiglu(Tape& tape, const Var& gate, const Var& up);

@@ -1,6 +1,8 @@
 // elementwise.cpp: add, reshape, split_columns and contiguous, forward and backward (on the GPU through
-// kernels/elementwise.h and 2-D copies), and the gradient hand-over.
+// kernels/elementwise.h and 2-D copies), mul and add_bias (CPU only), and the gradient hand-over.
 #include "ops/elementwise.h"
+
+#include "ops/cpu_parallel.h"
 
 #ifdef HGRN_WITH_CUDA
 #include "kernels/elementwise.h"
@@ -90,6 +92,83 @@ Var add(Tape& tape, const Var& a, const Var& b) {
     if (!out->grad.defined()) return;
     for (const Var& v : {a, b})
       if (wants_grad(v)) pass_gradient(v, out->grad);
+  });
+  return out;
+}
+
+Var mul(Tape& tape, const Var& a, const Var& b) {
+  HGRN_CHECK(a && b, "mul: input is null");
+  const Tensor& av = a->value;
+  const Tensor& bv = b->value;
+  HGRN_CHECK(av.device() == Device::CPU && bv.device() == Device::CPU,
+             "mul: no CUDA kernel; the complex HGRU (model.complex: true) trains on the CPU (training.device: cpu)");
+  HGRN_CHECK(av.shape() == bv.shape(), "mul: shapes ", shape_str(av.shape()), " and ", shape_str(bv.shape()),
+             " differ");
+  HGRN_CHECK(av.dtype() == bv.dtype(), "mul: ", dtype_name(av.dtype()), " and ", dtype_name(bv.dtype()));
+  HGRN_CHECK(av.is_contiguous() && bv.is_contiguous(), "mul: inputs must be contiguous");
+  Tensor y = Tensor::empty(av.shape(), av.dtype());
+  HGRN_DISPATCH_FLOAT(y.dtype(), "mul", [&] {
+    const scalar_t *pa = av.data<scalar_t>(), *pb = bv.data<scalar_t>();
+    scalar_t* py = y.data<scalar_t>();
+    for (int64_t i = 0; i < y.numel(); ++i) py[i] = pa[i] * pb[i];
+  });
+  Var out = op_output(tape, y, {a, b});
+  if (!out->requires_grad) return out;
+  tape.record([a, b, out] {
+    if (!out->grad.defined()) return;
+    HGRN_DISPATCH_FLOAT(out->grad.dtype(), "mul backward", [&] {
+      const scalar_t* dy = out->grad.data<scalar_t>();
+      const int64_t n = out->grad.numel();
+      // Asked one after the other, so that mul(x, x) adds both contributions.
+      if (wants_grad(a)) {
+        scalar_t* da = grad_buffer(a).data<scalar_t>();
+        const scalar_t* pb = b->value.data<scalar_t>();
+        for (int64_t i = 0; i < n; ++i) da[i] += dy[i] * pb[i];
+      }
+      if (wants_grad(b)) {
+        scalar_t* db = grad_buffer(b).data<scalar_t>();
+        const scalar_t* pa = a->value.data<scalar_t>();
+        for (int64_t i = 0; i < n; ++i) db[i] += dy[i] * pa[i];
+      }
+    });
+  });
+  return out;
+}
+
+Var add_bias(Tape& tape, const Var& x, const Var& bias) {
+  HGRN_CHECK(x && bias, "add_bias: input is null");
+  const Tensor& xv = x->value;
+  const Tensor& bv = bias->value;
+  HGRN_CHECK(xv.device() == Device::CPU && bv.device() == Device::CPU,
+             "add_bias: no CUDA kernel; the complex HGRU (model.complex: true) trains on the CPU "
+             "(training.device: cpu)");
+  HGRN_CHECK(xv.dim() >= 1 && bv.shape() == Shape{xv.size(-1)}, "add_bias: bias ", shape_str(bv.shape()),
+             " does not match input ", shape_str(xv.shape()));
+  HGRN_CHECK(xv.dtype() == bv.dtype(), "add_bias: input is ", dtype_name(xv.dtype()), ", bias is ",
+             dtype_name(bv.dtype()));
+  HGRN_CHECK(xv.is_contiguous() && bv.is_contiguous(), "add_bias: inputs must be contiguous");
+  const int64_t width = xv.size(-1), rows = width ? xv.numel() / width : 0;
+  Tensor y = Tensor::empty(xv.shape(), xv.dtype());
+  HGRN_DISPATCH_FLOAT(y.dtype(), "add_bias", [&] {
+    const scalar_t *px = xv.data<scalar_t>(), *pb = bv.data<scalar_t>();
+    scalar_t* py = y.data<scalar_t>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < width; ++c) py[r * width + c] = px[r * width + c] + pb[c];
+  });
+  Var out = op_output(tape, y, {x, bias});
+  if (!out->requires_grad) return out;
+  tape.record([x, bias, out, rows, width] {
+    if (!out->grad.defined()) return;
+    if (wants_grad(bias)) {
+      HGRN_DISPATCH_FLOAT(out->grad.dtype(), "add_bias backward", [&] {
+        const scalar_t* dy = out->grad.data<scalar_t>();
+        // Summed in fixed row blocks: the same bits for any thread count.
+        reduce_rows_in_fixed_blocks(rows, width, grad_buffer(bias).data<scalar_t>(), [&](int64_t r, scalar_t* part) {
+          for (int64_t c = 0; c < width; ++c) part[c] += dy[r * width + c];
+        });
+      });
+    }
+    hand_over_gradient(out, x);
   });
   return out;
 }

@@ -1,5 +1,6 @@
-// elementwise.h: the small ops that glue the larger ones together: an add, a reshape, column blocks of a tensor
-// and a contiguous copy of one, and the hand-over of a gradient that passes through an op unchanged.
+// elementwise.h: the small ops that glue the larger ones together: an add, a product, a bias add, a reshape, column
+// blocks of a tensor and a contiguous copy of one, and the hand-over of a gradient that passes through an op
+// unchanged.
 #pragma once
 #include <vector>
 
@@ -9,6 +10,13 @@ namespace hgrn {
 
 // y = a + b (same shape): the residual connection.
 Var add(Tape& tape, const Var& a, const Var& b);
+
+// y = a ⊙ b (same shape, contiguous): the complex HGRU's output gate. CPU only: a CUDA input throws hgrn::Error.
+Var mul(Tape& tape, const Var& a, const Var& b);
+
+// y = x + bias over the last axis, x [..., N] contiguous, bias [N]: the bias of a projection (ops/linear.h is
+// bias-free); dbias = Σ_rows dy, dx = dy. CPU only: a CUDA input throws hgrn::Error.
+Var add_bias(Tape& tape, const Var& x, const Var& bias);
 
 // A view of x with another shape (same number of elements); its gradient flows back unchanged.
 Var reshape(Tape& tape, const Var& x, const Shape& shape);

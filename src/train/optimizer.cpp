@@ -381,6 +381,7 @@ std::vector<ParamRef> make_param_groups(const std::vector<std::pair<ParamSpec, V
       case ParamGroup::Mlp:
       case ParamGroup::LmHead: decay = true; break;
       case ParamGroup::Norm:
+      case ParamGroup::MixerVector:
       case ParamGroup::LowerBound: decay = false; break;
       case ParamGroup::Embedding: decay = decay_embeddings; break;
     }

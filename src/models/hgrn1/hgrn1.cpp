@@ -1,10 +1,12 @@
 // hgrn1.cpp: HGRN1 (fla's HGRNForCausalLM, hgrn-spec.md sections 3 and 5.2; Qin et al., "Hierarchically Gated
 // Recurrent Neural Network for Sequence Modeling", NeurIPS 2023): its token mixer, the real-valued HGRU — an
-// elementwise gated linear recurrence whose forget gate has the layer-wise lower bound — and its description.
+// elementwise gated linear recurrence whose forget gate has the layer-wise lower bound — and its description, which
+// also covers the paper's complex-valued HGRU (model.complex: true; models/hgrn1/complex_hgru.h).
 #include <nlohmann/json.hpp>
 
 #include "core/trace.h"
 #include "io/hf_config_reader.h"
+#include "models/hgrn1/complex_hgru.h"
 #include "models/registry.h"
 #include "ops/activations.h"
 #include "ops/elementwise.h"
@@ -95,7 +97,7 @@ class Hgrn1Family final : public ModelFamily {
   std::string type() const override { return "hgrn"; }
   std::string display_name() const override { return "HGRN1"; }
   std::string hf_architecture() const override { return "HGRNForCausalLM"; }
-  std::vector<std::string> own_keys() const override { return {}; }
+  std::vector<std::string> own_keys() const override { return {"model.complex"}; }
 
   void validate(const ModelConfig& m, const ConfigChecker& checker) const override {
     if (m.expand_ratio && *m.expand_ratio <= 0)
@@ -105,12 +107,14 @@ class Hgrn1Family final : public ModelFamily {
   }
 
   std::string mixer_summary(const ModelConfig& c) const override {
-    return detail::concat("recurrence width ", input_dim(c), " (expand_ratio ", c.expand_ratio.value_or(1), ")");
+    return detail::concat(c.complex ? "complex recurrence width " : "recurrence width ", input_dim(c),
+                          " (expand_ratio ", c.expand_ratio.value_or(1), ")");
   }
 
   int64_t gate_width(const ModelConfig& c) const override { return input_dim(c); }
 
   std::vector<ParamSpec> mixer_param_specs(const ModelConfig& c) const override {
+    if (c.complex) return complex_hgru_param_specs(c);
     const int64_t D = c.hidden_size, E = input_dim(c);
     return {
         {"i_proj.weight", {E, D}, ParamGroup::Mixer, ParamInit::Normal},
@@ -122,6 +126,7 @@ class Hgrn1Family final : public ModelFamily {
   }
 
   std::unique_ptr<TokenMixer> make_mixer(const ModelConfig& c) const override {
+    if (c.complex) return make_complex_hgru_mixer(c);
     return std::make_unique<Hgrn1Mixer>(c);
   }
 
@@ -129,6 +134,7 @@ class Hgrn1Family final : public ModelFamily {
   // î, f̂, ĝ, o and RMSNorm(o) in the activation dtype, and the fp32 state entering each 64-token chunk; state: the
   // fp32 final state.
   MixerCost mixer_cost(const ModelConfig& c, int64_t, int64_t bytes) const override {
+    if (c.complex) return complex_hgru_cost(c, bytes);
     const double E = static_cast<double>(input_dim(c)), b = static_cast<double>(bytes);
     MixerCost cost;
     cost.flops_per_token = 2.0 * E;
@@ -140,13 +146,20 @@ class Hgrn1Family final : public ModelFamily {
   std::string signature(const ModelConfig& m) const override {
     return detail::concat("hgrn L=", m.num_hidden_layers, " D=", m.hidden_size, " E=", input_dim(m),
                           " I=", m.mlp_size(), " vocab=", m.vocab_size, " lower_bound=", m.use_lower_bound,
-                          " tied=", m.tie_word_embeddings);
+                          " tied=", m.tie_word_embeddings, m.complex ? " complex=1" : "");
   }
 
   void write_hf_config(const ModelConfig& m, nlohmann::json& c) const override {
     c["model_type"] = type();
     c["architectures"] = {hf_architecture()};
     c["expand_ratio"] = m.expand_ratio.value_or(1);
+    if (m.complex) c["complex"] = true;  // hgrn's own field: the HDF5 export's config says which mixer it holds
+  }
+
+  std::string hf_export_refusal(const ModelConfig& m) const override {
+    if (!m.complex) return {};
+    return "model.complex: fla has no complex-valued HGRU, so this model has no Hugging Face form; export it with "
+           "--format hdf5";
   }
 
   void read_hf_config(const HfConfigReader& c, ModelConfig& m) const override {
