@@ -160,7 +160,7 @@ void* cuda_alloc(size_t bytes) {
     std::snprintf(msg, sizeof msg,
                   "CUDA out of memory: asked for %.1f MiB; hgrn tensors hold %.1f MiB, the device has %.1f MiB "
                   "free of %.1f MiB. Lower training.micro_batch_size (raise grad_accum_steps to keep the batch), "
-                  "lower data.seq_len, or set training.recompute: true",
+                  "lower data.seq_len, or set model.memory.recompute: true",
                   bytes / 1048576.0, a.stats.in_use_bytes / 1048576.0, free_bytes / 1048576.0,
                   total_bytes / 1048576.0);
     throw Error(msg);

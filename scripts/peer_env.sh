@@ -59,7 +59,7 @@ if ! python3 -c "import fla" 2>/dev/null; then
   python3 -m pip install --quiet --no-deps --no-index --target "$pylib" "$wheels"/*.whl
   export PYTHONPATH="$pylib${PYTHONPATH:+:$PYTHONPATH}"
 fi
-# The peer-baseline shapes (../shared/docs/peer-baseline.md) of a config name: layers hidden batch.
+# The peer-baseline shapes (docs/benchmarks.md) of a config name: layers hidden batch.
 peer_shape() {  # layers, hidden size, batch and fla's model_type of a shipped GPU config
   case "$1" in
     hgrn2-150m) echo "15 768 16 hgrn2" ;;

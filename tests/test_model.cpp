@@ -70,11 +70,11 @@ TEST_P(EveryModelType, EveryParameterGradientMatchesFiniteDifferences) {
 }
 
 TEST_P(EveryModelType, RecomputationGivesTheSameLossAndGradientsBitForBit) {
-  // training.recompute runs each token mixer and MLP again in the backward, training.recompute_elementwise the
-  // gates, norms and SwiGLU, training.recompute_mlp_projections the MLP's gate and up GEMMs: the same ops on the same
+  // model.memory.recompute runs each token mixer and MLP again in the backward, model.memory.recompute_elementwise the
+  // gates, norms and SwiGLU, model.memory.recompute_mlp_projections the MLP's gate and up GEMMs: the same ops on the same
   // inputs, so the same bits as keeping every activation. Passes: everything kept; elementwise recomputation (the
   // default); elementwise and MLP projections; MLP projections alone; all three; elementwise without the gates;
-  // elementwise with the gates kept but in the last layer (training.recompute_gates_layers).
+  // elementwise with the gates kept but in the last layer (model.memory.recompute_gates_layers).
   for (int64_t seq : {5, 66}) {
     Rng rng(8);
     DecoderLM model(tiny_config(GetParam()), rng, DType::F64);

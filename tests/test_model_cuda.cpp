@@ -126,15 +126,15 @@ TEST_P(ModelCudaEveryType, ForwardAndBackwardAreBitwiseDeterministic) {
 
 TEST_P(ModelCudaEveryType, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   HGRN_SKIP_WITHOUT_GPU();
-  // training.recompute re-runs each token mixer and MLP in the backward, training.recompute_elementwise the gates,
-  // norms and SwiGLU, training.recompute_mlp_projections the MLP's gate and up GEMMs: the same deterministic kernels
+  // model.memory.recompute re-runs each token mixer and MLP in the backward, model.memory.recompute_elementwise the gates,
+  // norms and SwiGLU, model.memory.recompute_mlp_projections the MLP's gate and up GEMMs: the same deterministic kernels
   // on the same inputs, so the same bits as keeping everything (as on the CPU,
   // Hgrn2Model.RecomputationGivesTheSameLossAndGradientsBitForBit). Variants: elementwise; elementwise and full
   // blocks; elementwise and MLP projections; MLP projections alone; elementwise without the gates; the bf16 weight
-  // copies dropped after each layer's forward and cast again in its backward (training.recompute_weight_copies); the
+  // copies dropped after each layer's forward and cast again in its backward (model.memory.recompute_weight_copies); the
   // recurrence's states kept from the forward by the first layer, or by every layer with full blocks recomputed
-  // (training.keep_recurrence_states: the backward's state pass skipped, its bits read instead); elementwise with the
-  // gates kept but in the last layer (training.recompute_gates_layers) and every layer's states kept.
+  // (model.memory.keep_recurrence_states: the backward's state pass skipped, its bits read instead); elementwise with the
+  // gates kept but in the last layer (model.memory.recompute_gates_layers) and every layer's states kept.
   for (DType act : {DType::F32, DType::BF16}) {
     Models m = make_models(GetParam(), act);
     const Tensor ids = random_ids(2, 130, small_config(GetParam()).vocab_size, 17);

@@ -78,7 +78,8 @@ def parse_line(text):
 
 
 def value(record, field):
-    """A field's value as a float, or None where it is absent, null, non-numeric, not finite or a negative placeholder."""
+    """A field's value as a float, or None where it is absent, null, non-numeric, not finite or negative
+    (-1 marks a value the run does not have)."""
     v = record.get(field)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None

@@ -189,7 +189,7 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
   // after that norm's backward, where those projections' weight gradients may run (free_norm_output).
   mark_gradients_ready(tape, num_layers);  // layer 0's group (or, without layers, the head's)
   Var x = rmsnorm(tape, h, layers_.empty() ? final_norm_ : layers_[0].attn_norm, config_.norm_eps);
-  // A block of the layer, run under recomputation when training.recompute is on.
+  // A block of the layer, run under recomputation when model.memory.recompute is on.
   auto block = [&](const std::vector<Var>& inputs, const RecomputedFn& f) {
     return memory_.recompute ? recompute(tape, inputs, f) : f(tape, inputs);
   };

@@ -1,5 +1,5 @@
 // recompute.h: activation recomputation on the tape, in two grains.
-//  - recompute(): gradient checkpointing of a whole block (training.recompute). The wrapped function runs without
+//  - recompute(): gradient checkpointing of a whole block (model.memory.recompute). The wrapped function runs without
 //    recording, so none of its intermediate activations are kept; the backward runs it again on a fresh tape and
 //    back-propagates through that. Gradients reach the inputs and every parameter the function uses directly,
 //    because backward closures accumulate into the same gradient buffers.
@@ -7,8 +7,8 @@
 //    norm's output, the gates): their values are freed as soon as the forward is done with them and recomputed from
 //    inputs that are kept anyway, just before the backward needs them. It costs one elementwise pass in the backward
 //    and saves the tensor's memory from the end of its forward to its backward, which is where the step's memory
-//    peaks. The model calls it under training.recompute_elementwise (on by default) and
-//    training.recompute_mlp_projections.
+//    peaks. The model calls it under model.memory.recompute_elementwise (on by default) and
+//    model.memory.recompute_mlp_projections.
 //  - release_until_producer_backward(): the same saving with no separate recomputation, where the op that made the
 //    value can write it again in its own backward (below).
 #pragma once
