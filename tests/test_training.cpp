@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 
@@ -83,6 +85,19 @@ logging: {log_interval: 50}
   EXPECT_TRUE(std::filesystem::exists(run_dir + "/metrics.jsonl"));
   EXPECT_TRUE(std::filesystem::exists(run_dir + "/config.yaml"));
   EXPECT_TRUE(std::filesystem::exists(run_dir + "/checkpoints/step_00000300.h5"));
+  // Every metrics line is a JSON object; values a CPU run does not have (MFU, GPU memory) are absent, not -1.
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  int train_lines = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    ASSERT_TRUE(record.is_object()) << line;
+    EXPECT_FALSE(record.contains("mfu")) << line;
+    EXPECT_FALSE(record.contains("peak_memory_gib")) << line;
+    if (record.at("kind") != "train") continue;
+    ++train_lines;
+    EXPECT_GT(record.at("tokens_per_s").get<double>(), 0) << line;
+  }
+  EXPECT_EQ(train_lines, 300 / 50 + 1);  // step 1, then every log_interval
 }
 
 }  // namespace

@@ -28,24 +28,33 @@ MetricsFile::MetricsFile(const std::string& path) : out_(path, std::ios::app), p
   HGRN_CHECK(out_.good(), "cannot open the metrics file '", path, "' for writing: check that its directory exists and is writable");
 }
 
+// A number as JSON: %.<digits>g, or null where it is not finite (JSON has no NaN or Infinity).
+static std::string json_number(double value, int digits = 6) {
+  if (!std::isfinite(value)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, value);
+  return buf;
+}
+
 void MetricsFile::append(const std::string& kind, const StepMetrics& m) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "{\"kind\": \"%s\", \"step\": %lld, \"loss\": %.6g, \"accuracy\": %.6g, \"grad_norm\": %.6g, "
-                "\"lr\": %.6g, \"tokens_per_s\": %.6g, \"tokens_seen\": %lld, \"elapsed_s\": %.3f, \"mfu\": %.4g, "
-                "\"peak_memory_gib\": %.4g}",
-                kind.c_str(), static_cast<long long>(m.step), m.loss, m.accuracy, m.grad_norm, m.lr, m.tokens_per_s,
-                static_cast<long long>(m.tokens_seen), m.elapsed_s, m.mfu, m.peak_memory_gib);
-  out_ << buf << '\n';
+  char head[128];
+  std::snprintf(head, sizeof head, "{\"kind\": \"%s\", \"step\": %lld", kind.c_str(), static_cast<long long>(m.step));
+  std::string line = head;
+  line += ", \"loss\": " + json_number(m.loss) + ", \"accuracy\": " + json_number(m.accuracy) +
+          ", \"grad_norm\": " + json_number(m.grad_norm) + ", \"lr\": " + json_number(m.lr) +
+          ", \"tokens_per_s\": " + json_number(m.tokens_per_s) +
+          ", \"tokens_seen\": " + std::to_string(m.tokens_seen) + ", \"elapsed_s\": " + json_number(m.elapsed_s, 7);
+  // Values a CPU run does not have are left out rather than written as a sentinel.
+  if (m.mfu >= 0) line += ", \"mfu\": " + json_number(m.mfu, 4);
+  if (m.peak_memory_gib >= 0) line += ", \"peak_memory_gib\": " + json_number(m.peak_memory_gib, 4);
+  out_ << line << "}\n";
   out_.flush();
   HGRN_CHECK(out_.good(), "writing the metrics file '", path_, "' failed (disk full?)");
 }
 
 void MetricsFile::append_eval(int64_t step, double loss, double accuracy) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "{\"kind\": \"eval\", \"step\": %lld, \"loss\": %.6g, \"accuracy\": %.6g}",
-                static_cast<long long>(step), loss, accuracy);
-  out_ << buf << '\n';
+  out_ << "{\"kind\": \"eval\", \"step\": " << step << ", \"loss\": " << json_number(loss)
+       << ", \"accuracy\": " << json_number(accuracy) << "}\n";
   out_.flush();
   HGRN_CHECK(out_.good(), "writing the metrics file '", path_, "' failed (disk full?)");
 }
