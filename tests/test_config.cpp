@@ -657,3 +657,23 @@ TEST(ConfigModelTypes, MovedMemoryKnobsNameTheirNewPlace) {
 
 }  // namespace
 }  // namespace hgrn
+
+namespace hgrn {
+namespace {
+
+TEST(ConfigOverrides, AShorterMaxStepsCutsTheFilesWarmupWithANote) {
+  // base_yaml() sets warmup_steps to 100 in the file; a quick run's --set max_steps=3 cuts it to 3 and says so.
+  const Config quick = parse_config(base_yaml(), kSource, {"training.max_steps=3"});
+  EXPECT_EQ(quick.training.warmup_steps, 3);
+  ASSERT_EQ(quick.notes.size(), 1u);
+  EXPECT_NE(quick.notes[0].find("training.warmup_steps cut from 100 to 3"), std::string::npos) << quick.notes[0];
+  // Both set on the command line, or both in the file: a contradiction the user wrote, refused as before.
+  const std::string both = error_of(base_yaml(), {"training.max_steps=3", "training.warmup_steps=10"});
+  EXPECT_NE(both.find("training.warmup_steps: expected at most training.max_steps = 3, got 10"), std::string::npos)
+      << both;
+  EXPECT_EQ(error_of(with_value("training.max_steps", "3").text).find("cut"), std::string::npos);
+  EXPECT_TRUE(parse_config(base_yaml(), kSource).notes.empty());
+}
+
+}  // namespace
+}  // namespace hgrn

@@ -608,6 +608,17 @@ void ConfigReader::validate() {
   require_in("training.min_lr_ratio", t.min_lr_ratio, 0.0, false, 1.0, false);
   require_one_of("training.schedule", t.schedule, {"cosine", "linear", "inverse_sqrt", "constant", "wsd"});
   require_non_negative("training.warmup_steps", t.warmup_steps);
+  // A --set of a shorter max_steps (a quick run) cuts the file's warm-up to fit rather than failing.
+  const auto from_override = [&](const std::string& key) {
+    auto it = origin_.find(key);
+    return it != origin_.end() && it->second.find(": --set '") != std::string::npos;
+  };
+  if (t.warmup_steps > t.max_steps && from_override("training.max_steps") && !from_override("training.warmup_steps")) {
+    config_.notes.push_back("training.warmup_steps cut from " + std::to_string(t.warmup_steps) + " to " +
+                            std::to_string(t.max_steps) + " to fit training.max_steps = " +
+                            std::to_string(t.max_steps) + " (set by " + origin_.at("training.max_steps") + ")");
+    config_.training.warmup_steps = t.max_steps;
+  }
   if (t.warmup_steps > t.max_steps)
     fail_key("training.warmup_steps", "expected at most training.max_steps = " + std::to_string(t.max_steps) +
                                           ", got " + std::to_string(t.warmup_steps));

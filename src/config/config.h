@@ -136,13 +136,18 @@ struct LoggingConfig {
 
 struct Config {
   std::string source;  // the file it came from (for messages)
+  std::vector<std::string> notes;  // adjustments made while resolving (e.g. a warm-up cut to fit max_steps)
   ModelConfig model;
   DataConfig data;
   TrainingConfig training;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
 
-  bool operator==(const Config&) const = default;
+  // The settings only: where they came from and the notes do not make two configs differ.
+  bool operator==(const Config& o) const {
+    return model == o.model && data == o.data && training == o.training && checkpoint == o.checkpoint &&
+           logging == o.logging;
+  }
 };
 
 // What a model family's own checks (models/registry.h: ModelFamily::validate) report through: a failure names the

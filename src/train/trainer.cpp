@@ -232,6 +232,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
         << "); global batch " << w.size << " x " << tc.micro_batch_size << " x " << tc.grad_accum_steps
         << " sequences\n";
   log << "---- resolved config (" << config.source << ") ----\n" << config_to_yaml(config) << "----\n";
+  for (const std::string& note : config.notes) log << "note: " << note << "\n";
 
   std::optional<MetricsFile> metrics;
   if (w.is_root()) {
