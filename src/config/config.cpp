@@ -586,9 +586,8 @@ void ConfigReader::validate() {
   const TrainingConfig& t = config_.training;
   require_one_of("training.device", t.device, {"auto", "cpu", "cuda"});
   require_one_of("training.precision", t.precision, {"fp32", "bf16"});
-  if (m.complex && t.device == "cuda")
-    fail_key("training.device", "expected cpu or auto with model.complex = true: the complex HGRU's ops have no CUDA "
-                                "kernels yet (set training.device to cpu, or model.complex to false)");
+  if (const std::string why = model_family(m.type).cuda_refusal(m); !why.empty() && t.device == "cuda")
+    fail_key("training.device", "expected cpu or auto: " + why + " (set training.device to cpu)");
   if (t.precision == "bf16" && t.device == "cpu")
     fail_key("training.precision", "expected fp32 with training.device = cpu: bf16 training needs a GPU "
                                    "(set training.device to cuda or auto, or precision to fp32)");

@@ -52,6 +52,9 @@ class ModelFamily {
   // Why this model has no Hugging Face form (fla has no class for it), or empty: Hugging Face export refuses it with
   // this reason, while the HDF5 export (which stores the same config fields) takes it.
   virtual std::string hf_export_refusal(const ModelConfig&) const { return {}; }
+  // Why this model cannot train on the GPU (empty: it can). training.device: cuda is then refused, and auto picks
+  // the CPU.
+  virtual std::string cuda_refusal(const ModelConfig&) const { return {}; }
 };
 
 // The registered model.type names, in registration order.

@@ -205,7 +205,10 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   const Clock::time_point start = Clock::now();
 
   // ---- set-up: device, threads, run directory, model, optimiser, data ----
-  const Device device = resolve_device(tc.device);
+  // auto takes the GPU only for a model that can train there (config validation refuses cuda for one that cannot).
+  const std::string no_cuda = model_family(config.model.type).cuda_refusal(config.model);
+  if (!no_cuda.empty() && tc.device == "auto") log << "note: training on the CPU: " << no_cuda << "\n";
+  const Device device = resolve_device(no_cuda.empty() ? tc.device : "cpu");
   const DType act_dtype = activation_dtype(tc.precision, device);
   // Several ranks on a node share its cores: each one spinning up a thread per core would oversubscribe them.
   const int threads = tc.threads > 0 ? static_cast<int>(tc.threads)
