@@ -14,6 +14,7 @@
 #include "io/checkpoint.h"
 #include "models/registry.h"
 #include "train/evaluate.h"
+#include "train/trainer.h"
 
 namespace hgrn::cli {
 
@@ -63,7 +64,8 @@ int run_eval_command(const EvalArgs& args, std::ostream& out) {
   const int64_t batch_size = args.batch_size > 0 ? args.batch_size : config.training.micro_batch_size;
   char json[512];
   if (config.data.task == "mqar") {
-    std::unique_ptr<BatchSource> source = make_evaluation_source(config, config.training.seed);
+    // The trainer's held-out stream, so that eval repeats the run's own evaluations.
+    std::unique_ptr<BatchSource> source = make_evaluation_source(config, evaluation_data_seed(config.training.seed));
     const EvalResult r = evaluate_batches(model, *source, config.training.eval_batches, batch_size);
     out << "MQAR held-out: " << r.targets << " queries | loss " << r.loss << " | accuracy " << r.accuracy
         << " (chance " << chance_accuracy(config).value() << ")\n";

@@ -53,7 +53,8 @@ EvalResult evaluate_shard(const CausalLM& model, const TokenShardReader& shard, 
   const int64_t T = options.seq_len, B = options.batch_size, N = shard.num_tokens();
   HGRN_CHECK(T >= 1 && B >= 1, "evaluation needs seq_len >= 1 and batch_size >= 1");
   HGRN_CHECK(N >= B * (options.stateful ? 2 : T + 1), shard.prefix(), " has ", N,
-             " tokens: too few for one evaluation batch of ", B, options.stateful ? " streams" : " windows of ", T);
+             " tokens: too few for one evaluation batch of ",
+             options.stateful ? detail::concat(B, " streams") : detail::concat(B, " windows of ", T, " tokens"));
   const int64_t budget = options.max_tokens > 0 ? options.max_tokens : INT64_MAX;
   Tape no_grad;
   no_grad.set_enabled(false);

@@ -110,6 +110,8 @@ Device resolve_device(const std::string& device) {
 }
 
 // fp32, or bf16 activations with fp32 master weights (GPU only).
+uint64_t evaluation_data_seed(uint64_t seed) { return stream_seed(seed, kEvalDataStream); }
+
 DType activation_dtype(const std::string& precision, Device device) {
   if (precision == "fp32") return DType::F32;
   HGRN_CHECK(device == Device::CUDA, "training.precision is bf16, but training runs on the CPU (no GPU found): "
@@ -262,7 +264,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   }
 
   std::unique_ptr<BatchSource> train_data = make_training_source(config, stream_seed(tc.seed, kTrainDataStream), w.rank, w.size);
-  std::unique_ptr<BatchSource> eval_data = make_evaluation_source(config, stream_seed(tc.seed, kEvalDataStream));
+  std::unique_ptr<BatchSource> eval_data = make_evaluation_source(config, evaluation_data_seed(tc.seed));
   const std::optional<double> chance = chance_accuracy(config);
   if (config.data.task == "mqar")
     log << "data: MQAR, " << config.data.mqar.num_kv_pairs << " key-value pairs in " << config.data.seq_len

@@ -54,6 +54,9 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
 Device resolve_device(const std::string& device);
 DType activation_dtype(const std::string& precision, Device device);
 
+// The seed of the held-out MQAR stream a run with this training.seed evaluates on (its evaluations and `hgrn eval`).
+uint64_t evaluation_data_seed(uint64_t seed);
+
 // Trains the model the config describes, writing progress to `log` and metrics/config into logging.run_dir.
 TrainingSummary train(const Config& config, std::ostream& log);
 
