@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "chunk_sums.cuh"
+#include "chunked_scan.cuh"
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
@@ -37,45 +38,23 @@ using gate_math::decay_gate;
 using gate_math::DecayGate;
 
 constexpr int kChunk = static_cast<int>(kLowerBoundedScanCudaChunk);
-constexpr int kThreads = 128;
 constexpr int kBatch = 8;       // rows whose loads a streaming kernel issues before using them
-constexpr int kCarryBatch = 8;  // the same for the chunks of the carry passes
 constexpr int kWide = 4;        // channels a thread of the streaming kernels takes where alignment allows
 constexpr int kSumLanes = 8;    // add_chunk_sums' lanes for γ's gradient
 
-struct Geometry {
-  int B, T, C, NT;
+struct Geometry : chunked_scan::Dims {
   int64_t i_stride, f_stride;  // row strides of î and f̂ (elements)
-  // Offset of chunk k's slot of a [B, NT − 1, C] per-chunk buffer, for batch b and channel c.
-  __device__ int64_t slot(int b, int k, int c) const { return (static_cast<int64_t>(b) * (NT - 1) + k) * C + c; }
 };
 
-// The thread's first channel (it owns V adjacent ones); false past the last channel.
-template <int V>
-__device__ __forceinline__ bool thread_channel(const Geometry& d, int& c) {
-  c = (blockIdx.x * kThreads + threadIdx.x) * V;
-  return c < d.C;
-}
-
-template <int V, typename T>
-__device__ __forceinline__ void load_v(const T* p, float (&out)[V]) {
-  load_pack<V>(p, 0, out);
-}
-template <int V, typename T>
-__device__ __forceinline__ void store_v(T* p, const float (&in)[V]) {
-  store_pack<V>(p, 0, in);
-}
-// p (+)= in: adds to what is there when accumulate, else overwrites.
-template <int V, typename T>
-__device__ __forceinline__ void write_v(T* p, float (&in)[V], bool accumulate) {
-  if (accumulate) {
-    float old[V];
-    load_v<V>(p, old);
-#pragma unroll
-    for (int v = 0; v < V; ++v) in[v] += old[v];
-  }
-  store_v<V>(p, in);
-}
+using chunked_scan::aligned_for;
+using chunked_scan::carry_blocks;
+using chunked_scan::chunk_grid;
+using chunked_scan::kCarryBatch;
+using chunked_scan::kThreads;
+using chunked_scan::load_v;
+using chunked_scan::store_v;
+using chunked_scan::thread_channel;
+using chunked_scan::write_v;
 
 // The channels' γ (0 for the unbounded gate).
 template <int V>
@@ -152,29 +131,7 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
 
 // Per (batch, channel), chunks in order: H^(k+1) = P^(k) H^(k) + h_end^(k), over h_end^(k) in place.
 __global__ void __launch_bounds__(kThreads) forward_carry_kernel(const ForwardParams p) {
-  const Geometry& d = p.d;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (idx >= static_cast<int64_t>(d.B) * d.C) return;
-  const int b = static_cast<int>(idx / d.C), c = static_cast<int>(idx % d.C);
-  float h = p.initial_state ? p.initial_state[idx] : 0.f;
-  float* states = p.chunk_states + d.slot(b, 0, c);
-  const float* decays = p.decays + d.slot(b, 0, c);
-  const int n = d.NT - 1;
-  for (int k0 = 0; k0 < n; k0 += kCarryBatch) {
-    float s[kCarryBatch], e[kCarryBatch];
-#pragma unroll
-    for (int j = 0; j < kCarryBatch; ++j)
-      if (k0 + j < n) {
-        s[j] = states[static_cast<int64_t>(k0 + j) * d.C];
-        e[j] = decays[static_cast<int64_t>(k0 + j) * d.C];
-      }
-#pragma unroll
-    for (int j = 0; j < kCarryBatch; ++j)
-      if (k0 + j < n) {
-        h = e[j] * h + s[j];
-        states[static_cast<int64_t>(k0 + j) * d.C] = h;
-      }
-  }
+  chunked_scan::carry_forward<false>(p.d, p.initial_state, p.chunk_states, p.decays);
 }
 
 // Chunk k = blockIdx.y: the scan from the state entering it, writing o; the last chunk writes the final state.
@@ -283,28 +240,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
 // Per (batch, channel), chunks in reverse from β^(NT−1) = the final state's gradient: β^(k−1) = u^(k) + P^(k) β^(k),
 // written over u^(k) (slot k − 1).
 __global__ void __launch_bounds__(kThreads) backward_carry_kernel(const BackwardParams p) {
-  const Geometry& d = p.d;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (idx >= static_cast<int64_t>(d.B) * d.C) return;
-  const int b = static_cast<int>(idx / d.C), c = static_cast<int>(idx % d.C);
-  float beta = p.d_final_state ? p.d_final_state[idx] : 0.f;
-  float* boundary = p.boundary + d.slot(b, 0, c);
-  const float* decays = p.decays + d.slot(b, 0, c);
-  for (int j0 = d.NT - 2; j0 >= 0; j0 -= kCarryBatch) {  // slots j0, j0 − 1, ... (chunk k = slot + 1)
-    float u[kCarryBatch], e[kCarryBatch];
-#pragma unroll
-    for (int j = 0; j < kCarryBatch; ++j)
-      if (j0 - j >= 0) {
-        u[j] = boundary[static_cast<int64_t>(j0 - j) * d.C];
-        e[j] = decays[static_cast<int64_t>(j0 - j) * d.C];
-      }
-#pragma unroll
-    for (int j = 0; j < kCarryBatch; ++j)
-      if (j0 - j >= 0) {
-        beta = u[j] + e[j] * beta;
-        boundary[static_cast<int64_t>(j0 - j) * d.C] = beta;
-      }
-  }
+  chunked_scan::carry_backward<false>(p.d, p.d_final_state, p.boundary, p.decays);
 }
 
 // Chunk k = blockIdx.y: h_{t−1} − silu(î_t) over the chunk into registers (the loops are unrolled), then the reverse
@@ -381,38 +317,13 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
 // Host side.
 
 Geometry make_geometry(const LowerBoundedScanCudaShape& s, int64_t i_stride, int64_t f_stride) {
-  HGRN_CHECK(s.batch > 0 && s.time > 0 && s.channels > 0, "lower_bounded_gated_scan CUDA: empty shape");
-  const int64_t chunks = (s.time + kChunk - 1) / kChunk;
-  HGRN_CHECK(s.batch <= 65535 && chunks <= 65535 && s.channels <= 0x7fffffff / 2,
-             "lower_bounded_gated_scan CUDA: B ", s.batch, ", T ", s.time, " or C ", s.channels,
-             " too large (at most 65535 sequences and 65535 chunks of ", kChunk, ")");
   Geometry d;
-  d.B = static_cast<int>(s.batch);
-  d.T = static_cast<int>(s.time);
-  d.C = static_cast<int>(s.channels);
-  d.NT = static_cast<int>(chunks);
+  static_cast<chunked_scan::Dims&>(d) = chunked_scan::make_dims(s.batch, s.time, s.channels, kChunk, "lower_bounded_gated_scan");
   d.i_stride = i_stride ? i_stride : s.channels;
   d.f_stride = f_stride ? f_stride : s.channels;
   HGRN_CHECK(d.i_stride >= d.C && d.f_stride >= d.C, "lower_bounded_gated_scan CUDA: a row stride (î ", d.i_stride,
              ", f̂ ", d.f_stride, ") is narrower than C = ", d.C);
   return d;
-}
-
-// Whether every (pointer, row stride, element size) allows a thread V adjacent channels as one aligned access.
-bool aligned_for(int V, int64_t channels,
-                 std::initializer_list<std::tuple<const void*, int64_t, size_t>> operands) {
-  if (channels % V != 0) return false;
-  for (const auto& [pointer, stride, element] : operands)
-    if (pointer && (reinterpret_cast<uintptr_t>(pointer) % (V * element) != 0 || stride % V != 0)) return false;
-  return true;
-}
-
-dim3 chunk_grid(const Geometry& d, int vector, int chunks) {
-  return dim3(static_cast<unsigned>((d.C + kThreads * vector - 1) / (kThreads * vector)),
-              static_cast<unsigned>(chunks), static_cast<unsigned>(d.B));
-}
-unsigned carry_blocks(const Geometry& d) {
-  return static_cast<unsigned>((static_cast<int64_t>(d.B) * d.C + kThreads - 1) / kThreads);
 }
 
 // Launches kernel<V> for V = wide when `wide_ok`, else V = 1, over `chunks` chunks.
