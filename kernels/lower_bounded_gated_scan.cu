@@ -7,8 +7,8 @@
 //            carry (H^(k+1) = P^(k) H^(k) + h_end^(k), kept for the backward), output (the scan again from H^(k),
 //            writing o and the final state).
 //   backward: summary (chunks 1 .. NT−1: the reverse scan from zero, u^(k) = λ_s dh_s at the first row s, and P^(k)),
-//            carry (β^(k−1) = u^(k) + P^(k) β^(k)), grads (per chunk: h_{t−1} − silu(î_t) recomputed forward into
-//            registers, then the reverse scan from β^(k) writing dî and df̂ and the chunk's share of dγ).
+//            carry (β^(k−1) = u^(k) + P^(k) β^(k)), grads (per chunk, the reverse scan from β^(k) writing dî and df̂ and
+//            the chunk's share of dγ, with h_{t−1} read from o rather than recomputed).
 // The gradients need no logarithm: as k = 1 − λ, the step's whole derivative in λ is dL/dλ_t = (h_{t−1} − a_t)·dh_t
 // (a = silu(î)), and λ's derivatives in f̂ and γ are products of sigmoids (decay_gate). dî = silu'(î)·k·dh_t.
 // Determinism: no atomics; every value is computed by one thread in a fixed order, and γ's gradient is summed per
@@ -39,6 +39,7 @@ using gate_math::DecayGate;
 
 constexpr int kChunk = static_cast<int>(kLowerBoundedScanCudaChunk);
 constexpr int kBatch = 8;       // rows whose loads a streaming kernel issues before using them
+constexpr int kGradBatch = 4;   // rows whose loads the gradient kernel issues before using them (5 streams)
 constexpr int kWide = 4;        // channels a thread of the streaming kernels takes where alignment allows
 constexpr int kSumLanes = 8;    // add_chunk_sums' lanes for γ's gradient
 
@@ -67,16 +68,16 @@ __device__ __forceinline__ void load_gamma(const float* gamma_row, int c, float 
   }
 }
 
-// One element's step inputs: the decay λ, the input u = a·k with a = silu(î), and a. The forward passes and the
-// backward's recomputation all take them from here, so that they compute the same bits.
+// One element's step inputs: the decay λ and the input u = silu(î)·k. Both forward passes take them from here, so
+// that they compute the same bits.
 struct Step {
-  float decay, input, silu;
+  float decay, input;
 };
 template <typename Act>
 __device__ __forceinline__ Step step_of(float i_hat, float f_hat, float gamma) {
   const DecayGate gate = decay_gate(f_hat, gamma);
   const float a = i_hat * stable_sigmoid<Act>(i_hat);
-  return {gate.lambda, a * gate.k, a};
+  return {gate.lambda, a * gate.k};
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -185,6 +186,7 @@ struct BackwardParams {
   const float* gamma_row;
   const float* initial_state;
   const float* chunk_states;
+  const void* output;    // the forward's o (contiguous)
   const void* d_output;  // null: zero (contiguous otherwise)
   const float* d_final_state;
   void* di;
@@ -243,9 +245,9 @@ __global__ void __launch_bounds__(kThreads) backward_carry_kernel(const Backward
   chunked_scan::carry_backward<false>(p.d, p.d_final_state, p.boundary, p.decays);
 }
 
-// Chunk k = blockIdx.y: h_{t−1} − silu(î_t) over the chunk into registers (the loops are unrolled), then the reverse
-// scan from β^(k), reloading î and f̂ (just read: from cache) to recompute λ, k and the sigmoids rather than hold
-// them, writing dî and df̂ and summing the chunk's share of γ's gradient; chunk 0 ends with the initial state's.
+// Chunk k = blockIdx.y: the reverse scan from β^(k), rows in batches of kGradBatch, last first, writing dî and df̂
+// and summing the chunk's share of γ's gradient; chunk 0 ends with the initial state's. h_{t−1} is the forward's
+// output o_{t−1} (the model keeps o for its norm), or the exact chunk-entry state at the chunk's first row.
 template <typename Act, int V>
 __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const BackwardParams p) {
   const Geometry& d = p.d;
@@ -255,59 +257,57 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
   const int t0 = k * kChunk, n = min(kChunk, d.T - t0);
   const int64_t row = static_cast<int64_t>(b) * d.T + t0;
   const int64_t state_at = static_cast<int64_t>(b) * d.C + c;
-  float h[V] = {};
+  float entry[V] = {};  // the state entering the chunk
   if (k > 0)
-    load_v<V>(p.chunk_states + d.slot(b, k - 1, c), h);
+    load_v<V>(p.chunk_states + d.slot(b, k - 1, c), entry);
   else if (p.initial_state)
-    load_v<V>(p.initial_state + state_at, h);
+    load_v<V>(p.initial_state + state_at, entry);
   float gamma[V];
   load_gamma<V>(p.gamma_row, c, gamma);
-  const Act* ip = static_cast<const Act*>(p.i_hat) + row * d.i_stride + c;
-  const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
-  float lean[kChunk][V];  // h_{t−1} − a_t: dL/dλ_t per unit dh_t
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i) {
-    if (i < n) {
-      float iv[V], fv[V];
-      load_v<V>(ip + i * d.i_stride, iv);
-      load_v<V>(fp + i * d.f_stride, fv);
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const Step s = step_of<Act>(iv[v], fv[v], gamma[v]);
-        lean[i][v] = h[v] - s.silu;
-        h[v] = s.decay * h[v] + s.input;
-      }
-    }
-  }
   float r[V] = {}, dgamma[V] = {};
   if (k < d.NT - 1)
     load_v<V>(p.boundary + d.slot(b, k, c), r);
   else if (p.d_final_state)
     load_v<V>(p.d_final_state + state_at, r);
+  const Act* ip = static_cast<const Act*>(p.i_hat) + row * d.i_stride + c;
+  const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
+  const Act* op = static_cast<const Act*>(p.output) + row * d.C + c;
   const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * d.C + c : nullptr;
   Act* di = p.di ? static_cast<Act*>(p.di) + row * p.di_stride + c : nullptr;
   Act* df = p.df ? static_cast<Act*>(p.df) + row * p.df_stride + c : nullptr;
+  for (int i0 = (n - 1) / kGradBatch * kGradBatch; i0 >= 0; i0 -= kGradBatch) {
+    float iv[kGradBatch][V], fv[kGradBatch][V], prev[kGradBatch][V], dh[kGradBatch][V] = {};
 #pragma unroll
-  for (int i = kChunk - 1; i >= 0; --i) {
-    if (i < n) {
-      float iv[V], fv[V], dh[V] = {};
-      load_v<V>(ip + i * d.i_stride, iv);
-      load_v<V>(fp + i * d.f_stride, fv);
-      if (d_out) load_v<V>(d_out + static_cast<int64_t>(i) * d.C, dh);
-      float div[V], dfv[V];
+    for (int i = 0; i < kGradBatch; ++i)
+      if (i0 + i < n) {
+        load_v<V>(ip + (i0 + i) * d.i_stride, iv[i]);
+        load_v<V>(fp + (i0 + i) * d.f_stride, fv[i]);
+        if (d_out) load_v<V>(d_out + static_cast<int64_t>(i0 + i) * d.C, dh[i]);
+        if (i0 + i > 0) {
+          load_v<V>(op + static_cast<int64_t>(i0 + i - 1) * d.C, prev[i]);
+        } else {
 #pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const DecayGate gate = decay_gate(fv[v], gamma[v]);
-        dh[v] += r[v];
-        r[v] = gate.lambda * dh[v];
-        div[v] = silu_backward_value(iv[v], stable_sigmoid<Act>(iv[v]), gate.k * dh[v]);
-        const float d_lambda = lean[i][v] * dh[v];
-        dfv[v] = d_lambda * ((1.f - gamma[v]) * gate.sigmoid_x * gate.sigmoid_minus_x);
-        dgamma[v] += d_lambda * gate.sigmoid_minus_x;
+          for (int v = 0; v < V; ++v) prev[i][v] = entry[v];
+        }
       }
-      if (di) write_v<V>(di + i * p.di_stride, div, p.accumulate_di);
-      if (df) write_v<V>(df + i * p.df_stride, dfv, p.accumulate_df);
-    }
+#pragma unroll
+    for (int i = kGradBatch - 1; i >= 0; --i)
+      if (i0 + i < n) {
+        float div[V], dfv[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const DecayGate gate = decay_gate(fv[i][v], gamma[v]);
+          const float sig = stable_sigmoid<Act>(iv[i][v]);
+          const float g = dh[i][v] + r[v];
+          r[v] = gate.lambda * g;
+          div[v] = silu_backward_value(iv[i][v], sig, gate.k * g);
+          const float d_lambda = (prev[i][v] - iv[i][v] * sig) * g;  // (h_{t−1} − silu(î_t)) dh_t
+          dfv[v] = d_lambda * ((1.f - gamma[v]) * gate.sigmoid_x * gate.sigmoid_minus_x);
+          dgamma[v] += d_lambda * gate.sigmoid_minus_x;
+        }
+        if (di) write_v<V>(di + (i0 + i) * p.di_stride, div, p.accumulate_di);
+        if (df) write_v<V>(df + (i0 + i) * p.df_stride, dfv, p.accumulate_df);
+      }
   }
   if (k == 0 && p.d_initial_state) write_v<V>(p.d_initial_state + state_at, r, p.accumulate_d_initial_state);
   if (p.partials) store_v<V>(p.partials + (static_cast<int64_t>(b) * d.NT + k) * d.C + c, dgamma);
@@ -367,6 +367,7 @@ void backward_impl(const Geometry& d, const LowerBoundedScanCudaBackwardArgs& a)
   p.gamma_row = a.gamma_row;
   p.initial_state = a.initial_state;
   p.chunk_states = a.chunk_states;
+  p.output = a.output;
   p.d_output = a.d_output;
   p.d_final_state = a.d_final_state;
   p.di = a.di;
@@ -382,8 +383,8 @@ void backward_impl(const Geometry& d, const LowerBoundedScanCudaBackwardArgs& a)
   p.decays = a.scratch_b;
   HGRN_CHECK(p.di_stride >= d.C && p.df_stride >= d.C, "lower_bounded_gated_scan CUDA: a gradient row stride (dî ",
              p.di_stride, ", df̂ ", p.df_stride, ") is narrower than C = ", d.C);
+  const size_t act = sizeof(Act), f32 = sizeof(float);
   if (d.NT > 1) {
-    const size_t act = sizeof(Act), f32 = sizeof(float);
     const bool wide = aligned_for(kWide, d.C,
                                   {{a.f_hat, d.f_stride, act},
                                    {a.gamma_row, 0, f32},
@@ -394,9 +395,21 @@ void backward_impl(const Geometry& d, const LowerBoundedScanCudaBackwardArgs& a)
     backward_carry_kernel<<<carry_blocks(d), kThreads, 0, cuda_stream()>>>(p);
     CUDA_CHECK_LAUNCH("lower_bounded_scan_backward_carry");
   }
-  // One channel a thread: the chunk's h_{t−1} − a_t stays in registers (64 floats a channel; two channels spill).
-  backward_grads_kernel<Act, 1><<<chunk_grid(d, 1, d.NT), kThreads, 0, cuda_stream()>>>(p);
-  CUDA_CHECK_LAUNCH("lower_bounded_scan_backward_grads");
+  const bool wide = aligned_for(kWide, d.C,
+                                {{a.i_hat, d.i_stride, act},
+                                 {a.f_hat, d.f_stride, act},
+                                 {a.gamma_row, 0, f32},
+                                 {a.initial_state, d.C, f32},
+                                 {a.chunk_states, d.C, f32},
+                                 {a.output, d.C, act},
+                                 {a.d_output, d.C, act},
+                                 {a.d_final_state, d.C, f32},
+                                 {a.di, p.di_stride, act},
+                                 {a.df, p.df_stride, act},
+                                 {a.d_initial_state, d.C, f32},
+                                 {p.partials, d.C, f32},
+                                 {a.scratch_a, d.C, f32}});
+  HGRN_LAUNCH_WIDE(backward_grads_kernel, Act, kWide, wide, d.NT, p);
   if (p.partials)
     add_chunk_sums<kSumLanes>(p.partials, a.dgamma_row, static_cast<long long>(d.B) * d.NT, d.C,
                               "lower_bounded_scan_dgamma_reduce");
@@ -426,7 +439,7 @@ void lower_bounded_scan_cuda_forward(const LowerBoundedScanCudaShape& shape,
 void lower_bounded_scan_cuda_backward(const LowerBoundedScanCudaShape& shape,
                                       const LowerBoundedScanCudaBackwardArgs& args) {
   const Geometry d = make_geometry(shape, args.i_stride, args.f_stride);
-  HGRN_CHECK(args.i_hat && args.f_hat, "lower_bounded_scan_cuda_backward: missing tensor");
+  HGRN_CHECK(args.i_hat && args.f_hat && args.output, "lower_bounded_scan_cuda_backward: missing tensor");
   HGRN_CHECK(d.NT == 1 || (args.chunk_states && args.scratch_a && args.scratch_b),
              "lower_bounded_scan_cuda_backward: the chunk-state and scratch buffers are required when T > ", kChunk);
   HGRN_CHECK(!args.dgamma_row || (args.gamma_row && args.workspace),

@@ -2,7 +2,7 @@
 // (src/ops/lower_bounded_gated_scan.h has the maths): from î and f̂, per element the decay λ = e^g of the
 // lower-bounded forget gate, u = silu(î)·(1 − λ), and the scan h_t = λ_t h_{t−1} + u_t over 64-step chunks
 // (kernels/lower_bounded_gated_scan.cu says how). Only o and the chunk-entry states are stored; the backward
-// recomputes λ and u from î and f̂.
+// recomputes λ and u from î and f̂ and reads h_{t−1} from o.
 // î, f̂: [B, T, C] in the activation dtype (fp32 or bf16), rows *_stride elements apart (column blocks of a fused
 // projection's output); γ row, states: fp32; o: [B, T, C] contiguous in the activation dtype.
 // The caller provides the scratch and the kept chunk-entry states (sizes below), so that all memory goes through
@@ -53,6 +53,7 @@ struct LowerBoundedScanCudaBackwardArgs {
   const float* gamma_row = nullptr;
   const float* initial_state = nullptr;
   const float* chunk_states = nullptr;   // the forward's (null when T <= 64)
+  const void* output = nullptr;          // the forward's o (h in the activation dtype): h_{t−1} of the gradients
   const void* d_output = nullptr;        // null: zero; else contiguous, act dtype
   const float* d_final_state = nullptr;  // null: zero
   // Null where that gradient is not wanted. accumulate_* true adds into the buffer, false overwrites every element

@@ -148,6 +148,9 @@ constexpr Tol kFp32{2e-5, 5e-5};
 constexpr Tol kSum{3e-4, 1e-3};
 // Stored in bf16 (o, dî, df̂): at most 2^-9 relative, RMS ~2^-9/√3.
 constexpr Tol kBf16Stored{2.5e-3, 4e-3};
+// df̂ and dγ in bf16 also read h_{t−1} from o stored in bf16 (2^-9 relative each), in (h_{t−1} − silu(î)) dh, where
+// the difference can cancel; dγ's sum of such terms carries that rounding, not fp32's.
+constexpr Tol kBf16FromOutput{5e-3, 8e-3};
 
 void expect_matches(const Result& got, const Result& want, DType act, const std::string& context) {
   struct Pair {
@@ -159,8 +162,8 @@ void expect_matches(const Result& got, const Result& want, DType act, const std:
   const Pair pairs[] = {{"output", got.output, want.output, stored},
                         {"final_state", got.final_state, want.final_state, kFp32},
                         {"di", got.di, want.di, stored},
-                        {"df", got.df, want.df, stored},
-                        {"dgamma", got.dgamma, want.dgamma, kSum},
+                        {"df", got.df, want.df, act == DType::BF16 ? kBf16FromOutput : kFp32},
+                        {"dgamma", got.dgamma, want.dgamma, act == DType::BF16 ? kBf16FromOutput : kSum},
                         {"dh0", got.dh0, want.dh0, kFp32}};
   for (const Pair& p : pairs) {
     ASSERT_EQ(p.got.defined(), p.want.defined()) << p.name << ", " << context;

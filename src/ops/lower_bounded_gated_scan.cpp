@@ -118,6 +118,9 @@ GatedScanOutputs lower_bounded_gated_scan_cuda(Tape& tape, const Var& i_hat, con
     a.gamma_row = bound ? bound->value.data<float>() + layer * C : nullptr;
     a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
     a.chunk_states = data_or_null(chunk_states);
+    HGRN_CHECK(out->value.defined(), "lower_bounded_gated_scan: the output was released before the backward, "
+               "which reads it");
+    a.output = out->value.raw_data();
     a.d_output = out->grad.defined() ? out->grad.raw_data() : nullptr;
     a.d_final_state = final_out->grad.defined() ? final_out->grad.data<float>() : nullptr;
     // Column blocks of a split get their places in the split's gradient (row-strided); fresh buffers are written.
