@@ -35,7 +35,8 @@ def short_name(name):
 # The parts of a step, by kernel name (first match wins; anything else is "other": memsets, copies, embedding).
 PARTS = [
     ("GEMMs", ("nvjet", "splitKreduce", "gemm", "cutlass", "xmma")),
-    ("recurrence", ("bwd_dqk", "fwd_output", "state_pass", "bwd_dv", "hgru2")),
+    ("recurrence", ("bwd_dqk", "fwd_output", "state_pass", "bwd_dv", "hgru2", "summary_kernel", "carry_kernel",
+                    "output_kernel", "grads_kernel")),
     ("RMSNorm", ("rmsnorm",)),
     ("SwiGLU", ("swiglu",)),
     ("gates", ("gates", "input_gate", "lower_bound")),
