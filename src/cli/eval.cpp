@@ -3,12 +3,18 @@
 // byte and, for WikiText, word-level perplexity; the last line is the same as JSON.
 #include "cli/eval.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <sstream>
 
 #include "config/config.h"
+#include "core/format.h"
+#include "core/status_line.h"
 #include "data/data_sources.h"
 #include "data/token_shards.h"
 #include "io/checkpoint.h"
@@ -83,7 +89,21 @@ int run_eval_command(const EvalArgs& args, std::ostream& out) {
   options.batch_size = batch_size;
   options.stateful = args.stateful;
   options.max_tokens = args.max_tokens;
+  // Progress on stderr (redrawn on a terminal, a line every few seconds in a log), so stdout stays the result.
+  StatusLine status(&std::cerr, ::isatty(STDERR_FILENO) == 1);
+  options.on_progress = [&status](int64_t scored, int64_t total) {
+    if (!status.due(/*force=*/scored >= total)) return;
+    const double elapsed = status.elapsed_s(), per_s = static_cast<double>(scored) / std::max(elapsed, 1e-9);
+    char line[192];
+    std::snprintf(line, sizeof line, "eval: %lld / %lld tokens (%.1f%%) | %.0f tok/s | elapsed %s | ETA %s",
+                  static_cast<long long>(scored), static_cast<long long>(total),
+                  100.0 * static_cast<double>(scored) / static_cast<double>(std::max<int64_t>(total, 1)), per_s,
+                  format_duration(elapsed).c_str(),
+                  format_duration(per_s > 0 ? static_cast<double>(total - scored) / per_s : -1).c_str());
+    status.show(line);
+  };
   const EvalResult r = evaluate_shard(model, shard, options);
+  status.end_line();
   out << prefix << ": " << r.targets << " tokens scored (" << (args.stateful ? "stateful" : "window") << " mode, "
       << options.seq_len << " tokens per call) | loss " << r.loss << " | ppl " << std::exp(r.loss)
       << " | accuracy " << r.accuracy << "\n";

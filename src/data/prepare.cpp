@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "core/format.h"
 #include "core/rng.h"
+#include "core/status_line.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
 
@@ -24,7 +25,6 @@ namespace hgrn {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 // A batch is closed at this much text or this many documents, whichever comes first: large enough that the locking
 // per batch is negligible, small enough that a few megabytes of input already keep several workers busy.
@@ -233,20 +233,15 @@ std::string with_unit(double value, const char* unit) {
   return format_scaled(value, 1000.0, {"", "K", "M", "G", "T"}, " ", unit);
 }
 
-// The progress line: on a terminal one line redrawn a few times per second, elsewhere (logs) a line every few
-// seconds.
+// The progress line of a prepare run (core/status_line.h paces it).
 class ProgressLine {
  public:
   ProgressLine(std::ostream* out, bool terminal, int64_t total_bytes)
-      : out_(out), terminal_(terminal), total_bytes_(total_bytes), start_(Clock::now()), last_(start_) {}
+      : line_(out, terminal), total_bytes_(total_bytes) {}
 
   void update(int64_t bytes_read, int64_t documents, int64_t tokens, bool force = false) {
-    if (out_ == nullptr) return;
-    const Clock::time_point now = Clock::now();
-    const double interval = terminal_ ? 0.25 : 5.0;
-    if (!force && std::chrono::duration<double>(now - last_).count() < interval) return;
-    last_ = now;
-    const double elapsed = std::max(1e-9, std::chrono::duration<double>(now - start_).count());
+    if (!line_.due(force)) return;
+    const double elapsed = std::max(1e-9, line_.elapsed_s());
     const double bytes_per_second = static_cast<double>(bytes_read) / elapsed;
     char percent[16] = "";
     if (total_bytes_ > 0)
@@ -259,28 +254,16 @@ class ProgressLine {
                        with_unit(bytes_per_second, "B/s");
     if (bytes_per_second > 0 && bytes_read < total_bytes_)
       line += " | ETA " + format_duration(static_cast<double>(total_bytes_ - bytes_read) / bytes_per_second);
-    if (terminal_) {
-      const size_t width = line.size();
-      if (line.size() < last_width_) line.append(last_width_ - line.size(), ' ');  // erase the longer old line
-      last_width_ = width;
-      *out_ << '\r' << line << std::flush;
-    } else {
-      *out_ << line << '\n' << std::flush;
-    }
+    line_.show(line);
   }
 
-  void end_line() {
-    if (out_ != nullptr && terminal_ && last_width_ > 0) *out_ << '\n' << std::flush;
-  }
+  void end_line() { line_.end_line(); }
 
-  double elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  double elapsed() const { return line_.elapsed_s(); }
 
  private:
-  std::ostream* out_;
-  bool terminal_;
+  StatusLine line_;
   int64_t total_bytes_;
-  Clock::time_point start_, last_;
-  size_t last_width_ = 0;
 };
 
 struct SplitCounts {

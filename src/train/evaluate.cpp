@@ -59,17 +59,27 @@ EvalResult evaluate_shard(const CausalLM& model, const TokenShardReader& shard, 
   Tape no_grad;
   no_grad.set_enabled(false);
   LossSum sum;
+  // The targets the loop below will score: whole calls until the budget is reached.
+  const auto planned = [budget](int64_t all, int64_t per_call) {
+    return std::min(all, (budget + per_call - 1) / per_call * per_call);
+  };
+  const auto report = [&](int64_t total) {
+    if (options.on_progress) options.on_progress(sum.targets, total);
+  };
   if (!options.stateful) {
     const int64_t windows = (N - 1) / T;
+    const int64_t total = budget == INT64_MAX ? windows * T : planned(windows * T, B * T);
     for (int64_t w0 = 0; w0 < windows && sum.targets < budget; w0 += B) {
       std::vector<int64_t> starts;
       for (int64_t w = w0; w < std::min(windows, w0 + B); ++w) starts.push_back(w * T);
       sum.add(language_model_loss(model, no_grad, spans_batch(shard, starts, T)));
+      report(total);
     }
     return sum.result();
   }
   // Stream b covers tokens [b*L, b*L + L]: L targets each, read T at a time with the states carried.
   const int64_t L = (N - 1) / B;
+  const int64_t total = budget == INT64_MAX ? B * L : planned(B * L, B * T);
   std::vector<Var> states;
   for (int64_t offset = 0; offset < L && sum.targets < budget; offset += T) {
     const int64_t len = std::min(T, L - offset);
@@ -79,6 +89,7 @@ EvalResult evaluate_shard(const CausalLM& model, const TokenShardReader& shard, 
     Var logits = model.forward(no_grad, batch.inputs, &states);
     sum.add(cross_entropy(no_grad, reshape(no_grad, logits, {B * len, model.config().vocab_size}),
                           on_device(batch.targets.reshape({B * len}), model.device())));
+    report(total);
   }
   return sum.result();
 }

@@ -3,6 +3,7 @@
 // across consecutive windows (unlimited context, which an RNN can do and softmax attention cannot).
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "data/batch_source.h"
 #include "data/token_shards.h"
@@ -24,6 +25,8 @@ struct ShardEvalOptions {
   int64_t batch_size = 8;    // sequences per forward call
   bool stateful = false;     // carry the recurrent state from each window to the next
   int64_t max_tokens = 0;    // score at most about this many targets (0: the whole shard)
+  // Called after each forward call with the targets scored so far and the number that will be scored in all.
+  std::function<void(int64_t scored, int64_t total)> on_progress;
 };
 
 // Scores every token of the shard but the first. Window mode: windows [w*T, w*T + T + 1), each read from the zero
