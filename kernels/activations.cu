@@ -1,5 +1,6 @@
 // activations.cu: silu and swiglu forward and backward (activations.h). silu is swiglu with up ≡ 1, so one kernel
-// pair, templated on whether `up` exists, serves both. silu'(x) = σ(x) · (1 + x · (1 − σ(x))).
+// pair, templated on whether `up` exists, serves both. silu'(x) = σ(x) · (1 + x · (1 − σ(x))). And the sigmoid,
+// σ'(x) = σ(x) · (1 − σ(x)), over contiguous elements.
 #include "activations.h"
 
 #include <algorithm>
@@ -122,7 +123,62 @@ void launch_rows(const SwigluRows& shape, std::initializer_list<const void*> poi
   else
     launch(std::integral_constant<int, 1>{}, grid, dim3(tx, ty), R);
 }
+template <typename T, int V>
+__global__ void sigmoid_forward_kernel(const T* x, T* y, long long packs) {
+  HGRN_FOR_EACH_PACK(i, packs) {
+    float v[V];
+    load_pack<V>(x, i, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = stable_sigmoid<T>(v[k]);
+    store_pack<V>(y, i, v);
+  }
+}
+
+template <typename T, int V>
+__global__ void sigmoid_backward_kernel(const T* y, const T* dy, T* dx, bool add, long long packs) {
+  HGRN_FOR_EACH_PACK(i, packs) {
+    float yv[V], dv[V], acc[V];
+    load_pack<V>(y, i, yv);
+    load_pack<V>(dy, i, dv);
+    if (add) load_pack<V>(dx, i, acc);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float g = dv[k] * yv[k] * (1.f - yv[k]);
+      acc[k] = add ? acc[k] + g : g;
+    }
+    store_pack<V>(dx, i, acc);
+  }
+}
 }  // namespace
+
+void cuda_sigmoid_forward(const void* x, void* y, int64_t n, DType dtype) {
+  if (n == 0) return;
+  HGRN_CUDA_DISPATCH_ACT(dtype, "sigmoid", [&] {
+    const act_t* xt = static_cast<const act_t*>(x);
+    act_t* yt = static_cast<act_t*>(y);
+    launch_packed<act_t>(n, {x, y}, [&](auto vec, int64_t first, int64_t packs) {
+      constexpr int V = decltype(vec)::value;
+      sigmoid_forward_kernel<act_t, V><<<grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0,
+                                         cuda_stream()>>>(xt + first, yt + first, packs);
+      CUDA_CHECK_LAUNCH("sigmoid_forward");
+    });
+  });
+}
+
+void cuda_sigmoid_backward(const void* y, const void* dy, void* dx, bool add, int64_t n, DType dtype) {
+  if (n == 0) return;
+  HGRN_CUDA_DISPATCH_ACT(dtype, "sigmoid backward", [&] {
+    const act_t* yt = static_cast<const act_t*>(y);
+    const act_t* dyt = static_cast<const act_t*>(dy);
+    act_t* dxt = static_cast<act_t*>(dx);
+    launch_packed<act_t>(n, {y, dy, dx}, [&](auto vec, int64_t first, int64_t packs) {
+      constexpr int V = decltype(vec)::value;
+      sigmoid_backward_kernel<act_t, V><<<grid_for(packs, kElementwiseThreads), kElementwiseThreads, 0,
+                                          cuda_stream()>>>(yt + first, dyt + first, dxt + first, add, packs);
+      CUDA_CHECK_LAUNCH("sigmoid_backward");
+    });
+  });
+}
 
 void cuda_swiglu_forward(const void* gate, const void* up, void* y, const SwigluRows& shape, DType dtype) {
   if (shape.rows * shape.width == 0) return;

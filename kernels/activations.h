@@ -1,4 +1,5 @@
-// activations.h: silu and swiglu = silu(gate) ⊙ up on the GPU, forward and backward. Act dtype (fp32 or bf16);
+// activations.h: silu and swiglu = silu(gate) ⊙ up on the GPU, forward and backward, and the sigmoid (the complex
+// HGRU's output gate). Act dtype (fp32 or bf16);
 // arithmetic in fp32. The tensors are `rows` rows of `width` elements: gate, up and their gradients may be
 // row-strided (rows *_stride elements apart: column blocks of a fused projection's output), y and dy are contiguous.
 // A contiguous problem is one row of n elements.
@@ -21,5 +22,10 @@ void cuda_swiglu_forward(const void* gate, const void* up, void* y, const Swiglu
 // for a backward that recomputes it (swiglu_linear).
 void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, void* y,
                           bool add_gate, bool add_up, const SwigluRows& shape, DType dtype);
+
+// y = σ(x) over n contiguous elements.
+void cuda_sigmoid_forward(const void* x, void* y, int64_t n, DType dtype);
+// dx (+)= dy · y · (1 − y) from the forward's output y: add true accumulates, false overwrites every element.
+void cuda_sigmoid_backward(const void* y, const void* dy, void* dx, bool add, int64_t n, DType dtype);
 
 }  // namespace hgrn

@@ -14,26 +14,15 @@
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
 #include "chunk_sums.cuh"
+#include "column_sums.cuh"
 #include "cp_async.cuh"
 #include "elementwise.cuh"
 #include "rmsnorm.h"
+#include "row_sums.cuh"
 
 namespace hgrn {
 
 namespace {
-// The sum of v over the block, the same value in every thread. blockDim.x must be a multiple of 32. The order is
-// fixed (a shuffle tree in each warp, then the warp totals in warp order), so the bits repeat run to run.
-// warp_sums is __shared__ float[32]; the leading barrier lets a loop call this again without a race on it.
-__device__ float block_sum(float v, float* warp_sums) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < (int)blockDim.x / 32; ++w) total += warp_sums[w];
-  return total;
-}
-
 // The op's output element x̂ · w = (x · rstd) · w, w = 1 without a weight (exact), as every kernel here writes it: the
 // forwards, and the backwards that write it again for a caller that freed it, so all give the same bits.
 __device__ __forceinline__ float normalized(float x, float rstd, float w) { return x * rstd * w; }
@@ -84,35 +73,17 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const flo
   }
 }
 
-// The weight gradient's first pass: block (x, y) sums dy ⊙ x̂ over rows [y·kDwChunkRows, (y+1)·kDwChunkRows) for 32
-// columns. Each of the kDwGroups thread rows takes every kDwGroups-th row of the chunk (a warp reads 32 adjacent
-// columns of one row: coalesced), then thread row 0 adds the groups' sums in group order.
-constexpr int kDwChunkRows = 256;
-constexpr int kDwColumns = 32;
-constexpr int kDwGroups = 8;
-constexpr unsigned kMaxGridY = 65535;
-
+// The block path's weight-gradient term for column_sums.cuh: dy ⊙ x̂ at (row, column).
 template <typename T>
-__global__ void rmsnorm_dw_partial_kernel(const T* x, const float* rstd, const T* dy, float* partial, long long rows,
-                                          int width, long long chunks) {
-  __shared__ float group_sums[kDwGroups][kDwColumns + 1];
-  const int c = blockIdx.x * kDwColumns + threadIdx.x;
-  for (long long chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
-    const long long r1 = (chunk + 1) * kDwChunkRows < rows ? (chunk + 1) * kDwChunkRows : rows;
-    float acc = 0.f;
-    if (c < width)
-      for (long long r = chunk * kDwChunkRows + threadIdx.y; r < r1; r += kDwGroups)
-        acc += load_f(dy[r * width + c]) * load_f(x[r * width + c]) * rstd[r];
-    group_sums[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < width) {
-      float total = 0.f;
-      for (int g = 0; g < kDwGroups; ++g) total += group_sums[g][threadIdx.x];
-      partial[chunk * width + c] = total;
-    }
-    __syncthreads();  // group_sums is rewritten by the next chunk
+struct DweightTerm {
+  const T* x;
+  const float* rstd;
+  const T* dy;
+  int width;
+  __device__ float operator()(long long r, int c) const {
+    return load_f(dy[r * width + c]) * load_f(x[r * width + c]) * rstd[r];
   }
-}
+};
 
 // The second pass (dw[c] += Σ_chunks partial[chunk, c]) is chunk_sums.cuh's, with 16 lanes.
 constexpr int kFinalLanes = 16;
@@ -426,22 +397,11 @@ void finalize_dweight(const float* partial, float* dweight, int64_t chunks, int6
   add_chunk_sums<kFinalLanes>(partial, dweight, chunks, width, "rmsnorm_dw_finalize");
 }
 
-// About 4 elements per thread, whole warps, at most 1024 threads.
-int threads_for_width(int64_t width) {
-  const int64_t warps = ((width + 3) / 4 + 31) / 32;
-  return static_cast<int>(std::clamp<int64_t>(warps, 1, 32) * 32);
-}
-
-unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20)); }
-
-void check_width(int64_t width, const char* op) {
-  HGRN_CHECK(width > 0 && width <= (int64_t{1} << 30), op, ": width ", width, " out of range");
-}
 }  // namespace
 
 void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rstd, int64_t rows, int64_t width,
                           double eps, DType dtype) {
-  check_width(width, "rmsnorm");
+  check_row_width(width, "rmsnorm");
   if (rows == 0) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm", [&] {
     const int packs = warp_packs<act_t>(width, {x, weight, y});
@@ -455,7 +415,7 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
             static_cast<float>(eps));
       });
     } else {
-      rmsnorm_forward_kernel<act_t><<<row_blocks(rows), threads_for_width(width), 0, cuda_stream()>>>(
+      rmsnorm_forward_kernel<act_t><<<row_blocks(rows), row_block_threads(width), 0, cuda_stream()>>>(
           static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
           static_cast<float>(eps));
     }
@@ -465,7 +425,7 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
 
 void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, void* dx, bool add,
                            float* dweight, void* y, int64_t rows, int64_t width, DType dtype) {
-  check_width(width, "rmsnorm backward");
+  check_row_width(width, "rmsnorm backward");
   if (rows == 0) return;
   const bool want_dx = dx && dy, want_dw = dweight && dy;
   if (!want_dx && !want_dw && !y) return;
@@ -495,20 +455,14 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
       return;
     }
     if (want_dx || y) {
-      rmsnorm_backward_dx_kernel<act_t><<<row_blocks(rows), threads_for_width(width), 0, cuda_stream()>>>(
+      rmsnorm_backward_dx_kernel<act_t><<<row_blocks(rows), row_block_threads(width), 0, cuda_stream()>>>(
           xt, weight, rstd, want_dx ? dyt : nullptr, dxt, add, static_cast<act_t*>(y), rows, static_cast<int>(width));
       CUDA_CHECK_LAUNCH("rmsnorm_backward_dx");
     }
     if (want_dw) {
-      const int64_t chunks = (rows + kDwChunkRows - 1) / kDwChunkRows;
-      Tensor partial = Tensor::empty({chunks, width}, DType::F32, Device::CUDA);
-      float* partial_data = static_cast<float*>(partial.raw_data());
-      const dim3 grid(static_cast<unsigned>((width + kDwColumns - 1) / kDwColumns),
-                      static_cast<unsigned>(std::min<int64_t>(chunks, kMaxGridY)));
-      rmsnorm_dw_partial_kernel<act_t><<<grid, dim3(kDwColumns, kDwGroups), 0, cuda_stream()>>>(
-          xt, rstd, dyt, partial_data, rows, static_cast<int>(width), chunks);
-      CUDA_CHECK_LAUNCH("rmsnorm_dw_partial");
-      finalize_dweight(partial_data, dweight, chunks, width);
+      Tensor partial = Tensor::empty({column_sum_chunks(rows), width}, DType::F32, Device::CUDA);
+      add_column_sums(DweightTerm<act_t>{xt, rstd, dyt, static_cast<int>(width)},
+                      static_cast<float*>(partial.raw_data()), dweight, rows, width, "rmsnorm_dw");
     }
   });
 }

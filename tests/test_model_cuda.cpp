@@ -1,7 +1,7 @@
-// test_model_cuda.cpp: a whole tiny HGRN2 model on the GPU against the CPU reference in fp64: the loss and the
-// gradient of every parameter (lower bounds included), for fp32 and for bf16 mixed-precision activations, over a
-// sequence with a partial last chunk; the GPU forward + backward giving the same bits on a second run and with
-// recomputation.
+// test_model_cuda.cpp: a whole tiny model of every family member (HGRN2, HGRN1, and HGRN1's complex-valued HGRU as
+// "hgrn-complex") on the GPU against the CPU reference in fp64: the loss and the gradient of every parameter (lower
+// bounds included), for fp32 and for bf16 mixed-precision activations, over a sequence with a partial last chunk; the
+// GPU forward + backward giving the same bits on a second run and with recomputation.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -17,12 +17,14 @@ namespace {
 using testing::expect_close;
 using testing::set_knob;
 
-// HGRN2: H = 3 heads, K = V = 32. HGRN1: a recurrence 96 channels wide (an odd number of 32-channel groups).
+// HGRN2: H = 3 heads, K = V = 32. HGRN1 (real or complex): a recurrence 96 channels wide (an odd number of
+// 32-channel groups). "hgrn-complex": HGRN1 with model.complex.
 class ModelCudaEveryType : public ::testing::TestWithParam<std::string> {};
 
 ModelConfig small_config(const std::string& type) {
   ModelConfig c;
-  c.type = type;
+  c.type = type == "hgrn-complex" ? "hgrn" : type;
+  c.complex = type == "hgrn-complex";
   c.hidden_size = 96;
   c.num_hidden_layers = 3;
   c.expand_ratio = type == "hgrn2" ? 32 : 1;
@@ -162,7 +164,17 @@ TEST_P(ModelCudaEveryType, RecomputationGivesTheSameLossAndGradientsBitForBit) {
 
 namespace hgrn {
 namespace {
-INSTANTIATE_TEST_SUITE_P(Models, ModelCudaEveryType, ::testing::ValuesIn(model_type_names()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+std::vector<std::string> model_variants() {
+  std::vector<std::string> v = model_type_names();
+  v.push_back("hgrn-complex");
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Models, ModelCudaEveryType, ::testing::ValuesIn(model_variants()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
 }  // namespace
 }  // namespace hgrn

@@ -47,7 +47,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
   std::string attn_mode = "chunk";  // chunk (chunkwise, the training path) | fused_recurrent (step by step)
-  bool complex = false;  // hgrn only: the HGRN1 paper's complex-valued HGRU in place of fla's real one (CPU only)
+  bool complex = false;  // hgrn only: the HGRN1 paper's complex-valued HGRU in place of fla's real one
   ModelMemoryConfig memory;
 
   // HGRN2's sizes, derived from the fields above by fla's HGRN2Config rules (expand_ratio wins when both are set); throw ConfigError

@@ -1,5 +1,5 @@
-// activations.cpp: silu and swiglu, forward and backward (on the GPU through kernels/activations.h), and sigmoid
-// (CPU only). silu'(x) = σ(x) · (1 + x · (1 − σ(x))), σ'(x) = σ(x) · (1 − σ(x)).
+// activations.cpp: silu, swiglu and sigmoid, forward and backward (on the GPU through kernels/activations.h).
+// silu'(x) = σ(x) · (1 + x · (1 − σ(x))), σ'(x) = σ(x) · (1 − σ(x)).
 #include "ops/activations.h"
 
 #include <cmath>
@@ -169,16 +169,35 @@ static void sigmoid_backward_cpu(const T* y, const T* dy, T* dx, int64_t n) {
 
 Var sigmoid(Tape& tape, const Var& x) {
   check_input("sigmoid", x);
-  HGRN_CHECK(x->value.device() == Device::CPU,
-             "sigmoid: no CUDA kernel; the complex HGRU (model.complex: true) trains on the CPU (training.device: cpu)");
-  Tensor y = Tensor::empty(x->value.shape(), x->value.dtype());
-  HGRN_DISPATCH_FLOAT(x->value.dtype(), "sigmoid", [&] {
-    sigmoid_forward_cpu(x->value.data<scalar_t>(), y.data<scalar_t>(), y.numel());
-  });
+  Tensor y = Tensor::empty(x->value.shape(), x->value.dtype(), x->value.device());
+  if (y.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_sigmoid_forward(x->value.raw_data(), y.raw_data(), y.numel(), y.dtype());
+#else
+    throw Error("sigmoid: this hgrn was built without CUDA");
+#endif
+  } else {
+    HGRN_DISPATCH_FLOAT(x->value.dtype(), "sigmoid", [&] {
+      sigmoid_forward_cpu(x->value.data<scalar_t>(), y.data<scalar_t>(), y.numel());
+    });
+  }
   Var out = op_output(tape, y, {x});
   if (!out->requires_grad) return out;
   tape.record([x, out] {
-    if (!out->grad.defined()) return;
+    if (!out->grad.defined() || !wants_grad(x)) return;
+    if (out->grad.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      HGRN_CHECK(out->grad.dtype() == out->value.dtype() && out->grad.is_contiguous(),
+                 "sigmoid backward: the output's gradient must be contiguous ", dtype_name(out->value.dtype()));
+      bool add = false;
+      Tensor& dx = grad_buffer_for_write(x, &add);
+      cuda_sigmoid_backward(out->value.raw_data(), out->grad.raw_data(), dx.raw_data(), add, out->value.numel(),
+                            out->value.dtype());
+#else
+      throw Error("sigmoid: this hgrn was built without CUDA");
+#endif
+      return;
+    }
     HGRN_DISPATCH_FLOAT(x->value.dtype(), "sigmoid backward", [&] {
       sigmoid_backward_cpu(out->value.data<scalar_t>(), out->grad.data<scalar_t>(),
                            grad_buffer(x).data<scalar_t>(), out->value.numel());

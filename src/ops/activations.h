@@ -8,7 +8,7 @@ namespace hgrn {
 // y = x · σ(x).
 Var silu(Tape& tape, const Var& x);
 
-// y = σ(x) = 1 / (1 + e^{−x}). CPU only: a CUDA input throws hgrn::Error.
+// y = σ(x) = 1 / (1 + e^{−x}); x contiguous.
 Var sigmoid(Tape& tape, const Var& x);
 
 // y = silu(gate) ⊙ up; gate and up have the same shape.

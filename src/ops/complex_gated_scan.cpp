@@ -11,6 +11,7 @@
 // dg_t = Re(conj(δ_t) p_t), dθ = Σ_{b,t} Re(conj(δ_t) i p_t), dL/dh_{−1} = conj(w_0) δ_0.
 // Work is split over OpenMP threads by (batch, block of 64 channels), each block by the same sequential code; dθ is
 // summed over the batch after the parallel region, in batch order, so results do not depend on the thread count.
+// On the GPU: kernels/complex_gated_scan.h (a chunked scan in 64-step chunks whatever the mode).
 #include "ops/complex_gated_scan.h"
 
 #include <algorithm>
@@ -19,6 +20,10 @@
 
 #include "ops/cpu_parallel.h"
 #include "ops/elementwise.h"
+
+#ifdef HGRN_WITH_CUDA
+#include "kernels/complex_gated_scan.h"
+#endif
 
 namespace hgrn {
 namespace {
@@ -321,15 +326,85 @@ void backward_cpu(const Io<T>& io, const Plan& plan) {
   }
 }
 
+#ifdef HGRN_WITH_CUDA
+GatedScanCudaShape cuda_shape(const Dims& d) {
+  GatedScanCudaShape s;
+  s.batch = d.batch;
+  s.time = d.time;
+  s.channels = d.channels;
+  return s;
+}
+
+// A fp32 GPU buffer of n floats (undefined when n is 0: T <= 64 needs no per-chunk buffers).
+Tensor gpu_floats(int64_t n) { return n > 0 ? Tensor::empty({n}, DType::F32, Device::CUDA) : Tensor(); }
+float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+void forward_cuda(const Var& x_re, const Var& x_im, const Var& g, const Var& theta, const Var& initial_state,
+                  const Dims& dims, Tensor& output, Tensor& final_state, Tensor& chunk_states) {
+  chunk_states = gpu_floats(complex_gated_scan_cuda_chunk_elements(cuda_shape(dims)));  // kept for the backward
+  const Tensor scratch = gpu_floats(complex_gated_scan_cuda_chunk_elements(cuda_shape(dims)));
+  ComplexScanCudaForwardArgs a;
+  a.x_re = x_re->value.raw_data();
+  a.x_im = x_im->value.raw_data();
+  a.act = x_re->value.dtype();
+  a.g = g->value.data<float>();
+  a.theta = theta->value.data<float>();
+  a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
+  a.output = output.raw_data();
+  a.final_state = final_state.data<float>();
+  a.chunk_states = data_or_null(chunk_states);
+  a.scratch = data_or_null(scratch);
+  complex_gated_scan_cuda_forward(cuda_shape(dims), a);
+}
+
+// The CUDA backward: gradients of both outputs (either may be absent) into the inputs that want one.
+void backward_cuda(const Var& x_re, const Var& x_im, const Var& g, const Var& theta, const Var& initial_state,
+                   const Var& out, const Var& final_out, const Tensor& chunk_states, const Dims& dims) {
+  if (out->grad.defined())
+    HGRN_CHECK(out->grad.dtype() == out->value.dtype() && out->grad.is_contiguous(),
+               "complex_gated_scan: the output's gradient must be contiguous ", dtype_name(out->value.dtype()),
+               ", got ", dtype_name(out->grad.dtype()));
+  if (final_out->grad.defined())
+    HGRN_CHECK(final_out->grad.dtype() == DType::F32 && final_out->grad.is_contiguous(),
+               "complex_gated_scan: the final state's gradient must be contiguous fp32");
+  const GatedScanCudaShape shape = cuda_shape(dims);
+  const Tensor scratch_a = gpu_floats(complex_gated_scan_cuda_chunk_elements(shape));
+  const Tensor scratch_b = gpu_floats(complex_gated_scan_cuda_chunk_elements(shape));
+  ComplexScanCudaBackwardArgs a;
+  a.x_re = x_re->value.raw_data();
+  a.x_im = x_im->value.raw_data();
+  a.act = x_re->value.dtype();
+  a.g = g->value.data<float>();
+  a.theta = theta->value.data<float>();
+  a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
+  a.chunk_states = data_or_null(chunk_states);
+  a.d_output = out->grad.defined() ? out->grad.raw_data() : nullptr;
+  a.d_final_state = final_out->grad.defined() ? final_out->grad.data<float>() : nullptr;
+  // Fresh gradients are written, existing ones added into; x_re's is asked for before x_im's, the order the kernel
+  // writes them in, so that one Var passed as both gets the sum.
+  if (wants_grad(x_re)) a.dx_re = grad_buffer_for_write(x_re, &a.accumulate_dx_re).raw_data();
+  if (wants_grad(x_im)) a.dx_im = grad_buffer_for_write(x_im, &a.accumulate_dx_im).raw_data();
+  if (wants_grad(g)) a.dg = grad_buffer_for_write(g, &a.accumulate_dg).data<float>();
+  if (wants_grad(initial_state))
+    a.d_initial_state = grad_buffer_for_write(initial_state, &a.accumulate_d_initial_state).data<float>();
+  Tensor theta_rows;
+  if (wants_grad(theta)) {
+    a.d_theta = grad_buffer(theta).data<float>();  // a parameter's gradient: always accumulated
+    theta_rows = gpu_floats(complex_gated_scan_cuda_theta_rows(shape));
+    a.theta_rows = theta_rows.data<float>();
+  }
+  a.scratch_a = data_or_null(scratch_a);
+  a.scratch_b = data_or_null(scratch_b);
+  complex_gated_scan_cuda_backward(shape, a);
+}
+#endif
+
 }  // namespace
 
 ComplexGatedScanOutputs complex_gated_scan(Tape& tape, const Var& x_re_in, const Var& x_im_in, const Var& g_in,
                                            const Var& theta, const Var& initial_state, ScanMode mode,
                                            int64_t chunk_size) {
   HGRN_CHECK(x_re_in && x_im_in && g_in && theta, "complex_gated_scan: x_re, x_im, g and theta are required");
-  HGRN_CHECK(x_re_in->value.device() == Device::CPU,
-             "complex_gated_scan: no CUDA kernel; the complex HGRU (model.complex: true) trains on the CPU "
-             "(training.device: cpu)");
   const Var x_re = contiguous(tape, x_re_in);
   const Var x_im = contiguous(tape, x_im_in);
   const Var g = contiguous(tape, g_in);
@@ -350,37 +425,60 @@ ComplexGatedScanOutputs complex_gated_scan(Tape& tape, const Var& x_re_in, const
   HGRN_CHECK(chunk_size >= 0, "complex_gated_scan: chunk_size must be >= 0 (0 = ", kDefaultChunk, "), got ",
              chunk_size);
   const DType dtype = xv.dtype();
+  const Device device = xv.device();
+  const bool on_cuda = device == Device::CUDA;
+  // GPU: x_re, x_im (and the output) in the activation dtype; g, theta and the states fp32. CPU: one dtype.
+  const DType state_dtype = on_cuda ? DType::F32 : dtype;
   for (const Var& v : {x_im, g, theta, initial_state}) {
     if (!v) continue;
-    HGRN_CHECK(v->value.device() == Device::CPU, "complex_gated_scan: inputs mix cpu and ",
+    HGRN_CHECK(v->value.device() == device, "complex_gated_scan: inputs mix ", device_name(device), " and ",
                device_name(v->value.device()));
-    HGRN_CHECK(v->value.dtype() == dtype, "complex_gated_scan: inputs mix ", dtype_name(dtype), " and ",
+    const DType want = v == x_im ? dtype : state_dtype;
+    const char* name = v == x_im ? "x_im" : v == g ? "g" : v == theta ? "theta" : "initial_state";
+    HGRN_CHECK(v->value.dtype() == want, "complex_gated_scan: ", name, " must be ", dtype_name(want), " here, got ",
                dtype_name(v->value.dtype()));
   }
   HGRN_CHECK(theta->value.is_contiguous() && (!initial_state || initial_state->value.is_contiguous()),
              "complex_gated_scan: theta and initial_state must be contiguous");
   const Plan plan{dims, mode, chunk_size > 0 ? chunk_size : kDefaultChunk};
 
-  Tensor output = Tensor::empty({dims.batch, dims.time, 2 * dims.channels}, dtype);
-  Tensor final_state = Tensor::empty(state_shape, dtype);
-  HGRN_DISPATCH_FLOAT(dtype, "complex_gated_scan", [&] {
-    Io<scalar_t> io;
-    io.x_re = x_re->value.data<scalar_t>();
-    io.x_im = x_im->value.data<scalar_t>();
-    io.g = g->value.data<scalar_t>();
-    io.theta = theta->value.data<scalar_t>();
-    io.initial_state = initial_state ? initial_state->value.data<scalar_t>() : nullptr;
-    io.output = output.data<scalar_t>();
-    io.final_state = final_state.data<scalar_t>();
-    forward_cpu(io, plan);
-  });
+  Tensor output = Tensor::empty({dims.batch, dims.time, 2 * dims.channels}, dtype, device);
+  Tensor final_state = Tensor::empty(state_shape, state_dtype, device);
+  Tensor chunk_states;  // the GPU's state entering each chunk: kept for the backward
+  if (on_cuda) {
+#ifdef HGRN_WITH_CUDA
+    forward_cuda(x_re, x_im, g, theta, initial_state, dims, output, final_state, chunk_states);
+#else
+    throw Error("complex_gated_scan: this hgrn was built without CUDA");
+#endif
+  } else {
+    HGRN_DISPATCH_FLOAT(dtype, "complex_gated_scan", [&] {
+      Io<scalar_t> io;
+      io.x_re = x_re->value.data<scalar_t>();
+      io.x_im = x_im->value.data<scalar_t>();
+      io.g = g->value.data<scalar_t>();
+      io.theta = theta->value.data<scalar_t>();
+      io.initial_state = initial_state ? initial_state->value.data<scalar_t>() : nullptr;
+      io.output = output.data<scalar_t>();
+      io.final_state = final_state.data<scalar_t>();
+      forward_cpu(io, plan);
+    });
+  }
 
   ComplexGatedScanOutputs result{op_output(tape, output, {x_re, x_im, g, theta, initial_state}),
                                  op_output(tape, final_state, {x_re, x_im, g, theta, initial_state})};
   if (!result.output->requires_grad) return result;
   Var out = result.output, final_out = result.final_state;
-  tape.record([x_re, x_im, g, theta, initial_state, out, final_out, plan] {
+  tape.record([x_re, x_im, g, theta, initial_state, out, final_out, chunk_states, plan] {
     if (!out->grad.defined() && !final_out->grad.defined()) return;
+    if (x_re->value.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      backward_cuda(x_re, x_im, g, theta, initial_state, out, final_out, chunk_states, plan.dims);
+#else
+      throw Error("complex_gated_scan: this hgrn was built without CUDA");
+#endif
+      return;
+    }
     HGRN_DISPATCH_FLOAT(x_re->value.dtype(), "complex_gated_scan backward", [&] {
       Io<scalar_t> io;
       io.x_re = x_re->value.data<scalar_t>();

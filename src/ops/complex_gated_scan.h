@@ -17,10 +17,12 @@ struct ComplexGatedScanOutputs {
 };
 
 // x_re, x_im, g: [B, T, C] (row-strided views are read through contiguous copies); theta: [C]; initial_state: nullptr
-// or [B, 2, C] laid out as final_state. All tensors share one floating dtype (fp32 or fp64), in which the state is
-// kept. chunk_size: the chunk form's length (ignored by Sequential); 0 = 64; the last chunk may be partial.
+// or [B, 2, C] laid out as final_state. On the CPU all tensors share one floating dtype (fp32 or fp64), in which the
+// state is kept; on the GPU x_re, x_im and the output are fp32 or bf16, g, theta and the states fp32 (the chunked
+// kernels of kernels/complex_gated_scan.h, 64-step chunks whatever mode and chunk_size say).
+// chunk_size: the chunk form's length (ignored by Sequential); 0 = 64; the last chunk may be partial.
 // Gradients flow to x_re, x_im, g, theta and initial_state (each only if it wants one) from both outputs' gradients
-// (either may be absent). CPU only: a CUDA input throws hgrn::Error.
+// (either may be absent).
 ComplexGatedScanOutputs complex_gated_scan(Tape& tape, const Var& x_re, const Var& x_im, const Var& g,
                                            const Var& theta, const Var& initial_state,
                                            ScanMode mode = ScanMode::Chunk, int64_t chunk_size = 0);

@@ -1,5 +1,5 @@
-// elementwise.cpp: add, reshape, split_columns and contiguous, forward and backward (on the GPU through
-// kernels/elementwise.h and 2-D copies), mul and add_bias (CPU only), and the gradient hand-over.
+// elementwise.cpp: add, mul, add_bias, reshape, split_columns and contiguous, forward and backward (on the GPU through
+// kernels/elementwise.h and 2-D copies), and the gradient hand-over.
 #include "ops/elementwise.h"
 
 #include "ops/cpu_parallel.h"
@@ -100,22 +100,45 @@ Var mul(Tape& tape, const Var& a, const Var& b) {
   HGRN_CHECK(a && b, "mul: input is null");
   const Tensor& av = a->value;
   const Tensor& bv = b->value;
-  HGRN_CHECK(av.device() == Device::CPU && bv.device() == Device::CPU,
-             "mul: no CUDA kernel; the complex HGRU (model.complex: true) trains on the CPU (training.device: cpu)");
   HGRN_CHECK(av.shape() == bv.shape(), "mul: shapes ", shape_str(av.shape()), " and ", shape_str(bv.shape()),
              " differ");
-  HGRN_CHECK(av.dtype() == bv.dtype(), "mul: ", dtype_name(av.dtype()), " and ", dtype_name(bv.dtype()));
+  HGRN_CHECK(av.dtype() == bv.dtype() && av.device() == bv.device(), "mul: ", dtype_name(av.dtype()), " on ",
+             device_name(av.device()), " and ", dtype_name(bv.dtype()), " on ", device_name(bv.device()));
   HGRN_CHECK(av.is_contiguous() && bv.is_contiguous(), "mul: inputs must be contiguous");
-  Tensor y = Tensor::empty(av.shape(), av.dtype());
-  HGRN_DISPATCH_FLOAT(y.dtype(), "mul", [&] {
-    const scalar_t *pa = av.data<scalar_t>(), *pb = bv.data<scalar_t>();
-    scalar_t* py = y.data<scalar_t>();
-    for (int64_t i = 0; i < y.numel(); ++i) py[i] = pa[i] * pb[i];
-  });
+  Tensor y = Tensor::empty(av.shape(), av.dtype(), av.device());
+  if (y.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_mul(av.raw_data(), bv.raw_data(), y.raw_data(), y.numel(), y.dtype());
+#else
+    throw Error("mul: this hgrn was built without CUDA");
+#endif
+  } else {
+    HGRN_DISPATCH_FLOAT(y.dtype(), "mul", [&] {
+      const scalar_t *pa = av.data<scalar_t>(), *pb = bv.data<scalar_t>();
+      scalar_t* py = y.data<scalar_t>();
+      for (int64_t i = 0; i < y.numel(); ++i) py[i] = pa[i] * pb[i];
+    });
+  }
   Var out = op_output(tape, y, {a, b});
   if (!out->requires_grad) return out;
   tape.record([a, b, out] {
     if (!out->grad.defined()) return;
+    if (out->grad.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      HGRN_CHECK(out->grad.dtype() == out->value.dtype() && out->grad.is_contiguous(),
+                 "mul backward: the output's gradient must be contiguous ", dtype_name(out->value.dtype()));
+      // Asked one after the other, in the order the kernel writes them, so that mul(x, x) adds both contributions.
+      bool add_a = false, add_b = false;
+      const Tensor* da = wants_grad(a) ? &grad_buffer_for_write(a, &add_a) : nullptr;
+      const Tensor* db = wants_grad(b) ? &grad_buffer_for_write(b, &add_b) : nullptr;
+      cuda_mul_backward(a->value.raw_data(), b->value.raw_data(), out->grad.raw_data(),
+                        da ? da->raw_data() : nullptr, db ? db->raw_data() : nullptr, add_a, add_b,
+                        out->grad.numel(), out->grad.dtype());
+#else
+      throw Error("mul: this hgrn was built without CUDA");
+#endif
+      return;
+    }
     HGRN_DISPATCH_FLOAT(out->grad.dtype(), "mul backward", [&] {
       const scalar_t* dy = out->grad.data<scalar_t>();
       const int64_t n = out->grad.numel();
@@ -139,27 +162,45 @@ Var add_bias(Tape& tape, const Var& x, const Var& bias) {
   HGRN_CHECK(x && bias, "add_bias: input is null");
   const Tensor& xv = x->value;
   const Tensor& bv = bias->value;
-  HGRN_CHECK(xv.device() == Device::CPU && bv.device() == Device::CPU,
-             "add_bias: no CUDA kernel; the complex HGRU (model.complex: true) trains on the CPU "
-             "(training.device: cpu)");
   HGRN_CHECK(xv.dim() >= 1 && bv.shape() == Shape{xv.size(-1)}, "add_bias: bias ", shape_str(bv.shape()),
              " does not match input ", shape_str(xv.shape()));
-  HGRN_CHECK(xv.dtype() == bv.dtype(), "add_bias: input is ", dtype_name(xv.dtype()), ", bias is ",
-             dtype_name(bv.dtype()));
+  HGRN_CHECK(bv.device() == xv.device(), "add_bias: input on ", device_name(xv.device()), ", bias on ",
+             device_name(bv.device()));
+  // On the GPU the bias is a parameter, fp32 whatever the activation dtype.
+  const DType bias_dtype = xv.device() == Device::CUDA ? DType::F32 : xv.dtype();
+  HGRN_CHECK(bv.dtype() == bias_dtype, "add_bias: input is ", dtype_name(xv.dtype()), " on ",
+             device_name(xv.device()), ", bias is ", dtype_name(bv.dtype()), " (expected ", dtype_name(bias_dtype),
+             ")");
   HGRN_CHECK(xv.is_contiguous() && bv.is_contiguous(), "add_bias: inputs must be contiguous");
   const int64_t width = xv.size(-1), rows = width ? xv.numel() / width : 0;
-  Tensor y = Tensor::empty(xv.shape(), xv.dtype());
-  HGRN_DISPATCH_FLOAT(y.dtype(), "add_bias", [&] {
-    const scalar_t *px = xv.data<scalar_t>(), *pb = bv.data<scalar_t>();
-    scalar_t* py = y.data<scalar_t>();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < width; ++c) py[r * width + c] = px[r * width + c] + pb[c];
-  });
+  Tensor y = Tensor::empty(xv.shape(), xv.dtype(), xv.device());
+  if (y.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_add_bias(xv.raw_data(), bv.data<float>(), y.raw_data(), rows, width, y.dtype());
+#else
+    throw Error("add_bias: this hgrn was built without CUDA");
+#endif
+  } else {
+    HGRN_DISPATCH_FLOAT(y.dtype(), "add_bias", [&] {
+      const scalar_t *px = xv.data<scalar_t>(), *pb = bv.data<scalar_t>();
+      scalar_t* py = y.data<scalar_t>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < width; ++c) py[r * width + c] = px[r * width + c] + pb[c];
+    });
+  }
   Var out = op_output(tape, y, {x, bias});
   if (!out->requires_grad) return out;
   tape.record([x, bias, out, rows, width] {
     if (!out->grad.defined()) return;
-    if (wants_grad(bias)) {
+    if (wants_grad(bias) && out->grad.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      HGRN_CHECK(out->grad.dtype() == out->value.dtype() && out->grad.is_contiguous(),
+                 "add_bias backward: the output's gradient must be contiguous ", dtype_name(out->value.dtype()));
+      cuda_add_bias_backward(out->grad.raw_data(), grad_buffer(bias).data<float>(), rows, width, out->grad.dtype());
+#else
+      throw Error("add_bias: this hgrn was built without CUDA");
+#endif
+    } else if (wants_grad(bias)) {
       HGRN_DISPATCH_FLOAT(out->grad.dtype(), "add_bias backward", [&] {
         const scalar_t* dy = out->grad.data<scalar_t>();
         // Summed in fixed row blocks: the same bits for any thread count.

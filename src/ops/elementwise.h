@@ -11,11 +11,12 @@ namespace hgrn {
 // y = a + b (same shape): the residual connection.
 Var add(Tape& tape, const Var& a, const Var& b);
 
-// y = a ⊙ b (same shape, contiguous): the complex HGRU's output gate. CPU only: a CUDA input throws hgrn::Error.
+// y = a ⊙ b (same shape, dtype and device, contiguous): the complex HGRU's output gate.
 Var mul(Tape& tape, const Var& a, const Var& b);
 
 // y = x + bias over the last axis, x [..., N] contiguous, bias [N]: the bias of a projection (ops/linear.h is
-// bias-free); dbias = Σ_rows dy, dx = dy. CPU only: a CUDA input throws hgrn::Error.
+// bias-free); dbias = Σ_rows dy, dx = dy. On the CPU x and bias share a dtype; on the GPU x is fp32 or bf16 and the
+// bias (a parameter) fp32.
 Var add_bias(Tape& tape, const Var& x, const Var& bias);
 
 // A view of x with another shape (same number of elements); its gradient flows back unchanged.

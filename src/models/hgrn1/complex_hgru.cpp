@@ -3,7 +3,8 @@
 //   Re c = silu(x W_cr + b_cr), Im c = silu(x W_ci + b_ci), λ = γ_ℓ + (1 − γ_ℓ) σ(x W_f + b_f),
 //   h_t = λ_t e^{iθ} h_{t−1} + (1 − λ_t) c_t,   g = σ(x W_g + b_g) ∈ R^{2d},
 //   o = LayerNorm(g ⊙ [Re h, Im h]) W_o + b_o,
-// with the recurrence in log space (log λ, as the real HGRU) through complex_gated_scan.
+// with the recurrence in log space (log λ, as the real HGRU) through complex_gated_scan. On the GPU the activations
+// are fp32 or bf16 and log λ, θ, the biases, the norm's parameters and the recurrent state fp32.
 #include "models/hgrn1/complex_hgru.h"
 
 #include "core/trace.h"
@@ -24,8 +25,6 @@ class ComplexHgruMixer final : public TokenMixer {
   explicit ComplexHgruMixer(const ModelConfig& config) : config_(config) {}
 
   Var forward(Tape& tape, const MixerCall& call) const override {
-    HGRN_CHECK(call.x->value.device() == Device::CPU,
-               "model.complex: the complex HGRU has no CUDA kernels yet; set training.device: cpu");
     const std::vector<Var>& w = *call.weights;  // complex_hgru_param_specs order
     const Var &cr_w = w[0], &ci_w = w[1], &f_w = w[2], &g_w = w[3];
     const Var &cr_b = w[4], &ci_b = w[5], &f_b = w[6], &g_b = w[7];
@@ -43,7 +42,8 @@ class ComplexHgruMixer final : public TokenMixer {
     {
       TraceLayer trace(tape, "gates");
       log_lambda = hgrn2_forget_gate(tape, f_hat, call.gamma, call.layer);  // log(γ + (1 − γ) σ(f̂))
-      const Var one_minus_lambda = input_gate_from_forget(tape, log_lambda);
+      // 1 − λ in the activation dtype (log λ is fp32 on the GPU).
+      const Var one_minus_lambda = input_gate_from_forget(tape, log_lambda, cr->value.dtype());
       x_re = swiglu(tape, cr, one_minus_lambda);  // (1 − λ) Re c
       x_im = swiglu(tape, ci, one_minus_lambda);  // (1 − λ) Im c
     }

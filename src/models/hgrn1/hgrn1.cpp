@@ -156,10 +156,6 @@ class Hgrn1Family final : public ModelFamily {
     if (m.complex) c["complex"] = true;  // hgrn's own field: the HDF5 export's config says which mixer it holds
   }
 
-  std::string cuda_refusal(const ModelConfig& m) const override {
-    return m.complex ? "model.complex = true: the complex HGRU's ops have no CUDA kernels yet" : "";
-  }
-
   std::string hf_export_refusal(const ModelConfig& m) const override {
     if (!m.complex) return {};
     return "model.complex: fla has no complex-valued HGRU, so this model has no Hugging Face form; export it with "
