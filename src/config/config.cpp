@@ -357,7 +357,6 @@ class ConfigReader : public ConfigChecker {
   ConfigReader(Config config, std::string source) : config_(std::move(config)), source_(std::move(source)) {}
 
   void read_document(const YAML::Node& root) {
-    if (root.IsNull()) return;  // an empty file: every key keeps its default
     if (!root.IsMap())
       fail(mark_text(source_, root.Mark()), "(top level)",
            "expected a mapping with the sections " + join_list(child_names("")) + ", got " + describe(root));
@@ -661,34 +660,50 @@ void ConfigReader::validate() {
 
 // ------------------------------------------------------------------------------------------------------------------
 
-Config parse_config(const std::string& yaml_text, const std::string& source_name,
-                    const std::vector<std::string>& overrides) {
-  YAML::Node root;
+namespace {
+
+// The one YAML document of a config text. Refused: invalid YAML; a text with no mapping in it at all (empty, only
+// comments or blank lines, NUL bytes), which would otherwise leave every key at its default and fail on the first
+// required one with a misleading message; and a second document after `---`, which yaml-cpp's Load would ignore.
+YAML::Node load_config_document(const std::string& yaml_text, const std::string& source_name) {
+  if (const size_t nul = yaml_text.find('\0'); nul != std::string::npos)
+    throw ConfigError(source_name + ": (file): expected a YAML text, got a NUL byte at offset " + std::to_string(nul) +
+                      " (the file is binary, truncated or zero-filled)");
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::Load(yaml_text);
+    documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& e) {
     throw ConfigError(mark_text(source_name, e.mark) + ": invalid YAML: " + e.msg);
   }
-  ConfigReader reader(source_name);
+  if (documents.size() > 1)
+    throw ConfigError(mark_text(source_name, documents[1].Mark()) + ": (top level): expected one YAML document, got " +
+                      std::to_string(documents.size()) + " (separated by ---): put every key into one document");
+  if (documents.empty() || documents[0].IsNull())
+    throw ConfigError(source_name + ": (file): the config is empty or unreadable (no keys, only comments or blank "
+                      "lines): expected a YAML mapping with the sections " + join_list(child_names("")));
+  return documents[0];
+}
+
+Config read_config(const std::string& yaml_text, const std::string& source_name,
+                   const std::vector<std::string>& overrides, bool migrate_moved_keys) {
+  const YAML::Node root = load_config_document(yaml_text, source_name);
+  ConfigReader reader(source_name, migrate_moved_keys);
   reader.read_document(root);
   for (const std::string& text : overrides) reader.apply_override(text);
   reader.validate();
   return reader.take();
 }
 
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  return read_config(yaml_text, source_name, overrides, /*migrate_moved_keys=*/false);
+}
+
 Config parse_stored_config(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(mark_text(source_name, e.mark) + ": invalid YAML: " + e.msg);
-  }
-  ConfigReader reader(source_name, /*migrate_moved_keys=*/true);
-  reader.read_document(root);
-  for (const std::string& text : overrides) reader.apply_override(text);
-  reader.validate();
-  return reader.take();
+  return read_config(yaml_text, source_name, overrides, /*migrate_moved_keys=*/true);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
