@@ -127,6 +127,7 @@ std::vector<Field> config_fields(Config& c) {
       {"training.beta2", &t.beta2},
       {"training.adam_eps", &t.adam_eps},
       {"training.grad_clip", &t.grad_clip},
+      {"training.max_nonfinite_steps", &t.max_nonfinite_steps},
       {"training.threads", &t.threads},
       {"training.eval_interval", &t.eval_interval},
       {"training.eval_batches", &t.eval_batches},
@@ -628,6 +629,7 @@ void ConfigReader::validate() {
   require_positive("training.adam_eps", t.adam_eps);
   if (t.grad_clip < 0)
     fail_key("training.grad_clip", "expected 0 (off) or a positive norm, got " + format_double(t.grad_clip));
+  require_positive("training.max_nonfinite_steps", t.max_nonfinite_steps);
   require_non_negative("training.threads", t.threads);
   require_non_negative("training.eval_interval", t.eval_interval);
   if (t.eval_interval > 0) require_positive("training.eval_batches", t.eval_batches);
@@ -752,6 +754,20 @@ std::string config_to_yaml(const Config& config) {
     out << std::string(2 * sections.size(), ' ') << leaf_name(field.path) << ": " << format_value(field.ref) << "\n";
   }
   return out.str();
+}
+
+std::vector<ConfigChange> config_changes(const std::string& before_yaml, const std::string& before_source,
+                                         const Config& after) {
+  ConfigReader reader(before_source, /*migrate_moved_keys=*/true);
+  reader.read_document(load_config_document(before_yaml, before_source));
+  Config before = reader.take(), now = after;  // config_fields binds mutable pointers; only read here
+  const std::vector<Field> old_fields = config_fields(before), new_fields = config_fields(now);
+  std::vector<ConfigChange> changes;
+  for (size_t i = 0; i < old_fields.size(); ++i) {
+    const std::string a = format_value(old_fields[i].ref), b = format_value(new_fields[i].ref);
+    if (a != b) changes.push_back({old_fields[i].path, a, b});
+  }
+  return changes;
 }
 
 TrainingConfig resolve_batch_for_world(const TrainingConfig& training, int64_t world_size) {
