@@ -70,6 +70,8 @@ __global__ void adamw_kernel(const MultiTensorSlot* slots, int count, AdamWArgs 
   const MultiTensorSlot s = slot_of_chunk(slots, count, blockIdx.x);
   const long long begin = (blockIdx.x - s.first_chunk) * kChunk;
   const long long end = min(static_cast<long long>(s.n), begin + kChunk);
+  // A non-finite gradient norm skips the step: nothing is written (AdamW::clip_and_step).
+  if (a.clip_sum_of_squares && !isfinite(*a.clip_sum_of_squares)) return;
   const double decay_factor = s.decay ? a.decay_factor : 1.0;
   const double grad_scale = a.clip_sum_of_squares ? clip_factor(*a.clip_sum_of_squares, a.max_norm) : a.grad_scale;
   for (long long i0 = begin + threadIdx.x; i0 < end; i0 += (long long)blockDim.x * kAdamWBatch) {

@@ -17,8 +17,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     command -v sudo >/dev/null || { echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
     sudo=sudo
   fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Another apt-get (unattended upgrades on a fresh machine) may hold the dpkg lock: wait for it up to 10 minutes
+  # instead of failing at once.
+  wait_lock=(-o DPkg::Lock::Timeout=600)
+  $sudo apt-get "${wait_lock[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get "${wait_lock[@]}" install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
 # shellcheck disable=SC2086

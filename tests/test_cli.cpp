@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "config/config.h"
+#include "data/token_shards.h"
 #include "gpu_test.h"
 #include "hgrn_binary.h"
 #include "models/cost.h"
@@ -274,6 +275,96 @@ TEST(CliEval, MqarEvalRepeatsTheRunsLastEvaluation) {
   // Both print 6 significant digits of the same numbers.
   EXPECT_EQ(result.at("loss").get<double>(), last_eval.at("loss").get<double>()) << evaluated.out;
   EXPECT_EQ(result.at("accuracy").get<double>(), last_eval.at("accuracy").get<double>()) << evaluated.out;
+}
+
+}  // namespace
+}  // namespace hgrn
+
+namespace hgrn {
+namespace {
+
+// A tiny MQAR run (vocabulary 17) trained for two steps into BASE/run; returns its config file.
+std::string trained_tiny_run(const std::string& base) {
+  std::filesystem::create_directories(base);
+  const std::string config = base + "/tiny.yaml";
+  std::ofstream(config) << "model: {hidden_size: 16, num_hidden_layers: 1, expand_ratio: 8, vocab_size: 17}\n"
+                           "data: {task: mqar, seq_len: 16, mqar: {num_kv_pairs: 2}}\n"
+                           "training: {device: cpu, threads: 1, micro_batch_size: 2, max_steps: 2, warmup_steps: 0,\n"
+                           "           eval_interval: 0, eval_batches: 1}\n"
+                           "logging: {run_dir: " + base + "/run}\n";
+  const CommandResult trained = run_hgrn({"train", "--config", config});
+  EXPECT_EQ(trained.status, 0) << trained.err;
+  return config;
+}
+
+// A config describing another model than the checkpoint's is refused (exit 2, naming the config file, the model
+// section and both shapes), as a resume refuses it; so is a shard tokenised for a larger vocabulary than the model's.
+TEST(CliEval, RefusesAnotherModelAndAShardOfAnotherVocabulary) {
+  ScratchDir dir;
+  const std::string config = trained_tiny_run(dir.str());
+  CommandResult r = run_hgrn({"eval", "--config", config, "--set", "model.hidden_size=32"});
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(config + ": model: checkpoint"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("D=16"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("D=32"), std::string::npos) << r.err;
+
+  // A byte-level shard (257 ids) against the 17-id model.
+  const std::string prefix = dir / "bytes";
+  TokenShardWriter writer(prefix, 257);
+  writer.append_document(std::vector<int32_t>(64, 200));
+  ShardMetadata meta;
+  meta.tokenizer = "byte";
+  meta.vocab_size = 257;
+  meta.eos_id = 256;
+  writer.finish(meta);
+  r = run_hgrn({"eval", "--config", config, "--set", "data.task=tokens", "--set", "data.train_data=" + prefix,
+                "--data", prefix});
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.err.find("--data = " + prefix + " was tokenised with byte (257 ids), but model.vocab_size is 17"),
+            std::string::npos) << r.err;
+}
+
+// The exported config.json names the training tokenizer's end-of-document token (the byte tokenizer's is 256) as
+// eos and bos; an MQAR model has no tokenizer, so both are null.
+TEST(CliExport, SpecialTokensComeFromTheTrainingTokenizer) {
+  ScratchDir dir;
+  const std::string prefix = dir / "bytes";
+  TokenShardWriter writer(prefix, 257);
+  for (int d = 0; d < 8; ++d) {
+    std::vector<int32_t> doc(40, 97 + d);
+    doc.push_back(256);
+    writer.append_document(doc);
+  }
+  ShardMetadata meta;
+  meta.tokenizer = "byte";
+  meta.vocab_size = 257;
+  meta.eos_id = 256;
+  writer.finish(meta);
+  const std::string config = dir / "bytes.yaml";
+  std::ofstream(config) << "model: {hidden_size: 16, num_hidden_layers: 1, expand_ratio: 8, vocab_size: 257}\n"
+                           "data: {task: tokens, seq_len: 16, train_data: " + prefix + "}\n"
+                           "training: {device: cpu, threads: 1, micro_batch_size: 2, max_steps: 1, warmup_steps: 0,\n"
+                           "           eval_interval: 0}\n"
+                           "logging: {run_dir: " + (dir / "run") + "}\n";
+  CommandResult r = run_hgrn({"train", "--config", config});
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run_hgrn({"export", "--checkpoint", dir / "run/checkpoints/step_00000001.h5", "--format", "hf", "--out",
+                dir / "hf"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream in(dir / "hf/config.json");
+  const nlohmann::json c = nlohmann::json::parse(in);
+  EXPECT_EQ(c.at("eos_token_id"), 256);
+  EXPECT_EQ(c.at("bos_token_id"), 256);
+
+  const std::string mqar = dir / "mqar";
+  trained_tiny_run(mqar);
+  r = run_hgrn({"export", "--checkpoint", mqar + "/run/checkpoints/step_00000002.h5", "--format", "hf", "--out",
+                mqar + "/hf"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream mqar_in(mqar + "/hf/config.json");
+  const nlohmann::json m = nlohmann::json::parse(mqar_in);
+  EXPECT_TRUE(m.at("eos_token_id").is_null()) << m.dump();
+  EXPECT_TRUE(m.at("bos_token_id").is_null()) << m.dump();
 }
 
 }  // namespace

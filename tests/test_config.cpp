@@ -137,9 +137,32 @@ TEST(ConfigDerived, BothGivenTheLayerUsesExpandRatio) {
   EXPECT_EQ(m.heads(), 4);
   EXPECT_EQ(m.key_dim(), 16);
   EXPECT_EQ(m.value_dim(), 16);
-  // and parse_config accepts the combination (fla stores both)
-  const Config c = parse_config(with_value("model.num_heads", "2").text, kSource);
+  // parse_config accepts both when they agree (fla stores both) and refuses a num_heads that would be ignored.
+  const Config c = parse_config(with_value("model.num_heads", "4").text, kSource);
   EXPECT_EQ(c.model.heads(), 4);
+  const Edited contradicting = with_value("model.num_heads", "2");
+  const std::string message = error_of(contradicting.text);
+  EXPECT_NE(message.find(at(contradicting.line, contradicting.column) + "model.num_heads: contradicts "
+                         "model.expand_ratio = 16"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.num_heads = 2"), std::string::npos) << message;
+}
+
+TEST(ConfigRejected, EmptyCommentOnlyOrNulFilledFileIsNamedAsSuch) {
+  for (const std::string& text : {std::string(), std::string("# only a comment\n\n"), std::string(64, '\0'),
+                                  std::string("\n   \n")}) {
+    const std::string message = error_of(text);
+    EXPECT_EQ(message.find("model.expand_ratio"), std::string::npos) << message;
+    EXPECT_EQ(message.rfind(std::string(kSource) + ": ", 0), 0u) << message;
+    EXPECT_TRUE(message.find("empty or unreadable") != std::string::npos || message.find("NUL byte") != std::string::npos)
+        << message;
+  }
+}
+
+TEST(ConfigRejected, SecondYamlDocumentIsRefused) {
+  const std::string text = base_yaml() + "---\ntraining:\n  lr: 1.0\n";
+  const std::string message = error_of(text);
+  EXPECT_NE(message.find("expected one YAML document, got 2"), std::string::npos) << message;
+  EXPECT_EQ(message.rfind(std::string(kSource) + ":", 0), 0u) << message;
 }
 
 TEST(ConfigDerived, NeitherIsAnError) {

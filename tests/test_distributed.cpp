@@ -226,7 +226,8 @@ TEST(Distributed, TwoRankZeroOneRunResumesBitwise) {
 // A long 2-rank run; once it is training, send `signal` to rank 1 (found by the launcher's rank variable in its
 // environment) and time how long the job takes to end. KILL: the launcher notices the death and stops rank 0.
 // STOP: rank 1 hangs without dying, which no launcher notices; rank 0's watchdog must end it after
-// training.collective_timeout_s instead of waiting in its collective forever. Returns the job's log.
+// training.collective_timeout_s instead of waiting in its collective forever. Either way no rank may be left
+// behind once the job has ended (a stopped one included). Returns the job's log.
 std::string expect_signalled_rank_ends_the_run(const std::string& device, const std::string& signal, long max_ms,
                                                int timeout_s) {
   testing::ScratchDir dir;
@@ -240,19 +241,25 @@ std::string expect_signalled_rank_ends_the_run(const std::string& device, const 
       "sent=0\n" +
       "for p in $(pgrep -f " + shell_quote("logging.run_dir=" + run) + "); do\n" +
       "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -" + signal +
-      " $p && sent=1\n" +
+      " $p && sent=$p\n" +
       "done\n" +
-      "[ $sent = 1 ] || { kill $job; echo 'no rank 1 process found to signal'; exit 0; }\n" +
+      "[ $sent != 0 ] || { kill $job; echo 'no rank 1 process found to signal'; exit 0; }\n" +
       "start=$(date +%s%N); wait $job; rc=$?; end=$(date +%s%N)\n" +
-      "echo \"rc=$rc ms=$(( (end - start) / 1000000 ))\"\n";
+      // A process that still exists and is not a zombie after a grace period was left behind (then ended here).
+      "left=0; for i in $(seq 20); do s=$(awk '{print $3}' /proc/$sent/stat 2>/dev/null); "
+      "[ -z \"$s\" ] || [ \"$s\" = Z ] && break; sleep 0.1; done\n" +
+      "s=$(awk '{print $3}' /proc/$sent/stat 2>/dev/null); "
+      "[ -n \"$s\" ] && [ \"$s\" != Z ] && { left=1; kill -KILL $sent; }\n" +
+      "echo \"rc=$rc ms=$(( (end - start) / 1000000 )) left=$left\"\n";
   std::ofstream(dir / "signal.sh") << script;
   auto r = run_command("bash " + shell_quote(dir / "signal.sh"));
   std::ifstream log_file(dir / "log.txt");
   const std::string log((std::istreambuf_iterator<char>(log_file)), std::istreambuf_iterator<char>());
-  int rc = -1;
+  int rc = -1, left = -1;
   long ms = -1;
-  EXPECT_EQ(std::sscanf(r.out.c_str(), "rc=%d ms=%ld", &rc, &ms), 2) << r.out << r.err;
+  EXPECT_EQ(std::sscanf(r.out.c_str(), "rc=%d ms=%ld left=%d", &rc, &ms, &left), 3) << r.out << r.err;
   EXPECT_NE(rc, 0) << log;
+  EXPECT_EQ(left, 0) << "rank 1 (SIG" << signal << ") was still there after the job ended\n" << log;
   EXPECT_LT(ms, max_ms) << "the job took " << ms << " ms to end after rank 1 got SIG" << signal << "\n" << log;
   return log;
 }

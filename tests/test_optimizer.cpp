@@ -287,6 +287,31 @@ TEST(ClipGradNorm, FoldedIntoTheStepGivesTheSameBitsAsScalingInPlace) {
   EXPECT_THROW(opt.step(1e-2, std::nan("")), Error);
 }
 
+// A NaN or inf gradient makes clip_and_step skip the update: weights, moments and the step count stay as they were
+// (with and without clipping), and the next finite step continues as if the skipped one had not happened.
+TEST(ClipGradNorm, NonFiniteGradientSkipsTheWholeUpdate) {
+  for (double max_norm : {1.0, 0.0})
+    for (double bad : {std::nan(""), static_cast<double>(INFINITY)}) {
+      Var p = param_from({0.5, -1.0, 2.0}, DType::F32), reference = param_from({0.5, -1.0, 2.0}, DType::F32);
+      AdamW opt({{p, true}}, AdamWConfig{}), ref_opt({{reference, true}}, AdamWConfig{});
+      set_grad(p, {0.1, 0.2, 0.3});
+      set_grad(reference, {0.1, 0.2, 0.3});
+      opt.clip_and_step(1e-2, max_norm)();
+      ref_opt.clip_and_step(1e-2, max_norm)();
+      const std::vector<double> weights = p->value.to_double_vector(), m = opt.first_moments()[0].to_double_vector();
+      set_grad(p, {0.1, bad, 0.3});
+      EXPECT_FALSE(std::isfinite(opt.clip_and_step(1e-2, max_norm)()));
+      EXPECT_EQ(p->value.to_double_vector(), weights);
+      EXPECT_EQ(opt.first_moments()[0].to_double_vector(), m);
+      EXPECT_EQ(opt.step_count(), 1);
+      set_grad(p, {-0.2, 0.1, 0.05});
+      set_grad(reference, {-0.2, 0.1, 0.05});
+      opt.clip_and_step(1e-2, max_norm)();
+      ref_opt.clip_and_step(1e-2, max_norm)();
+      EXPECT_EQ(p->value.to_double_vector(), reference->value.to_double_vector());
+    }
+}
+
 TEST(ClipGradNorm, LargeGradientIsDeterministic) {
   // Big enough to take the chunked, threaded path; the same gradient must give the same bits every time.
   const int64_t n = 300000;

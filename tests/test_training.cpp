@@ -189,6 +189,107 @@ TEST(Training, ResumeRefusesACheckpointOfAnotherModelShape) {
   }
 }
 
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A resume may extend max_steps without a word; a changed learning rate is refused (ConfigError naming the key and
+// both values) unless allowed, and then kept as config.resume-6.yaml while config.yaml stays the original.
+TEST(Training, ResumeWithAChangedConfigIsRefusedUnlessAllowedAndKeepsTheHistory) {
+  const testing::ScratchDir scratch;
+  const std::string dir = scratch / "run";
+  std::ostringstream log;
+  Config config = resume_config(dir);
+  config.training.max_steps = 6;
+  train(config, log);
+  const std::string original = file_text(dir + "/config.yaml");
+  ASSERT_NE(original.find("max_steps: 6"), std::string::npos) << original;
+
+  Config changed = config;
+  changed.training.max_steps = 8;
+  changed.training.lr = 0.001;
+  try {
+    train(changed, log);
+    FAIL() << "a resume with another learning rate must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("training.lr 0.003 -> 0.001"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("max_steps"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/checkpoints/step_00000008.h5"));
+  EXPECT_EQ(file_text(dir + "/config.yaml"), original);
+
+  std::ostringstream allowed_log;
+  const TrainingSummary s = train(changed, allowed_log, TrainOptions{/*allow_config_change=*/true});
+  EXPECT_EQ(s.steps, 8);
+  EXPECT_NE(allowed_log.str().find("config change on resume: training.lr: 0.003 -> 0.001"), std::string::npos)
+      << allowed_log.str();
+  EXPECT_EQ(file_text(dir + "/config.yaml"), original);
+  const std::string history = file_text(dir + "/config.resume-6.yaml");
+  EXPECT_NE(history.find("#   training.lr: 0.003 -> 0.001"), std::string::npos) << history;
+  EXPECT_NE(history.find("  lr: 0.001"), std::string::npos) << history;
+
+  // Only a longer run: allowed as it is.
+  Config longer = changed;
+  longer.training.max_steps = 10;
+  EXPECT_EQ(train(longer, log).steps, 10);
+}
+
+// A run killed after its last checkpoint (simulated: the steps after it logged, the checkpoint of step 12 missing,
+// a last line cut short) and resumed leaves each step once in metrics.jsonl, with a record of where it resumed.
+TEST(Training, ResumedRunLeavesNoDuplicateStepsInTheMetrics) {
+  const testing::ScratchDir scratch;
+  const std::string dir = scratch / "run";
+  std::ostringstream log;
+  Config config = resume_config(dir);
+  config.logging.log_interval = 1;
+  config.checkpoint.keep_last = 5;
+  train(config, log);
+  std::filesystem::remove(dir + "/checkpoints/step_00000012.h5");
+  std::ofstream(dir + "/metrics.jsonl", std::ios::app) << "{\"kind\": \"train\", \"step\": 13, \"lo";
+  train(config, log);
+  std::vector<int64_t> train_steps;
+  int resumes = 0;
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.at("kind") == "train") train_steps.push_back(record.at("step").get<int64_t>());
+    if (record.at("kind") == "resume") {
+      ++resumes;
+      EXPECT_EQ(record.at("step"), 6) << line;
+    }
+  }
+  ASSERT_EQ(train_steps.size(), 12u);
+  for (size_t i = 0; i < train_steps.size(); ++i) EXPECT_EQ(train_steps[i], static_cast<int64_t>(i) + 1);
+  EXPECT_EQ(resumes, 1);
+}
+
+// lr 1e300 makes the first update overflow the weights: every later step is non-finite, is skipped and recorded,
+// and after training.max_nonfinite_steps in a row the run stops with a clear message (not an internal check).
+TEST(Training, NonFiniteStepsAreSkippedCountedAndStopTheRun) {
+  const testing::ScratchDir scratch;
+  const std::string dir = scratch / "run";
+  std::ostringstream log;
+  Config config = resume_config(dir);
+  config.training.lr = 1e300;
+  config.training.warmup_steps = 0;
+  config.training.max_nonfinite_steps = 3;
+  try {
+    train(config, log);
+    FAIL() << "a diverged run must stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("training diverged: 3 steps in a row"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("training.lr"), std::string::npos) << e.what();
+  }
+  int nonfinite = 0;
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    if (nlohmann::json::parse(line).at("kind") == "nonfinite") ++nonfinite;
+  EXPECT_EQ(nonfinite, 3) << log.str();
+}
+
 }  // namespace
 }  // namespace hgrn
 

@@ -61,6 +61,16 @@ int run_eval_command(const EvalArgs& args, std::ostream& out) {
   }
   const TrainingState state = load_checkpoint(path);
   const Config trained = parse_stored_config(state.config_yaml, path + " (its stored config)");
+  // The model comes from the checkpoint; a config describing another one is refused as a resume would refuse it.
+  try {
+    check_checkpoint_model(state, model_signature(config.model), path);
+  } catch (const Error& error) {
+    throw ConfigError(config.source + ": model: " + error.what());
+  }
+  for (const ConfigChange& change : config_changes(state.config_yaml, path, config))
+    if (change.key.rfind("model.", 0) == 0 && change.key.rfind("model.memory.", 0) != 0)
+      out << "note: " << change.key << " is " << change.after << " in " << config.source << " but "
+          << change.before << " in the checkpoint: evaluating the checkpoint's model\n";
   Rng unused_init(0);
   const std::unique_ptr<CausalLM> owned_model = create_model(trained.model, unused_init, DType::F32);
   CausalLM& model = *owned_model;
@@ -83,7 +93,9 @@ int run_eval_command(const EvalArgs& args, std::ostream& out) {
 
   const std::string prefix = args.data.empty() ? config.data.valid_data : args.data;
   HGRN_CHECK(!prefix.empty(), "nothing to evaluate: the config has no data.valid_data; pass --data PREFIX");
-  TokenShardReader shard(prefix);
+  const std::shared_ptr<const TokenShardReader> shard_ptr =
+      open_token_shard(config, args.data.empty() ? "data.valid_data" : "--data", prefix);
+  const TokenShardReader& shard = *shard_ptr;
   ShardEvalOptions options;
   options.seq_len = args.seq_len > 0 ? args.seq_len : config.data.seq_len;
   options.batch_size = batch_size;

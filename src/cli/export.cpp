@@ -9,6 +9,7 @@
 
 #include "core/autograd.h"
 #include "core/rng.h"
+#include "data/data_sources.h"
 #include "io/atomic_write.h"
 #include "io/checkpoint.h"
 #include "io/hdf5_export.h"
@@ -116,9 +117,14 @@ int run_export_command(const ExportArgs& args, std::ostream& out) {
   const TrainingState state = load_checkpoint(args.checkpoint_path);
   const Config config = config_of_checkpoint(state, args.checkpoint_path);
   const DType dtype = dtype_from_name(args.dtype);
+  std::string no_eos;
+  const std::optional<int64_t> eos = training_eos_id(config, &no_eos);
+  if (!no_eos.empty())
+    out << "note: bos_token_id and eos_token_id are left null: the tokenizer of the training data is not known here ("
+        << no_eos << ")\n";
 
   if (args.format == "hdf5") {
-    export_hdf5(config.model, state.params, args.out_path, dtype, args.force);
+    export_hdf5(config.model, state.params, args.out_path, dtype, args.force, eos);
     out << "exported " << state.params.size() << " tensors (" << args.dtype << ") of " << args.checkpoint_path
         << " (step " << state.step << ") to " << args.out_path << " ("
         << byte_count(fs::file_size(args.out_path)) << ")\n";
@@ -127,7 +133,7 @@ int run_export_command(const ExportArgs& args, std::ostream& out) {
 
   require_hf_form(config.model, args.out_path);
   publish_atomically(args.out_path, /*is_directory=*/true, args.force, [&](const std::string& temp_dir) {
-    write_hf_files(config.model, state.params, temp_dir, dtype, args.shard_bytes);
+    write_hf_files(config.model, state.params, temp_dir, dtype, args.shard_bytes, eos);
     if (args.reference_sequences > 0) {
       // The reference runs on the weights as exported (bf16-rounded for --dtype bf16), which is what transformers
       // loads, so the comparison measures the two forwards and not the export's rounding.

@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
       "  hgrn export --checkpoint CKPT --format hf --out DIR   # weights for transformers + fla\n"
       "  hgrn bench --config configs/hgrn2-150m.yaml   # tokens/s, MFU and peak memory on the GPU\n"
       "Run 'hgrn <command> --help' for a command's options.");
-  ConfigArgs train_args, info_args;
+  TrainArgs train_args;
+  ConfigArgs info_args;
   CLI::App* train = add_train_command(app, train_args);
   CLI::App* info = add_info_command(app, info_args);
   EvalArgs eval_args;

@@ -4,8 +4,13 @@
 
 namespace hgrn::cli {
 
-CLI::App* add_train_command(CLI::App& app, ConfigArgs& args);
+struct TrainArgs {
+  ConfigArgs config;
+  bool allow_config_change = false;  // resume although keys that change what is trained differ from the checkpoint
+};
+
+CLI::App* add_train_command(CLI::App& app, TrainArgs& args);
 // Loads the config (throws ConfigError) and trains; returns run_training's exit status.
-int run_train_command(const ConfigArgs& args);
+int run_train_command(const TrainArgs& args);
 
 }  // namespace hgrn::cli

@@ -127,6 +127,7 @@ std::vector<Field> config_fields(Config& c) {
       {"training.beta2", &t.beta2},
       {"training.adam_eps", &t.adam_eps},
       {"training.grad_clip", &t.grad_clip},
+      {"training.max_nonfinite_steps", &t.max_nonfinite_steps},
       {"training.threads", &t.threads},
       {"training.eval_interval", &t.eval_interval},
       {"training.eval_batches", &t.eval_batches},
@@ -357,7 +358,6 @@ class ConfigReader : public ConfigChecker {
   ConfigReader(Config config, std::string source) : config_(std::move(config)), source_(std::move(source)) {}
 
   void read_document(const YAML::Node& root) {
-    if (root.IsNull()) return;  // an empty file: every key keeps its default
     if (!root.IsMap())
       fail(mark_text(source_, root.Mark()), "(top level)",
            "expected a mapping with the sections " + join_list(child_names("")) + ", got " + describe(root));
@@ -629,6 +629,7 @@ void ConfigReader::validate() {
   require_positive("training.adam_eps", t.adam_eps);
   if (t.grad_clip < 0)
     fail_key("training.grad_clip", "expected 0 (off) or a positive norm, got " + format_double(t.grad_clip));
+  require_positive("training.max_nonfinite_steps", t.max_nonfinite_steps);
   require_non_negative("training.threads", t.threads);
   require_non_negative("training.eval_interval", t.eval_interval);
   if (t.eval_interval > 0) require_positive("training.eval_batches", t.eval_batches);
@@ -661,34 +662,50 @@ void ConfigReader::validate() {
 
 // ------------------------------------------------------------------------------------------------------------------
 
-Config parse_config(const std::string& yaml_text, const std::string& source_name,
-                    const std::vector<std::string>& overrides) {
-  YAML::Node root;
+namespace {
+
+// The one YAML document of a config text. Refused: invalid YAML; a text with no mapping in it at all (empty, only
+// comments or blank lines, NUL bytes), which would otherwise leave every key at its default and fail on the first
+// required one with a misleading message; and a second document after `---`, which yaml-cpp's Load would ignore.
+YAML::Node load_config_document(const std::string& yaml_text, const std::string& source_name) {
+  if (const size_t nul = yaml_text.find('\0'); nul != std::string::npos)
+    throw ConfigError(source_name + ": (file): expected a YAML text, got a NUL byte at offset " + std::to_string(nul) +
+                      " (the file is binary, truncated or zero-filled)");
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::Load(yaml_text);
+    documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& e) {
     throw ConfigError(mark_text(source_name, e.mark) + ": invalid YAML: " + e.msg);
   }
-  ConfigReader reader(source_name);
+  if (documents.size() > 1)
+    throw ConfigError(mark_text(source_name, documents[1].Mark()) + ": (top level): expected one YAML document, got " +
+                      std::to_string(documents.size()) + " (separated by ---): put every key into one document");
+  if (documents.empty() || documents[0].IsNull())
+    throw ConfigError(source_name + ": (file): the config is empty or unreadable (no keys, only comments or blank "
+                      "lines): expected a YAML mapping with the sections " + join_list(child_names("")));
+  return documents[0];
+}
+
+Config read_config(const std::string& yaml_text, const std::string& source_name,
+                   const std::vector<std::string>& overrides, bool migrate_moved_keys) {
+  const YAML::Node root = load_config_document(yaml_text, source_name);
+  ConfigReader reader(source_name, migrate_moved_keys);
   reader.read_document(root);
   for (const std::string& text : overrides) reader.apply_override(text);
   reader.validate();
   return reader.take();
 }
 
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  return read_config(yaml_text, source_name, overrides, /*migrate_moved_keys=*/false);
+}
+
 Config parse_stored_config(const std::string& yaml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(mark_text(source_name, e.mark) + ": invalid YAML: " + e.msg);
-  }
-  ConfigReader reader(source_name, /*migrate_moved_keys=*/true);
-  reader.read_document(root);
-  for (const std::string& text : overrides) reader.apply_override(text);
-  reader.validate();
-  return reader.take();
+  return read_config(yaml_text, source_name, overrides, /*migrate_moved_keys=*/true);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -737,6 +754,20 @@ std::string config_to_yaml(const Config& config) {
     out << std::string(2 * sections.size(), ' ') << leaf_name(field.path) << ": " << format_value(field.ref) << "\n";
   }
   return out.str();
+}
+
+std::vector<ConfigChange> config_changes(const std::string& before_yaml, const std::string& before_source,
+                                         const Config& after) {
+  ConfigReader reader(before_source, /*migrate_moved_keys=*/true);
+  reader.read_document(load_config_document(before_yaml, before_source));
+  Config before = reader.take(), now = after;  // config_fields binds mutable pointers; only read here
+  const std::vector<Field> old_fields = config_fields(before), new_fields = config_fields(now);
+  std::vector<ConfigChange> changes;
+  for (size_t i = 0; i < old_fields.size(); ++i) {
+    const std::string a = format_value(old_fields[i].ref), b = format_value(new_fields[i].ref);
+    if (a != b) changes.push_back({old_fields[i].path, a, b});
+  }
+  return changes;
 }
 
 TrainingConfig resolve_batch_for_world(const TrainingConfig& training, int64_t world_size) {

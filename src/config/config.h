@@ -108,6 +108,8 @@ struct TrainingConfig {
                                       // 0's checkpoint writes and evaluations, which the others wait for
   double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
   double grad_clip = 1.0;          // global gradient-norm clip; 0 disables
+  int64_t max_nonfinite_steps = 5; // a step whose loss or gradient norm is NaN/inf is skipped (weights and optimiser
+                                   // untouched); this many in a row stop the run as diverged
   int64_t threads = 0;             // CPU threads (0: all cores, shared out among the ranks on a node)
   int64_t eval_interval = 100;     // steps between evaluations; 0 disables
   int64_t eval_batches = 4;
@@ -176,5 +178,14 @@ int64_t mqar_key_count(const Config& config);
 int64_t mqar_value_count(const Config& config);
 // The resolved config as YAML (every key, defaults included), for the run directory and the printout.
 std::string config_to_yaml(const Config& config);
+
+// A key whose value differs between two configs, as config_to_yaml writes the values.
+struct ConfigChange {
+  std::string key, before, after;
+};
+// The keys whose values differ from `before_yaml` (a stored config, e.g. a checkpoint's, read as
+// parse_stored_config reads it but not validated: its data paths need not exist any more) to `after`, in file order.
+std::vector<ConfigChange> config_changes(const std::string& before_yaml, const std::string& before_source,
+                                         const Config& after);
 
 }  // namespace hgrn

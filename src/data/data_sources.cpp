@@ -10,10 +10,8 @@
 
 namespace hgrn {
 
-namespace {
-
-std::shared_ptr<const TokenShardReader> open_shard(const Config& config, const std::string& key,
-                                                   const std::string& prefix) {
+std::shared_ptr<const TokenShardReader> open_token_shard(const Config& config, const std::string& key,
+                                                         const std::string& prefix) {
   for (const std::string& file : {shard_bin_path(prefix), shard_idx_path(prefix)})
     HGRN_CHECK(std::filesystem::exists(file), key, " = ", prefix, ": ", file,
                " does not exist: run `hgrn prepare` to write the shards first (see README, Data)");
@@ -28,8 +26,6 @@ std::shared_ptr<const TokenShardReader> open_shard(const Config& config, const s
   return shard;
 }
 
-}  // namespace
-
 std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t seed, int64_t rank,
                                                   int64_t world_size) {
   const DataConfig& d = config.data;
@@ -41,7 +37,7 @@ std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t
   options.rank = rank;
   options.world_size = world_size;
   options.shuffle = d.shuffle;
-  return std::make_unique<WindowSampler>(open_shard(config, "data.train_data", d.train_data), options);
+  return std::make_unique<WindowSampler>(open_token_shard(config, "data.train_data", d.train_data), options);
 }
 
 std::unique_ptr<BatchSource> make_evaluation_source(const Config& config, uint64_t seed) {
@@ -51,7 +47,18 @@ std::unique_ptr<BatchSource> make_evaluation_source(const Config& config, uint64
   WindowSamplerOptions options;
   options.seq_len = d.seq_len;
   options.shuffle = false;
-  return std::make_unique<WindowSampler>(open_shard(config, "data.valid_data", d.valid_data), options);
+  return std::make_unique<WindowSampler>(open_token_shard(config, "data.valid_data", d.valid_data), options);
+}
+
+std::optional<int64_t> training_eos_id(const Config& config, std::string* why) {
+  if (config.data.task == "mqar") return std::nullopt;
+  const std::string sidecar = shard_json_path(config.data.train_data);
+  try {
+    return read_shard_metadata(sidecar).eos_id;
+  } catch (const Error& error) {
+    if (why) *why = error.what();
+    return std::nullopt;
+  }
 }
 
 std::optional<double> chance_accuracy(const Config& config) {

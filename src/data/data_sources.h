@@ -8,6 +8,10 @@
 #include "data/batch_source.h"
 
 namespace hgrn {
+class TokenShardReader;
+}
+
+namespace hgrn {
 
 // The training stream of data-parallel rank `rank` of `world_size`, seeded by `seed`.
 std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t seed, int64_t rank = 0,
@@ -15,6 +19,13 @@ std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t
 // The held-out stream (read from cursor 0 at every evaluation): MQAR sequences of another seed, or the validation
 // shard's windows in order. nullptr when the config has no held-out data (tokens without data.valid_data).
 std::unique_ptr<BatchSource> make_evaluation_source(const Config& config, uint64_t seed);
+// Opens the shard at `prefix` (named `key` in messages: the config key or option it came from) and checks its
+// vocabulary (sidecar) against model.vocab_size, so that a mismatch is one clear message.
+std::shared_ptr<const TokenShardReader> open_token_shard(const Config& config, const std::string& key,
+                                                         const std::string& prefix);
+// The end-of-document token id of the tokenizer a run trains with, from its training shard's sidecar: nullopt for
+// MQAR (no tokenizer) and where the sidecar cannot be read (`why`, when given, then says what is missing).
+std::optional<int64_t> training_eos_id(const Config& config, std::string* why = nullptr);
 // For MQAR: the accuracy of guessing among the values; nullopt for real text.
 std::optional<double> chance_accuracy(const Config& config);
 

@@ -2,6 +2,7 @@
 // and without mpirun. MPI_CHECK (dist/mpi_check.h) turns a failing MPI call into an Error naming the rank and call.
 #include "dist/world.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,7 +10,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <system_error>
 #include <thread>
+#include <vector>
 
 #include "core/check.h"
 #include "dist/mpi_check.h"
@@ -49,6 +53,23 @@ std::atomic<long long> waiting_since_ns{0};
 std::atomic<double> waiting_floor_s{0};
 std::atomic<double> peer_timeout_s{0};
 
+// The process ids of this node's other ranks, gathered at start-up.
+std::vector<int> node_peer_pids;
+
+// Ends this node's other ranks with SIGKILL, which also ends a rank stopped by SIGSTOP (a stopped process would not
+// act on the launcher's SIGTERM, and a job that has given up on it must not leave it behind). Only processes still
+// running this same executable are signalled, so a process id reused since start-up is left alone. Ranks on other
+// nodes are the launcher's (mpirun, srun) to end: this one exits non-zero, which makes it end the job.
+void kill_node_peers() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return;
+  for (int pid : node_peer_pids) {
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec);
+    if (!ec && exe == self) ::kill(pid, SIGKILL);
+  }
+}
+
 long long now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -68,6 +89,7 @@ void watchdog() {
                    the_world.rank, the_world.size, what, waited, peer_timeout_s.load(),
                    timeout > peer_timeout_s.load() ? ", at least 300 during start-up" : "");
       std::fflush(stderr);
+      kill_node_peers();
       _exit(1);  // the main thread is stuck inside MPI or NCCL: no orderly shutdown is possible
     }
   }
@@ -109,6 +131,11 @@ void init_world(int* argc, char*** argv) {
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, the_world.rank, MPI_INFO_NULL, &node));
     MPI_CHECK(MPI_Comm_rank(node, &the_world.local_rank));
     MPI_CHECK(MPI_Comm_size(node, &the_world.local_size));
+    const int my_pid = static_cast<int>(::getpid());
+    std::vector<int> pids(static_cast<size_t>(the_world.local_size));
+    MPI_CHECK(MPI_Allgather(&my_pid, 1, MPI_INT, pids.data(), 1, MPI_INT, node));
+    for (int pid : pids)
+      if (pid != my_pid) node_peer_pids.push_back(pid);
     MPI_Comm_free(&node);
   }
 #else

@@ -785,15 +785,21 @@ void prune_checkpoints(const std::string& dir, int64_t keep_last, int64_t keep_e
   }
 }
 
+void check_checkpoint_model(const TrainingState& loaded, const std::string& model_signature, const std::string& path) {
+  if (loaded.model_signature != model_signature)
+    throw Error("checkpoint " + path + " was written for a different model: its model signature is '" +
+                loaded.model_signature + "', the config's is '" + model_signature +
+                "'. Use the config that wrote this checkpoint (its model section), or to train anew start a new run "
+                "with checkpoint.resume: never (or a different logging.run_dir)");
+}
+
 void check_checkpoint_compatible(const TrainingState& loaded, const std::string& model_signature, int64_t world_size,
                                  const std::vector<std::pair<std::string, Shape>>& param_shapes,
                                  const std::string& path) {
   const std::string advice =
       ". Resume with the config that wrote this checkpoint, or start a new run with checkpoint.resume: never (or a "
       "different logging.run_dir)";
-  if (loaded.model_signature != model_signature)
-    throw Error("checkpoint " + path + " was written for a different model: its model signature is '" +
-                loaded.model_signature + "', this run's is '" + model_signature + "'" + advice);
+  check_checkpoint_model(loaded, model_signature, path);
   if (loaded.world_size != world_size)
     throw Error("checkpoint " + path + " was written with world size " + std::to_string(loaded.world_size) +
                 ", this run has world size " + std::to_string(world_size) +

@@ -82,6 +82,10 @@ std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, 
 // a multiple of keep_every. Also deletes temporary files left by a writer that crashed.
 void prune_checkpoints(const std::string& dir, int64_t keep_last, int64_t keep_every);
 
+// The model part of check_checkpoint_compatible, for any use of a checkpoint with a config (resume, eval): the
+// checkpoint's model signature equals `model_signature`. Throws hgrn::Error with both signatures.
+void check_checkpoint_model(const TrainingState& loaded, const std::string& model_signature, const std::string& path);
+
 // Checks that a loaded checkpoint (from `path`, for messages) fits the current run: same model signature, world
 // size, and parameter names and shapes in the same order. Throws hgrn::Error saying which field differs, both
 // values, and what to do (resume with the config that wrote it, or start over with checkpoint.resume: never).

@@ -110,7 +110,7 @@ class WeightsWriter {
 }  // namespace
 
 void export_hdf5(const ModelConfig& config, const NamedTensors& params, const std::string& out_file, DType dtype,
-                 bool overwrite) {
+                 bool overwrite, std::optional<int64_t> eos_token_id) {
   hdf5::prepare_library();
   HGRN_CHECK(dtype == DType::F32 || dtype == DType::BF16, "HDF5 export to ", out_file, ": dtype ", dtype_name(dtype),
              " is not offered (use fp32 or bf16)");
@@ -127,7 +127,7 @@ void export_hdf5(const ModelConfig& config, const NamedTensors& params, const st
     converted.emplace_back(specs[i].name, std::move(stored));
   }
 
-  const std::string config_json = hf_config_json(config, dtype);
+  const std::string config_json = hf_config_json(config, dtype, eos_token_id);
   publish_atomically(out_file, /*is_directory=*/false, overwrite, [&](const std::string& temp_path) {
     WeightsWriter(temp_path).write(config_json, converted);
   });

@@ -20,7 +20,8 @@ inline constexpr const char* kHdf5WeightsFormat = "hgrn-weights-v1";
 // Writes the file atomically (temporary sibling, fsync, rename). params: hgrn's parameters by fla name (fp32),
 // matching model_param_specs(config); dtype F32 or BF16. An existing out_file is refused unless `overwrite`.
 // Throws hgrn::Error naming the file and what failed.
+// eos_token_id goes into the stored config.json (hf_config_json).
 void export_hdf5(const ModelConfig& config, const NamedTensors& params, const std::string& out_file, DType dtype,
-                 bool overwrite = false);
+                 bool overwrite = false, std::optional<int64_t> eos_token_id = std::nullopt);
 
 }  // namespace hgrn

@@ -87,7 +87,7 @@ std::vector<const Tensor*> match_params_to_specs(const std::vector<ParamSpec>& s
   return ordered;
 }
 
-std::string hf_config_json(const ModelConfig& config, DType dtype) {
+std::string hf_config_json(const ModelConfig& config, DType dtype, std::optional<int64_t> eos_token_id) {
   json c = json::object();
   c["hidden_size"] = config.hidden_size;
   c["num_hidden_layers"] = config.num_hidden_layers;
@@ -111,8 +111,8 @@ std::string hf_config_json(const ModelConfig& config, DType dtype) {
   c["attnres_block_size"] = nullptr;
   c["use_cache"] = true;
   c["pad_token_id"] = nullptr;
-  c["bos_token_id"] = 1;
-  c["eos_token_id"] = 2;
+  c["bos_token_id"] = eos_token_id ? json(*eos_token_id) : json(nullptr);
+  c["eos_token_id"] = eos_token_id ? json(*eos_token_id) : json(nullptr);
   // fla's fused kernels: training-time choices of the loading side, recorded at HGRN2Config's defaults.
   c["fuse_norm"] = true;
   c["fuse_swiglu"] = true;
@@ -130,7 +130,7 @@ void require_hf_form(const ModelConfig& config, const std::string& out_dir) {
 }
 
 void write_hf_files(const ModelConfig& config, const NamedTensors& params, const std::string& dir, DType dtype,
-                    int64_t shard_bytes) {
+                    int64_t shard_bytes, std::optional<int64_t> eos_token_id) {
   require_hf_form(config, dir);
   torch_dtype_name(dtype);  // refuses dtypes other than F32 and BF16 before anything is written
   const std::vector<ParamSpec> specs = model_param_specs(config);
@@ -143,7 +143,7 @@ void write_hf_files(const ModelConfig& config, const NamedTensors& params, const
     converted.emplace_back(specs[i].name, tensor.dtype() == dtype ? tensor : tensor.to(dtype));
   }
   write_safetensors_model(dir, converted, shard_bytes);
-  write_file_atomically((fs::path(dir) / kConfigFile).string(), hf_config_json(config, dtype));
+  write_file_atomically((fs::path(dir) / kConfigFile).string(), hf_config_json(config, dtype, eos_token_id));
 }
 
 void export_hf(const ModelConfig& config, const NamedTensors& params, const std::string& out_dir, DType dtype,

@@ -5,6 +5,7 @@
 // and hgrn reads one back (from fla or from hgrn) with read_hf_config + read_hf_weights.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "config/config.h"
@@ -24,8 +25,10 @@ std::vector<const Tensor*> match_params_to_specs(const std::vector<ParamSpec>& s
 
 // config.json for this model: every HGRN2Config field of spec section 5.1, at hgrn's resolved values (num_heads,
 // expand_ratio and intermediate_size resolved as fla does), torch_dtype naming `dtype` (F32 or BF16). Pretty-printed
-// with a trailing newline.
-std::string hf_config_json(const ModelConfig& config, DType dtype);
+// with a trailing newline. bos_token_id and eos_token_id are `eos_token_id`, the end-of-document token of the
+// tokenizer the model was trained with (training_eos_id: documents follow it, so it also starts one), or null where
+// there is none (MQAR) or it is not known.
+std::string hf_config_json(const ModelConfig& config, DType dtype, std::optional<int64_t> eos_token_id = std::nullopt);
 
 // Throws hgrn::Error naming out_dir when the model has no Hugging Face form (ModelFamily::hf_export_refusal): called
 // before anything is written by export_hf and the CLI, and again by write_hf_files.
@@ -36,7 +39,7 @@ void require_hf_form(const ModelConfig& config, const std::string& out_dir);
 // model_param_specs(config) exactly in names and shapes (a tied model has no lm_head.weight). Not atomic by itself:
 // export_hf wraps it; the CLI also uses it to add files to the same directory before it is published.
 void write_hf_files(const ModelConfig& config, const NamedTensors& params, const std::string& dir, DType dtype,
-                    int64_t shard_bytes);
+                    int64_t shard_bytes, std::optional<int64_t> eos_token_id = std::nullopt);
 
 // write_hf_files into out_dir, atomically: everything goes to out_dir.tmp-<pid>, which is renamed to out_dir only
 // once complete. An existing non-empty out_dir is refused unless `overwrite`, and then replaced only after the new

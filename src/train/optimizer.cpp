@@ -208,11 +208,17 @@ std::function<double()> AdamW::clip_and_step(double lr, double max_norm,
   if (any && all_on_gpu && !total_over_ranks) {
     Tensor sum_of_squares = Tensor::empty({}, DType::F64, Device::CUDA);
     update(lr, 1.0, static_cast<double*>(sum_of_squares.raw_data()), max_norm);
-    return [sum_of_squares] { return std::sqrt(sum_of_squares.item()); };
+    // The device skips the whole update for a non-finite norm; the host learns of it here and takes back its count.
+    return [this, sum_of_squares, counted = false]() mutable {
+      const double norm = std::sqrt(sum_of_squares.item());
+      if (!std::isfinite(norm) && !counted) --step_count_;
+      counted = true;
+      return norm;
+    };
   }
 #endif
   const GradNorm gn = grad_norm_and_clip_factor(params_, max_norm, total_over_ranks);
-  step(lr, gn.clip_factor);
+  if (std::isfinite(gn.norm)) step(lr, gn.clip_factor);
   return [norm = gn.norm] { return norm; };
 }
 

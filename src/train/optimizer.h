@@ -48,7 +48,8 @@ class AdamW {
   // function giving the norm. Where every gradient is on the GPU and no other process shares the norm, all of it
   // happens on the device with nothing waiting for the host (the norm, the factor and the update: the same bits),
   // and the function reads the norm when called, waiting for the device then: call it once the step's work is
-  // queued.
+  // queued. A non-finite norm (NaN or inf gradients) skips the update: weights, moments and step count stay as
+  // they were, on either path.
   std::function<double()> clip_and_step(double lr, double max_norm,
                                          const std::function<double(double)>& total_over_ranks = nullptr);
   // Zeroes every defined gradient lazily (mark_grad_zero), so that the next step's first write overwrites or makes

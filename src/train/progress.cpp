@@ -3,9 +3,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/check.h"
 #include "core/format.h"
+#include "io/atomic_write.h"
 
 namespace hgrn {
 
@@ -57,6 +61,42 @@ void MetricsFile::append_eval(int64_t step, double loss, double accuracy) {
        << ", \"accuracy\": " << json_number(accuracy) << "}\n";
   out_.flush();
   HGRN_CHECK(out_.good(), "writing the metrics file '", path_, "' failed (disk full?)");
+}
+
+void MetricsFile::append_resume(int64_t step, const std::string& checkpoint) {
+  out_ << "{\"kind\": \"resume\", \"step\": " << step << ", \"checkpoint\": " << nlohmann::json(checkpoint).dump()
+       << "}\n";
+  out_.flush();
+  HGRN_CHECK(out_.good(), "writing the metrics file '", path_, "' failed (disk full?)");
+}
+
+void MetricsFile::append_nonfinite(int64_t step, double loss, double grad_norm, int64_t in_a_row) {
+  out_ << "{\"kind\": \"nonfinite\", \"step\": " << step << ", \"loss\": " << json_number(loss)
+       << ", \"grad_norm\": " << json_number(grad_norm) << ", \"in_a_row\": " << in_a_row << "}\n";
+  out_.flush();
+  HGRN_CHECK(out_.good(), "writing the metrics file '", path_, "' failed (disk full?)");
+}
+
+int64_t drop_metrics_after(const std::string& path, int64_t step) {
+  if (!std::filesystem::exists(path)) return 0;
+  std::ifstream in(path, std::ios::binary);
+  HGRN_CHECK(in, "cannot read the metrics file '", path, "'");
+  std::string kept, line;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    // A line without its newline is one a killed run was writing; a record without a step is kept as it is.
+    const bool whole = !in.eof();
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool later = record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
+                       record["step"].get<int64_t>() > step;
+    if (!whole || record.is_discarded() || later) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (dropped > 0) write_file_atomically(path, kept);
+  return dropped;
 }
 
 }  // namespace hgrn

@@ -23,12 +23,21 @@ struct StepMetrics {
 
 std::string format_progress_line(const StepMetrics& m);
 
+// Rewrites the metrics file at `path` (atomically; nothing when it does not exist) without the records of steps after
+// `step` and without a last line cut short, and returns how many lines went. A run resumed from the checkpoint of
+// `step` recomputes exactly those steps, so their records are dropped, not kept: they are written again.
+int64_t drop_metrics_after(const std::string& path, int64_t step);
+
 // Appends one JSON object per call to a file (created if missing); flushed every line so a killed run keeps it.
 class MetricsFile {
  public:
   explicit MetricsFile(const std::string& path);
   void append(const std::string& kind, const StepMetrics& m);
   void append_eval(int64_t step, double loss, double accuracy);
+  // {"kind": "resume", "step", "checkpoint"}: where a resumed run continues.
+  void append_resume(int64_t step, const std::string& checkpoint);
+  // {"kind": "nonfinite", "step", "loss", "grad_norm", "in_a_row"}: a step skipped for a NaN/inf loss or norm.
+  void append_nonfinite(int64_t step, double loss, double grad_norm, int64_t in_a_row);
 
  private:
   std::ofstream out_;

@@ -27,6 +27,8 @@
 #include "train/lm_loss.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
+#include "train/resume_config.h"
+#include "train/run_lock.h"
 #include "train/schedule.h"
 #include "train/stop_signal.h"
 #ifdef HGRN_WITH_CUDA
@@ -195,7 +197,7 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
   return r;
 }
 
-TrainingSummary train(const Config& config, std::ostream& root_log) {
+TrainingSummary train(const Config& config, std::ostream& root_log, const TrainOptions& options) {
   // Data parallelism: every rank trains; rank 0 alone prints, writes the run directory and checkpoints.
   const World& w = world();
   const TrainingConfig tc = resolve_batch_for_world(config.training, w.size);
@@ -239,14 +241,42 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   log << "---- resolved config (" << config.source << ") ----\n" << config_to_yaml(config) << "----\n";
   for (const std::string& note : config.notes) log << "note: " << note << "\n";
 
+  // One writer per run directory, before anything in it is read or written: rank 0 (the only rank that writes)
+  // holds the lock; the other ranks learn whether it got it, so that a refused run stops on every rank.
+  std::optional<RunDirLock> run_lock;
+  std::string lock_error;
+  if (w.is_root()) {
+    try {
+      run_lock.emplace(config.logging.run_dir);
+    } catch (const Error& error) {
+      lock_error = error.what();
+    }
+  }
+  std::vector<double> lock_failed{lock_error.empty() ? 0.0 : 1.0};
+  allreduce_sum(lock_failed);
+  if (!lock_error.empty()) throw Error(lock_error);
+  HGRN_CHECK(lock_failed[0] == 0, "rank 0 could not lock logging.run_dir = ", config.logging.run_dir,
+             " (see its message)");
+
+  // The checkpoint to continue from, and whether the config may continue it, before anything is written.
+  const std::string checkpoint_dir = config.logging.run_dir + "/checkpoints";
+  const std::optional<std::string> resume_path = checkpoint_to_resume(config, checkpoint_dir, log);
+  std::optional<TrainingState> resumed;
+  std::vector<ConfigChange> config_changes_on_resume;
+  if (resume_path) {
+    resumed = load_checkpoint(*resume_path);
+    check_checkpoint_model(*resumed, model_signature(config.model), *resume_path);
+    config_changes_on_resume =
+        check_resume_config(resumed->config_yaml, *resume_path, config, options.allow_config_change, log);
+  }
   std::optional<MetricsFile> metrics;
   if (w.is_root()) {
-    std::filesystem::create_directories(config.logging.run_dir);
-    const std::string path = config.logging.run_dir + "/config.yaml";
-    std::ofstream out(path);
-    out << config_to_yaml(config);
-    HGRN_CHECK(out.good(), "cannot write the resolved config to '", path, "'");
-    metrics.emplace(config.logging.run_dir + "/" + config.logging.metrics_file);
+    record_run_config(config, resumed ? resumed->step : -1, config_changes_on_resume);
+    const std::string metrics_path = config.logging.run_dir + "/" + config.logging.metrics_file;
+    // Records of steps after the checkpoint belong to a run that was cut short; resuming recomputes those steps.
+    if (resumed) drop_metrics_after(metrics_path, resumed->step);
+    metrics.emplace(metrics_path);
+    if (resumed) metrics->append_resume(resumed->step, *resume_path);
   }
 
   const auto setup =
@@ -276,19 +306,20 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
         << "\n";
 
   // ---- resume: weights, optimiser moments, step and data cursor from a checkpoint ----
-  const std::string checkpoint_dir = config.logging.run_dir + "/checkpoints";
   int64_t start_step = 0, tokens_seen = 0;
-  if (std::optional<std::string> path = checkpoint_to_resume(config, checkpoint_dir, log)) {
-    TrainingState state = load_checkpoint(*path);
+  if (resumed) {
+    TrainingState& state = *resumed;
+    const std::string& path = *resume_path;
     std::vector<std::pair<std::string, Shape>> shapes;
     for (const auto& [spec, var] : model.parameters()) shapes.emplace_back(spec.name, spec.shape);
-    check_checkpoint_compatible(state, model_signature(config.model), w.size, shapes, *path);
-    model.load_parameters(state.params, *path);
+    check_checkpoint_compatible(state, model_signature(config.model), w.size, shapes, path);
+    model.load_parameters(state.params, path);
     optimizer.load_state(std::move(state.adam_m), std::move(state.adam_v), state.adam_step);
     train_data->set_cursor(state.data_cursor);
     start_step = state.step;
     tokens_seen = state.tokens_seen;
-    log << "resumed from " << *path << " at step " << start_step << "\n";
+    log << "resumed from " << path << " at step " << start_step << "\n";
+    resumed.reset();  // the weights and moments now live in the model and the optimiser
   } else if (!config.checkpoint.init_from.empty()) {
     // A model made elsewhere (fla, or hgrn's own export) continues training here: same shape, fresh optimiser.
     const std::string& dir = config.checkpoint.init_from;
@@ -323,6 +354,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   Clock::time_point interval_start = loop_start;
   double interval_loss = 0, interval_targets = 0, interval_correct = 0;
   int64_t interval_steps = 0;
+  int64_t nonfinite_in_a_row = 0;
 
   if (start_step >= tc.max_steps)
     log << "the checkpoint is already at training.max_steps = " << tc.max_steps
@@ -340,13 +372,31 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
     summary.tokens_seen = tokens_seen;
     if (step == start_step) summary.first_loss = step_loss;
     summary.step_losses.push_back(step_loss);
-    interval_loss += step_loss;
-    interval_targets += static_cast<double>(step_targets);
-    interval_correct += static_cast<double>(step_correct);
-    ++interval_steps;
+    // A NaN or inf gradient norm made the optimiser skip the update (weights and moments untouched); a non-finite
+    // loss comes from non-finite logits, whose gradients are non-finite too. Such a step counts as taken (its
+    // batch is consumed, as on every rank: the loss and the norm are the same everywhere) but not in the averages.
+    if (!std::isfinite(step_loss) || !std::isfinite(grad_norm)) {
+      ++nonfinite_in_a_row;
+      ++summary.nonfinite_steps;
+      log << "step " << step + 1 << ": non-finite loss " << step_loss << " or gradient norm " << grad_norm
+          << ": update skipped (" << nonfinite_in_a_row << " in a row, training.max_nonfinite_steps = "
+          << tc.max_nonfinite_steps << ")" << std::endl;
+      if (metrics) metrics->append_nonfinite(step + 1, step_loss, grad_norm, nonfinite_in_a_row);
+      HGRN_CHECK(nonfinite_in_a_row < tc.max_nonfinite_steps, "training diverged: ", nonfinite_in_a_row,
+                 " steps in a row up to step ", step + 1, " had a non-finite loss or gradient norm (training."
+                 "max_nonfinite_steps = ", tc.max_nonfinite_steps, "). Lower training.lr (now ", tc.lr,
+                 ") or lengthen training.warmup_steps, then resume from the last checkpoint in ", checkpoint_dir,
+                 " with --allow-config-change");
+    } else {
+      nonfinite_in_a_row = 0;
+      interval_loss += step_loss;
+      interval_targets += static_cast<double>(step_targets);
+      interval_correct += static_cast<double>(step_correct);
+      ++interval_steps;
+    }
 
     const bool last = step + 1 == tc.max_steps;
-    if ((step + 1) % config.logging.log_interval == 0 || last || step == start_step) {
+    if (((step + 1) % config.logging.log_interval == 0 || last || step == start_step) && interval_steps > 0) {
       device_synchronize();  // the GPU may still run the update: time what was done
       const double elapsed = seconds_since(loop_start);
       const double interval_s = seconds_since(interval_start);
@@ -410,9 +460,9 @@ TrainingSummary train(const Config& config, std::ostream& root_log) {
   return summary;
 }
 
-int run_training(const Config& config) {
+int run_training(const Config& config, const TrainOptions& options) {
   install_stop_signal_handlers();
-  return train(config, std::cout).stopped_by_signal ? kExitStoppedBySignal : 0;
+  return train(config, std::cout, options).stopped_by_signal ? kExitStoppedBySignal : 0;
 }
 
 }  // namespace hgrn

@@ -24,6 +24,7 @@ struct TrainingSummary {
   double chance_accuracy = 0; // what guessing would score on the task
   double wall_s = 0;
   std::vector<double> step_losses;  // the training loss of every step this run took, in order
+  int64_t nonfinite_steps = 0;      // steps skipped for a non-finite loss or gradient norm
   bool stopped_by_signal = false;   // SIGTERM/SIGINT: stopped early after writing a checkpoint
 };
 
@@ -57,11 +58,16 @@ DType activation_dtype(const std::string& precision, Device device);
 // The seed of the held-out MQAR stream a run with this training.seed evaluates on (its evaluations and `hgrn eval`).
 uint64_t evaluation_data_seed(uint64_t seed);
 
-// Trains the model the config describes, writing progress to `log` and metrics/config into logging.run_dir.
-TrainingSummary train(const Config& config, std::ostream& log);
+struct TrainOptions {
+  bool allow_config_change = false;  // resume even when keys that change what is trained differ from the checkpoint's
+};
+
+// Trains the model the config describes, writing progress to `log` and metrics/config into logging.run_dir (which
+// it locks for the run: a second trainer on the same directory is refused).
+TrainingSummary train(const Config& config, std::ostream& log, const TrainOptions& options = {});
 
 // `hgrn train`: train() with progress on stdout and the stop-signal handlers installed; returns the process exit
 // status: 0 when max_steps were reached, kExitStoppedBySignal (75) after a graceful stop on SIGTERM/SIGINT.
-int run_training(const Config& config);
+int run_training(const Config& config, const TrainOptions& options = {});
 
 }  // namespace hgrn

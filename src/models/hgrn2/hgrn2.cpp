@@ -117,6 +117,13 @@ class Hgrn2Family final : public ModelFamily {
                                                 " (value width = hidden_size / num_heads), got " +
                                                 std::to_string(*m.num_heads));
     }
+    // fla takes H from expand_ratio when both are set; a num_heads that disagrees would be silently ignored.
+    if (m.expand_ratio && m.num_heads && m.hidden_size / *m.expand_ratio != *m.num_heads)
+      checker.fail_key("model.num_heads",
+                       "contradicts model.expand_ratio = " + std::to_string(*m.expand_ratio) + ": with hidden_size " +
+                           std::to_string(m.hidden_size) + " that gives " + std::to_string(m.hidden_size / *m.expand_ratio) +
+                           " heads, but model.num_heads = " + std::to_string(*m.num_heads) +
+                           "; set only one of them, or both consistently (num_heads = hidden_size / expand_ratio)");
   }
 
   std::string mixer_summary(const ModelConfig& c) const override {
