@@ -152,8 +152,9 @@ void expect_multi_rank_resume_is_bitwise(const testing::ScratchDir& dir, const s
     EXPECT_EQ(std::memcmp(ta.adam_v[p].raw_data(), tb.adam_v[p].raw_data(), ta.adam_v[p].nbytes()), 0)
         << ta.params[p].first;
   }
-  // One process cannot continue a multi-rank checkpoint: the world size is part of what must match.
-  auto single = run_hgrn({"train", "-c", config, "--set", "logging.run_dir=" + dir / "straight"});
+  // One process cannot continue a multi-rank checkpoint: the world size is part of what must match, even where the
+  // config changes that a resume refuses by default are allowed.
+  auto single = run_hgrn({"train", "-c", config, "--allow-config-change", "--set", "logging.run_dir=" + dir / "straight"});
   EXPECT_NE(single.status, 0);
   EXPECT_NE(single.err.find("world"), std::string::npos) << single.err;
 }
