@@ -1,13 +1,23 @@
 // test_generate.cpp: generation: prefill plus decode steps against the full forward for every member, greedy and
-// seeded decoding repeating, and the sampling rules on hand-made distributions.
+// seeded decoding repeating, the sampling rules on hand-made distributions, and `hgrn generate` end to end with its
+// refusals of bad input.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
+#include "cli/common.h"
+#include "data/tokenizer.h"
+#include "hgrn_binary.h"
+#include "io/checkpoint.h"
+#include "io/hf_export.h"
 #include "model_fixtures.h"
 #include "models/generation.h"
 #include "models/sampling.h"
+#include "scratch_dir.h"
 
 namespace hgrn {
 namespace {
@@ -255,6 +265,106 @@ TEST(Sampling, RefusesOptionsOutOfRange) {
   refused([](SamplingOptions& o) { o.top_p = 1.5; });
   refused([](SamplingOptions& o) { o.repetition_penalty = 0; });
   EXPECT_NO_THROW(check_sampling_options(SamplingOptions{}));
+}
+
+// ---- hgrn generate ----
+
+using testing::run_hgrn;
+using testing::ScratchDir;
+
+// An HGRN2 checkpoint of an MQAR run (which records no tokenizer) with the given vocabulary.
+std::string write_checkpoint(const std::string& dir, int64_t vocab_size) {
+  Config config;
+  config.model.hidden_size = 16;
+  config.model.num_hidden_layers = 2;
+  config.model.expand_ratio = 4;
+  config.model.vocab_size = vocab_size;
+  config.model.intermediate_size = 24;
+  Rng rng(71);
+  DecoderLM model(config.model, rng);
+  TrainingState state;
+  for (const auto& [spec, var] : model.parameters()) {
+    state.params.emplace_back(spec.name, var->value.clone());
+    state.adam_m.push_back(Tensor::zeros(spec.shape, DType::F32));
+    state.adam_v.push_back(Tensor::zeros(spec.shape, DType::F32));
+  }
+  state.config_yaml = config_to_yaml(config);
+  state.model_signature = "generate test";
+  state.hgrn_version = HGRN_VERSION;
+  state.git_commit = HGRN_GIT_COMMIT;
+  return save_checkpoint(dir, state);
+}
+
+class GenerateCli : public ::testing::Test {
+ protected:
+  void SetUp() override { checkpoint_ = write_checkpoint(dir_ / "checkpoints", 264); }
+  ScratchDir dir_;
+  std::string checkpoint_;
+};
+
+TEST_F(GenerateCli, GreedyTextRepeatsAndTheJsonRecordsIt) {
+  const std::string json_path = dir_ / "out.json";
+  const std::vector<std::string> args = {"generate", "--checkpoint", checkpoint_, "--tokenizer", "byte", "--prompt",
+                                         "Hello", "--temperature", "0", "-n", "16", "--json", json_path};
+  const testing::CommandResult first = run_hgrn(args);
+  ASSERT_EQ(first.status, 0) << first.err;
+  EXPECT_EQ(first.out.rfind("Hello", 0), 0u) << first.out;  // the prompt, then its continuation
+  EXPECT_NE(first.err.find("tokens/s"), std::string::npos) << first.err;
+  const testing::CommandResult second = run_hgrn(args);
+  EXPECT_EQ(second.out, first.out);
+  std::ifstream in(json_path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["prompt_ids"].get<std::vector<int32_t>>(), (std::vector<int32_t>{'H', 'e', 'l', 'l', 'o'}));
+  const std::vector<int32_t> ids = j["samples"][0]["ids"];
+  EXPECT_LE(ids.size(), 16u);
+  EXPECT_EQ(ids.size() == 16u, !j["samples"][0]["stopped_at_eos"].get<bool>());
+  EXPECT_EQ(first.out, "Hello" + make_byte_tokenizer()->decode(ids) + "\n");
+}
+
+TEST_F(GenerateCli, AnHfDirectoryGeneratesWhatItsCheckpointDoes) {
+  const TrainingState state = load_checkpoint(checkpoint_);
+  const Config config = cli::config_of_checkpoint(state, checkpoint_);
+  export_hf(config.model, state.params, dir_ / "hf", DType::F32);
+  const std::vector<std::string> rest = {"--prompt", "ab", "--seed", "3", "--top-k", "20", "-n", "12"};
+  std::vector<std::string> from_checkpoint = {"generate", "--checkpoint", checkpoint_, "--tokenizer", "byte"};
+  std::vector<std::string> from_hf = {"generate", "--hf", dir_ / "hf", "--tokenizer", "byte"};
+  from_checkpoint.insert(from_checkpoint.end(), rest.begin(), rest.end());
+  from_hf.insert(from_hf.end(), rest.begin(), rest.end());
+  const testing::CommandResult a = run_hgrn(from_checkpoint), b = run_hgrn(from_hf);
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+  // Without a tokenizer.json in the directory and no --tokenizer, it says what to pass.
+  const testing::CommandResult none = run_hgrn({"generate", "--hf", dir_ / "hf", "--prompt", "ab"});
+  EXPECT_EQ(none.status, 2);
+  EXPECT_NE(none.err.find("--tokenizer"), std::string::npos) << none.err;
+}
+
+TEST_F(GenerateCli, BadInputIsAClearErrorWithStatusTwo) {
+  const auto expect_refused = [](const testing::CommandResult& r, const std::string& says) {
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+  };
+  // The checkpoint's run trained on MQAR: no tokenizer recorded.
+  expect_refused(run_hgrn({"generate", "--checkpoint", checkpoint_, "--prompt", "x"}), "records no tokenizer");
+  expect_refused(run_hgrn({"generate", "--checkpoint", checkpoint_, "--tokenizer", "byte", "--prompt", ""}),
+                 "the prompt is empty");
+  std::ofstream(dir_ / "empty.txt").flush();
+  expect_refused(
+      run_hgrn({"generate", "--checkpoint", checkpoint_, "--tokenizer", "byte", "--prompt-file", dir_ / "empty.txt"}),
+      "the prompt is empty");
+  // The byte tokenizer's 257 ids do not fit a vocabulary of 200.
+  const std::string small = write_checkpoint(dir_ / "small", 200);
+  expect_refused(run_hgrn({"generate", "--checkpoint", small, "--tokenizer", "byte", "--prompt", "x"}),
+                 "more than the model's vocabulary of 200");
+  expect_refused(run_hgrn({"generate", "--checkpoint", checkpoint_, "--tokenizer", dir_ / "missing.json",
+                           "--prompt", "x"}),
+                 "missing.json");
+  expect_refused(run_hgrn({"generate", "--checkpoint", checkpoint_, "--tokenizer", "byte", "--prompt", "x",
+                           "--top-p", "1.5"}),
+                 "--top-p");
+  expect_refused(run_hgrn({"generate", "--tokenizer", "byte", "--prompt", "x"}), "--checkpoint");
+  expect_refused(run_hgrn({"generate", "--checkpoint", checkpoint_, "--tokenizer", "byte"}), "--prompt");
 }
 
 }  // namespace
