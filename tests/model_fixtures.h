@@ -1,5 +1,9 @@
-// model_fixtures.h: what the whole-model tests share: random token ids and the next-token loss over every position.
+// model_fixtures.h: what the whole-model tests share: the tiny model of every member, random token ids and the
+// next-token loss over every position.
 #pragma once
+#include <string>
+#include <vector>
+
 #include "core/rng.h"
 #include "models/decoder_lm.h"
 #include "models/registry.h"
@@ -7,6 +11,34 @@
 #include "ops/elementwise.h"
 
 namespace hgrn::testing {
+
+// HGRN2: H = 2 heads, K = 4, V = 4. HGRN1: a recurrence twice as wide as the model (fla's input_dim = D · 2), so
+// that the mixer's and the model's widths differ. "hgrn-complex": HGRN1 with model.complex.
+inline ModelConfig tiny_config(const std::string& type = "hgrn2") {
+  ModelConfig c;
+  c.type = type == "hgrn-complex" ? "hgrn" : type;
+  c.complex = type == "hgrn-complex";
+  c.hidden_size = 8;
+  c.num_hidden_layers = 3;
+  c.expand_ratio = type == "hgrn2" ? 4 : 2;
+  c.vocab_size = 11;
+  c.intermediate_size = 12;
+  c.initializer_range = 0.5;  // large weights make every path matter for the gradient check
+  return c;
+}
+
+// Every registered member, and HGRN1's complex HGRU as "hgrn-complex": what the EveryModelType suites run over.
+inline std::vector<std::string> model_variants() {
+  std::vector<std::string> v = model_type_names();
+  v.push_back("hgrn-complex");
+  return v;
+}
+
+// Lower bounds start at zero (gamma_l = l/L); random ones exercise the softmax/cumsum backward more fully.
+inline void randomise_lower_bounds(const DecoderLM& model, Rng& rng) {
+  Tensor& gamma = model.parameter("model.lower_bounds")->value;
+  for (int64_t i = 0; i < gamma.numel(); ++i) gamma.set_item(i, rng.normal());
+}
 
 // int32 ids [batch, seq], uniform over the vocabulary, drawn from rng (on the CPU; the model copies them over).
 inline Tensor token_ids(Rng& rng, int64_t batch, int64_t seq, int64_t vocab) {

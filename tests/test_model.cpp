@@ -17,24 +17,12 @@
 namespace hgrn {
 namespace {
 
-// HGRN2: H = 2 heads, K = 4, V = 4. HGRN1: a recurrence twice as wide as the model (fla's input_dim = D · 2), so
-// that the mixer's and the model's widths differ. "hgrn-complex": HGRN1 with model.complex.
-ModelConfig tiny_config(const std::string& type = "hgrn2") {
-  ModelConfig c;
-  c.type = type == "hgrn-complex" ? "hgrn" : type;
-  c.complex = type == "hgrn-complex";
-  c.hidden_size = 8;
-  c.num_hidden_layers = 3;
-  c.expand_ratio = type == "hgrn2" ? 4 : 2;
-  c.vocab_size = 11;
-  c.intermediate_size = 12;
-  c.initializer_range = 0.5;  // large weights make every path matter for the gradient check
-  return c;
-}
-
 class EveryModelType : public ::testing::TestWithParam<std::string> {};
 
 using testing::expect_fused_projections_adjacent;
+using testing::model_variants;
+using testing::randomise_lower_bounds;
+using testing::tiny_config;
 using testing::set_knob;
 using testing::model_loss;
 using testing::token_ids;
@@ -43,12 +31,6 @@ std::vector<Var> parameter_vars(const DecoderLM& model) {
   std::vector<Var> vars;
   for (const auto& [spec, var] : model.parameters()) vars.push_back(var);
   return vars;
-}
-
-// Lower bounds start at zero (gamma_l = l/L); random ones exercise the softmax/cumsum backward more fully.
-void randomise_lower_bounds(const DecoderLM& model, Rng& rng) {
-  Tensor& gamma = model.parameter("model.lower_bounds")->value;
-  for (int64_t i = 0; i < gamma.numel(); ++i) gamma.set_item(i, rng.normal());
 }
 
 TEST_P(EveryModelType, EveryParameterGradientMatchesFiniteDifferences) {
@@ -334,11 +316,6 @@ TEST_P(EveryModelType, CarriedStateEqualsOneLongSequence) {
 
 namespace hgrn {
 namespace {
-std::vector<std::string> model_variants() {
-  std::vector<std::string> v = model_type_names();
-  v.push_back("hgrn-complex");
-  return v;
-}
 INSTANTIATE_TEST_SUITE_P(Models, EveryModelType, ::testing::ValuesIn(model_variants()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;

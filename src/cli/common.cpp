@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "config/suggest.h"
+#include "io/checkpoint.h"
 
 namespace hgrn::cli {
 
@@ -80,6 +81,21 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error, int argc, ch
   }
   std::cerr << "hgrn: hint: " << hint << "\n";
   return kExitUsageError;
+}
+
+// A run on a token corpus names data files that need not exist where its checkpoint is read, and validation checks
+// them, so when the config is refused as it stands it is read once more as an MQAR config (which needs no files).
+// The original error is the one reported if that fails too.
+Config config_of_checkpoint(const TrainingState& state, const std::string& path) {
+  try {
+    return parse_stored_config(state.config_yaml, path);
+  } catch (const ConfigError& original) {
+    try {
+      return parse_stored_config(state.config_yaml, path, {"data.task=mqar"});
+    } catch (const ConfigError&) {
+      throw original;
+    }
+  }
 }
 
 }  // namespace hgrn::cli

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
+#include "io/checkpoint.h"
+
 namespace hgrn::cli {
 
 // Exit statuses: scripts can tell a bad command line or config (fix the input) from a run that failed.
@@ -27,6 +30,15 @@ std::string version_text();
 // Prints CLI11's message for a failed parse plus a hint (the closest command for a mistyped one) to stderr and
 // returns the exit status; --help and --version go through here too and return 0.
 int report_parse_error(CLI::App& app, const CLI::ParseError& error, int argc, char** argv);
+
+// Input the user must fix that is not a config key (a flag's value, a prompt, a file that does not fit): main reports
+// it with kExitUsageError.
+struct UsageError : Error {
+  using Error::Error;
+};
+
+// The run config stored in a checkpoint read from `path` (its data files need not exist here).
+Config config_of_checkpoint(const TrainingState& state, const std::string& path);
 
 // Prints "hgrn: error: <message>" to stderr.
 void print_error(const std::string& message);

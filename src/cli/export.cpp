@@ -22,22 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The checkpoint stores the whole resolved run config; only its model section matters here. A run on a token
-// corpus names data files that need not exist where the export runs, and validation checks them, so when the
-// config is refused as it stands it is read once more as an MQAR config (which needs no files). The original error
-// is the one reported if that fails too.
-Config config_of_checkpoint(const TrainingState& state, const std::string& path) {
-  try {
-    return parse_stored_config(state.config_yaml, path);
-  } catch (const ConfigError& original) {
-    try {
-      return parse_stored_config(state.config_yaml, path, {"data.task=mqar"});
-    } catch (const ConfigError&) {
-      throw original;
-    }
-  }
-}
-
 std::string byte_count(uintmax_t bytes) {
   char buffer[64];
   if (bytes >= 1'000'000)

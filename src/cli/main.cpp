@@ -1,5 +1,6 @@
-// main.cpp: the hgrn command line: train, info, eval, prepare, export, bench and --version. Each subcommand lives in
-// its own file under src/cli/; this file parses, dispatches and turns exceptions into messages and exit statuses.
+// main.cpp: the hgrn command line: train, info, eval, prepare, export, bench, generate and --version. Each subcommand
+// lives in its own file under src/cli/; this file parses, dispatches and turns exceptions into messages and exit
+// statuses.
 #include <yaml-cpp/exceptions.h>
 
 #include <iostream>
@@ -8,6 +9,7 @@
 #include "cli/common.h"
 #include "cli/eval.h"
 #include "cli/export.h"
+#include "cli/generate.h"
 #include "cli/info.h"
 #include "cli/prepare.h"
 #include "cli/train.h"
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
       "  hgrn train -c configs/mqar-tiny.yaml --set training.lr=1e-3\n"
       "  hgrn export --checkpoint CKPT --format hf --out DIR   # weights for transformers + fla\n"
       "  hgrn bench --config configs/hgrn2-150m.yaml   # tokens/s, MFU and peak memory on the GPU\n"
+      "  hgrn generate --checkpoint CKPT --prompt 'Once upon a time'   # sample from a model\n"
       "Run 'hgrn <command> --help' for a command's options.");
   TrainArgs train_args;
   ConfigArgs info_args;
@@ -43,6 +46,8 @@ int main(int argc, char** argv) {
   CLI::App* export_command = add_export_command(app, export_args);
   BenchArgs bench_args;
   CLI::App* bench = add_bench_command(app, bench_args);
+  GenerateArgs generate_args;
+  CLI::App* generate = add_generate_command(app, generate_args);
   hgrn::PrepareOptions prepare_options;
   CLI::App* prepare = add_prepare_command(app, prepare_options);
 
@@ -52,7 +57,8 @@ int main(int argc, char** argv) {
     return report_parse_error(app, error, argc, argv);
   }
 
-  // A config the loader rejects is the user's input to fix (status 2); anything else failed while running (1).
+  // A config the loader rejects, or other input a command refuses (UsageError), is the user's to fix (status 2);
+  // anything else failed while running (1).
   try {
     if (*train) return run_train_command(train_args);
     if (*info) return run_info_command(info_args, std::cout);
@@ -60,7 +66,11 @@ int main(int argc, char** argv) {
     if (*export_command) return run_export_command(export_args, std::cout);
     if (*prepare) return run_prepare_command(prepare_options);
     if (*bench) return run_bench_command(bench_args, std::cout);
+    if (*generate) return run_generate_command(generate_args, std::cout, std::cerr);
   } catch (const hgrn::ConfigError& error) {
+    print_error(error.what());
+    return kExitUsageError;
+  } catch (const UsageError& error) {
     print_error(error.what());
     return kExitUsageError;
   } catch (const YAML::Exception& error) {

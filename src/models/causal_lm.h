@@ -9,6 +9,7 @@
 #include "config/config.h"
 #include "core/autograd.h"
 #include "models/params.h"
+#include "models/token_mixer.h"
 
 namespace hgrn {
 
@@ -26,6 +27,11 @@ class CausalLM {
   virtual Var forward_hidden(Tape& tape, const Tensor& input_ids,
                              std::vector<Var>* recurrent_states = nullptr) const = 0;
   virtual const Var& lm_head() const = 0;  // [vocab, D]; the embedding matrix when tied
+  // Decoding (models/generation.h), in the recurrent form and without gradients: token_ids, int32 or int64 [B], is
+  // the next token of each sequence and `states` the layers' states after the tokens before (resized to one per
+  // layer; undefined entries are zero states, as for a first token). Advances every state by the token and returns
+  // its logits [B, vocab_size]: the logits forward gives at that position.
+  virtual Tensor decode_step(const Tensor& token_ids, std::vector<RecurrentState>& states) const = 0;
 
   // Moves every parameter to `device` (fp32 master weights stay fp32) and sets the dtype activations are computed
   // in: fp32, or bf16 on the GPU (mixed precision: GEMMs on bf16 copies of the weights, fp32 gradients).

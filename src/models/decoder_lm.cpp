@@ -234,4 +234,26 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
   return x;
 }
 
+Tensor DecoderLM::decode_step(const Tensor& token_ids, std::vector<RecurrentState>& states) const {
+  HGRN_CHECK(token_ids.dim() == 1, "decode_step takes one token per sequence [batch], got ",
+             shape_str(token_ids.shape()));
+  const int64_t batch = token_ids.size(0);
+  states.resize(config_.num_hidden_layers);
+  Tape tape;
+  tape.set_enabled(false);
+  Var h = embedding(tape, embeddings_, on_device(token_ids.reshape({batch, 1}), device_), activation_dtype_);
+  const Var gamma = config_.use_lower_bound ? lower_bound_transform(tape, lower_bounds_) : nullptr;
+  Var x = rmsnorm(tape, h, layers_.empty() ? final_norm_ : layers_[0].attn_norm, config_.norm_eps);
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) decode_layer(tape, l, gamma, x, h, states[l]);
+  return linear(tape, x, lm_head_)->value.reshape({batch, config_.vocab_size});
+}
+
+void DecoderLM::decode_layer(Tape& tape, int64_t l, const Var& gamma, Var& x, Var& h, RecurrentState& state) const {
+  const Layer& p = layers_[l];
+  h = mixer_->step(tape, MixerStep{l, config_.num_hidden_layers, &p.mixer, x, gamma, h}, state);
+  h = mlp(tape, l, rmsnorm(tape, h, p.mlp_norm, config_.norm_eps), h);
+  const Var& next_norm = l + 1 < config_.num_hidden_layers ? layers_[l + 1].attn_norm : final_norm_;
+  x = rmsnorm(tape, h, next_norm, config_.norm_eps);
+}
+
 }  // namespace hgrn

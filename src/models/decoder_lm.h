@@ -31,6 +31,7 @@ class DecoderLM final : public CausalLM {
   Var forward_hidden(Tape& tape, const Tensor& input_ids,
                      std::vector<Var>* recurrent_states = nullptr) const override;
   const Var& lm_head() const override { return lm_head_; }
+  Tensor decode_step(const Tensor& token_ids, std::vector<RecurrentState>& states) const override;
 
   void to_device(Device device, DType activation_dtype) override;
   Device device() const override { return device_; }
@@ -59,6 +60,9 @@ class DecoderLM final : public CausalLM {
   };
   // h + GatedMLP(x): down(silu(gate(x)) * up(x)), whose GEMM adds the residual stream h.
   Var mlp(Tape& tape, int64_t layer, const Var& x, const Var& h) const;
+  // One layer of a decoding step: h += TokenMixer step(x), then h += GatedMLP(mlp_norm(h)); x comes in as
+  // attn_norm(h) and leaves as the next layer's attn_norm (or the final norm) of the new h.
+  void decode_layer(Tape& tape, int64_t layer, const Var& gamma, Var& x, Var& h, RecurrentState& state) const;
   void mark_gradients_ready(Tape& tape, size_t group) const;
 
   ModelConfig config_;

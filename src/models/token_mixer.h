@@ -22,11 +22,34 @@ struct MixerCall {
   Var* state = nullptr;                 // optional carried state: in, the initial one (undefined: zero); out, final
 };
 
+// One layer's recurrent state while decoding: the fixed-size memory of everything the layer has read, however long
+// the text. Its tensor is the layer's carried state as forward gives it (HGRN2 [B, H, K, V], HGRN1 [B, E], the
+// complex HGRU [B, 2, d]), on the model's device; undefined means the zero state (nothing read yet).
+struct RecurrentState {
+  Tensor tensor;
+  // The tensor as a Var for the ops' initial_state (null for the zero state).
+  Var as_initial_state() const { return tensor.defined() ? make_var(tensor) : nullptr; }
+};
+
+// One decoding step's call of a layer's mixer: one new token per sequence, no gradients.
+struct MixerStep {
+  int64_t layer = 0;                         // ℓ
+  int64_t num_layers = 0;                    // L
+  const std::vector<Var>* weights = nullptr;  // as MixerCall::weights
+  Var x;                                     // attn_norm(h) of the new tokens [B, 1, D]
+  Var gamma;                                 // as MixerCall::gamma
+  Var h;                                     // the residual stream [B, 1, D]
+};
+
 class TokenMixer {
  public:
   virtual ~TokenMixer() = default;
   // Records the layer's mixer on the tape and returns h + Mixer(x) (the residual add made by its last GEMM).
   virtual Var forward(Tape& tape, const MixerCall& call) const = 0;
+  // The recurrent form for decoding, on a disabled tape: reads `state` (the state after the tokens before),
+  // replaces it with the state after the new token, and returns h + Mixer(x) [B, 1, D]. Given the state forward
+  // leaves after a prefix, a step gives the output forward would give at the next position.
+  virtual Var step(Tape& tape, const MixerStep& call, RecurrentState& state) const = 0;
 };
 
 // rematerialize(tape, vars, values) when memory.recompute_elementwise is on; else the values are kept.

@@ -62,6 +62,16 @@ class ComplexHgruMixer final : public TokenMixer {
     return add_bias(tape, linear(tape, normed, o_w, /*residual=*/call.h), o_b);
   }
 
+  // One token: forward's ops on one position, which run step by step (the scan's Sequential form).
+  Var step(Tape& tape, const MixerStep& call, RecurrentState& state) const override {
+    Var carried = state.as_initial_state();
+    const ModelMemoryConfig unused;  // forward reads no memory policy
+    const Var out = forward(tape, MixerCall{call.layer, call.num_layers, call.weights, &unused, call.x, call.gamma,
+                                            call.h, &carried});
+    state.tensor = carried->value;
+    return out;
+  }
+
  private:
   ModelConfig config_;
 };

@@ -88,6 +88,17 @@ class Hgrn1Mixer final : public TokenMixer {
     return out;
   }
 
+  // One token: h ← e^g ⊙ h + silu(î) ⊙ (1 − e^g), then RMSNorm(h) ⊙ silu(ĝ) and o_proj as in forward.
+  Var step(Tape& tape, const MixerStep& call, RecurrentState& state) const override {
+    const std::vector<Var>& w = *call.weights;
+    const std::vector<Var> ifg = linear_columns(tape, call.x, {w[0], w[1], w[2]});
+    const GatedScanOutputs r = lower_bounded_gated_scan(tape, ifg[0], ifg[1], call.gamma, call.layer,
+                                                        state.as_initial_state(), ScanMode::Sequential);
+    state.tensor = r.final_state->value;
+    const Var normed = rmsnorm(tape, r.output, w[3], config_.norm_eps);
+    return swiglu_linear(tape, ifg[2], normed, w[4], /*keep_hidden=*/false, /*residual=*/call.h);
+  }
+
  private:
   ModelConfig config_;
 };

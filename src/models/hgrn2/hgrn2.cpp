@@ -49,7 +49,6 @@ class Hgrn2Mixer final : public TokenMixer {
       TraceLayer trace(tape, "gates");
       gates = make_gates(tape);
     }
-    const double scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim()));  // fla's default GLA scale K^-1/2
     // As fla: the step-by-step form for short sequences (T <= 64, also in training), else the configured mode.
     // Both compute the same function; the choice is about speed.
     const int64_t seq_len = call.x->value.size(1);
@@ -62,7 +61,7 @@ class Hgrn2Mixer final : public TokenMixer {
       // fewer). The first keep_recurrence_states layers keep their per-chunk states for the backward (GPU: one state
       // pass fewer, the same bits), the rest have them recomputed there.
       r = gla_recurrence(tape, gates.q, gates.k, i, gates.g, call.state ? *call.state : nullptr, config_.heads(),
-                         scale, mode, /*chunk_size=*/0, gates.origin,
+                         scale(), mode, /*chunk_size=*/0, gates.origin,
                          /*keep_states=*/l < memory.keep_recurrence_states);
     }
     if (call.state) *call.state = r.final_state;
@@ -81,7 +80,20 @@ class Hgrn2Mixer final : public TokenMixer {
     return out;
   }
 
+  // One token: S ← Diag(e^g) S + kᵀ i per head, o = scale · q S, then g_norm and o_proj as in forward.
+  Var step(Tape& tape, const MixerStep& call, RecurrentState& state) const override {
+    const std::vector<Var>& w = *call.weights;
+    const std::vector<Var> qfi = linear_columns(tape, call.x, {w[0], w[1], w[2]});
+    const Hgrn2Gates gates = hgrn2_gates(tape, qfi[0], qfi[1], call.gamma, call.layer);
+    const GlaOutputs r = gla_recurrence(tape, gates.q, gates.k, qfi[2], gates.g, state.as_initial_state(),
+                                        config_.heads(), scale(), RecurrenceMode::Naive);
+    state.tensor = r.final_state->value;
+    return linear(tape, rmsnorm(tape, r.output, w[3], kOutputNormEps), w[4], /*residual=*/call.h);
+  }
+
  private:
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(config_.key_dim())); }  // fla's GLA default K^-1/2
+
   ModelConfig config_;
 };
 

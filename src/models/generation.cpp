@@ -1,0 +1,111 @@
+// generation.cpp: prefill, then the decode loop with per-sequence sampling on the host.
+#include "models/generation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <span>
+
+#include "core/check.h"
+
+namespace hgrn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+Tensor id_columns(const Tensor& ids, int64_t begin, int64_t count) {
+  const int64_t batch = ids.size(0), length = ids.size(1);
+  Tensor out = Tensor::empty({batch, count}, DType::I32);
+  for (int64_t b = 0; b < batch; ++b)
+    std::copy_n(ids.data<int32_t>() + b * length + begin, count, out.data<int32_t>() + b * count);
+  return out;
+}
+
+void check_prompt(const std::vector<int32_t>& prompt, int64_t vocab_size) {
+  HGRN_CHECK(!prompt.empty(), "the prompt is empty: generation continues a text of at least one token");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    HGRN_CHECK(prompt[i] >= 0 && prompt[i] < vocab_size, "prompt token ", i, " is id ", prompt[i],
+               ", outside the model's vocabulary [0, ", vocab_size, ")");
+}
+
+Tensor prefill(const CausalLM& model, const Tensor& prompt_ids, std::vector<RecurrentState>& states) {
+  HGRN_CHECK(prompt_ids.dim() == 2 && prompt_ids.dtype() == DType::I32 && prompt_ids.size(1) >= 1,
+             "prefill takes int32 ids [batch, length >= 1], got ", shape_str(prompt_ids.shape()));
+  const int64_t length = prompt_ids.size(1);
+  states.assign(static_cast<size_t>(model.config().num_hidden_layers), RecurrentState{});
+  if (length > 1) {
+    Tape no_grad;
+    no_grad.set_enabled(false);
+    std::vector<Var> carried;
+    model.forward_hidden(no_grad, id_columns(prompt_ids, 0, length - 1), &carried);
+    for (size_t l = 0; l < carried.size(); ++l) states[l].tensor = carried[l]->value;
+  }
+  return model.decode_step(id_columns(prompt_ids, length - 1, 1).reshape({prompt_ids.size(0)}), states);
+}
+
+GenerationResult generate(const CausalLM& model, const std::vector<int32_t>& prompt, const GenerationOptions& options,
+                          const std::function<void(const std::vector<int32_t>&)>& on_tokens) {
+  const int64_t vocab = model.config().vocab_size;
+  check_prompt(prompt, vocab);
+  check_sampling_options(options.sampling);
+  HGRN_CHECK(options.batch >= 1, "--batch: expected at least 1 sequence, got ", options.batch);
+  HGRN_CHECK(options.max_new_tokens >= 0, "--max-new-tokens: expected a count >= 0, got ", options.max_new_tokens);
+  HGRN_CHECK(options.vocab_limit >= 0 && options.vocab_limit <= vocab, "a tokenizer of ", options.vocab_limit,
+             " ids does not fit the model's vocabulary of ", vocab);
+  const size_t candidates = static_cast<size_t>(options.vocab_limit > 0 ? options.vocab_limit : vocab);
+  const int64_t batch = options.batch, length = static_cast<int64_t>(prompt.size());
+
+  GenerationResult result;
+  result.sequences.resize(static_cast<size_t>(batch));
+  result.prefill_tokens = length;
+  if (options.max_new_tokens == 0) return result;
+
+  std::vector<Rng> rngs;
+  std::vector<std::vector<int32_t>> history(static_cast<size_t>(batch), prompt);  // what the penalty looks at
+  for (int64_t b = 0; b < batch; ++b) rngs.push_back(Rng(options.seed).fork(static_cast<uint64_t>(b)));
+
+  Tensor ids = Tensor::empty({batch, length}, DType::I32);
+  for (int64_t b = 0; b < batch; ++b) std::copy(prompt.begin(), prompt.end(), ids.data<int32_t>() + b * length);
+  std::vector<RecurrentState> states;
+  Clock::time_point start = Clock::now();
+  Tensor logits = prefill(model, ids, states);
+  result.prefill_seconds = seconds_since(start);
+
+  start = Clock::now();
+  Tensor next = Tensor::empty({batch}, DType::I32);
+  for (int64_t step = 0;; ++step) {
+    const std::vector<double> rows = on_device(logits, Device::CPU).to_double_vector();
+    std::vector<int32_t> taken(static_cast<size_t>(batch), -1);
+    bool any_running = false;
+    for (int64_t b = 0; b < batch; ++b) {
+      GeneratedSequence& sequence = result.sequences[b];
+      int32_t token = options.eos_id.value_or(0);  // what a stopped sequence is fed
+      if (!sequence.stopped_at_eos) {
+        token = sample_next_token(std::span<const double>(rows.data() + b * vocab, candidates), history[b],
+                                  options.sampling, rngs[b]);
+        history[b].push_back(token);
+        if (options.eos_id && token == *options.eos_id) {
+          sequence.stopped_at_eos = true;
+        } else {
+          sequence.ids.push_back(token);
+          taken[b] = token;
+          any_running = true;
+        }
+      }
+      next.data<int32_t>()[b] = token;
+    }
+    if (on_tokens) on_tokens(taken);
+    if (!any_running || step + 1 == options.max_new_tokens) break;
+    logits = model.decode_step(next, states);
+    ++result.decode_steps;
+  }
+  result.decode_seconds = seconds_since(start);
+  return result;
+}
+
+}  // namespace hgrn
