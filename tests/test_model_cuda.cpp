@@ -1,14 +1,18 @@
 // test_model_cuda.cpp: a whole tiny model of every family member (HGRN2, HGRN1, and HGRN1's complex-valued HGRU as
 // "hgrn-complex") on the GPU against the CPU reference in fp64: the loss and the gradient of every parameter (lower
 // bounds included), for fp32 and for bf16 mixed-precision activations, over a sequence with a partial last chunk; the
-// GPU forward + backward giving the same bits on a second run and with recomputation.
+// GPU forward + backward giving the same bits on a second run and with recomputation; generation's prefill and
+// decode steps on the GPU against the CPU forward.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "gpu_test.h"
 #include "model_fixtures.h"
 #include "models/decoder_lm.h"
+#include "models/generation.h"
 #include "models/registry.h"
 
 namespace hgrn {
@@ -169,6 +173,37 @@ std::vector<std::string> model_variants() {
   v.push_back("hgrn-complex");
   return v;
 }
+// Generation on the GPU: prefill and decode steps in fp32 give the logits of the CPU fp64 model's full forward on the
+// same tokens (prompts of 5 and 70 tokens: the step-by-step and the chunked prefill). fp32 arithmetic through 3
+// layers on logits of order 1: 1e-4 of the largest logit.
+TEST_P(ModelCudaEveryType, PrefillAndDecodeStepsMatchTheCpuForward) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Models m = make_models(GetParam(), DType::F32);
+  constexpr int64_t kNewTokens = 4;
+  for (int64_t prompt_length : {5, 70}) {
+    SCOPED_TRACE(::testing::Message() << "prompt of " << prompt_length);
+    const int64_t length = prompt_length + kNewTokens, vocab = m.cpu.config().vocab_size;
+    const Tensor ids = random_ids(2, length, vocab, 31);
+    Tape tape;
+    tape.set_enabled(false);
+    const Tensor full = m.cpu.forward(tape, ids)->value;
+    double scale = 0;
+    for (int64_t i = 0; i < full.numel(); ++i) scale = std::max(scale, std::fabs(full.item(i)));
+    const auto expect_at = [&](const Tensor& logits, int64_t position) {
+      const Tensor got = logits.to(Device::CPU).to(DType::F64);
+      ASSERT_EQ(got.shape(), Shape({2, vocab}));
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t j = 0; j < vocab; ++j)
+          ASSERT_NEAR(got.item(b * vocab + j), full.item((b * length + position) * vocab + j), 1e-4 * scale)
+              << "sequence " << b << ", position " << position << ", logit " << j;
+    };
+    std::vector<RecurrentState> states;
+    expect_at(prefill(m.gpu, id_columns(ids, 0, prompt_length), states), prompt_length - 1);
+    for (int64_t t = prompt_length; t < length; ++t)
+      expect_at(m.gpu.decode_step(id_columns(ids, t, 1).reshape({2}), states), t);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, ModelCudaEveryType, ::testing::ValuesIn(model_variants()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
