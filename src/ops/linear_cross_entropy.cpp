@@ -15,18 +15,21 @@ namespace hgrn {
 
 namespace {
 constexpr int64_t kChunkLogitBytes = 256 << 20;
+}  // namespace
 
-#ifdef HGRN_WITH_CUDA
 // Rows per chunk: as few chunks as keep each one's logits within kChunkLogitBytes, made about equal (rounded up to
 // whole 128-row GEMM tiles where that stays within the budget). Filling chunks to the budget left a short last chunk
 // whose GEMMs ran far below the others' rate (385m: 752 of 32768 rows took 387 us against ~1110 us per 2668 rows).
-int64_t auto_chunk_rows(int64_t rows, int64_t row_bytes) {
+int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t row_bytes) {
   const int64_t max_rows = std::max<int64_t>(1, kChunkLogitBytes / row_bytes);
   if (rows <= max_rows) return std::max<int64_t>(rows, 1);
   const int64_t chunks = (rows + max_rows - 1) / max_rows;
   const int64_t even = (rows + chunks - 1) / chunks, tiled = (even + 127) / 128 * 128;
   return tiled <= max_rows ? tiled : even;
 }
+
+namespace {
+#ifdef HGRN_WITH_CUDA
 
 CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var& weight, const Tensor& targets,
                                              int64_t ignore_index, int64_t chunk_rows) {
@@ -38,7 +41,7 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
                  targets.device() == Device::CUDA && targets.is_contiguous() && targets.numel() == rows,
              "linear_cross_entropy: targets must be a contiguous int32/int64 GPU tensor of ", rows,
              " elements (one per row of x)");
-  const int64_t chunk = chunk_rows > 0 ? std::min(rows, chunk_rows) : auto_chunk_rows(rows, vocab * dtype_size(act));
+  const int64_t chunk = chunk_rows > 0 ? std::min(rows, chunk_rows) : linear_cross_entropy_chunk_rows(rows, vocab * dtype_size(act));
   const bool records = tape.enabled() && (wants_grad(x) || wants_grad(weight));
   // The gradient is computed here, from each chunk's logits while they exist, rather than by computing the logits
   // again in the backward (one GEMM fewer). The factor dloss / num_targets is not known yet: each chunk's

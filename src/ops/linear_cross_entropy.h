@@ -23,4 +23,7 @@ namespace hgrn {
 CrossEntropyResult linear_cross_entropy(Tape& tape, const Var& x, const Var& weight, const Tensor& targets,
                                         int64_t ignore_index = -100, int64_t chunk_rows = 0);
 
+// The GPU path's rows per chunk when chunk_rows is 0, for `rows` rows of `row_bytes` bytes of logits each.
+int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t row_bytes);
+
 }  // namespace hgrn
