@@ -1,5 +1,5 @@
 // info.cpp: `hgrn info --config FILE [--set ...]`: prints the resolved config, a table of parameter counts per
-// group, FLOPs per token and the state and activation memory of one training micro-batch.
+// group, FLOPs per token and an estimate of a training step's peak memory, item by item.
 #include "cli/info.h"
 
 #include <cstdio>
@@ -45,8 +45,7 @@ void print_info(const Config& config, std::ostream& out) {
   const ModelConfig& m = config.model;
   const int64_t batch = config.training.micro_batch_size;
   const int64_t seq_len = config.data.seq_len;
-  const int64_t bytes_per_activation = config.training.precision == "bf16" ? 2 : 4;
-  const ModelCost cost = model_cost(m, seq_len, bytes_per_activation);
+  const ModelCost cost = model_cost(m, seq_len);
 
   out << "== resolved config ==\n" << config_to_yaml(config) << "\n";
 
@@ -76,18 +75,28 @@ void print_info(const Config& config, std::ostream& out) {
       << short_count(tokens_per_step) << " tokens: micro_batch_size " << batch << " x seq_len " << seq_len
       << " x grad_accum_steps " << config.training.grad_accum_steps << ")\n\n";
 
-  const double states = cost.state_bytes_per_sequence * static_cast<double>(batch);
-  const double activations = cost.activation_bytes_per_token * static_cast<double>(batch * seq_len);
-  // fp32 master weights, gradients and the two AdamW moments: 16 bytes per parameter.
-  const double weights_and_optimizer = 16.0 * static_cast<double>(cost.params_total);
-  out << "== training memory estimate (micro-batch " << batch << " x " << seq_len << " tokens, "
-      << config.training.precision << " activations) ==\n"
-      << "  recurrent states            " << short_bytes(states) << "  (" << short_bytes(cost.state_bytes_per_sequence)
-      << " per sequence)\n"
-      << "  activations for backward    " << short_bytes(activations) << "  ("
-      << short_bytes(cost.activation_bytes_per_token) << " per token)\n"
-      << "  weights, grads, AdamW       " << short_bytes(weights_and_optimizer) << "  (fp32, 16 bytes per parameter)\n"
-      << "  total                       " << short_bytes(states + activations + weights_and_optimizer) << "\n";
+  const MemoryTarget target = memory_target(config);
+  const TrainingMemory memory = training_memory(m, batch, seq_len, target);
+  const double tokens = static_cast<double>(batch * seq_len);
+  out << "== training memory estimate: peak " << (target.gpu ? "GPU memory in use" : "host memory of the tensors")
+      << " in one step (micro-batch " << batch << " x " << seq_len << " tokens, " << config.training.precision
+      << " activations, " << (target.gpu ? "GPU" : "CPU") << " path) ==\n"
+      << "  recurrent states            " << short_bytes(memory.states) << "  ("
+      << short_bytes(memory.states / static_cast<double>(batch)) << " per sequence: final states and the per-chunk "
+      << "states kept for the backward)\n"
+      << "  activations for backward    " << short_bytes(memory.activations) << "  ("
+      << short_bytes(memory.activations / tokens) << " per token, under model.memory)\n"
+      << "  weights, grads, AdamW       " << short_bytes(memory.weights_and_optimizer) << "  (fp32: "
+      << (target.gpu ? "weights and moments, 12 bytes per parameter, and the gradients made by the peak"
+                     : "weights, gradients and moments, 16 bytes per parameter")
+      << ")\n";
+  if (memory.weight_copies > 0)
+    out << "  bf16 weight copies          " << short_bytes(memory.weight_copies) << "  (2 bytes per matmul weight"
+        << (m.memory.recompute_weight_copies ? ": the head's only, recompute_weight_copies" : "") << ")\n";
+  out << "  backward working set        " << short_bytes(memory.working_set) << "  (the largest transient, at "
+      << memory.peak_at << ")\n"
+      << "  total                       " << short_bytes(memory.total()) << "  (estimated peak"
+      << (target.gpu ? ", as `hgrn bench` measures it" : "") << ")\n";
 }
 
 int run_info_command(const ConfigArgs& args, std::ostream& out) {

@@ -1,12 +1,13 @@
-// cost.cpp: the cost model behind `hgrn info`: parameter counts (from model_param_specs), FLOPs per token and memory
-// estimates for training, counted from the decoder's structure (hgrn-spec.md section 4) and the member's token mixer
-// (ModelFamily::mixer_cost).
+// cost.cpp: the cost model behind `hgrn info`: parameter counts (from model_param_specs), FLOPs per token and the
+// peak memory of a training step, counted from the decoder's structure (hgrn-spec.md section 4, models/decoder_lm.cpp)
+// and the member's token mixer (ModelFamily::mixer_cost, ModelFamily::mixer_memory).
 #include "models/cost.h"
 
 #include <algorithm>
 
 #include "models/params.h"
 #include "models/registry.h"
+#include "ops/linear_cross_entropy.h"
 
 namespace hgrn {
 
@@ -26,16 +27,35 @@ double gla_recurrence_flops_per_token(double H, double K, double V, double C) {
   return 2.0 * H * K * V * 2.0 + 2.0 * C * H * (K + V);
 }
 
-ModelCost model_cost(const ModelConfig& config, int64_t seq_len, int64_t bytes_per_activation) {
+namespace {
+
+// The parameters that are the weight of a matmul: every projection and the lm_head. The embedding is a row lookup,
+// the norms and lower bounds are element-wise. A tied lm_head multiplies by the embedding matrix, which then counts
+// as the head.
+struct MatmulWeights {
+  int64_t all = 0, head = 0;
+};
+
+MatmulWeights matmul_weights(const std::vector<ParamSpec>& specs) {
+  MatmulWeights w;
+  int64_t embedding = 0;
+  for (const ParamSpec& spec : specs) {
+    const int64_t count = shape_numel(spec.shape);
+    if (spec.group == ParamGroup::Mixer || spec.group == ParamGroup::Mlp || spec.group == ParamGroup::LmHead)
+      w.all += count;
+    if (spec.group == ParamGroup::LmHead) w.head += count;
+    if (spec.group == ParamGroup::Embedding) embedding += count;
+  }
+  if (w.head == 0) w.all += embedding, w.head = embedding;
+  return w;
+}
+
+}  // namespace
+
+ModelCost model_cost(const ModelConfig& config, int64_t seq_len) {
   ModelCost cost{};
   const std::vector<ParamSpec> specs = model_param_specs(config);
 
-  // Parameters, and the ones that are the weight of a matmul: every projection and the lm_head. The embedding is a
-  // row lookup (no FLOPs), the norms and lower bounds are element-wise. A tied lm_head still multiplies by the
-  // embedding matrix, so then the embedding's count stands in for it.
-  int64_t matmul_params = 0;
-  int64_t embedding_params = 0;
-  bool has_lm_head = false;
   for (const ParamSpec& spec : specs) {
     const int64_t count = shape_numel(spec.shape);
     cost.params_total += count;
@@ -46,38 +66,128 @@ ModelCost model_cost(const ModelConfig& config, int64_t seq_len, int64_t bytes_p
       cost.params_by_group.emplace_back(group, count);
     else
       it->second += count;
-    if (spec.group == ParamGroup::Mixer || spec.group == ParamGroup::Mlp || spec.group == ParamGroup::LmHead)
-      matmul_params += count;
-    if (spec.group == ParamGroup::LmHead) has_lm_head = true;
-    if (spec.group == ParamGroup::Embedding) embedding_params += count;
   }
-  if (!has_lm_head) matmul_params += embedding_params;
 
   const double L = static_cast<double>(config.num_hidden_layers);
-  const double D = static_cast<double>(config.hidden_size);
-  const double I = static_cast<double>(config.mlp_size());
-  const double vocab = static_cast<double>(config.vocab_size);
-  const MixerCost mixer = model_family(config.type).mixer_cost(config, seq_len, bytes_per_activation);
+  const MixerCost mixer = model_family(config.type).mixer_cost(config, seq_len);
 
-  // The token mixers' own arithmetic (the recurrence) per token and layer. Other element-wise work (norms, SiLU,
-  // the loss's softmax) is O(D) per token and left out: small next to the O(D²) projections.
-  cost.flops_per_token_fwd = 2.0 * static_cast<double>(matmul_params) + L * mixer.flops_per_token;
+  // Two FLOPs per matmul weight and token, and the token mixers' own arithmetic (the recurrence) per token and layer.
+  // Other element-wise work (norms, SiLU, the loss's softmax) is O(D) per token and left out: small next to the
+  // O(D²) projections.
+  cost.flops_per_token_fwd = 2.0 * static_cast<double>(matmul_weights(specs).all) + L * mixer.flops_per_token;
   // The backward computes two products per forward product (input gradient and weight gradient): 3x in all.
   // A chunk backward also recomputes the states, which this convention leaves out.
   cost.flops_per_token_train = 3.0 * cost.flops_per_token_fwd;
-  cost.state_bytes_per_sequence = L * mixer.state_bytes_per_sequence;
-
-  // Activations the backward needs, per token. Per layer, besides the mixer's own, in the activation dtype (b bytes
-  // each): the block input h (attn_norm backward), a = attn_norm(h) (the mixer's input), h after the mixer residual
-  // (mlp_norm backward), m = mlp_norm(h) (input of gate/up), and I each for the gate pre-activation, up and
-  // silu(gate)·up (down_proj input); in fp32 3 reciprocal RMS values (three norms). After the layers: the final
-  // norm's input and output (2·D, b bytes), its reciprocal RMS, and the fp32 logits (vocab) that the cross-entropy
-  // backward turns into the gradient. Token ids and targets are left out (8 bytes).
-  const double b = static_cast<double>(bytes_per_activation);
-  const double per_layer = b * (4.0 * D + 3.0 * I) + 4.0 * 3.0 + mixer.activation_bytes_per_token;
-  const double after_layers = b * 2.0 * D + 4.0 + 4.0 * vocab;
-  cost.activation_bytes_per_token = L * per_layer + after_layers;
   return cost;
+}
+
+MemoryTarget memory_target(const Config& config) {
+  const std::string& device = config.training.device;
+  MemoryTarget target;
+  target.gpu = device == "cuda" ||
+               (device == "auto" && model_family(config.model.type).cuda_refusal(config.model).empty());
+  target.bytes_per_activation = config.training.precision == "bf16" ? 2 : 4;
+  return target;
+}
+
+// The tensors a step holds, as decoder_lm.cpp, the ops' backward closures and the trainer make them. The peak lies
+// where all the forward's activations are still held: in the loss (its fp32 dx and dW sums with a chunk of logits,
+// then the head's gradients), or in the last layer's backward, before it frees that layer's activations. Later
+// layers' backwards free more activations than they add gradients. The allocator's 512-byte rounding is left out.
+TrainingMemory training_memory(const ModelConfig& config, int64_t micro_batch, int64_t seq_len,
+                               const MemoryTarget& target) {
+  const ModelFamily& family = model_family(config.type);
+  const ModelMemoryConfig& knobs = config.memory;
+  const std::vector<ParamSpec> specs = model_param_specs(config);
+  double params = 0;
+  for (const ParamSpec& spec : specs) params += static_cast<double>(shape_numel(spec.shape));
+  const MatmulWeights matmul = matmul_weights(specs);
+  const double head_weights = static_cast<double>(matmul.head);
+
+  const double b = static_cast<double>(target.bytes_per_activation);
+  const double tokens = static_cast<double>(micro_batch * seq_len), batch = static_cast<double>(micro_batch);
+  const double D = static_cast<double>(config.hidden_size), I = static_cast<double>(config.mlp_size());
+  const double vocab = static_cast<double>(config.vocab_size);
+  const double width = b * D * tokens;          // one D-wide activation: the residual stream, a norm's output
+  const double mlp_width = b * I * tokens;      // one of the MLP's gate, up and silu(gate)·up
+  const double norm_stats = (target.gpu ? 4.0 : b) * tokens;  // an RMSNorm's reciprocal RMS per row
+
+  TrainingMemory m;
+  // fp32 weights and AdamW's two moments persist. So do the gradients on the CPU; on the GPU each step frees them
+  // (mark_grad_zero) and the backward makes them anew, so only those made by the peak count (below).
+  m.weights_and_optimizer = (target.gpu ? 12.0 : 16.0) * params;
+  const double new_gradient = target.gpu ? 4.0 : 0.0;  // bytes of a gradient made in the backward, per weight
+  // bf16 copies of the matmul weights, kept between steps; recompute_weight_copies drops the layers' ones from their
+  // forward to their backward, leaving the head's.
+  if (target.gpu && b == 2)
+    m.weight_copies = 2.0 * (knobs.recompute_weight_copies ? head_weights : static_cast<double>(matmul.all));
+
+  // Kept per layer by the decoder: the residual stream entering the layer and after its mixer (the inputs of
+  // attn_norm and mlp_norm, which the norms' backwards read) and those norms' statistics. Outside model.memory.
+  // recompute, also the norms' outputs without recompute_elementwise, the MLP's gate and up without
+  // recompute_mlp_projections, and silu(gate)·up without recompute_elementwise. After the layers: the last layer's
+  // output and the final norm's output (the head's input).
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const MixerMemory mixer = family.mixer_memory(config, l, seq_len, target);
+    m.states += batch * mixer.states;
+    m.activations += batch * mixer.activations + 2.0 * width + 2.0 * norm_stats;
+    if (knobs.recompute) continue;
+    if (!knobs.recompute_elementwise) m.activations += 2.0 * width + mlp_width;
+    if (!knobs.recompute_mlp_projections) m.activations += 2.0 * mlp_width;
+  }
+  m.activations += 2.0 * width + norm_stats;
+
+  // The moments where the peak may lie, each as the gradients made by then and the transient tensors held then.
+  struct Moment {
+    const char* name;
+    double gradients, transient;
+  };
+  std::vector<Moment> moments;
+  const double head_gradient = new_gradient * head_weights;
+  if (target.gpu) {
+    // linear_cross_entropy: the fp32 dx and dW sums live from the forward to the backward; the forward adds one
+    // chunk of logits (and per-row statistics), the backward the head's input gradient and the head's gradient.
+    const double sums = 4.0 * D * tokens + 4.0 * vocab * D;
+    const double chunk_rows = static_cast<double>(
+        linear_cross_entropy_chunk_rows(micro_batch * seq_len, config.vocab_size * target.bytes_per_activation));
+    moments.push_back({"the loss's forward", 0.0, sums + chunk_rows * vocab * b + 8.0 * tokens});
+    moments.push_back({"the loss's backward", head_gradient, sums + width});
+  } else {
+    // The CPU composition linear + cross_entropy: the whole logits and their gradient.
+    moments.push_back({"the loss", 0.0, 2.0 * vocab * b * tokens + width});
+  }
+  // The last layer's MLP backward (the final norm's output freed, the stream's gradient made): silu(gate)·up's
+  // gradient and gate's and up's; and whatever comes back for it: gate and up with their input under
+  // recompute_mlp_projections, or the replayed MLP (its input, gate, up, output) under recompute.
+  double mlp_back = 3.0 * mlp_width;
+  if (knobs.recompute)
+    mlp_back += 2.0 * width + 2.0 * mlp_width;
+  else if (knobs.recompute_mlp_projections)
+    mlp_back += width + 2.0 * mlp_width;
+  moments.push_back({"the last MLP's backward", head_gradient + new_gradient * (D + D * I), mlp_back});
+  // The last layer's mixer backward: the final norm's input and output are freed and the stream's gradient is
+  // held (one width less), and the mixer's own backward buffers. Without recompute the layer's MLP activations and
+  // the stream after the mixer are freed by then; under recompute the mixer's replay is held instead, with the
+  // recomputed attn_norm output, the replay's output and its gradient.
+  if (config.num_hidden_layers > 0) {
+    const MixerMemory last = family.mixer_memory(config, config.num_hidden_layers - 1, seq_len, target);
+    double mixer_back = batch * last.backward - width;
+    if (knobs.recompute)
+      mixer_back += 3.0 * width + batch * last.replayed;
+    else
+      mixer_back -= width + (knobs.recompute_mlp_projections ? 0.0 : 2.0 * mlp_width) +
+                    (knobs.recompute_elementwise ? 0.0 : width + mlp_width);
+    moments.push_back({"the last mixer's backward", head_gradient + new_gradient * (3.0 * D + 3.0 * D * I),
+                       mixer_back});
+  }
+
+  const Moment& peak = *std::max_element(moments.begin(), moments.end(), [](const Moment& x, const Moment& y) {
+    return x.gradients + x.transient < y.gradients + y.transient;
+  });
+  m.weights_and_optimizer += peak.gradients;
+  m.working_set = peak.transient;
+  m.peak_at = peak.name;
+  return m;
 }
 
 }  // namespace hgrn

@@ -20,9 +20,25 @@ class HfConfigReader;
 // What a token mixer costs per layer, beyond its projections' GEMMs (which models/cost.cpp counts from the
 // parameter list).
 struct MixerCost {
-  double flops_per_token = 0;             // the recurrence's own arithmetic (forward)
-  double state_bytes_per_sequence = 0;    // recurrent state the forward keeps (final and per-chunk states)
-  double activation_bytes_per_token = 0;  // the mixer's tensors the backward needs (projections' outputs included)
+  double flops_per_token = 0;  // the recurrence's own arithmetic (forward)
+};
+
+// The path a training step runs, which decides what its forward keeps for the backward: the GPU's kernels (fused
+// ops, bf16 or fp32 activations) or the CPU's op-by-op reference.
+struct MemoryTarget {
+  bool gpu = true;
+  int64_t bytes_per_activation = 2;  // 2: bf16, 4: fp32
+};
+
+// What one layer's token mixer holds in a training step, in bytes per sequence of seq_len tokens, under the
+// config's model.memory knobs (models/cost.cpp adds the decoder's part and finds the step's peak).
+struct MixerMemory {
+  double states = 0;       // recurrent states kept for the backward: the final state and any per-chunk states
+  double activations = 0;  // other tensors kept from the forward to the backward (the projections' outputs included)
+  double replayed = 0;     // model.memory.recompute: what replaying the mixer for its backward holds (its input, the
+                           // attn_norm output, and its output are the decoder's)
+  double backward = 0;     // the most its backward holds at once beyond those: gradient buffers, scratch and
+                           // tensors recomputed for it
 };
 
 class ModelFamily {
@@ -42,7 +58,9 @@ class ModelFamily {
   // One layer's token-mixer parameters, named below "model.layers.N.attn.", in registration order.
   virtual std::vector<ParamSpec> mixer_param_specs(const ModelConfig& config) const = 0;
   virtual std::unique_ptr<TokenMixer> make_mixer(const ModelConfig& config) const = 0;
-  virtual MixerCost mixer_cost(const ModelConfig& config, int64_t seq_len, int64_t bytes_per_activation) const = 0;
+  virtual MixerCost mixer_cost(const ModelConfig& config, int64_t seq_len) const = 0;
+  virtual MixerMemory mixer_memory(const ModelConfig& config, int64_t layer, int64_t seq_len,
+                                   const MemoryTarget& target) const = 0;
   // What a checkpoint must match to be resumed: the member and its shapes.
   virtual std::string signature(const ModelConfig& config) const = 0;
   // The member's own config.json fields (model_type, architectures and its widths); the shared ones are written and

@@ -5,6 +5,11 @@
 
 namespace hgrn {
 
+bool recomputes_gates(const ModelMemoryConfig& memory, int64_t layer, int64_t num_layers) {
+  return memory.recompute_elementwise &&
+         (memory.recompute_gates || layer >= num_layers - memory.recompute_gates_layers);
+}
+
 void recompute_in_backward(Tape& tape, const ModelMemoryConfig& memory, const std::vector<Var>& vars,
                            RematerializeFn values) {
   if (memory.recompute_elementwise) rematerialize(tape, vars, std::move(values));

@@ -52,6 +52,9 @@ class TokenMixer {
   virtual Var step(Tape& tape, const MixerStep& call, RecurrentState& state) const = 0;
 };
 
+// Whether layer `layer` of `num_layers` recomputes its gates in the backward (recompute_elementwise, with
+// recompute_gates or among the last recompute_gates_layers) instead of keeping them.
+bool recomputes_gates(const ModelMemoryConfig& memory, int64_t layer, int64_t num_layers);
 // rematerialize(tape, vars, values) when memory.recompute_elementwise is on; else the values are kept.
 void recompute_in_backward(Tape& tape, const ModelMemoryConfig& memory, const std::vector<Var>& vars,
                            RematerializeFn values);

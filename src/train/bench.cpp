@@ -75,7 +75,7 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   if (device == Device::CUDA) r.gpu_peak_tflops = measure_bf16_gemm_tflops();
 #endif
   const auto setup = std::make_unique<TrainingModel>(config, tc.seed, device, act);
-  const ModelCost cost = model_cost(config.model, config.data.seq_len, act == DType::BF16 ? 2 : 4);
+  const ModelCost cost = model_cost(config.model, config.data.seq_len);
   r.params = cost.params_total;
   // Under mpirun every rank runs the same steps on its own batch (data parallelism, as in training): the tokens
   // of a step are all ranks' and the GEMM peak is per GPU.

@@ -283,7 +283,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
       std::make_unique<TrainingModel>(config, stream_seed(tc.seed, kInitStream), device, act_dtype);
   CausalLM& model = setup->model;
   AdamW& optimizer = setup->optimizer;
-  const ModelCost cost = model_cost(config.model, config.data.seq_len, act_dtype == DType::BF16 ? 2 : 4);
+  const ModelCost cost = model_cost(config.model, config.data.seq_len);
   log << "model: " << cost.params_total << " parameters, " << cost.flops_per_token_train / 1e6
       << " MFLOP per token (train)\n";
   if (setup->data_parallel && setup->data_parallel->zero1()) {

@@ -102,16 +102,28 @@ std::unique_ptr<TokenMixer> make_complex_hgru_mixer(const ModelConfig& c) {
   return std::make_unique<ComplexHgruMixer>(c);
 }
 
-// The scan is a complex multiply-add per channel and token (about 8 real operations). Kept per token: the four
-// projections with their biases added (5d), log λ, 1 − λ, (1 − λ)c (4d), h, σ(ĝ), the gated and the normed output
-// (8d); state: the final complex state in fp32.
-MixerCost complex_hgru_cost(const ModelConfig& c, int64_t bytes) {
-  const double d = static_cast<double>(width(c)), b = static_cast<double>(bytes);
+// The scan is a complex multiply-add per channel and token (about 8 real operations).
+MixerCost complex_hgru_cost(const ModelConfig& c) {
   MixerCost cost;
-  cost.flops_per_token = 8.0 * d;
-  cost.state_bytes_per_sequence = 4.0 * 2.0 * d;
-  cost.activation_bytes_per_token = b * 17.0 * d;
+  cost.flops_per_token = 8.0 * static_cast<double>(width(c));
   return cost;
+}
+
+// Kept per token (op by op, on either device): the four projections with their biases added (5d), log λ, 1 − λ,
+// (1 − λ)c (4d), h, σ(ĝ), the gated and the normed output (8d); the final complex state. Its backward holds about as
+// many gradients.
+MixerMemory complex_hgru_memory(const ModelConfig& c, int64_t seq_len, const MemoryTarget& target) {
+  const double d = static_cast<double>(width(c)), b = static_cast<double>(target.bytes_per_activation);
+  const double kept = b * 17.0 * d * static_cast<double>(seq_len), final_state = b * 2.0 * d;
+  MixerMemory memory;
+  if (c.memory.recompute) {
+    memory.replayed = kept + final_state;
+  } else {
+    memory.states = final_state;
+    memory.activations = kept;
+  }
+  memory.backward = kept;
+  return memory;
 }
 
 }  // namespace hgrn

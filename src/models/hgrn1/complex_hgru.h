@@ -17,6 +17,7 @@ namespace hgrn {
 // out_norm.{weight,bias} [2d], o_proj.weight [D, 2d] and o_proj.bias [D].
 std::vector<ParamSpec> complex_hgru_param_specs(const ModelConfig& config);
 std::unique_ptr<TokenMixer> make_complex_hgru_mixer(const ModelConfig& config);
-MixerCost complex_hgru_cost(const ModelConfig& config, int64_t bytes_per_activation);
+MixerCost complex_hgru_cost(const ModelConfig& config);
+MixerMemory complex_hgru_memory(const ModelConfig& config, int64_t seq_len, const MemoryTarget& target);
 
 }  // namespace hgrn

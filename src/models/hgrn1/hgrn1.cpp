@@ -2,6 +2,8 @@
 // Recurrent Neural Network for Sequence Modeling", NeurIPS 2023): its token mixer, the real-valued HGRU — an
 // elementwise gated linear recurrence whose forget gate has the layer-wise lower bound — and its description, which
 // also covers the paper's complex-valued HGRU (model.complex: true; models/hgrn1/complex_hgru.h).
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "core/trace.h"
@@ -72,7 +74,7 @@ class Hgrn1Mixer final : public TokenMixer {
         r = gated_scan(tape, u, g, initial_state, mode);
       }
       // g and u are elementwise functions of f̂ and î, which the gates keep for their own backward anyway.
-      if (memory.recompute_gates || l >= call.num_layers - memory.recompute_gates_layers)
+      if (recomputes_gates(memory, l, call.num_layers))
         recompute_in_backward(tape, memory, {g, u}, [make_input](Tape& untaped) {
           const auto again = make_input(untaped);
           return std::vector<Tensor>{again.first->value, again.second->value};
@@ -141,17 +143,41 @@ class Hgrn1Family final : public ModelFamily {
     return std::make_unique<Hgrn1Mixer>(c);
   }
 
-  // The scan is one multiply-add per channel and token. Kept per token on the GPU (the fused scan stores no gates):
-  // î, f̂, ĝ, o and RMSNorm(o) in the activation dtype, and the fp32 state entering each 64-token chunk; state: the
-  // fp32 final state.
-  MixerCost mixer_cost(const ModelConfig& c, int64_t, int64_t bytes) const override {
-    if (c.complex) return complex_hgru_cost(c, bytes);
-    const double E = static_cast<double>(input_dim(c)), b = static_cast<double>(bytes);
+  // The scan is one multiply-add per channel and token.
+  MixerCost mixer_cost(const ModelConfig& c, int64_t) const override {
+    if (c.complex) return complex_hgru_cost(c);
     MixerCost cost;
-    cost.flops_per_token = 2.0 * E;
-    cost.state_bytes_per_sequence = 4.0 * E;
-    cost.activation_bytes_per_token = b * 5.0 * E + 4.0 * E / 64.0;
+    cost.flops_per_token = 2.0 * static_cast<double>(input_dim(c));
     return cost;
+  }
+
+  // Per layer, kept for the backward: the i/f/g projection's output î, f̂, ĝ (3E) and the recurrence's output o (E);
+  // without recompute_elementwise also RMSNorm(o) and the output gate's product (2E). On the GPU the fused scan keeps
+  // the fp32 state entering each 64-token chunk after the first; on the CPU the composition keeps k = 1 − e^g, and
+  // g and u unless the gates are recomputed (3E). The backward holds the output gate's input gradient, the
+  // projection's gradient (3E), RMSNorm(o)'s gradient and, recomputed, RMSNorm(o) itself.
+  MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
+                           const MemoryTarget& target) const override {
+    if (c.complex) return complex_hgru_memory(c, seq_len, target);
+    const ModelMemoryConfig& knobs = c.memory;
+    const double T = static_cast<double>(seq_len), b = static_cast<double>(target.bytes_per_activation);
+    const double E = static_cast<double>(input_dim(c)), width = b * E * T;  // one E-wide activation
+    const double fp32 = target.gpu ? 4.0 : b;
+    const double final_state = fp32 * E;
+    const double chunk_states = target.gpu ? 4.0 * E * std::max(0.0, std::ceil(T / 64.0) - 1.0) : 0.0;
+    const bool gates_recomputed = recomputes_gates(knobs, layer, c.num_hidden_layers);
+    const double gates = target.gpu ? 0.0 : (gates_recomputed ? 1.0 : 3.0) * width;
+    const double output_gate_hidden = knobs.recompute_elementwise ? 0.0 : width;
+    MixerMemory memory;
+    if (knobs.recompute) {  // the replay keeps RMSNorm(o) as well
+      memory.replayed = 5.0 * width + gates + output_gate_hidden + chunk_states + final_state;
+      memory.backward = 5.0 * width + 2.0 * chunk_states;
+      return memory;
+    }
+    memory.states = final_state + chunk_states;
+    memory.activations = 4.0 * width + gates + (knobs.recompute_elementwise ? 0.0 : width) + output_gate_hidden;
+    memory.backward = 5.0 * width + 2.0 * chunk_states + (knobs.recompute_elementwise ? width : 0.0);
+    return memory;
   }
 
   std::string signature(const ModelConfig& m) const override {

@@ -68,7 +68,7 @@ class Hgrn2Mixer final : public TokenMixer {
     // q, g and k (8 bytes per channel and token under bf16) are elementwise functions of q̂ and f̂, which silu and
     // the forget gate keep for their own backward anyway: recomputed there instead of kept (in every layer, or in
     // the last recompute_gates_layers ones).
-    if (memory.recompute_gates || l >= call.num_layers - memory.recompute_gates_layers)
+    if (recomputes_gates(memory, l, call.num_layers))
       recompute_in_backward(tape, memory, {gates.q, gates.g, gates.k}, [make_gates](Tape& untaped) {
         const Hgrn2Gates again = make_gates(untaped);
         return std::vector<Tensor>{again.q->value, again.g->value, again.k->value};
@@ -159,21 +159,47 @@ class Hgrn2Family final : public ModelFamily {
     return std::make_unique<Hgrn2Mixer>(c);
   }
 
-  // Counting multiply-adds as 2 FLOPs (gla_recurrence_flops_per_token); activations kept per token: q̂, q, f̂, k
-  // (4·F), i, o, g_norm(o) (3·D) in the activation dtype, and in fp32 the log-decay g (F) and the intra-chunk
-  // scores A (H·C); state: the fp32 final state H·K·V plus the per-chunk states in the activation dtype.
-  MixerCost mixer_cost(const ModelConfig& c, int64_t seq_len, int64_t bytes) const override {
-    const double D = static_cast<double>(c.hidden_size), H = static_cast<double>(c.heads());
-    const double K = static_cast<double>(c.key_dim()), V = static_cast<double>(c.value_dim()), F = H * K;
-    const int64_t chunk = gla_chunk_size(seq_len);
-    const double C = static_cast<double>(chunk);
-    const double num_chunks = static_cast<double>((seq_len + chunk - 1) / chunk);
-    const double b = static_cast<double>(bytes);
+  // Counting multiply-adds as 2 FLOPs (gla_recurrence_flops_per_token).
+  MixerCost mixer_cost(const ModelConfig& c, int64_t seq_len) const override {
     MixerCost cost;
-    cost.flops_per_token = gla_recurrence_flops_per_token(H, K, V, C);
-    cost.state_bytes_per_sequence = H * K * V * 4.0 + num_chunks * H * K * V * b;
-    cost.activation_bytes_per_token = b * (3.0 * D + 4.0 * F) + 4.0 * (F + H * C);
+    cost.flops_per_token = gla_recurrence_flops_per_token(c.heads(), c.key_dim(), c.value_dim(),
+                                                          gla_chunk_size(seq_len));
     return cost;
+  }
+
+  // Per layer, kept for the backward: the q/f/i projection's output q̂, f̂, i (2F + D), the gates q, k (activation
+  // dtype) and g (fp32 on the GPU) unless recomputed, the recurrence's output o (D) and scores A (H·64 per token on
+  // the GPU), g_norm(o) (D) only without recompute_elementwise, and the final state; on the GPU the per-chunk states
+  // (H·K·V per 64 tokens) in the first keep_recurrence_states layers. The GPU backward adds o's and the projection's
+  // gradients, the fp32 gradients of the states and scores, and whatever was not kept (states, gates).
+  MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
+                           const MemoryTarget& target) const override {
+    const ModelMemoryConfig& knobs = c.memory;
+    const double T = static_cast<double>(seq_len), b = static_cast<double>(target.bytes_per_activation);
+    const double D = static_cast<double>(c.hidden_size), H = static_cast<double>(c.heads());
+    const double F = H * static_cast<double>(c.key_dim()), state = F * static_cast<double>(c.value_dim());
+    const double chunk = target.gpu ? 64.0 : static_cast<double>(gla_chunk_size(seq_len));
+    const double chunks = std::ceil(T / chunk);
+    const double fp32 = target.gpu ? 4.0 : b;  // g and the final state: fp32 on the GPU, the one dtype on the CPU
+    const double projections = b * (2.0 * F + D) * T, output = b * D * T, final_state = fp32 * state;
+    const double gates = (2.0 * b + fp32) * F * T;
+    const double scores = b * H * chunks * chunk * chunk;
+    const double chunk_states = target.gpu ? b * chunks * state : 0.0;
+    const bool gates_recomputed = recomputes_gates(knobs, layer, c.num_hidden_layers);
+    const bool states_kept = target.gpu && layer < knobs.keep_recurrence_states;
+    MixerMemory memory;
+    const double gradients = output + projections + (target.gpu ? 4.0 * chunks * (state + H * chunk * chunk)
+                                                                : b * 3.0 * F * T);
+    if (knobs.recompute) {  // the replay keeps everything, the per-chunk states made again included
+      memory.replayed = projections + gates + scores + chunk_states + 2.0 * output + final_state;
+      memory.backward = gradients;
+      return memory;
+    }
+    memory.states = final_state + (states_kept ? chunk_states : 0.0);
+    memory.activations = projections + (gates_recomputed ? 0.0 : gates) + scores + output +
+                         (knobs.recompute_elementwise ? 0.0 : output);
+    memory.backward = gradients + (states_kept ? 0.0 : chunk_states) + (gates_recomputed ? gates : 0.0);
+    return memory;
   }
 
   std::string signature(const ModelConfig& m) const override {
