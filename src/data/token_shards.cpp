@@ -53,7 +53,9 @@ bool known_dtype_code(uint8_t code) { return code >= 1 && code <= 8; }
 
 void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& path) {
   if (bytes == 0) return;
-  HGRN_CHECK(std::fwrite(data, 1, bytes, file) == bytes, "token shard ", path, ": write failed: ",
+  const int injected = injected_write_failure(WriteStep::kWrite, path);
+  if (injected) errno = injected;
+  HGRN_CHECK(!injected && std::fwrite(data, 1, bytes, file) == bytes, "token shard ", path, ": write failed: ",
              std::strerror(errno), kWriteAdvice);
 }
 

@@ -5,10 +5,13 @@
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <system_error>
+#include <vector>
 
 #include "core/check.h"
 
@@ -32,7 +35,42 @@ bool exchange_paths(const fs::path& a, const fs::path& b) {
   throw Error("cannot exchange " + a.string() + " with " + b.string() + ": " + std::strerror(error));
 }
 
+struct InjectedFailure {
+  WriteStep step;
+  std::string path_part;
+  int error;
+};
+
+std::mutex injected_mutex;
+std::vector<InjectedFailure> injected_failures;
+std::atomic<bool> any_injected{false};  // spares every write the lock while nothing is injected
+
 }  // namespace
+
+void inject_write_failure(WriteStep step, std::string path_part, int error) {
+  std::lock_guard<std::mutex> lock(injected_mutex);
+  injected_failures.push_back({step, std::move(path_part), error});
+  any_injected = true;
+}
+
+void clear_write_failures() {
+  std::lock_guard<std::mutex> lock(injected_mutex);
+  injected_failures.clear();
+  any_injected = false;
+}
+
+int injected_write_failure(WriteStep step, const std::string& path) {
+  if (!any_injected) return 0;
+  std::lock_guard<std::mutex> lock(injected_mutex);
+  for (auto it = injected_failures.begin(); it != injected_failures.end(); ++it)
+    if (it->step == step && path.find(it->path_part) != std::string::npos) {
+      const int error = it->error;
+      injected_failures.erase(it);
+      any_injected = !injected_failures.empty();
+      return error;
+    }
+  return 0;
+}
 
 std::string temporary_sibling_path(const std::string& path) {
   // A trailing slash would put the suffix inside the directory instead of next to it.
@@ -44,8 +82,9 @@ std::string temporary_sibling_path(const std::string& path) {
 void sync_path_to_disk(const std::string& path, bool is_directory) {
   const int fd = ::open(path.c_str(), O_RDONLY | (is_directory ? O_DIRECTORY : 0) | O_CLOEXEC);
   HGRN_CHECK(fd >= 0, "cannot open ", path, " to sync it to disk: ", std::strerror(errno));
-  const int result = ::fsync(fd);
-  const int error = errno;
+  const int injected = injected_write_failure(WriteStep::kSync, path);
+  const int result = injected ? -1 : ::fsync(fd);
+  const int error = injected ? injected : errno;
   ::close(fd);
   if (result != 0 && is_directory && (error == EINVAL || error == ENOTSUP)) return;
   HGRN_CHECK(result == 0, "cannot sync ", path, " to disk: ", std::strerror(error), kWriteAdvice);
@@ -53,8 +92,11 @@ void sync_path_to_disk(const std::string& path, bool is_directory) {
 
 void rename_path(const std::string& from, const std::string& to) {
   std::error_code error;
-  fs::rename(from, to, error);
-  HGRN_CHECK(!error, "cannot rename ", from, " to ", to, ": ", error.message());
+  if (const int injected = injected_write_failure(WriteStep::kRename, to))
+    error.assign(injected, std::generic_category());
+  else
+    fs::rename(from, to, error);
+  HGRN_CHECK(!error, "cannot rename ", from, " to ", to, ": ", error.message(), kWriteAdvice);
 }
 
 TemporaryPathGuard::~TemporaryPathGuard() {
@@ -82,7 +124,9 @@ void AtomicFileWriter::write_all(const void* data, size_t bytes) {
   while (bytes > 0) {
     // Linux writes at most about 2 GiB per call; larger tensors go in pieces.
     const size_t chunk = std::min<size_t>(bytes, size_t{1} << 30);
-    const ssize_t written = ::write(fd_, p, chunk);
+    const int injected = injected_write_failure(WriteStep::kWrite, path_);
+    if (injected) errno = injected;
+    const ssize_t written = injected ? -1 : ::write(fd_, p, chunk);
     if (written < 0 && errno == EINTR) continue;
     HGRN_CHECK(written > 0, "cannot write ", temp_path_, " (to become ", path_, "): ",
                written < 0 ? std::strerror(errno) : "no progress", kWriteAdvice);
@@ -95,8 +139,9 @@ void AtomicFileWriter::commit() {
   HGRN_CHECK(fd_ >= 0, "cannot commit ", path_, " twice");
   const int fd = fd_;
   fd_ = -1;
-  const bool synced = ::fsync(fd) == 0;
-  const int sync_error = errno;
+  const int injected = injected_write_failure(WriteStep::kSync, path_);
+  const bool synced = !injected && ::fsync(fd) == 0;
+  const int sync_error = injected ? injected : errno;
   const bool closed = ::close(fd) == 0;
   const int close_error = errno;
   if (!synced || !closed) {

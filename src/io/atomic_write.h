@@ -15,6 +15,18 @@ namespace hgrn {
 // The end of every message about a failed write: what a user can do about it.
 inline constexpr const char* kWriteAdvice = " (check that the disk has free space and the directory is writable)";
 
+// The steps of a write that can fail for reasons outside hgrn (a full disk, an I/O error): tests make them fail on
+// purpose through inject_write_failure to check that every writer reports the failure and loses nothing.
+enum class WriteStep { kWrite, kSync, kRename };
+
+// Test-only: the next `step` on a path that contains `path_part` fails with errno `error` (e.g. ENOSPC), once.
+// Injections are kept per process until they fire or clear_write_failures() is called.
+void inject_write_failure(WriteStep step, std::string path_part, int error);
+void clear_write_failures();
+// The errno an injected failure gives this `step` on `path` (consuming the injection), or 0 when none matches.
+// Called by every write, sync and rename of the atomic-write layer and of the token shard writer.
+int injected_write_failure(WriteStep step, const std::string& path);
+
 // "<path>.tmp-<pid>": where an atomic write of `path` puts its data before the rename. The process id keeps two
 // writers of the same path apart.
 std::string temporary_sibling_path(const std::string& path);

