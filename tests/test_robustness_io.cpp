@@ -153,5 +153,82 @@ TEST_F(InjectedFailures, TokenShardWriteAndRenameFailuresKeepTheEarlierShard) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// A full disk, as the hgrn binary meets it: a clean exit with the message, never a crash in HDF5's exit handler.
+
+// A directory where writes fail once `bytes` are used: a tmpfs of that size when this process may mount one, else
+// an ordinary directory whose commands run with no file allowed past `file_limit` bytes (EFBIG for ENOSPC).
+class SmallDisk {
+ public:
+  SmallDisk(const std::string& dir, int64_t bytes, int64_t file_limit) : dir_(dir), file_limit_(file_limit) {
+    fs::create_directories(dir_);
+    const std::string options = "size=" + std::to_string(bytes);
+    mounted_ = ::mount("tmpfs", dir_.c_str(), "tmpfs", 0, options.c_str()) == 0;
+  }
+  ~SmallDisk() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  const std::string& dir() const { return dir_; }
+  bool mounted() const { return mounted_; }
+
+  // `hgrn <args>` on this disk.
+  CommandResult run(const std::vector<std::string>& args) const {
+    std::string command = shell_quote(hgrn_binary());
+    for (const std::string& a : args) command += " " + shell_quote(a);
+    if (!mounted_)
+      command = "bash -c " + shell_quote("trap '' XFSZ; ulimit -f " + std::to_string(file_limit_ / 1024) + "; exec " +
+                                         command);
+    return run_command(command);
+  }
+
+ private:
+  std::string dir_;
+  int64_t file_limit_;
+  bool mounted_ = false;
+};
+
+TEST(FullDisk, CheckpointFailsCleanlyAndKeepsThePreviousOne) {
+  ScratchDir scratch;
+  const std::string config = scratch / "run.yaml";
+  write_file(config,
+             "model: {hidden_size: 64, num_hidden_layers: 2, expand_ratio: 16, vocab_size: 41}\n"
+             "data: {task: mqar, seq_len: 32, mqar: {num_kv_pairs: 4}}\n"
+             "training: {device: cpu, threads: 1, micro_batch_size: 4, max_steps: 1, warmup_steps: 0, "
+             "eval_interval: 0}\n"
+             "checkpoint: {interval: 1, keep_last: 5}\n");
+  // The first checkpoint, written where there is room, tells how large one is.
+  const std::string room = scratch / "room";
+  ASSERT_EQ(run_hgrn({"train", "-c", config, "-s", "logging.run_dir=" + room}).status, 0);
+  const std::string first = room + "/checkpoints/step_00000001.h5";
+  const int64_t checkpoint_bytes = static_cast<int64_t>(fs::file_size(first));
+
+  // A disk with room for the copied run and a quarter of a checkpoint: its step-2 checkpoint runs out of space, and
+  // so does an export (a third of a checkpoint: the weights without the two AdamW moments).
+  SmallDisk disk(scratch / "disk", checkpoint_bytes * 5 / 4 + (32 << 10), checkpoint_bytes / 4);
+  if (!disk.mounted()) std::cout << "note: cannot mount a tmpfs here; a file size limit stands in for a full disk\n";
+  const std::string run_dir = disk.dir() + "/run";
+  fs::copy(room, run_dir, fs::copy_options::recursive);
+  const CommandResult r = disk.run({"train", "-c", config, "-s", "logging.run_dir=" + run_dir, "-s",
+                                    "training.max_steps=2"});
+  EXPECT_EQ(r.status, 1) << r.err;  // -1 would be a signal (SIGSEGV at exit)
+  const std::string no_room = std::strerror(disk.mounted() ? ENOSPC : EFBIG);
+  expect_contains(r.err, "step_00000002.h5");
+  expect_contains(r.err, no_room);
+  EXPECT_EQ(load_checkpoint(run_dir + "/checkpoints/step_00000001.h5").step, 1);
+  EXPECT_FALSE(fs::exists(run_dir + "/checkpoints/step_00000002.h5"));
+  EXPECT_TRUE(temporaries_in(run_dir).empty());
+
+  // Exporting onto the full disk fails the same way, for both formats.
+  for (const char* format : {"hdf5", "hf"}) {
+    const std::string out = run_dir + "/export-" + format;
+    const CommandResult e = disk.run({"export", "--checkpoint", first, "--format", format, "--out", out});
+    EXPECT_EQ(e.status, 1) << format << ": " << e.err;
+    expect_contains(e.err, out);
+    expect_contains(e.err, no_room);
+    EXPECT_FALSE(fs::exists(out)) << format;
+  }
+  EXPECT_TRUE(temporaries_in(run_dir).empty());
+}
+
 }  // namespace
 }  // namespace hgrn

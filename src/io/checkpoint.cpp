@@ -156,16 +156,26 @@ class CheckpointWriter {
                          "checkpoint file ", file_, kWriteAdvice),
                 H5Fclose, "checkpoint file " + file_);
     access.close();
+    try {
+      write_contents(file.id(), state);
+      file.close();
+    } catch (...) {
+      hdf5::abandon_file(file, file_);  // the objects inside were closed as the exception left write_contents
+      throw;
+    }
+  }
 
+ private:
+  void write_contents(hid_t file, const TrainingState& state) {
     const int64_t param_count = static_cast<int64_t>(state.params.size());
-    write_meta(file.id(), state, param_count);
-    write_config(file.id(), state.config_yaml);
+    write_meta(file, state, param_count);
+    write_config(file, state.config_yaml);
 
-    Handle params = create_group(file.id(), "params", "/params", true);
+    Handle params = create_group(file, "params", "/params", true);
     for (const auto& [name, tensor] : state.params) write_tensor(params.id(), "/params/", name, tensor);
     params.close();
 
-    Handle adam = create_group(file.id(), "adam", "/adam", false);
+    Handle adam = create_group(file, "adam", "/adam", false);
     Handle first = create_group(adam.id(), "m", "/adam/m", true);
     Handle second = create_group(adam.id(), "v", "/adam/v", true);
     for (size_t i = 0; i < state.params.size(); ++i) {
@@ -177,13 +187,11 @@ class CheckpointWriter {
     adam.close();
 
     // Everything else reaches the file before the marker that says the file is whole.
-    H5_CHECK(H5Fflush(file.id(), H5F_SCOPE_GLOBAL), "cannot flush checkpoint file ", file_, kWriteAdvice);
-    write_integer_attribute(file.id(), "/", "complete", int64_t{1});
-    H5_CHECK(H5Fflush(file.id(), H5F_SCOPE_GLOBAL), "cannot flush checkpoint file ", file_, kWriteAdvice);
-    file.close();
+    H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), "cannot flush checkpoint file ", file_, kWriteAdvice);
+    write_integer_attribute(file, "/", "complete", int64_t{1});
+    H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), "cannot flush checkpoint file ", file_, kWriteAdvice);
   }
 
- private:
   Handle create_group(hid_t parent, const char* name, const std::string& object, bool track_order) {
     Handle options(H5_CHECK(H5Pcreate(H5P_GROUP_CREATE), "checkpoint ", file_, ": cannot create a property list"),
                    H5Pclose, "group creation property list for " + object + " in " + file_);

@@ -1,12 +1,15 @@
 // hdf5_check.cpp: HDF5 library setup, error-stack summaries for hgrn's messages, and the owning Handle.
 #include "io/hdf5_check.h"
 
+#include <unistd.h>
+
 #include <utility>
 #include <vector>
 
 namespace hgrn::hdf5 {
 
 void prepare_library() {
+  H5dont_atexit();  // effective before the first H5open only, a no-op after
   H5_CHECK(H5open(), "cannot initialise the HDF5 library (is libhdf5 installed correctly?)");
   // With automatic printing on, every failure would dump HDF5's internal stack trace to stderr before hgrn's own
   // message; the stack stays available to error_stack_summary() for the message hgrn throws.
@@ -67,6 +70,15 @@ Handle& Handle::operator=(Handle&& other) noexcept {
 
 Handle::~Handle() {
   if (id_ >= 0 && closer_) closer_(id_);
+}
+
+void abandon_file(Handle& file, const std::string& path) noexcept {
+  ::truncate(path.c_str(), 0);  // best effort: the close below is what matters
+  try {
+    file.close();
+  } catch (const Error&) {
+    // Still open: prepare_library made sure HDF5 does not trip over it at exit; the first error is the one reported.
+  }
 }
 
 void Handle::close() {

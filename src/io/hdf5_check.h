@@ -14,7 +14,9 @@
 namespace hgrn::hdf5 {
 
 // Initialises the library and turns off HDF5's automatic error printing. Every entry point of hgrn's HDF5 code
-// calls this first: it is cheap, and HDF5 keeps the setting per thread in thread-safe builds.
+// calls this first: it is cheap, and HDF5 keeps the setting per thread in thread-safe builds. It also keeps HDF5
+// from closing files at process exit: hgrn closes every file itself, and a file whose close failed (a full disk)
+// would crash HDF5's exit handler.
 void prepare_library();
 
 // The innermost (most specific) entries of HDF5's current error stack as "function(): description; ...", or ""
@@ -66,6 +68,12 @@ class Handle {
   Closer closer_ = nullptr;
   std::string description_;
 };
+
+// Closes `file`, a temporary being written at `path`, after a write failed; the caller removes the file and
+// reports the original error. HDF5 writes its metadata when a file is closed, which on a full disk fails again
+// and leaves the file open, so the contents are dropped first (the file is truncated to nothing) to give the close
+// room. Objects inside the file must be closed already. Never throws.
+void abandon_file(Handle& file, const std::string& path) noexcept;
 
 }  // namespace hgrn::hdf5
 

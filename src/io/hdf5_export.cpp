@@ -31,12 +31,16 @@ class WeightsWriter {
                 H5Fclose, "HDF5 file " + file_);
     access.close();
     creation.close();
-
-    write_string_attribute(file.id(), "/", "format", kHdf5WeightsFormat);
-    write_string_attribute(file.id(), "/", "config", config_json);
-    for (const auto& [name, tensor] : tensors) write_tensor(file.id(), name, tensor);
-    H5_CHECK(H5Fflush(file.id(), H5F_SCOPE_GLOBAL), "cannot flush HDF5 file ", file_, kWriteAdvice);
-    file.close();
+    try {
+      write_string_attribute(file.id(), "/", "format", kHdf5WeightsFormat);
+      write_string_attribute(file.id(), "/", "config", config_json);
+      for (const auto& [name, tensor] : tensors) write_tensor(file.id(), name, tensor);
+      H5_CHECK(H5Fflush(file.id(), H5F_SCOPE_GLOBAL), "cannot flush HDF5 file ", file_, kWriteAdvice);
+      file.close();
+    } catch (...) {
+      hdf5::abandon_file(file, file_);  // every object inside was closed as the exception left its function
+      throw;
+    }
   }
 
  private:
