@@ -230,5 +230,57 @@ TEST(FullDisk, CheckpointFailsCleanlyAndKeepsThePreviousOne) {
   EXPECT_TRUE(temporaries_in(run_dir).empty());
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// export --force replaces an earlier export of the same format and nothing else.
+
+class ExportForce : public ::testing::Test {
+ protected:
+  void SetUp() override { checkpoint_ = save_checkpoint(scratch_ / "checkpoints", small_state(3, 7)); }
+
+  CommandResult export_to(const std::string& format, const std::string& out) {
+    return run_hgrn({"export", "--checkpoint", checkpoint_, "--format", format, "--out", out, "--force"});
+  }
+
+  // The refusal names the path, says nothing was deleted, and the path still holds exactly what it held.
+  void expect_refused(const std::string& format, const std::string& out) {
+    const CommandResult r = export_to(format, out);
+    EXPECT_EQ(r.status, 1) << format << " over " << out << ": " << r.err;
+    expect_contains(r.err, "refusing to replace " + out);
+    expect_contains(r.err, "nothing was deleted");
+  }
+
+  ScratchDir scratch_;
+  std::string checkpoint_;
+};
+
+TEST_F(ExportForce, RefusesAnythingButAnEarlierExportOfTheSameFormat) {
+  const std::string plain = scratch_ / "notes.txt";
+  write_file(plain, "my notes");
+  expect_refused("hdf5", plain);
+  expect_refused("hf", plain);
+  EXPECT_EQ(read_file(plain), "my notes");
+
+  const std::string unrelated = scratch_ / "project";
+  fs::create_directories(unrelated);
+  write_file(unrelated + "/main.c", "int main() {}");
+  expect_refused("hdf5", unrelated);
+  expect_refused("hf", unrelated);
+  EXPECT_EQ(read_file(unrelated + "/main.c"), "int main() {}");
+
+  // An export of the other format is not replaced either, and each format replaces its own.
+  const std::string h5 = scratch_ / "weights.h5", hf = scratch_ / "hf";
+  ASSERT_EQ(export_to("hdf5", h5).status, 0);
+  ASSERT_EQ(export_to("hf", hf).status, 0);
+  expect_refused("hf", h5);
+  expect_refused("hdf5", hf);
+  EXPECT_TRUE(fs::is_regular_file(hf + "/config.json"));
+  EXPECT_EQ(export_to("hdf5", h5).status, 0);
+  EXPECT_EQ(export_to("hf", hf).status, 0);
+
+  // An HDF5 file that is not an hgrn export (a checkpoint) is not one either.
+  expect_refused("hdf5", checkpoint_);
+  EXPECT_EQ(load_checkpoint(checkpoint_).step, 3);
+}
+
 }  // namespace
 }  // namespace hgrn

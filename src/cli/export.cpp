@@ -116,7 +116,8 @@ int run_export_command(const ExportArgs& args, std::ostream& out) {
   }
 
   require_hf_form(config.model, args.out_path);
-  publish_atomically(args.out_path, /*is_directory=*/true, args.force, [&](const std::string& temp_dir) {
+  publish_atomically(args.out_path, /*is_directory=*/true, args.force, hf_export_kind(),
+                     [&](const std::string& temp_dir) {
     write_hf_files(config.model, state.params, temp_dir, dtype, args.shard_bytes, eos);
     if (args.reference_sequences > 0) {
       // The reference runs on the weights as exported (bf16-rounded for --dtype bf16), which is what transformers

@@ -164,7 +164,22 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   writer.commit();
 }
 
-void publish_atomically(const std::string& requested_path, bool is_directory, bool overwrite,
+void require_replaceable(const std::string& path, bool overwrite, const OutputKind& kind) {
+  std::error_code error;
+  const fs::file_status status = fs::symlink_status(path, error);
+  if (!fs::exists(status)) return;
+  const bool is_directory = fs::is_directory(status);
+  if (is_directory && fs::is_empty(path, error) && !error) return;
+  const char* what = is_directory ? "a non-empty directory" : fs::is_regular_file(status) ? "a file" : "something";
+  HGRN_CHECK(overwrite, "refusing to overwrite ", path, ": it already exists",
+             is_directory ? " and is not empty" : "",
+             " (remove it, choose another output path, or pass --force to replace ", kind.description, ")");
+  HGRN_CHECK(kind.recognises(path), "refusing to replace ", path, " with --force: it is ", what, " but not ",
+             kind.description, ", and --force replaces nothing else; nothing was deleted (remove it yourself or "
+             "choose another output path)");
+}
+
+void publish_atomically(const std::string& requested_path, bool is_directory, bool overwrite, const OutputKind& kind,
                         const std::function<void(const std::string& temp_path)>& fill) {
   HGRN_CHECK(!requested_path.empty(), "the output path is empty");
   // "out/" names the same thing as "out", but its parent_path() would be "out" itself.
@@ -180,9 +195,7 @@ void publish_atomically(const std::string& requested_path, bool is_directory, bo
   const fs::file_status status = fs::symlink_status(target, error);
   const bool exists = fs::exists(status);
   const bool empty_directory = exists && fs::is_directory(status) && fs::is_empty(target, error) && !error;
-  HGRN_CHECK(!exists || empty_directory || overwrite, "refusing to overwrite ", final_path,
-             ": it already exists", fs::is_directory(status) ? " and is not empty" : "",
-             " (remove it, choose another output path, or pass --force to replace it)");
+  require_replaceable(final_path, overwrite, kind);
 
   const std::string temp_path = temporary_sibling_path(final_path);
   fs::remove_all(temp_path, error);  // left by an earlier process with this id that crashed

@@ -74,14 +74,24 @@ class AtomicFileWriter {
 // Writes `bytes` to `path` atomically (AtomicFileWriter in one call).
 void write_file_atomically(const std::string& path, std::string_view bytes);
 
+// What an earlier output of one kind looks like: --force replaces such an output and nothing else, so that a
+// mistyped output path never costs a user an unrelated file or directory.
+struct OutputKind {
+  std::string description;                                  // e.g. "an hgrn HDF5 weights file"
+  std::function<bool(const std::string& path)> recognises;  // true when path holds an earlier output of this kind
+};
+
+// Checks that a new output may be put at `path`: nothing there, an empty directory, or (only with `overwrite`) an
+// earlier output of `kind`. Throws hgrn::Error naming the path and what is there otherwise; deletes nothing.
+void require_replaceable(const std::string& path, bool overwrite, const OutputKind& kind);
+
 // Creates `final_path` (a directory when `is_directory`, else a file) atomically: `fill` is called with a temporary
 // sibling path (for a directory: an existing empty directory; for a file: a path that does not exist yet) and must
-// produce the complete result there; then it replaces final_path in one rename. An existing final_path that is a
-// non-empty directory or a file is refused unless `overwrite`; with overwrite it is replaced only after the new one
-// is complete (atomically where the kernel can exchange two names, else by moving the old one aside first, so that
-// final_path is never half-written). An empty existing directory is replaced without asking. Throws hgrn::Error
-// naming final_path; on any failure the temporary is removed and final_path is left as it was.
-void publish_atomically(const std::string& final_path, bool is_directory, bool overwrite,
+// produce the complete result there; then it replaces final_path in one rename. What may be there is decided by
+// require_replaceable; an existing output is replaced only after the new one is complete (atomically where the
+// kernel can exchange two names, else by moving the old one aside first, so that final_path is never half-written).
+// Throws hgrn::Error naming final_path; on any failure the temporary is removed and final_path is left as it was.
+void publish_atomically(const std::string& final_path, bool is_directory, bool overwrite, const OutputKind& kind,
                         const std::function<void(const std::string& temp_path)>& fill);
 
 }  // namespace hgrn

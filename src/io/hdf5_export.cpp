@@ -111,7 +111,42 @@ class WeightsWriter {
   std::string file_;
 };
 
+// True when `path` is an HDF5 file whose root attribute format reads kHdf5WeightsFormat. Anything unexpected
+// (not HDF5, no such attribute, another type) is simply "not ours".
+bool holds_weights_format(const std::string& path) {
+  if (H5Fis_hdf5(path.c_str()) <= 0) return false;
+  try {
+    Handle file(H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open ", path), H5Fclose,
+                "HDF5 file " + path);
+    if (H5Aexists(file.id(), "format") <= 0) return false;
+    Handle attribute(H5_CHECK(H5Aopen(file.id(), "format", H5P_DEFAULT), "cannot open ", path, " attribute format"),
+                     H5Aclose, "attribute format of " + path);
+    Handle stored(H5_CHECK(H5Aget_type(attribute.id()), "cannot read the type of ", path, " attribute format"),
+                  H5Tclose, "type of attribute format of " + path);
+    if (H5Tget_class(stored.id()) != H5T_STRING || H5Tis_variable_str(stored.id()) <= 0) return false;
+    Handle type(H5_CHECK(H5Tcopy(H5T_C_S1), "cannot create a string type"), H5Tclose, "string type");
+    H5_CHECK(H5Tset_size(type.id(), H5T_VARIABLE), "cannot size a string type");
+    H5_CHECK(H5Tset_cset(type.id(), H5Tget_cset(stored.id())), "cannot set a character set");
+    char* text = nullptr;
+    H5_CHECK(H5Aread(attribute.id(), type.id(), &text), "cannot read ", path, " attribute format");
+    const bool ours = text != nullptr && std::string(text) == kHdf5WeightsFormat;
+    H5free_memory(text);
+    return ours;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 }  // namespace
+
+OutputKind hdf5_export_kind() {
+  return {std::string("an hgrn HDF5 export (an HDF5 file with the root attribute format = ") + kHdf5WeightsFormat +
+              ")",
+          [](const std::string& path) {
+            hdf5::prepare_library();
+            return holds_weights_format(path);
+          }};
+}
 
 void export_hdf5(const ModelConfig& config, const NamedTensors& params, const std::string& out_file, DType dtype,
                  bool overwrite, std::optional<int64_t> eos_token_id) {
@@ -132,9 +167,8 @@ void export_hdf5(const ModelConfig& config, const NamedTensors& params, const st
   }
 
   const std::string config_json = hf_config_json(config, dtype, eos_token_id);
-  publish_atomically(out_file, /*is_directory=*/false, overwrite, [&](const std::string& temp_path) {
-    WeightsWriter(temp_path).write(config_json, converted);
-  });
+  publish_atomically(out_file, /*is_directory=*/false, overwrite, hdf5_export_kind(),
+                     [&](const std::string& temp_path) { WeightsWriter(temp_path).write(config_json, converted); });
 }
 
 }  // namespace hgrn

@@ -11,11 +11,16 @@
 #include <string>
 
 #include "config/config.h"
+#include "io/atomic_write.h"
 #include "io/safetensors.h"
 
 namespace hgrn {
 
 inline constexpr const char* kHdf5WeightsFormat = "hgrn-weights-v1";
+
+// An earlier HDF5 export, the only thing `export --force` replaces: an HDF5 file whose root attribute format is
+// kHdf5WeightsFormat.
+OutputKind hdf5_export_kind();
 
 // Writes the file atomically (temporary sibling, fsync, rename). params: hgrn's parameters by fla name (fp32),
 // matching model_param_specs(config); dtype F32 or BF16. An existing out_file is refused unless `overwrite`.

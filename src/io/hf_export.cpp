@@ -146,10 +146,22 @@ void write_hf_files(const ModelConfig& config, const NamedTensors& params, const
   write_file_atomically((fs::path(dir) / kConfigFile).string(), hf_config_json(config, dtype, eos_token_id));
 }
 
+OutputKind hf_export_kind() {
+  return {std::string("a Hugging Face export (a directory with ") + kConfigFile + " and " + kSafetensorsSingleFile +
+              " or " + kSafetensorsIndexFile + ")",
+          [](const std::string& path) {
+            const fs::path dir(path);
+            std::error_code error;
+            return fs::is_directory(dir, error) && fs::is_regular_file(dir / kConfigFile, error) &&
+                   (fs::is_regular_file(dir / kSafetensorsSingleFile, error) ||
+                    fs::is_regular_file(dir / kSafetensorsIndexFile, error));
+          }};
+}
+
 void export_hf(const ModelConfig& config, const NamedTensors& params, const std::string& out_dir, DType dtype,
                int64_t shard_bytes, bool overwrite) {
   require_hf_form(config, out_dir);
-  publish_atomically(out_dir, /*is_directory=*/true, overwrite, [&](const std::string& temp_dir) {
+  publish_atomically(out_dir, /*is_directory=*/true, overwrite, hf_export_kind(), [&](const std::string& temp_dir) {
     write_hf_files(config, params, temp_dir, dtype, shard_bytes);
   });
 }

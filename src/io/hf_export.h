@@ -9,6 +9,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "io/atomic_write.h"
 #include "io/safetensors.h"
 #include "models/params.h"
 
@@ -40,6 +41,10 @@ void require_hf_form(const ModelConfig& config, const std::string& out_dir);
 // export_hf wraps it; the CLI also uses it to add files to the same directory before it is published.
 void write_hf_files(const ModelConfig& config, const NamedTensors& params, const std::string& dir, DType dtype,
                     int64_t shard_bytes, std::optional<int64_t> eos_token_id = std::nullopt);
+
+// An earlier Hugging Face export, the only thing `export --force` replaces: a directory holding config.json and
+// model.safetensors or model.safetensors.index.json.
+OutputKind hf_export_kind();
 
 // write_hf_files into out_dir, atomically: everything goes to out_dir.tmp-<pid>, which is renamed to out_dir only
 // once complete. An existing non-empty out_dir is refused unless `overwrite`, and then replaced only after the new
