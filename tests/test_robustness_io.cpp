@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "config/config.h"
+#include "core/checked_math.h"
 #include "data/prepare.h"
 #include "data/token_shards.h"
 #include "export_fixtures.h"
@@ -280,6 +281,47 @@ TEST_F(ExportForce, RefusesAnythingButAnEarlierExportOfTheSameFormat) {
   // An HDF5 file that is not an hgrn export (a checkpoint) is not one either.
   expect_refused("hdf5", checkpoint_);
   EXPECT_EQ(load_checkpoint(checkpoint_).step, 3);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Model sizes: refused before anything is allocated, never wrapped around.
+
+TEST(ModelSize, CheckedArithmeticRefusesOverflow) {
+  EXPECT_EQ(checked_mul(int64_t{1} << 31, int64_t{1} << 31, "x"), int64_t{1} << 62);
+  EXPECT_THROW(checked_mul(int64_t{1} << 32, int64_t{1} << 31, "x"), Error);
+  EXPECT_THROW(checked_add(INT64_MAX, 1, "x"), Error);
+  EXPECT_THROW(shape_numel({int64_t{1} << 32, int64_t{1} << 32}), Error);
+  // A model config built in code skips validation: its cost still does not wrap around.
+  ModelConfig huge = small_model_config();
+  huge.hidden_size = 1'000'000'000;
+  huge.intermediate_size = std::nullopt;
+  EXPECT_THROW(model_cost(huge, 32), Error);
+}
+
+TEST(ModelSize, InfoRefusesHugeModelsQuicklyNamingTheKey) {
+  for (const std::string& setting : {"model.num_hidden_layers=100000000", "model.hidden_size=1000000000",
+                                     "model.vocab_size=100000000000", "model.hidden_ratio=1000000000000"}) {
+    // Bounded memory: a run that started to build such a model would fail differently under this limit.
+    const std::string command = "bash -c " + shell_quote("ulimit -v 4000000; exec " + shell_quote(hgrn_binary()) +
+                                                         " info -c configs/mqar-tiny.yaml -s " + setting);
+    const CommandResult r = run_command("cd " + shell_quote(HGRN_SOURCE_DIR) + " && " + command);
+    EXPECT_EQ(r.status, 2) << setting << ": " << r.err;
+    expect_contains(r.err, setting.substr(0, setting.find('=')));
+  }
+}
+
+TEST(ModelSize, TrainRefusesAModelLargerThanTheHostWithTheEstimate) {
+  ScratchDir scratch;
+  const std::string command =
+      "bash -c " + shell_quote("ulimit -v 4000000; exec " + shell_quote(hgrn_binary()) +
+                               " train -c configs/mqar-tiny.yaml -s training.device=cpu -s model.hidden_size=65536 "
+                               "-s model.num_hidden_layers=1024 -s model.expand_ratio=64 -s logging.run_dir=" +
+                               shell_quote(scratch / "run"));
+  const CommandResult r = run_command("cd " + shell_quote(HGRN_SOURCE_DIR) + " && " + command);
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_contains(r.err, "estimated");
+  expect_contains(r.err, "this host has");
+  EXPECT_FALSE(fs::exists(scratch / "run"));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "core/format.h"
 #include "models/cost.h"
 #include "models/registry.h"
+#include "train/memory_fit.h"
 
 namespace hgrn::cli {
 
@@ -97,6 +98,10 @@ void print_info(const Config& config, std::ostream& out) {
       << memory.peak_at << ")\n"
       << "  total                       " << short_bytes(memory.total()) << "  (estimated peak"
       << (target.gpu ? ", as `hgrn bench` measures it" : "") << ")\n";
+  const double host = host_memory_bytes();
+  if (!target.gpu && memory.total() > host)
+    out << "  (more than this host's " << short_bytes(host)
+        << " of memory: hgrn train on the CPU refuses it here)\n";
 }
 
 int run_info_command(const ConfigArgs& args, std::ostream& out) {

@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "config/suggest.h"
+#include "core/checked_math.h"
 #include "models/registry.h"
 
 namespace hgrn {
@@ -47,7 +48,9 @@ int64_t ModelConfig::value_dim() const { return hidden_size / heads(); }
 int64_t ModelConfig::mlp_size() const {
   if (intermediate_size) return *intermediate_size;
   // fla: int(D * hidden_ratio * 2 / 3), rounded up to a multiple of 256 (all quantities positive: / is floor).
-  const int64_t two_thirds = hidden_size * hidden_ratio * 2 / 3;
+  const int64_t two_thirds =
+      checked_mul(checked_mul(hidden_size, hidden_ratio, "model.hidden_size x model.hidden_ratio"), 2,
+                  "the MLP width") / 3;
   return 256 * ((two_thirds + 255) / 256);
 }
 
@@ -502,6 +505,12 @@ class ConfigReader : public ConfigChecker {
   void require_positive(const std::string& key, int64_t value) const {
     if (value <= 0) fail_key(key, "expected a positive integer, got " + std::to_string(value));
   }
+  void require_positive_at_most(const std::string& key, int64_t value, int64_t high) const {
+    require_positive(key, value);
+    if (value > high)
+      fail_key(key, "expected a positive integer of at most " + std::to_string(high) + ", got " +
+                        std::to_string(value));
+  }
   void require_non_negative(const std::string& key, int64_t value) const {
     if (value < 0) fail_key(key, "expected 0 or a positive integer, got " + std::to_string(value));
   }
@@ -538,11 +547,14 @@ void ConfigReader::validate() {
       if (type != m.type && is_set(key) && !at_default(key))
         fail_key(key, "belongs to model.type " + type + " (" + model_family(type).display_name() +
                           "); this config's model.type is " + m.type);
-  require_positive("model.hidden_size", m.hidden_size);
-  require_positive("model.num_hidden_layers", m.num_hidden_layers);
-  require_positive("model.vocab_size", m.vocab_size);
-  require_positive("model.hidden_ratio", m.hidden_ratio);
-  if (m.intermediate_size) require_positive("model.intermediate_size", *m.intermediate_size);
+  // Upper bounds far above any model hgrn can train, so that every size derived from them fits 64 bits and a
+  // mistyped value is refused here rather than by the allocator.
+  require_positive_at_most("model.hidden_size", m.hidden_size, int64_t{1} << 16);
+  require_positive_at_most("model.num_hidden_layers", m.num_hidden_layers, 1024);
+  require_positive_at_most("model.vocab_size", m.vocab_size, int64_t{1} << 31);  // token ids are int32
+  require_positive_at_most("model.hidden_ratio", m.hidden_ratio, 64);
+  if (m.intermediate_size)
+    require_positive_at_most("model.intermediate_size", *m.intermediate_size, int64_t{1} << 20);
   require_positive("model.norm_eps", m.norm_eps);
   require_positive("model.initializer_range", m.initializer_range);
   require_one_of("model.attn_mode", m.attn_mode, {"chunk", "fused_recurrent"});

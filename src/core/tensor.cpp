@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/allocator.h"
+#include "core/checked_math.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/cast.h"
 #endif
@@ -23,7 +24,7 @@ std::string shape_str(const Shape& shape) {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) n = checked_mul(n, s, "the element count of a tensor shape");  // cheap: text only on failure
   return n;
 }
 
@@ -43,7 +44,9 @@ Storage::~Storage() { device_free(data, device); }
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape) HGRN_CHECK(s >= 0, "negative size in shape ", shape_str(shape));
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  const int64_t bytes =
+      checked_mul(shape_numel(shape), static_cast<int64_t>(dtype_size(dtype)), "the byte size of a tensor");
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(bytes), device);
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;

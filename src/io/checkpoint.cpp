@@ -15,6 +15,7 @@
 #include <system_error>
 #include <type_traits>
 
+#include "core/checked_math.h"
 #include "io/atomic_write.h"
 #include "io/crc32.h"
 #include "io/hdf5_check.h"
@@ -615,7 +616,8 @@ class CheckpointReader {
     type.close();
 
     const Shape shape = dataset_shape(dataset.id(), object);
-    const size_t expected_bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    const size_t expected_bytes = static_cast<size_t>(checked_mul(
+        shape_numel(shape), static_cast<int64_t>(dtype_size(dtype)), "checkpoint ", file_, ": the size of ", object));
     // Compare with what the file really holds before allocating: a damaged shape must not become a huge allocation.
     if (expected_bytes > 0) {
       const hsize_t stored_bytes = H5_CHECK(H5Dget_storage_size(dataset.id()), "checkpoint ", file_, ": ", object,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/checked_math.h"
 #include "models/params.h"
 #include "models/registry.h"
 #include "ops/linear_cross_entropy.h"
@@ -58,14 +59,14 @@ ModelCost model_cost(const ModelConfig& config, int64_t seq_len) {
 
   for (const ParamSpec& spec : specs) {
     const int64_t count = shape_numel(spec.shape);
-    cost.params_total += count;
+    cost.params_total = checked_add(cost.params_total, count, "the parameter count");
     const std::string group = param_group_name(spec.group);
     auto it = std::find_if(cost.params_by_group.begin(), cost.params_by_group.end(),
                            [&](const auto& entry) { return entry.first == group; });
     if (it == cost.params_by_group.end())
       cost.params_by_group.emplace_back(group, count);
     else
-      it->second += count;
+      it->second = checked_add(it->second, count, "the parameter count of group ", group);
   }
 
   const double L = static_cast<double>(config.num_hidden_layers);

@@ -25,6 +25,7 @@
 #include "ops/gemm_cpu.h"
 #include "train/evaluate.h"
 #include "train/lm_loss.h"
+#include "train/memory_fit.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/resume_config.h"
@@ -213,6 +214,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
   const std::string no_cuda = model_family(config.model.type).cuda_refusal(config.model);
   if (!no_cuda.empty() && tc.device == "auto") log << "note: training on the CPU: " << no_cuda << "\n";
   const Device device = resolve_device(no_cuda.empty() ? tc.device : "cpu");
+  if (device == Device::CPU) require_training_fits(config);  // before the model or the run directory exist
   const DType act_dtype = activation_dtype(tc.precision, device);
   // Several ranks on a node share its cores: each one spinning up a thread per core would oversubscribe them.
   const int threads = tc.threads > 0 ? static_cast<int>(tc.threads)
