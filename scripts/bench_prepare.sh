@@ -39,7 +39,7 @@ for threads in 1 2; do
   for _ in $(seq "$repeats"); do
     start="$(now)"
     "$hgrn" prepare --corpus wikitext --input "$corpus" --tokenizer "$tokenizer" --output "$work/wt2" \
-      --threads "$threads" 2>"$work/log" || { cat "$work/log" >&2; exit 1; }
+      --threads "$threads" --force 2>"$work/log" || { cat "$work/log" >&2; exit 1; }
     end="$(now)"
     best="$("$python" -c 'import sys; e = float(sys.argv[2]) - float(sys.argv[1]); b = sys.argv[3]
 print(e if not b else min(e, float(b)))' "$start" "$end" "$best")"

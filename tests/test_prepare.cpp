@@ -262,6 +262,7 @@ TEST(Prepare, FailedRunKeepsThePreviousOutput) {
   const std::string good_json = read_bytes(good.train_prefix + ".json");
 
   options.inputs = {(dir / "bad.jsonl").string()};
+  options.force = true;  // replacing the earlier shard is allowed; the failure must still keep it
   try {
     prepare_corpus(options);
     FAIL() << "the malformed record was accepted";

@@ -324,5 +324,110 @@ TEST(ModelSize, TrainRefusesAModelLargerThanTheHostWithTheEstimate) {
   EXPECT_FALSE(fs::exists(scratch / "run"));
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// prepare: input that is not what --corpus says, impossible options, leftovers and existing shards.
+
+PrepareOptions wikitext_options(const std::string& input, const std::string& prefix) {
+  PrepareOptions options;
+  options.corpus = "wikitext";
+  options.inputs = {input};
+  options.output_prefix = prefix;
+  options.threads = 1;
+  return options;
+}
+
+std::string small_wikitext() {
+  std::string text;
+  for (int article = 0; article < 20; ++article)
+    text += " = Article " + std::to_string(article) + " = \n\n Some text of article " + std::to_string(article) +
+            " .\n\n";
+  return text;
+}
+
+TEST(PrepareInput, RefusesJsonLinesAsWikiText) {
+  ScratchDir scratch;
+  const std::string input = scratch / "00.jsonl";
+  write_file(input, "{\"text\": \"a document\", \"meta\": {\"pile_set_name\": \"Pile-CC\"}}\n");
+  try {
+    prepare_corpus(wikitext_options(input, scratch / "out"));
+    FAIL() << "JSON lines were accepted as WikiText";
+  } catch (const Error& error) {
+    expect_contains(error.what(), input);
+    expect_contains(error.what(), "--corpus pile");
+  }
+  EXPECT_FALSE(fs::exists(shard_idx_path(scratch / "out_train")));
+}
+
+TEST(PrepareInput, RefusesAnEmptyTrainingSplitAndTooManyThreads) {
+  ScratchDir scratch;
+  const std::string input = scratch / "wiki.txt";
+  write_file(input, small_wikitext());
+  PrepareOptions options = wikitext_options(input, scratch / "out");
+  options.valid_fraction = 0.9999;
+  try {
+    prepare_corpus(options);
+    FAIL() << "an empty training split was written";
+  } catch (const Error& error) {
+    expect_contains(error.what(), "--valid-fraction");
+  }
+  EXPECT_FALSE(fs::exists(shard_idx_path(scratch / "out_train")));
+  EXPECT_FALSE(fs::exists(shard_idx_path(scratch / "out_valid")));
+
+  const CommandResult r = run_hgrn({"prepare", "--corpus", "wikitext", "--input", input, "--output",
+                                    scratch / "many", "--threads", "100000"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_contains(r.err, "--threads");
+  options.valid_fraction = 0;
+  options.threads = 100000;
+  EXPECT_THROW(prepare_corpus(options), Error);
+}
+
+TEST(PrepareOutput, RemovesTemporariesOfKilledRunsAndRefusesToOverwriteWithoutForce) {
+  ScratchDir scratch;
+  const std::string input = scratch / "wiki.txt", prefix = scratch / "out";
+  write_file(input, small_wikitext());
+  // A process id that is certainly not running: a child that has exited and been reaped.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  const std::string dead = shard_bin_path(prefix + "_train") + ".tmp-" + std::to_string(child);
+  const std::string alive = shard_bin_path(prefix + "_train") + ".tmp-" + std::to_string(::getppid());
+  write_file(dead, "left by a killed prepare");
+  write_file(alive, "a running prepare's");
+
+  PrepareOptions options = wikitext_options(input, prefix);
+  std::ostringstream progress;
+  options.progress = &progress;
+  const PrepareResult first = prepare_corpus(options);
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(alive));
+  expect_contains(progress.str(), dead);
+  fs::remove(alive);
+
+  const std::string idx = read_file(shard_idx_path(first.train_prefix));
+  try {
+    prepare_corpus(options);
+    FAIL() << "an existing shard was overwritten without --force";
+  } catch (const Error& error) {
+    expect_contains(error.what(), "refusing to overwrite " + shard_bin_path(first.train_prefix));
+    expect_contains(error.what(), "--force");
+  }
+  EXPECT_EQ(read_file(shard_idx_path(first.train_prefix)), idx);
+  options.force = true;
+  EXPECT_EQ(prepare_corpus(options).train.documents, first.train.documents);
+
+  // --force replaces a shard, not a file that happens to have a shard's name.
+  const std::string other = scratch / "other";
+  write_file(shard_bin_path(other + "_train"), "not a shard");
+  options.output_prefix = other;
+  try {
+    prepare_corpus(options);
+    FAIL() << "--force replaced a file that is not a shard";
+  } catch (const Error& error) {
+    expect_contains(error.what(), shard_bin_path(other + "_train"));
+  }
+  EXPECT_EQ(read_file(shard_bin_path(other + "_train")), "not a shard");
+}
+
 }  // namespace
 }  // namespace hgrn

@@ -51,7 +51,9 @@ CLI::App* add_prepare_command(CLI::App& app, PrepareOptions& options) {
   prepare->add_option("--seed", options.seed, "Seed of the train/valid split")->capture_default_str();
   prepare->add_option("--threads", options.threads, "Tokenising threads (0: one per core)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, kMaxPrepareThreads));
+  prepare->add_flag("--force", options.force,
+                    "Replace an earlier shard at the output prefix (anything else there is refused)");
   prepare->add_flag("--skip-bad", options.skip_bad,
                     "Skip (and count) malformed JSON lines and non-UTF-8 documents instead of stopping at the first");
   prepare->add_option("--pile-subsets", options.pile_subsets,

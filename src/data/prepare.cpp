@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "core/check.h"
@@ -20,6 +21,7 @@
 #include "core/status_line.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
+#include "io/atomic_write.h"
 
 namespace hgrn {
 
@@ -275,7 +277,16 @@ void check_options(const PrepareOptions& options) {
   HGRN_CHECK(!options.output_prefix.empty(), "prepare: the output prefix is empty (pass --output PREFIX)");
   HGRN_CHECK(options.valid_fraction >= 0.0 && options.valid_fraction < 1.0,
              "prepare: --valid-fraction must be in [0, 1), got ", options.valid_fraction);
-  HGRN_CHECK(options.threads >= 0, "prepare: --threads must be >= 0 (0: one per core), got ", options.threads);
+  HGRN_CHECK(options.threads >= 0 && options.threads <= kMaxPrepareThreads, "prepare: --threads must be in [0, ",
+             kMaxPrepareThreads, "] (0: one per core), got ", options.threads);
+}
+
+// What a killed earlier prepare left next to the outputs, removed before this run writes there.
+void remove_stale_outputs(const std::vector<std::string>& prefixes, std::ostream* progress) {
+  for (const std::string& prefix : prefixes)
+    for (const std::string& path : {shard_bin_path(prefix), shard_idx_path(prefix), shard_json_path(prefix)})
+      for (const std::string& stale : remove_stale_temporaries(path))
+        if (progress != nullptr) *progress << "note: removed " << stale << ", left by a prepare that was killed\n";
 }
 
 }  // namespace
@@ -305,6 +316,10 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
              "prepare: --split valid with --valid-fraction would write two shards named PREFIX_valid");
   result.train_prefix = options.output_prefix + "_" + options.split;
   if (with_valid) result.valid_prefix = options.output_prefix + "_valid";
+  std::vector<std::string> prefixes = {result.train_prefix};
+  if (with_valid) prefixes.push_back(result.valid_prefix);
+  remove_stale_outputs(prefixes, options.progress);
+  for (const std::string& prefix : prefixes) require_shard_replaceable(prefix, options.force);
   // Writers before the pipeline: on an error the pipeline's threads are joined first, then the writers remove
   // their temporary files.
   TokenShardWriter train_writer(result.train_prefix, tokenizer->vocab_size());
@@ -318,7 +333,14 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   int64_t documents = 0, tokens = 0;
   CorpusStats stats;
   {
-    Pipeline pipeline(*reader, *tokenizer, workers);
+    std::optional<Pipeline> started;
+    try {
+      started.emplace(*reader, *tokenizer, workers);
+    } catch (const std::system_error& error) {
+      throw Error(detail::concat("prepare: cannot start ", workers, " tokenising threads: ", error.what(),
+                                 "; pass a smaller --threads (0: one per core)"));
+    }
+    Pipeline& pipeline = *started;
     TokenizedBatch batch;
     for (;;) {
       const Pipeline::Poll poll = pipeline.poll(batch, std::chrono::milliseconds(100));
@@ -346,6 +368,9 @@ PrepareResult prepare_corpus(const PrepareOptions& options) {
   HGRN_CHECK(documents > 0, "prepare: the input holds no documents to write (", stats.skipped_empty, " empty, ",
              stats.skipped_malformed, " malformed, ", stats.skipped_non_utf8, " not UTF-8, ", stats.filtered_out,
              " filtered out by --pile-subsets)");
+  HGRN_CHECK(train_writer.documents() > 0, "prepare: the ", options.split, " split would be empty: all ", documents,
+             " documents went to ", result.valid_prefix, " with --valid-fraction ", options.valid_fraction,
+             "; use a smaller --valid-fraction (nothing was written)");
 
   ShardMetadata base;
   base.tokenizer = tokenizer->name();

@@ -22,6 +22,9 @@
 
 namespace hgrn {
 
+// The most tokenising threads prepare starts: more only fails to start or fights over the cores.
+inline constexpr int64_t kMaxPrepareThreads = 1024;
+
 struct PrepareOptions {
   std::string corpus;                    // "wikitext" or "pile"
   std::vector<std::string> inputs;       // read in this order
@@ -31,7 +34,8 @@ struct PrepareOptions {
                                          // splits come as separate files (WikiText)
   double valid_fraction = 0.0;           // in [0, 1); 0 writes no validation shard
   uint64_t seed = 1234;                  // of the train/valid split
-  int64_t threads = 0;                   // tokenising workers; 0: one per core
+  int64_t threads = 0;                   // tokenising workers in [0, kMaxPrepareThreads]; 0: one per core
+  bool force = false;                    // replace an earlier shard at the output prefix
   bool skip_bad = false;                 // skip and count bad records instead of failing
   std::vector<std::string> pile_subsets; // keep only these Pile subsets (empty: all)
   std::ostream* progress = nullptr;      // progress line and summary (nullptr: silent)
@@ -46,8 +50,10 @@ struct PrepareResult {
   double seconds = 0.0;
 };
 
-// Throws hgrn::Error (naming the file, line or option) on bad options, unreadable or bad input, a tokeniser failure
-// or a write failure; nothing is committed then, and earlier shards under the same prefix are kept.
+// Throws hgrn::Error (naming the file, line or option) on bad options, unreadable or bad input, an output that
+// exists (without force) or is not an earlier shard, an empty training split, a tokeniser failure or a write
+// failure; nothing is committed then, and earlier shards under the same prefix are kept. Temporary files that a
+// killed earlier prepare left next to the outputs are removed first, with a note on `progress`.
 PrepareResult prepare_corpus(const PrepareOptions& options);
 
 // Whether document `index` belongs to the validation split (see above).

@@ -195,6 +195,19 @@ ShardMetadata read_shard_metadata(const std::string& json_path) {
 // ---------------------------------------------------------------------------------------------------------------
 // Writer
 
+void require_shard_replaceable(const std::string& prefix, bool overwrite) {
+  const std::string idx = shard_idx_path(prefix);
+  const OutputKind kind{"an earlier token shard (" + prefix + ".{bin,idx,json} with a Megatron .idx)",
+                        [&idx](const std::string&) {
+                          unsigned char magic[sizeof kIdxMagic] = {};
+                          std::ifstream in(idx, std::ios::binary);
+                          return in.read(reinterpret_cast<char*>(magic), sizeof magic) &&
+                                 std::memcmp(magic, kIdxMagic, sizeof magic) == 0;
+                        }};
+  for (const std::string& path : {shard_bin_path(prefix), idx, shard_json_path(prefix)})
+    require_replaceable(path, overwrite, kind);
+}
+
 TokenShardWriter::TokenShardWriter(std::string prefix, int64_t vocab_size)
     : prefix_(std::move(prefix)), vocab_size_(vocab_size), dtype_(token_dtype_for_vocab(vocab_size)) {
   HGRN_CHECK(!prefix_.empty(), "token shard: the output prefix is empty");

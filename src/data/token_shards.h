@@ -86,6 +86,11 @@ nlohmann::json shard_metadata_to_json(const ShardMetadata& metadata);
 // Throws hgrn::Error naming the file when it is missing, not JSON or lacks a field.
 ShardMetadata read_shard_metadata(const std::string& json_path);
 
+// Checks that a shard may be written at PREFIX, by the rule of io/atomic_write.h's require_replaceable: none of
+// PREFIX.bin/.idx/.json exists, or, with `overwrite`, PREFIX holds an earlier shard (PREFIX.idx starts with
+// Megatron's magic). Throws hgrn::Error naming the file otherwise; deletes nothing.
+void require_shard_replaceable(const std::string& prefix, bool overwrite);
+
 // Streams documents into PREFIX.bin.tmp-PID, keeping only their lengths in memory (4 bytes per document), and
 // commits the shard in finish() (see the commit order above). Destroying a writer that was not finished removes its
 // temporary files, so a failed run leaves nothing but what was there before.

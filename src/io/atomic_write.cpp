@@ -2,6 +2,7 @@
 #include "io/atomic_write.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
 #include <unistd.h>
 
@@ -77,6 +78,29 @@ std::string temporary_sibling_path(const std::string& path) {
   std::string base = path;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   return base + ".tmp-" + std::to_string(::getpid());
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& path) {
+  const std::string prefix = fs::path(temporary_sibling_path(path)).filename().string();
+  const std::string stem = prefix.substr(0, prefix.rfind('-') + 1);  // "<name>.tmp-"
+  const fs::path dir = parent_or_current(fs::path(path));
+  std::vector<std::string> removed;
+  std::error_code error;
+  fs::directory_iterator it(dir, error);
+  if (error) return removed;  // no directory yet: nothing was left there
+  for (; it != fs::directory_iterator(); it.increment(error)) {
+    if (error) break;
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(stem) || name.size() == stem.size()) continue;
+    const std::string digits = name.substr(stem.size());
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its writer may still be running
+    std::error_code remove_error;
+    fs::remove_all(it->path(), remove_error);
+    if (!remove_error) removed.push_back(it->path().string());
+  }
+  return removed;
 }
 
 void sync_path_to_disk(const std::string& path, bool is_directory) {

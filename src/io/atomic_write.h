@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace hgrn {
 
@@ -30,6 +31,10 @@ int injected_write_failure(WriteStep step, const std::string& path);
 // "<path>.tmp-<pid>": where an atomic write of `path` puts its data before the rename. The process id keeps two
 // writers of the same path apart.
 std::string temporary_sibling_path(const std::string& path);
+
+// Removes what writers of `path` that were killed left behind: siblings named "<path>.tmp-<pid>" whose process no
+// longer runs (a live writer's temporary is left alone). Returns the removed paths, for a note to the user.
+std::vector<std::string> remove_stale_temporaries(const std::string& path);
 
 // fsync of a file, or of a directory (which makes a rename inside it durable). File systems that cannot sync a
 // directory are tolerated: the rename is still atomic there. Throws hgrn::Error naming the path.
