@@ -429,5 +429,36 @@ TEST(PrepareOutput, RemovesTemporariesOfKilledRunsAndRefusesToOverwriteWithoutFo
   EXPECT_EQ(read_file(shard_bin_path(other + "_train")), "not a shard");
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// resume: auto with nothing but damaged checkpoints refuses instead of starting over.
+
+TEST(ResumeAuto, RefusesWhenEveryCheckpointIsDamaged) {
+  ScratchDir scratch;
+  const std::string run_dir = scratch / "run";
+  const Config config = parse_config(R"(
+model: {hidden_size: 16, num_hidden_layers: 1, expand_ratio: 8, vocab_size: 41, intermediate_size: 32}
+data: {task: mqar, seq_len: 32, mqar: {num_kv_pairs: 4}}
+training: {device: cpu, micro_batch_size: 2, max_steps: 4, warmup_steps: 0, eval_interval: 0}
+checkpoint: {interval: 2, keep_last: 5, resume: auto}
+)",
+                                     "resume.yaml", {"logging.run_dir=" + run_dir});
+  std::ostringstream log;
+  train(config, log);
+  std::vector<std::string> damaged;
+  for (const auto& entry : fs::directory_iterator(run_dir + "/checkpoints")) {
+    fs::resize_file(entry.path(), fs::file_size(entry.path()) / 2);
+    damaged.push_back(entry.path().string());
+  }
+  ASSERT_EQ(damaged.size(), 2u);
+  try {
+    train(config, log);
+    FAIL() << "a run over damaged checkpoints started from step 0";
+  } catch (const Error& error) {
+    for (const std::string& path : damaged) expect_contains(error.what(), path);
+  }
+  for (const std::string& path : damaged) EXPECT_TRUE(fs::exists(path));
+  EXPECT_EQ(std::distance(fs::directory_iterator(run_dir + "/checkpoints"), fs::directory_iterator()), 2);
+}
+
 }  // namespace
 }  // namespace hgrn

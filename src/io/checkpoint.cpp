@@ -764,7 +764,14 @@ TrainingState load_checkpoint(const std::string& path) {
   return CheckpointReader(path).read();
 }
 
-std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, std::ostream& warnings) {
+namespace {
+
+struct LoadFailure {
+  std::string path, reason;  // the reason names the path too
+};
+
+// The newest checkpoint in dir that loads; each newer one that does not is added to `failures`.
+std::optional<std::string> newest_loadable_checkpoint(const std::string& dir, std::vector<LoadFailure>& failures) {
   hdf5::prepare_library();
   std::vector<CheckpointFile> checkpoints = checkpoints_in(dir);
   for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
@@ -772,10 +779,39 @@ std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, 
       load_checkpoint(it->path.string());
       return it->path.string();
     } catch (const Error& error) {
-      warnings << "warning: skipping checkpoint " << it->path.string() << ": " << error.what() << "\n";
+      failures.push_back({it->path.string(), error.what()});
     }
   }
   return std::nullopt;
+}
+
+void warn_skipped(const std::vector<LoadFailure>& failures, std::ostream& warnings) {
+  for (const LoadFailure& failure : failures)
+    warnings << "warning: skipping checkpoint " << failure.path << ": " << failure.reason << "\n";
+}
+
+}  // namespace
+
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, std::ostream& warnings) {
+  std::vector<LoadFailure> failures;
+  std::optional<std::string> found = newest_loadable_checkpoint(dir, failures);
+  warn_skipped(failures, warnings);
+  return found;
+}
+
+std::optional<std::string> find_checkpoint_to_resume(const std::string& dir, std::ostream& warnings) {
+  std::vector<LoadFailure> failures;
+  std::optional<std::string> found = newest_loadable_checkpoint(dir, failures);
+  if (!found && !failures.empty()) {
+    std::string list;
+    for (const LoadFailure& failure : failures) list += "\n  " + failure.reason;
+    throw Error("checkpoint.resume is auto, but none of the " + std::to_string(failures.size()) + " checkpoints in " +
+                dir + " can be loaded, and starting over would bury them:" + list +
+                "\nRestore a good checkpoint into " + dir + ", or move these files away (or use another " +
+                "logging.run_dir) to start a new run");
+  }
+  warn_skipped(failures, warnings);
+  return found;
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep_last, int64_t keep_every) {

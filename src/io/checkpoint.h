@@ -78,6 +78,11 @@ TrainingState load_checkpoint(const std::string& path);
 // with one line on `warnings` each (path and reason). nullopt if there is none, or dir does not exist.
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, std::ostream& warnings);
 
+// find_latest_valid_checkpoint for checkpoint.resume: auto. When dir holds checkpoints but none of them loads,
+// starting over would write new checkpoints beside the damaged ones and lose the run, so this throws hgrn::Error
+// naming every file and why it failed instead of returning nullopt.
+std::optional<std::string> find_checkpoint_to_resume(const std::string& dir, std::ostream& warnings);
+
 // Deletes the checkpoints in dir except the newest keep_last (>= 1) and, if keep_every > 0, every one whose step is
 // a multiple of keep_every. Also deletes temporary files left by a writer that crashed.
 void prune_checkpoints(const std::string& dir, int64_t keep_last, int64_t keep_every);

@@ -76,7 +76,7 @@ TrainingState capture_state(const CausalLM& model, std::vector<Tensor> adam_m, s
 // directory, if any), never (none; refuses to start over a directory that holds checkpoints) or a path.
 std::optional<std::string> checkpoint_to_resume(const Config& config, const std::string& dir, std::ostream& log) {
   const std::string& resume = config.checkpoint.resume;
-  if (resume == "auto") return find_latest_valid_checkpoint(dir, log);
+  if (resume == "auto") return find_checkpoint_to_resume(dir, log);
   if (resume == "never") {
     std::ostringstream ignored;
     HGRN_CHECK(!find_latest_valid_checkpoint(dir, ignored), "checkpoint.resume is never, but ", dir,
