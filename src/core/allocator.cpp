@@ -1,6 +1,9 @@
 // allocator.cpp: CPU allocation, and the CPU-only stand-ins for the CUDA allocator (real one: kernels/allocator.cu).
 #include "core/allocator.h"
 
+#include <malloc.h>
+
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -37,8 +40,20 @@ void cuda_copy_rows(void* dst, Device dst_device, size_t dst_pitch, const void* 
 void cuda_zero_rows(void* dst, size_t pitch, size_t row_bytes, size_t rows);
 #endif
 
+// A training step frees and allocates the same activation and gradient buffers again. glibc by default serves large
+// blocks with fresh mmaps and hands the top of its heap back to the kernel once enough of it is free, so that every
+// step faults its buffers in again and the kernel zeroes every page (a tenth of a small model's step). Blocks up to
+// glibc's largest mmap threshold (32 MiB) come from the heap instead, which keeps what was freed for the next step.
+static void keep_freed_host_memory() {
+  constexpr int kHeapBlockLimit = 32 << 20;
+  mallopt(M_MMAP_THRESHOLD, kHeapBlockLimit);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+}
+
 void* device_alloc(size_t bytes, Device device) {
   if (device == Device::CUDA) return cuda_alloc(bytes);
+  static const bool heap_configured = (keep_freed_host_memory(), true);
+  (void)heap_configured;
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (!p) throw Error("out of host memory: could not allocate " + std::to_string(bytes) + " bytes");

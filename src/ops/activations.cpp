@@ -4,10 +4,8 @@
 
 #include <cmath>
 
+#include "kernels/activations.h"  // SwigluRows, the layout both devices' kernels take
 #include "ops/cpu_parallel.h"
-#ifdef HGRN_WITH_CUDA
-#include "kernels/activations.h"
-#endif
 
 namespace hgrn {
 
@@ -34,23 +32,50 @@ static void silu_backward_cpu(const T* x, const T* dy, T* dx, int64_t n) {
   }
 }
 
-template <typename T>
-static void swiglu_forward_cpu(const T* gate, const T* up, T* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
-  for (int64_t i = 0; i < n; ++i) y[i] = gate[i] * stable_sigmoid(gate[i]) * up[i];
+// The CPU's layout: rows of the last axis, every operand's row stride given (its threads split the rows).
+static SwigluRows cpu_rows(const Tensor& gate, const Tensor* up, const Tensor* dgate, const Tensor* dup) {
+  SwigluRows r;
+  r.width = gate.dim() ? gate.size(-1) : 1;
+  r.rows = r.width ? gate.numel() / r.width : 0;
+  r.gate_stride = gate.row_stride();
+  r.up_stride = up ? up->row_stride() : 0;
+  r.dgate_stride = dgate ? dgate->row_stride() : 0;
+  r.dup_stride = dup ? dup->row_stride() : 0;
+  return r;
 }
 
-// dgate and dup may each be null when that input needs no gradient. y (may be null, may be dy): the forward's
-// output again, written after dy[i] was read.
 template <typename T>
-static void swiglu_backward_cpu(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
-  for (int64_t i = 0; i < n; ++i) {
-    const T s = stable_sigmoid(gate[i]);
-    const T d = dy[i];
-    if (dgate) dgate[i] += d * up[i] * s * (T(1) + gate[i] * (T(1) - s));
-    if (dup) dup[i] += d * gate[i] * s;
-    if (y) y[i] = gate[i] * s * up[i];
+static void swiglu_forward_cpu(const T* gate, const T* up, T* y, const SwigluRows& d) {
+#pragma omp parallel for schedule(static) if (d.rows * d.width >= kMinParallelElements)
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const T* gr = gate + r * d.gate_stride;
+    const T* ur = up + r * d.up_stride;
+    T* yr = y + r * d.width;
+    for (int64_t c = 0; c < d.width; ++c) yr[c] = gr[c] * stable_sigmoid(gr[c]) * ur[c];
+  }
+}
+
+// dgate and dup may each be null when that input needs no gradient; add_gate and add_up say whether each adds into
+// its buffer or overwrites it (as 0 + the gradient: the bits of adding into zeros). y (may be null, may be dy): the
+// forward's output again, written after dy's element was read.
+template <typename T>
+static void swiglu_backward_cpu(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y, bool add_gate,
+                                bool add_up, const SwigluRows& d) {
+#pragma omp parallel for schedule(static) if (d.rows * d.width >= kMinParallelElements)
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const T* gr = gate + r * d.gate_stride;
+    const T* ur = up + r * d.up_stride;
+    const T* dyr = dy + r * d.width;
+    T* dgr = dgate ? dgate + r * d.dgate_stride : nullptr;
+    T* dur = dup ? dup + r * d.dup_stride : nullptr;
+    T* yr = y ? y + r * d.width : nullptr;
+    for (int64_t c = 0; c < d.width; ++c) {
+      const T s = stable_sigmoid(gr[c]);
+      const T dyc = dyr[c];
+      if (dgr) dgr[c] = (add_gate ? dgr[c] : T(0)) + dyc * ur[c] * s * (T(1) + gr[c] * (T(1) - s));
+      if (dur) dur[c] = (add_up ? dur[c] : T(0)) + dyc * gr[c] * s;
+      if (yr) yr[c] = gr[c] * s * ur[c];
+    }
   }
 }
 
@@ -92,7 +117,8 @@ void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y) {
   }
   HGRN_DISPATCH_FLOAT(gate.dtype(), up ? "swiglu" : "silu", [&] {
     if (up)
-      swiglu_forward_cpu(gate.data<scalar_t>(), up->data<scalar_t>(), y.data<scalar_t>(), n);
+      swiglu_forward_cpu(gate.data<scalar_t>(), up->data<scalar_t>(), y.data<scalar_t>(),
+                         cpu_rows(gate, up, nullptr, nullptr));
     else
       silu_forward_cpu(gate.data<scalar_t>(), y.data<scalar_t>(), n);
   });
@@ -130,15 +156,24 @@ void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, T
     throw Error("silu/swiglu backward: this hgrn was built without CUDA");
 #endif
   }
-  Tensor* dgate = wants_grad(gate_var) ? &grad_buffer(gate_var) : nullptr;
-  Tensor* dup = wants_grad(up_var) ? &grad_buffer(up_var) : nullptr;
-  HGRN_DISPATCH_FLOAT(gate.dtype(), up ? "swiglu backward" : "silu backward", [&] {
-    if (up)
-      swiglu_backward_cpu(gate.data<scalar_t>(), up->data<scalar_t>(), dy.data<scalar_t>(),
-                          dgate ? dgate->data<scalar_t>() : nullptr, dup ? dup->data<scalar_t>() : nullptr,
-                          recomputed_output ? recomputed_output->data<scalar_t>() : nullptr, n);
-    else if (dgate)
-      silu_backward_cpu(gate.data<scalar_t>(), dy.data<scalar_t>(), dgate->data<scalar_t>(), n);
+  if (!up) {
+    if (wants_grad(gate_var))
+      HGRN_DISPATCH_FLOAT(gate.dtype(), "silu backward", [&] {
+        silu_backward_cpu(gate.data<scalar_t>(), dy.data<scalar_t>(), grad_buffer(gate_var).data<scalar_t>(), n);
+      });
+    return;
+  }
+  // As on the GPU: gate's buffer first, then up's (the order the kernel writes them), column blocks of a fused
+  // projection's gradient written in place.
+  bool add_gate = false, add_up = false;
+  Tensor* dgate =
+      wants_grad(gate_var) ? &grad_buffer_for_write(gate_var, &add_gate, GradLayout::RowStrided) : nullptr;
+  Tensor* dup = wants_grad(up_var) ? &grad_buffer_for_write(up_var, &add_up, GradLayout::RowStrided) : nullptr;
+  HGRN_DISPATCH_FLOAT(gate.dtype(), "swiglu backward", [&] {
+    swiglu_backward_cpu(gate.data<scalar_t>(), up->data<scalar_t>(), dy.data<scalar_t>(),
+                        dgate ? dgate->data<scalar_t>() : nullptr, dup ? dup->data<scalar_t>() : nullptr,
+                        recomputed_output ? recomputed_output->data<scalar_t>() : nullptr, add_gate, add_up,
+                        cpu_rows(gate, up, dgate, dup));
   });
 }
 

@@ -10,8 +10,9 @@ namespace hgrn {
 Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& weight, bool keep_hidden,
                   const Var& residual) {
   HGRN_CHECK(gate_in && up_in && weight, "swiglu_linear: an input is null");
-  // gate and up may be row-strided (column blocks of the fused gate/up projection: linear_columns).
-  const Var gate = contiguous_on_cpu(tape, gate_in), up = contiguous_on_cpu(tape, up_in);
+  // gate and up may be row-strided (column blocks of the fused gate/up projection: linear_columns), read in place.
+  const Var& gate = gate_in;
+  const Var& up = up_in;
   const Tensor& gv = gate->value;
   HGRN_CHECK(gv.is_row_strided() && up->value.is_row_strided(), "swiglu_linear: gate and up must be row-strided");
   HGRN_CHECK(gv.shape() == up->value.shape(), "swiglu_linear: gate ", shape_str(gv.shape()), " and up ",
