@@ -20,6 +20,7 @@
 #include "data/prepare.h"
 #include "data/token_shards.h"
 #include "export_fixtures.h"
+#include "gpu_test.h"
 #include "io/atomic_write.h"
 #include "io/checkpoint.h"
 #include "io/hdf5_export.h"
@@ -321,6 +322,20 @@ TEST(ModelSize, TrainRefusesAModelLargerThanTheHostWithTheEstimate) {
   EXPECT_EQ(r.status, 2) << r.err;
   expect_contains(r.err, "estimated");
   expect_contains(r.err, "this host has");
+  EXPECT_FALSE(fs::exists(scratch / "run"));
+}
+
+TEST(ModelSize, TrainRefusesAModelLargerThanTheGpuWithTheEstimate) {
+  HGRN_SKIP_WITHOUT_GPU();
+  ScratchDir scratch;
+  // About 10^11 parameters: no GPU holds their weights and AdamW moments (the host is not asked: it trains on the GPU).
+  const CommandResult r = run_command(
+      "cd " + shell_quote(HGRN_SOURCE_DIR) + " && " + shell_quote(hgrn_binary()) +
+      " train -c configs/mqar-tiny.yaml -s training.device=cuda -s training.precision=bf16 -s model.hidden_size=16384"
+      " -s model.num_hidden_layers=512 -s model.expand_ratio=128 -s logging.run_dir=" + shell_quote(scratch / "run"));
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_contains(r.err, "estimated");
+  expect_contains(r.err, "this GPU has");
   EXPECT_FALSE(fs::exists(scratch / "run"));
 }
 

@@ -214,8 +214,9 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
   const std::string no_cuda = model_family(config.model.type).cuda_refusal(config.model);
   if (!no_cuda.empty() && tc.device == "auto") log << "note: training on the CPU: " << no_cuda << "\n";
   const Device device = resolve_device(no_cuda.empty() ? tc.device : "cpu");
-  if (device == Device::CPU) require_training_fits(config);  // before the model or the run directory exist
   const DType act_dtype = activation_dtype(tc.precision, device);
+  // Before the model or the run directory exist.
+  require_training_fits(config, device, act_dtype == DType::BF16 ? 2 : 4);
   // Several ranks on a node share its cores: each one spinning up a thread per core would oversubscribe them.
   const int threads = tc.threads > 0 ? static_cast<int>(tc.threads)
                       : w.local_size > 1 && !std::getenv("OMP_NUM_THREADS")
