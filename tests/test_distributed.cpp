@@ -183,6 +183,26 @@ TEST(Distributed, GlobalBatchSizeFixesTheBatchOverAllRanks) {
   for (size_t s = 0; s < a.size(); ++s) EXPECT_NEAR(c[s], a[s], 1e-5 * a[s]) << "step " << s + 1;
 }
 
+// A diverging run on two ranks: both see the same all-reduced gradient norm, so both skip the same non-finite steps
+// and stop together after training.max_nonfinite_steps of them, with the divergence message, within a bounded time.
+TEST(Distributed, TwoRanksSkipNonFiniteStepsTogetherAndStop) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  const std::string config = write_config(dir);
+  auto diverged = run_command(mpirun(2, "timeout 120") + " train -c " + shell_quote(config) +
+                              " --set training.lr=1e300 --set training.warmup_steps=0" +
+                              " --set training.max_nonfinite_steps=2 --set logging.run_dir=" + shell_quote(dir / "nan"));
+  EXPECT_NE(diverged.status, 0);
+  EXPECT_NE(diverged.status, 124) << "the ranks did not stop together: " << diverged.err;
+  EXPECT_NE((diverged.out + diverged.err).find("training diverged: 2 steps in a row"), std::string::npos)
+      << diverged.out << diverged.err;
+  int nonfinite = 0;
+  std::ifstream metrics(dir / "nan/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    if (line.find("\"kind\": \"nonfinite\"") != std::string::npos) ++nonfinite;
+  EXPECT_EQ(nonfinite, 2);
+}
+
 // ZeRO-1 with gradient accumulation (only the last micro-batch reduces) and tied embeddings (the lm_head group is
 // then empty, the embedding complete only at the very end of the backward): still one process's losses.
 TEST(Distributed, ZeroOneWithAccumulationAndTiedEmbeddingsTrainsLikeOneProcess) {
