@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ops/cpu_parallel.h"
+#include "ops/scan_tasks.h"
 #include "ops/elementwise.h"
 
 #ifdef HGRN_WITH_CUDA
@@ -28,14 +29,9 @@
 namespace hgrn {
 namespace {
 
-constexpr int64_t kChannelBlock = 64;
-constexpr int64_t kDefaultChunk = 64;
-
-struct Dims {
-  int64_t batch, time, channels;
-  int64_t blocks_per_sequence() const { return (channels + kChannelBlock - 1) / kChannelBlock; }
-  int64_t tasks() const { return batch * blocks_per_sequence(); }
-};
+using scan_tasks::kChannelBlock;
+using scan_tasks::kDefaultChunk;
+using Dims = scan_tasks::Dims;
 
 // The global tensors of one call, contiguous: x_re, x_im, g [B, T, C]; theta [C]; output [B, T, 2C]; states
 // [B, 2, C]. Null gradient pointers: not wanted; null d_output / d_final_state: zero; null initial_state: h_{−1} = 0.
@@ -236,16 +232,7 @@ void chunk_backward(const Io<T>& io, const Block& k, int64_t chunk, Scratch<T>& 
 // ---------------------------------------------------------------------------------------------------------------------
 // Drivers: one OpenMP iteration per (batch, channel block).
 
-struct Plan {
-  Dims dims;
-  ScanMode mode;
-  int64_t chunk;
-  Block block(int64_t task) const {
-    const int64_t b = task / dims.blocks_per_sequence(), c0 = (task % dims.blocks_per_sequence()) * kChannelBlock;
-    return {b, c0, std::min(kChannelBlock, dims.channels - c0), dims.time, dims.channels};
-  }
-  bool parallel() const { return dims.tasks() > 1 && dims.batch * dims.time * dims.channels >= kMinParallelElements; }
-};
+using Plan = scan_tasks::Plan<Block>;
 
 template <typename T>
 void run_forward(const Io<T>& io, const Plan& plan, const Block& k, Scratch<T>& s, T* hr, T* hi, int64_t stride) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ops/cpu_parallel.h"
+#include "ops/scan_tasks.h"
 #include "ops/elementwise.h"
 
 #ifdef HGRN_WITH_CUDA
@@ -25,14 +26,9 @@
 namespace hgrn {
 namespace {
 
-constexpr int64_t kChannelBlock = 64;
-constexpr int64_t kDefaultChunk = 64;
-
-struct ScanDims {
-  int64_t batch, time, channels;
-  int64_t blocks_per_sequence() const { return (channels + kChannelBlock - 1) / kChannelBlock; }
-  int64_t tasks() const { return batch * blocks_per_sequence(); }
-};
+using scan_tasks::kChannelBlock;
+using scan_tasks::kDefaultChunk;
+using ScanDims = scan_tasks::Dims;
 
 // The global tensors of one call ([B, T, C] or [B, C], contiguous). Null gradient pointers: not wanted; null
 // d_output / d_final_state: that output's gradient is zero; null initial_state: h_{−1} = 0.
@@ -191,17 +187,7 @@ void chunk_backward(const ScanIo<T>& io, const Block& k, int64_t chunk, T* dh, T
 // ---------------------------------------------------------------------------------------------------------------------
 // Drivers: one OpenMP iteration per (batch, channel block).
 
-struct Plan {
-  ScanDims dims;
-  ScanMode mode;
-  int64_t chunk;
-  Block block(int64_t task) const {
-    const int64_t b = task / dims.blocks_per_sequence(), c0 = (task % dims.blocks_per_sequence()) * kChannelBlock;
-    return {b, c0, std::min(kChannelBlock, dims.channels - c0), dims.time, dims.channels};
-  }
-  // Below kMinParallelElements a call stays on one thread (the finite-difference tests make thousands of tiny ones).
-  bool parallel() const { return dims.tasks() > 1 && dims.batch * dims.time * dims.channels >= kMinParallelElements; }
-};
+using Plan = scan_tasks::Plan<Block>;
 
 template <typename T>
 void forward_cpu(const ScanIo<T>& io, const Plan& plan) {
