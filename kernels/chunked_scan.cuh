@@ -18,7 +18,15 @@ struct Dims {
   int B, T, C, NT;
   // Offset of chunk k's slot of a [B, NT − 1, C] per-chunk buffer, for batch b and channel c.
   __device__ int64_t slot(int b, int k, int c) const { return (static_cast<int64_t>(b) * (NT - 1) + k) * C + c; }
+  // Chunk k's reset mask of sequence b (kernels/sequence_resets.h; 0 without resets): bit i set where step 64k + i
+  // starts from the zero state.
+  __device__ uint64_t resets(const uint64_t* masks, int b, int k) const {
+    return masks ? masks[static_cast<int64_t>(b) * NT + k] : 0;
+  }
 };
+
+// Whether row i of a chunk whose reset mask is `resets` restarts from the zero state.
+__device__ __forceinline__ bool restarts(uint64_t resets, int i) { return (resets >> i) & 1; }
 
 // The thread's first channel (it owns V adjacent ones); false past the last channel.
 template <int V>
@@ -55,10 +63,10 @@ __device__ __forceinline__ float chunk_decay(float stored) {
 }
 
 // Per (batch, channel) of this thread, chunks in order: H^(k+1) = P^(k) H^(k) + h_end^(k), written over h_end^(k)
-// (chunk_states), from the initial state (null: 0).
+// (chunk_states), from the initial state (null: 0). A chunk holding a reset (reset_masks) passes nothing on: P = 0.
 template <bool kLogDecay>
 __device__ __forceinline__ void carry_forward(const Dims& d, const float* initial_state, float* chunk_states,
-                                              const float* decays) {
+                                              const float* decays, const uint64_t* reset_masks = nullptr) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= static_cast<int64_t>(d.B) * d.C) return;
   const int b = static_cast<int>(idx / d.C), c = static_cast<int>(idx % d.C);
@@ -77,17 +85,17 @@ __device__ __forceinline__ void carry_forward(const Dims& d, const float* initia
 #pragma unroll
     for (int j = 0; j < kCarryBatch; ++j)
       if (k0 + j < n) {
-        h = chunk_decay<kLogDecay>(e[j]) * h + s[j];
+        h = d.resets(reset_masks, b, k0 + j) ? s[j] : chunk_decay<kLogDecay>(e[j]) * h + s[j];
         states[static_cast<int64_t>(k0 + j) * d.C] = h;
       }
   }
 }
 
 // Per (batch, channel) of this thread, chunks in reverse from β^(NT−1) = the final state's gradient (null: 0):
-// β^(k−1) = u^(k) + P^(k) β^(k), written over u^(k) (slot k − 1 of boundary).
+// β^(k−1) = u^(k) + P^(k) β^(k), written over u^(k) (slot k − 1 of boundary); P = 0 for a chunk holding a reset.
 template <bool kLogDecay>
 __device__ __forceinline__ void carry_backward(const Dims& d, const float* d_final_state, float* boundary_buffer,
-                                               const float* decays) {
+                                               const float* decays, const uint64_t* reset_masks = nullptr) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= static_cast<int64_t>(d.B) * d.C) return;
   const int b = static_cast<int>(idx / d.C), c = static_cast<int>(idx % d.C);
@@ -105,7 +113,7 @@ __device__ __forceinline__ void carry_backward(const Dims& d, const float* d_fin
 #pragma unroll
     for (int j = 0; j < kCarryBatch; ++j)
       if (j0 - j >= 0) {
-        beta = u[j] + chunk_decay<kLogDecay>(e[j]) * beta;
+        beta = d.resets(reset_masks, b, j0 - j + 1) ? u[j] : u[j] + chunk_decay<kLogDecay>(e[j]) * beta;
         boundary[static_cast<int64_t>(j0 - j) * d.C] = beta;
       }
   }

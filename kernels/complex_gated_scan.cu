@@ -18,6 +18,8 @@
 //           writing dx_t = δ_t, dg_t = Re(conj(δ_t) p_t) and the chunk's share of dθ, Σ_t Re(conj(δ_t) i p_t), into
 //           its row of a [B·NT, C] scratch; chunk 0 ends with dL/dh_{−1} = conj(w_0) δ_0. dθ is then the sum of the
 //           rows in row order (chunk_sums.cuh).
+// Resets (reset_masks): a reset step's factor w_t is taken as 0 (h_t = x_t, p_t = 0, nothing flows back past it), and
+// so is the decay P^(k) of a chunk holding one.
 // Complex per-chunk buffers hold the real parts of all slots, then the imaginary parts (Geometry::part apart).
 // Determinism: no atomics; every value is computed by one thread, or summed, in a fixed order. All arithmetic is fp32
 // with expf and sincosf.
@@ -47,6 +49,7 @@ using chunked_scan::chunk_grid;
 using chunked_scan::kCarryBatch;
 using chunked_scan::kThreads;
 using chunked_scan::load_v;
+using chunked_scan::restarts;
 using chunked_scan::store_v;
 using chunked_scan::thread_channel;
 using chunked_scan::write_v;
@@ -96,6 +99,7 @@ struct ForwardParams {
   float* final_state;   // null: not written
   float* chunk_states;  // summary: h_end^(k); carry: H^(k+1), slot k
   float* decays;        // P^(k), slot k
+  const uint64_t* reset_masks;  // null: no resets
 };
 
 // Chunk k = blockIdx.y (< NT − 1, so whole): the scan from zero and the chunk's decay.
@@ -110,6 +114,7 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
   const Act* xi = static_cast<const Act*>(p.x_im) + row * C + c;
   const float* g = p.g + row * C + c;
   const Rotation<V> w(p.theta, c, 1.f);
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   float hr[V] = {}, hi[V] = {}, total[V] = {};
   for (int i0 = 0; i0 < kChunk; i0 += kBatch) {
     float xrv[kBatch][V], xiv[kBatch][V], gv[kBatch][V];
@@ -123,7 +128,8 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
     for (int i = 0; i < kBatch; ++i)
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        step_forward(expf(gv[i][v]), w.cos_[v], w.sin_[v], xrv[i][v], xiv[i][v], hr[v], hi[v]);
+        step_forward(restarts(resets, i0 + i) ? 0.f : expf(gv[i][v]), w.cos_[v], w.sin_[v], xrv[i][v], xiv[i][v],
+                     hr[v], hi[v]);
         total[v] += gv[i][v];
       }
   }
@@ -134,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
   float pr[V], pi[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    const float e = expf(total[v]);
+    const float e = resets ? 0.f : expf(total[v]);  // a chunk holding a reset passes no carry on
     pr[v] = e * whole.cos_[v];
     pi[v] = e * whole.sin_[v];
   }
@@ -199,6 +205,7 @@ __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardP
   const float* g = p.g + row * C + c;
   Act* o = static_cast<Act*>(p.output) + row * 2 * C + c;
   const Rotation<V> w(p.theta, c, 1.f);
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   for (int i0 = 0; i0 < n; i0 += kOutputBatch) {
     float xrv[kOutputBatch][V], xiv[kOutputBatch][V], gv[kOutputBatch][V];
 #pragma unroll
@@ -213,7 +220,8 @@ __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardP
       if (i0 + i < n) {
 #pragma unroll
         for (int v = 0; v < V; ++v)
-          step_forward(expf(gv[i][v]), w.cos_[v], w.sin_[v], xrv[i][v], xiv[i][v], hr[v], hi[v]);
+          step_forward(restarts(resets, i0 + i) ? 0.f : expf(gv[i][v]), w.cos_[v], w.sin_[v], xrv[i][v], xiv[i][v],
+                       hr[v], hi[v]);
         store_v<V>(o + (i0 + i) * 2 * C, hr);
         store_v<V>(o + (i0 + i) * 2 * C + C, hi);
       }
@@ -245,6 +253,7 @@ struct BackwardParams {
   bool accumulate_dx_re, accumulate_dx_im, accumulate_dg, accumulate_d_initial_state;
   float* boundary;  // summary: u^(k) in slot k − 1; carry: β^(k−1) over it
   float* decays;    // P^(k) in slot k − 1
+  const uint64_t* reset_masks;  // null: no resets
 };
 
 // Chunk k = blockIdx.y + 1 (>= 1; only the last may be partial): the reverse scan from zero, u^(k) = conj(w_s) δ_s at
@@ -260,6 +269,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
   const float* g = p.g + row * C + c;
   const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * 2 * C + c : nullptr;
   const Rotation<V> w(p.theta, c, 1.f);
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   float rr[V] = {}, ri[V] = {}, total[V] = {};
   for (int i0 = (n - 1) / kBatch * kBatch; i0 >= 0; i0 -= kBatch) {  // batches of rows, last first
     float gv[kBatch][V], dor[kBatch][V] = {}, doi[kBatch][V] = {};
@@ -277,7 +287,8 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
       if (i0 + i < n)
 #pragma unroll
         for (int v = 0; v < V; ++v) {
-          step_back(expf(gv[i][v]), w.cos_[v], w.sin_[v], dor[i][v] + rr[v], doi[i][v] + ri[v], rr[v], ri[v]);
+          step_back(restarts(resets, i0 + i) ? 0.f : expf(gv[i][v]), w.cos_[v], w.sin_[v], dor[i][v] + rr[v],
+                    doi[i][v] + ri[v], rr[v], ri[v]);
           total[v] += gv[i][v];
         }
   }
@@ -288,7 +299,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
   float pr[V], pi[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    const float e = expf(total[v]);
+    const float e = resets ? 0.f : expf(total[v]);
     pr[v] = e * whole.cos_[v];
     pi[v] = e * whole.sin_[v];
   }
@@ -354,11 +365,12 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
   const float* g = p.g + row * C + c;
   float sn, cs;
   sincosf(p.theta[c], &sn, &cs);
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   float q_r[kChunk], q_i[kChunk];  // p_t = w_t h_{t−1}
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
     if (i < n) {
-      const float a = expf(g[i * C]);
+      const float a = restarts(resets, i) ? 0.f : expf(g[i * C]);
       q_r[i] = a * (cs * hr - sn * hi);
       q_i[i] = a * (sn * hr + cs * hi);
       hr = q_r[i] + load_f(xr[i * C]);
@@ -388,7 +400,7 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
       }
       float dgv[1] = {dr[0] * q_r[i] + di[0] * q_i[i]};
       d_theta += di[0] * q_r[i] - dr[0] * q_i[i];
-      step_back(expf(g[i * C]), cs, sn, dr[0], di[0], rr, ri);
+      step_back(restarts(resets, i) ? 0.f : expf(g[i * C]), cs, sn, dr[0], di[0], rr, ri);
       if (dxr) write_v<1>(dxr + i * C, dr, p.accumulate_dx_re);
       if (dxi) write_v<1>(dxi + i * C, di, p.accumulate_dx_im);  // after dx_re: adds onto it where they alias
       if (dg) write_v<1>(dg + i * C, dgv, p.accumulate_dg);
@@ -416,7 +428,7 @@ Geometry make_geometry(const GatedScanCudaShape& s) {
 template <typename Act>
 void forward_impl(const Geometry& d, const ComplexScanCudaForwardArgs& a) {
   const ForwardParams p{d, a.x_re, a.x_im, a.g, a.theta, a.initial_state, a.output, a.final_state, a.chunk_states,
-                        a.scratch};
+                        a.scratch, a.reset_masks};
   const size_t act = sizeof(Act), f32 = sizeof(float);
   // States and per-chunk buffers hold their imaginary parts C and part floats on: both even when C is.
   const bool pairs = aligned_for(2, d.C, {{a.x_re, d.C, act},
@@ -466,7 +478,8 @@ void backward_impl(const Geometry& d, const ComplexScanCudaBackwardArgs& a) {
                          a.accumulate_dg,
                          a.accumulate_d_initial_state,
                          a.scratch_a,
-                         a.scratch_b};
+                         a.scratch_b,
+                         a.reset_masks};
   cudaStream_t stream = cuda_stream();
   if (d.NT > 1) {
     const bool pairs = aligned_for(2, d.C, {{a.g, d.C, sizeof(float)},

@@ -33,6 +33,9 @@ struct ComplexScanCudaForwardArgs {
   // complex_gated_scan_cuda_chunk_elements floats each (both null when T <= 64).
   float* chunk_states = nullptr;
   float* scratch = nullptr;
+  // Per-chunk reset masks [B, ceil(T / 64)] (kernels/sequence_resets.h): a set bit starts its step from the zero
+  // state. Null: no resets.
+  const uint64_t* reset_masks = nullptr;
 };
 void complex_gated_scan_cuda_forward(const GatedScanCudaShape& shape, const ComplexScanCudaForwardArgs& args);
 
@@ -44,6 +47,7 @@ struct ComplexScanCudaBackwardArgs {
   const float* theta = nullptr;
   const float* initial_state = nullptr;
   const float* chunk_states = nullptr;   // the forward's (null when T <= 64)
+  const uint64_t* reset_masks = nullptr;  // the forward's
   const void* d_output = nullptr;        // null: zero; else [B, T, 2C] contiguous, act dtype
   const float* d_final_state = nullptr;  // null: zero
   // Null where that gradient is not wanted. accumulate_* true adds into the buffer, false overwrites every element

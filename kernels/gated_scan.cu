@@ -18,6 +18,8 @@
 // h_{t−1} for dg is recomputed in fp32 from the kept chunk-entry states, not read from the bf16 output: as exact as
 // the forward, and re-reading x (2 bytes a step) costs less than storing an fp32 copy of h (4 written, 4 read).
 // Every chunk but the last is whole, so the summary passes never see a partial chunk.
+// Resets (reset_masks): a reset step's decay is taken as 0 (h_t = x_t, dg_t = 0, nothing flows back past it), and a
+// chunk holding one passes no carry on either way (chunked_scan.cuh).
 // Loads are issued kBatch rows at a time ahead of the dependent chain that uses them, so that each thread keeps many
 // in flight (the chain itself is a few FMAs a row).
 // Determinism: no atomics; every value is computed by one thread in a fixed order, so results are bitwise
@@ -53,6 +55,7 @@ using chunked_scan::chunk_grid;
 using chunked_scan::kCarryBatch;
 using chunked_scan::kThreads;
 using chunked_scan::load_v;
+using chunked_scan::restarts;
 using chunked_scan::store_v;
 using chunked_scan::thread_channel;
 using chunked_scan::write_v;
@@ -69,6 +72,7 @@ struct ForwardParams {
   float* final_state;   // null: not written
   float* chunk_states;  // summary: h_end^(k); carry: H^(k+1), slot k
   float* decays;        // S^(k), slot k
+  const uint64_t* reset_masks;  // null: no resets
 };
 
 // Chunk k = blockIdx.y (< NT − 1, so whole): the scan from zero and the total log decay.
@@ -81,6 +85,7 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
   const int64_t row = static_cast<int64_t>(b) * d.T + static_cast<int64_t>(k) * kChunk;
   const Act* x = static_cast<const Act*>(p.x) + row * d.x_stride + c;
   const float* g = p.g + row * d.g_stride + c;
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   float h[V] = {}, total[V] = {};
   for (int i0 = 0; i0 < kChunk; i0 += kBatch) {
     float xv[kBatch][V], gv[kBatch][V];
@@ -93,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
     for (int i = 0; i < kBatch; ++i)
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        h[v] = expf(gv[i][v]) * h[v] + xv[i][v];
+        h[v] = (restarts(resets, i0 + i) ? 0.f : expf(gv[i][v])) * h[v] + xv[i][v];
         total[v] += gv[i][v];
       }
   }
@@ -103,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
 
 // Per (batch, channel), chunks in order: H^(k+1) = e^{S^(k)} H^(k) + h_end^(k), over h_end^(k) in place.
 __global__ void __launch_bounds__(kThreads) forward_carry_kernel(const ForwardParams p) {
-  chunked_scan::carry_forward<true>(p.d, p.initial_state, p.chunk_states, p.decays);
+  chunked_scan::carry_forward<true>(p.d, p.initial_state, p.chunk_states, p.decays, p.reset_masks);
 }
 
 // Chunk k = blockIdx.y: the scan from the state entering it, writing o; the last chunk writes the final state.
@@ -123,6 +128,7 @@ __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardP
   const Act* x = static_cast<const Act*>(p.x) + row * d.x_stride + c;
   const float* g = p.g + row * d.g_stride + c;
   Act* o = static_cast<Act*>(p.output) + row * d.C + c;
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   for (int i0 = 0; i0 < n; i0 += kBatch) {
     float xv[kBatch][V], gv[kBatch][V];
 #pragma unroll
@@ -135,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardP
     for (int i = 0; i < kBatch; ++i)
       if (i0 + i < n) {
 #pragma unroll
-        for (int v = 0; v < V; ++v) h[v] = expf(gv[i][v]) * h[v] + xv[i][v];
+        for (int v = 0; v < V; ++v) h[v] = (restarts(resets, i0 + i) ? 0.f : expf(gv[i][v])) * h[v] + xv[i][v];
         store_v<V>(o + static_cast<int64_t>(i0 + i) * d.C, h);
       }
   }
@@ -161,6 +167,7 @@ struct BackwardParams {
   bool accumulate_dx, accumulate_dg, accumulate_d_initial_state;
   float* boundary;  // summary: u^(k) in slot k − 1; carry: β^(k−1) over it
   float* decays;    // S^(k) in slot k − 1
+  const uint64_t* reset_masks;  // null: no resets
 };
 
 // Chunk k = blockIdx.y + 1 (>= 1; only the last may be partial): the reverse scan from zero, u^(k) = e^{g_s} dh_s at
@@ -175,6 +182,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
   const int64_t row = static_cast<int64_t>(b) * d.T + t0;
   const float* g = p.g + row * d.g_stride + c;
   const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * d.C + c : nullptr;
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   float r[V] = {}, total[V] = {};
   for (int i0 = (n - 1) / kBatch * kBatch; i0 >= 0; i0 -= kBatch) {  // batches of rows, last first
     float gv[kBatch][V], dov[kBatch][V] = {};
@@ -189,7 +197,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
       if (i0 + i < n)
 #pragma unroll
         for (int v = 0; v < V; ++v) {
-          r[v] = expf(gv[i][v]) * (dov[i][v] + r[v]);
+          r[v] = (restarts(resets, i0 + i) ? 0.f : expf(gv[i][v])) * (dov[i][v] + r[v]);
           total[v] += gv[i][v];
         }
   }
@@ -200,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
 // Per (batch, channel), chunks in reverse from β^(NT−1) = the final state's gradient: β^(k−1) = u^(k) + e^{S^(k)} β^(k),
 // written over u^(k) (slot k − 1).
 __global__ void __launch_bounds__(kThreads) backward_carry_kernel(const BackwardParams p) {
-  chunked_scan::carry_backward<true>(p.d, p.d_final_state, p.boundary, p.decays);
+  chunked_scan::carry_backward<true>(p.d, p.d_final_state, p.boundary, p.decays, p.reset_masks);
 }
 
 // Chunk k = blockIdx.y: h_{t−1} and e^{g_t} over the chunk (in registers: the loops are unrolled), then the reverse
@@ -221,6 +229,7 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
     load_v<V>(p.initial_state + state_at, h);
   const Act* x = static_cast<const Act*>(p.x) + row * d.x_stride + c;
   const float* g = p.g + row * d.g_stride + c;
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   float decay[kChunk][V], h_prev[kChunk][V];
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
@@ -230,7 +239,7 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
       load_v<V>(g + i * d.g_stride, gv);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        decay[i][v] = expf(gv[v]);
+        decay[i][v] = restarts(resets, i) ? 0.f : expf(gv[v]);  // a reset: h_{t−1} is dropped, dg_t = 0
         h_prev[i][v] = h[v];
         h[v] = decay[i][v] * h[v] + xv[v];
       }
@@ -278,7 +287,8 @@ Geometry make_geometry(const GatedScanCudaShape& s, int64_t x_stride, int64_t g_
 
 template <typename Act>
 void forward_impl(const Geometry& d, const GatedScanCudaForwardArgs& a) {
-  const ForwardParams p{d, a.x, a.g, a.initial_state, a.output, a.final_state, a.chunk_states, a.scratch};
+  const ForwardParams p{d, a.x, a.g, a.initial_state, a.output, a.final_state, a.chunk_states, a.scratch,
+                        a.reset_masks};
   const size_t act = sizeof(Act), f32 = sizeof(float);
   const bool pairs = aligned_for(2, d.C, {{a.x, d.x_stride, act},
                                          {a.g, d.g_stride, f32},
@@ -322,7 +332,8 @@ void backward_impl(const Geometry& d, const GatedScanCudaBackwardArgs& a) {
                    a.accumulate_dg,
                    a.accumulate_d_initial_state,
                    a.scratch_a,
-                   a.scratch_b};
+                   a.scratch_b,
+                   a.reset_masks};
   HGRN_CHECK(p.dx_stride >= d.C && p.dg_stride >= d.C, "gated_scan CUDA: a gradient row stride (dx ", p.dx_stride,
              ", dg ", p.dg_stride, ") is narrower than C = ", d.C);
   cudaStream_t stream = cuda_stream();

@@ -31,6 +31,13 @@
 // ever have j <= i, so no e^{positive} (and no 0·inf) exists.
 // Determinism: no atomics; every sum has a fixed order, so results are bitwise reproducible.
 //
+// Resets (reset_masks, one 64-bit mask per chunk): as the CPU chunk form, each reset is a segment boundary inside its
+// chunk with the same cumulative gates, so no exponent changes and nothing can overflow: the scores A (and dA) of
+// pairs across a reset are set to 0, the state entering a chunk reaches only the rows before its first reset (Q̄'s and
+// the reverse pass's rows after it are 0) and the chunk's exit only where the chunk has none (the pass's decay of M is
+// 0 then), only the keys from its last reset on reach the state leaving it (X's rows before it are 0, and so is
+// dk_inter), and dg's reverse cumulative sum restarts at every reset, whose own dg is 0.
+//
 // Memory: the forward's per-chunk states [B·H, NT, K, V] are stored in the activation dtype (bf16 as in fla's
 // forward: fwd_output only uses them rounded to it, so this is exact, and they reach its shared memory by cp.async);
 // the backward reads them the same way: kept from the forward where the caller keeps them, else recomputed by the
@@ -124,6 +131,24 @@ __device__ __forceinline__ int64_t row_offset(const Dims& d, int b, int t, int h
 // The same in a row-strided one (rows `stride` elements apart: v, dv).
 __device__ __forceinline__ int64_t strided_row_offset(const Dims& d, int b, int t, int h, int width, int stride) {
   return static_cast<int64_t>(b * d.T + t) * stride + h * width;
+}
+
+// A chunk's resets: bit i set where row i starts from the zero state (kernels/sequence_resets.h); 0 without resets.
+__device__ __forceinline__ uint64_t chunk_resets(const uint64_t* masks, const Dims& d, int b, int c) {
+  return masks ? masks[static_cast<int64_t>(b) * d.NT + c] : 0;
+}
+// The first reset row (kChunk without one): the rows before it see the state entering the chunk.
+__device__ __forceinline__ int first_reset(uint64_t resets) {
+  return resets ? __ffsll(static_cast<long long>(resets)) - 1 : kChunk;
+}
+// The last reset row (0 without one): the keys from it on reach the state leaving the chunk.
+__device__ __forceinline__ int first_exiting(uint64_t resets) {
+  return resets ? 63 - __clzll(static_cast<long long>(resets)) : 0;
+}
+// The last reset row <= i (0 without one): the keys j >= it reach query row i. (2 << 63 wraps to 0: all 64 bits.)
+__device__ __forceinline__ int segment_start(uint64_t resets, int i) {
+  const uint64_t upto = resets & ((uint64_t{2} << i) - 1);
+  return upto ? 63 - __clzll(static_cast<long long>(upto)) : 0;
 }
 
 // Programmatic dependent launch (Hopper and later; launch() below). Every kernel here launches as a programmatic
@@ -630,7 +655,8 @@ __device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, cons
 // sequential over chunks; M is the block's fp32 [64][64] tile (or tiles) of the running matrix:
 //   forward: M = S, stored[c] = S^(c) before chunk c, M ← Diag(e^{G_L}) M + (x ⊙ e^{G_L − G})ᵀ y with x = k, y = v;
 //   reverse: M = dS, stored[c] = dS_e^(c) before chunk c, M ← Diag(e^{G_L}) M + (s·x ⊙ e^{G})ᵀ y with x = q, y = dO.
-// At the end the forward writes the final state, the reverse adds dS0 into the initial state's gradient.
+// At the end the forward writes the final state, the reverse adds dS0 into the initial state's gradient. With resets,
+// a chunk holding one decays M to 0, and X keeps the rows that exit it (forward) or that it enters (reverse).
 struct StatePassParams {
   const void* x;        // k or q
   const void* y;        // v or dO (null: zero)
@@ -643,6 +669,7 @@ struct StatePassParams {
   float* final_acc;     // reverse: the initial state's gradient (+=); null when not wanted
   float x_scale;
   Dims d;
+  const uint64_t* reset_masks;  // null: no resets
 };
 
 // Shared memory: G, x and y staged for two chunks (the next one arrives by cp.async during the current one); the
@@ -731,6 +758,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
     chunk_cumsum(G, kLdS, s.seg);
     const float* GL = G + (kChunk - 1) * kLdS;
     In* xs = s.xs + buf * s.kInSize;
+    const uint64_t resets = chunk_resets(p.reset_masks, d, b, c);
+    // The rows [row_lo, row_hi) reach the exit (forward) or see the entry (reverse); all of them without resets.
+    const int row_lo = REVERSE ? 0 : first_exiting(resets), row_hi = REVERSE ? first_reset(resets) : kChunk;
     // Thread: columns a, a + 1 (one paired shared access each for G, x and X), rows threadIdx.x / 32 + 8i.
     const int a = 2 * (threadIdx.x & 31);
     float gl[2];
@@ -742,12 +772,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
       float gt[2], xt[2];
       load_pack<2>(G + t * kLdS + a, 0, gt);
       load_pack<2>(xs + t * ldi + a, 0, xt);
-      const float decay0 = REVERSE ? exp2_fast(gt[0]) : exp2_fast(gl[0] - gt[0]);
-      const float decay1 = REVERSE ? exp2_fast(gt[1]) : exp2_fast(gl[1] - gt[1]);
+      const bool in = t >= row_lo && t < row_hi;
+      const float decay0 = !in ? 0.f : REVERSE ? exp2_fast(gt[0]) : exp2_fast(gl[0] - gt[0]);
+      const float decay1 = !in ? 0.f : REVERSE ? exp2_fast(gt[1]) : exp2_fast(gl[1] - gt[1]);
       store_pack<2>(xs + t * ldi + a, 0, {p.x_scale * xt[0] * decay0, p.x_scale * xt[1] * decay1});  // in place
     }
-    // Row k of M (a K index) decays by e^{G_L[k]}.
-    const float decay_lo = exp2_fast(GL[WarpTile::row(0)]), decay_hi = exp2_fast(GL[WarpTile::row(2)]);
+    // Row k of M (a K index) decays by e^{G_L[k]}; not at all past a reset.
+    const float decay_lo = resets ? 0.f : exp2_fast(GL[WarpTile::row(0)]);
+    const float decay_hi = resets ? 0.f : exp2_fast(GL[WarpTile::row(2)]);
 #pragma unroll
     for (int vt = 0; vt < kVTiles; ++vt)
 #pragma unroll
@@ -815,6 +847,7 @@ struct FwdOutputParams {
   void* output;
   void* scores;  // null: not saved; in the activation dtype
   Dims d;
+  const uint64_t* reset_masks;  // null: no resets
 };
 
 template <typename In>
@@ -1027,6 +1060,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   const In* q = static_cast<const In*>(p.q) + row_offset(d, b, t0, h, d.K);
   const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
+  const uint64_t resets = chunk_resets(p.reset_masks, d, b, c);
+  const int entered = first_reset(resets);  // Q̄'s rows from here on are 0: S^(c) does not reach them
 
   zero_tile(s.A, kLdF);
   // Each K-tile's g (into g_raw), q (into its columns of Qb, which it later overwrites) and k (into k_in) arrive by
@@ -1063,7 +1098,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
       *reinterpret_cast<float4*>(s.k + ScoreTile::at(t, a)) = make_float4(kv[0], kv[1], kv[2], kv[3]);
       const float g4[4] = {gv.x, gv.y, gv.z, gv.w};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) qbar[e] = p.scale * qv[e] * exp2_fast(g4[e]);
+      for (int e = 0; e < 4; ++e) qbar[e] = t < entered ? p.scale * qv[e] * exp2_fast(g4[e]) : 0.f;
       store4(s.Qb + t * ldq + k0 + a, qbar);
     }
     __syncthreads();  // the widened tiles are complete, g_raw and k_in free
@@ -1071,6 +1106,13 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
     accumulate_scores<In>(s.A, s.q, s.k, s.G, s.Khat, s.Qhat, p.scale);
   }
   __syncthreads();
+  if (resets) {  // block-uniform: the scores of pairs across a reset are 0
+    for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += kThreads) {
+      const int i = idx >> 6, j = idx & 63;
+      if (j < segment_start(resets, i)) s.A[i * kLdF + j] = 0.f;
+    }
+    __syncthreads();
+  }
   if (p.scores) {
     In* dst = static_cast<In*>(p.scores) + (static_cast<int64_t>(pair) * d.NT + c) * kChunk * kChunk;
     store_tile(dst, kChunk, s.A, kLdF, kChunk, kChunk, false);
@@ -1121,6 +1163,7 @@ struct BwdDvParams {
   bool accumulate_dv;
   float* d_scores;
   Dims d;
+  const uint64_t* reset_masks;  // null: no resets
 };
 
 template <typename In>
@@ -1163,6 +1206,8 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
 
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
   const In* scores = static_cast<const In*>(p.scores) + chunk_index * kChunk * kChunk;
+  const uint64_t resets = chunk_resets(p.reset_masks, d, b, c);
+  const int exiting = first_exiting(resets);  // X's rows before it are 0: their keys do not reach dS_e
 
   // Prologue: k (into X), g of every K-tile and A all go to shared memory by cp.async, waited for once (loads through
   // registers would wait out one memory latency per tile).
@@ -1194,6 +1239,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
       x[1] *= exp2_fast(gl.y - gt.y);
       x[2] *= exp2_fast(gl.z - gt.z);
       x[3] *= exp2_fast(gl.w - gt.w);
+      if (t < exiting) x[0] = x[1] = x[2] = x[3] = 0.f;
       store4(s.X + t * ldx + col, x);
     }
   }
@@ -1227,15 +1273,18 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
       store_tile(dv + v0, d.dv_stride, s.O, ldc, n, vcols, p.accumulate_dv);
     }
   }
-  // dA, lower triangle (j <= i) with s, zeros above: straight from the registers (fp32, whole 64×64 tile).
+  // dA, lower triangle (j <= i) with s, zeros above and across resets (from the row's segment start, as A): straight
+  // from the registers (fp32, whole 64×64 tile).
   float* dA_out = p.d_scores + chunk_index * kChunk * kChunk;
+  const int start_lo = segment_start(resets, WarpTile::row(0)), start_hi = segment_start(resets, WarpTile::row(2));
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {  // column pairs (2t, 2t + 1): one 8-byte store
-      const int r = WarpTile::row(e), cc = WarpTile::col(j, e);
+      const int r = WarpTile::row(e), cc = WarpTile::col(j, e), start = e == 0 ? start_lo : start_hi;
       *reinterpret_cast<float2*>(dA_out + r * kChunk + cc) =
-          make_float2(cc <= r ? p.scale * dA.c[j][e] : 0.f, cc + 1 <= r ? p.scale * dA.c[j][e + 1] : 0.f);
+          make_float2(cc <= r && cc >= start ? p.scale * dA.c[j][e] : 0.f,
+                      cc + 1 <= r && cc + 1 >= start ? p.scale * dA.c[j][e + 1] : 0.f);
     }
 }
 
@@ -1265,6 +1314,7 @@ struct BwdDqkParams {
   bool accumulate_dq, accumulate_dk, accumulate_dg;
   Dims d;
   GlaGatesEpilogue gates;  // q_hat set: the gates' gradients instead of dq, dk, dg (strides resolved: never 0)
+  const uint64_t* reset_masks;  // null: no resets
 };
 
 // bwd_dqk's tile strides: q, k and G rows of kLdB (≡ 8 banks mod 32) and dA rows of kLdD (≡ 4): the tensor-core
@@ -1356,9 +1406,16 @@ struct BwdDqkSmem {
 // take ~150 KB, so one, with registers to spare.
 template <typename In> constexpr int kDqkBlocksPerSm = std::is_same_v<In, float> ? 1 : 2;
 
+// dg's share from the 16-row groups after row r's (suffix), for row r of the group ending at row r_hi: all of it where
+// no reset lies in rows r .. r_hi − 1, else none (a reset row's own dg is 0, and rows before a reset are in another
+// segment than the later groups).
+__device__ __forceinline__ float row_suffix(uint64_t resets, int r, int r_hi, float suffix) {
+  return (resets >> r) & ((uint64_t{1} << (r_hi - r)) - 1) ? 0.f : suffix;
+}
+
 // Row r's dq, dk and dg at column a as bwd_dqk hands them out: the held-back diagonal terms dA_rr·k and dA_rr·q added,
-// dk_inter_L on the chunk's last row (last_row), dg's later segments (suffix), each onto old (an accumulated
-// gradient). The default −0 is the additive identity that leaves every value's bits alone (+0 would turn a −0 into
+// dk_inter_L on the chunk's last row (last_row), dg's later segments (suffix, from row_suffix), each onto old (an
+// accumulated gradient). The default −0 is the additive identity that leaves every value's bits alone (+0 would turn a −0 into
 // +0), so the compiler drops those adds where nothing accumulates.
 struct RowGradients {
   float dq, dk, dg;
@@ -1419,6 +1476,7 @@ __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>
     log_one_minus_gamma = log1pf(-gamma);
   }
   const int64_t row0 = static_cast<int64_t>(cb.b) * d.T + cb.t0 + r_lo;
+  const uint64_t resets = chunk_resets(p.reset_masks, d, cb.b, cb.c);
   In* dq_hat = static_cast<In*>(e.dq_hat) + row0 * e.dq_hat_stride + channel;
   In* df_hat = static_cast<In*>(e.df_hat) + row0 * e.df_hat_stride + channel;
   float gamma_sum = 0.f;
@@ -1427,7 +1485,7 @@ __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>
     if (i >= rows) break;
     const int r = r_lo + i;
     const float xq = load_f(s.q_hat[r * kLdB + a]), xf = load_f(s.f_hat[r * kLdB + a]);
-    const auto [dq, dk, dg] = row_gradients(s, r, a, r == last, suffix);
+    const auto [dq, dk, dg] = row_gradients(s, r, a, r == last, row_suffix(resets, r, r_lo + kSub, suffix));
     const ForgetGateGrad fg = forget_gate_grad<In>(xf, gamma, log_gamma, log_one_minus_gamma);
     float total = dg;
     total -= fg.lambda * dk;
@@ -1460,6 +1518,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   const int k0 = blockIdx.x * kTile, kcols = min(kTile, d.K - k0), last = n - 1;
   const int64_t key_off = row_offset(d, b, t0, h, d.K) + k0;
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
+  const uint64_t resets = chunk_resets(p.reset_masks, d, b, c);
 
   // q, k and g go to shared memory by cp.async: they land while the inter products run (the first V-tile's wait
   // covers them), and nothing reads them before the gate cumsum after those products.
@@ -1601,7 +1660,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
         dq = fmaf(xe, kk[j], dq);
         dk[j] = fmaf(xe, qi, dk[j]);
       }
-      s.Pq[r * ldc + a] = s.Pq[r * ldc + a] * (p.scale * exp2_fast(gk[i])) + dq;
+      // S_p reaches only the rows before the chunk's first reset.
+      s.Pq[r * ldc + a] = s.Pq[r * ldc + a] * (r < first_reset(resets) ? p.scale * exp2_fast(gk[i]) : 0.f) + dq;
     }
 #pragma unroll
     for (int j = 0; j < kHalf; ++j) dk[j] = fmaf(e_k[j], across_k[j], dk[j]);
@@ -1609,7 +1669,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 #pragma unroll
     for (int j = 0; j < kSub; ++j) {
       const int r = r_lo + j;
-      const float dk_inter = exp2_fast(GL - gk[j]) * s.Pk[r * ldc + a];
+      // Only the keys from the chunk's last reset on reach dS_e.
+      const float dk_inter = (r >= first_exiting(resets) ? exp2_fast(GL - gk[j]) : 0.f) * s.Pk[r * ldc + a];
       if (r == last) {
         s.dk_last[a] = dk_inter;
         s.Pk[r * ldc + a] = dk[j];
@@ -1686,27 +1747,33 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     }
   }
   if (threadIdx.x < 64) {
-    float total = exp2_fast(GL) * s.rowsum[a];
+    float total = resets ? 0.f : exp2_fast(GL) * s.rowsum[a];  // S_p reaches dS_e only through a chunk without resets
     for (int part = 0; part < 4; ++part) total += s.dlast_part[part * 64 + a];
     s.d_last[a] = total;
   }
   __syncthreads();
 
   // dg: reverse cumulative sum of q ⊙ dq − k ⊙ dk plus d_last, by 16-row segments (thread: segment rg, column a);
-  // the running sums go into G, which is no longer needed.
+  // the running sums go into G, which is no longer needed. With resets the sum restarts at each reset row (whose dg
+  // is 0), a group passes on only its rows before its first reset (seg), and the groups after a group with a reset,
+  // and d_last, reach no row before that reset.
   const int r_hi = r_lo + kSub;
   float run = 0.f;
 #pragma unroll 4
   for (int u = kSub - 1; u >= 0; --u) {  // a constant trip count (see chunk_cumsum)
     const int i = r_lo + u;
     run += load_f(s.q[i * kLdB + a]) * s.Pq[i * ldc + a] - load_f(s.k[i * kLdB + a]) * s.Pk[i * ldc + a];
+    if ((resets >> i) & 1) run = 0.f;
     s.G[i * kLdB + a] = run;
   }
   s.seg[rg * 64 + a] = run;
   cp_async_wait<0>();  // the gates' epilogue's inputs (stage_gate_inputs) have landed
   __syncthreads();
-  float suffix = s.d_last[a];
-  for (int later = 3; later > rg; --later) suffix += s.seg[later * 64 + a];
+  int stop = 4;  // the first later group holding a reset (4: none)
+  for (int later = rg + 1; later < 4 && stop == 4; ++later)
+    if ((resets >> (kSub * later)) & 0xffffu) stop = later;
+  float suffix = stop == 4 ? s.d_last[a] : 0.f;
+  for (int later = min(stop, 3); later > rg; --later) suffix += s.seg[later * 64 + a];
 
   // Into the gradients. The usual case, a whole 16-row segment into the step's fresh gradient buffers (all three
   // wanted, none accumulated), runs without per-row tests or old values: those tests and loads, unrolled over the 16
@@ -1745,8 +1812,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
         const int r = r_lo + i;
         const int64_t at = i * row_stride;
         // A whole segment can hold the chunk's last row only as its own last row.
-        const RowGradients grads =
-            row_gradients(s, r, a, (kGeneral || i == kSub - 1) && r == last, suffix, old_q[u], old_k[u], old_g[u]);
+        const RowGradients grads = row_gradients(s, r, a, (kGeneral || i == kSub - 1) && r == last,
+                                                 row_suffix(resets, r, r_hi, suffix), old_q[u], old_k[u], old_g[u]);
         if (!kGeneral || dq) dq[at] = store_f<In>(grads.dq);
         if (!kGeneral || dk) dk[at] = store_f<In>(grads.dk);
         if (!kGeneral || dg) dg[at] = grads.dg;
@@ -1898,9 +1965,11 @@ struct Launcher {
 template <typename In>
 void forward_impl(const Dims& d, unsigned pairs, const GlaCudaForwardArgs& a) {
   const Launcher<In> launcher{d, pairs};
-  const StatePassParams sp{a.k, a.v, d.v_stride, a.g, a.initial_state, a.states, true, a.final_state, nullptr, 1.0f, d};
+  const StatePassParams sp{a.k,           a.v,         d.v_stride, a.g,  a.initial_state, a.states,
+                           true,          a.final_state, nullptr, 1.0f, d,               a.reset_masks};
   launcher.template state_pass<false>(sp);
-  launcher.fwd_output(FwdOutputParams{a.q, a.k, a.v, a.g, a.states, a.scale, a.output, a.scores, d});
+  launcher.fwd_output(
+      FwdOutputParams{a.q, a.k, a.v, a.g, a.states, a.scale, a.output, a.scores, d, a.reset_masks});
 }
 
 template <typename In>
@@ -1908,15 +1977,17 @@ void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) 
   const Launcher<In> launcher{d, pairs};
   const bool need_dqk = a.dq || a.dk || a.dg || a.gates.q_hat;
   if (need_dqk && !a.states_given) {  // S^(c), recomputed as the forward stored them: only dq, dk and dg read them
-    const StatePassParams sp{a.k, a.v, d.v_stride, a.g, a.initial_state, a.states, true, nullptr, nullptr, 1.0f, d};
+    const StatePassParams sp{a.k,  a.v,    d.v_stride, a.g,  a.initial_state, a.states,
+                             true, nullptr, nullptr,   1.0f, d,               a.reset_masks};
     launcher.template state_pass<false>(sp);
   }
-  const StatePassParams dsp{a.q,           a.d_output, static_cast<int64_t>(d.H) * d.V, a.g, a.d_final_state,
-                            a.d_states,    false,      nullptr, a.d_initial_state, a.scale, d};
+  const StatePassParams dsp{a.q,       a.d_output, static_cast<int64_t>(d.H) * d.V, a.g,     a.d_final_state,
+                            a.d_states, false,      nullptr,                         a.d_initial_state, a.scale,
+                            d,          a.reset_masks};
   launcher.template state_pass<true>(dsp);
   if (need_dqk || a.dv)
-    launcher.bwd_dv(
-        BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.scale, a.dv, a.accumulate_dv, a.d_scores, d});
+    launcher.bwd_dv(BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.scale, a.dv, a.accumulate_dv,
+                                a.d_scores, d, a.reset_masks});
   if (!need_dqk) return;
   GlaGatesEpilogue gates = a.gates;
   const int64_t key_width = static_cast<int64_t>(d.H) * d.K;
@@ -1924,7 +1995,7 @@ void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) 
     if (!*stride) *stride = key_width;
   if (!gates.dgamma_row) gates.partials = nullptr;
   launcher.bwd_dqk(BwdDqkParams{a.q, a.k, a.v, a.g, a.d_output, a.states, a.d_states, a.d_scores, a.scale, a.dq, a.dk,
-                                a.dg, a.accumulate_dq, a.accumulate_dk, a.accumulate_dg, d, gates});
+                                a.dg, a.accumulate_dq, a.accumulate_dk, a.accumulate_dg, d, gates, a.reset_masks});
   if (gates.partials)  // the chunks' partial sums into γ's gradient, in chunk order
     add_chunk_sums<8>(gates.partials, gates.dgamma_row, static_cast<long long>(pairs / d.H) * d.NT, key_width,
                       "hgru2_gates_dgamma_reduce");

@@ -41,6 +41,9 @@ struct GlaCudaForwardArgs {
   // Scratch: the states buffer, in the activation dtype. The forward only uses the states rounded to it (operands of
   // q̄·S), so storing them rounded is exact and halves their traffic for bf16 (as fla stores them).
   void* states = nullptr;
+  // Per-chunk reset masks [B, ceil(T / 64)] (kernels/sequence_resets.h): a set bit i restarts the state at row i of
+  // that chunk (S_t = k_tᵀ v_t). Null: no resets.
+  const uint64_t* reset_masks = nullptr;
 };
 void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args);
 
@@ -93,6 +96,7 @@ struct GlaCudaBackwardArgs {
   // else they are scratch the backward recomputes them into first, with the forward's pass: the same bits either way.
   void* states = nullptr;
   bool states_given = false;
+  const uint64_t* reset_masks = nullptr;  // the forward's
   // Scratch: the state gradients (fp32) and one scores buffer (dA).
   float* d_states = nullptr;
   float* d_scores = nullptr;

@@ -11,6 +11,9 @@
 //            the chunk's share of dγ, with h_{t−1} read from o rather than recomputed).
 // The gradients need no logarithm: as k = 1 − λ, the step's whole derivative in λ is dL/dλ_t = (h_{t−1} − a_t)·dh_t
 // (a = silu(î)), and λ's derivatives in f̂ and γ are products of sigmoids (decay_gate). dî = silu'(î)·k·dh_t.
+// Resets (reset_masks): at a reset step h_{t−1} is taken as 0: its decay λ_t is 0 in the scan (so the chunk's decay
+// product, and with it the carry across the chunk, is 0 too) and in dL/dλ_t = (0 − a_t)·dh_t, and no gradient flows
+// back past it.
 // Determinism: no atomics; every value is computed by one thread in a fixed order, and γ's gradient is summed per
 // (batch, chunk) by one thread, then over those in a fixed order (chunk_sums.cuh).
 #include <cuda_bf16.h>
@@ -53,6 +56,7 @@ using chunked_scan::chunk_grid;
 using chunked_scan::kCarryBatch;
 using chunked_scan::kThreads;
 using chunked_scan::load_v;
+using chunked_scan::restarts;
 using chunked_scan::store_v;
 using chunked_scan::thread_channel;
 using chunked_scan::write_v;
@@ -93,6 +97,7 @@ struct ForwardParams {
   float* final_state;   // null: not written
   float* chunk_states;  // summary: h_end^(k); carry: H^(k+1), slot k
   float* decays;        // P^(k), slot k
+  const uint64_t* reset_masks;  // null: no resets
 };
 
 // Chunk k = blockIdx.y (< NT − 1, so whole): the scan from zero and the product of the decays.
@@ -107,6 +112,7 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
   const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
   float gamma[V];
   load_gamma<V>(p.gamma_row, c, gamma);
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   float h[V] = {}, product[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) product[v] = 1.f;
@@ -122,8 +128,9 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         const Step s = step_of<Act>(iv[i][v], fv[i][v], gamma[v]);
-        h[v] = s.decay * h[v] + s.input;
-        product[v] *= s.decay;
+        const float decay = restarts(resets, i0 + i) ? 0.f : s.decay;
+        h[v] = decay * h[v] + s.input;
+        product[v] *= decay;
       }
   }
   store_v<V>(p.chunk_states + d.slot(b, k, c), h);
@@ -154,6 +161,7 @@ __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardP
   const Act* ip = static_cast<const Act*>(p.i_hat) + row * d.i_stride + c;
   const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
   Act* o = static_cast<Act*>(p.output) + row * d.C + c;
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   for (int i0 = 0; i0 < n; i0 += kBatch) {
     float iv[kBatch][V], fv[kBatch][V];
 #pragma unroll
@@ -168,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardP
 #pragma unroll
         for (int v = 0; v < V; ++v) {
           const Step s = step_of<Act>(iv[i][v], fv[i][v], gamma[v]);
-          h[v] = s.decay * h[v] + s.input;
+          h[v] = (restarts(resets, i0 + i) ? 0.f : s.decay) * h[v] + s.input;
         }
         store_v<V>(o + static_cast<int64_t>(i0 + i) * d.C, h);
       }
@@ -198,6 +206,7 @@ struct BackwardParams {
   float* partials;  // [B, NT, C] per-(batch, chunk) sums for γ's gradient; null: not wanted
   float* boundary;  // summary: u^(k) in slot k − 1; carry: β^(k−1) over it
   float* decays;    // P^(k) in slot k − 1
+  const uint64_t* reset_masks;  // null: no resets
 };
 
 // Chunk k = blockIdx.y + 1 (>= 1; only the last may be partial): the reverse scan from zero, u^(k) = λ_s dh_s at its
@@ -214,6 +223,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
   load_gamma<V>(p.gamma_row, c, gamma);
   const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
   const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * d.C + c : nullptr;
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   float r[V] = {}, product[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) product[v] = 1.f;
@@ -230,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
       if (i0 + i < n)
 #pragma unroll
         for (int v = 0; v < V; ++v) {
-          const float decay = decay_gate(fv[i][v], gamma[v]).lambda;
+          const float decay = restarts(resets, i0 + i) ? 0.f : decay_gate(fv[i][v], gamma[v]).lambda;
           r[v] = decay * (dov[i][v] + r[v]);
           product[v] *= decay;
         }
@@ -275,6 +285,7 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
   const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * d.C + c : nullptr;
   Act* di = p.di ? static_cast<Act*>(p.di) + row * p.di_stride + c : nullptr;
   Act* df = p.df ? static_cast<Act*>(p.df) + row * p.df_stride + c : nullptr;
+  const uint64_t resets = d.resets(p.reset_masks, b, k);
   for (int i0 = (n - 1) / kGradBatch * kGradBatch; i0 >= 0; i0 -= kGradBatch) {
     float iv[kGradBatch][V], fv[kGradBatch][V], prev[kGradBatch][V], dh[kGradBatch][V] = {};
 #pragma unroll
@@ -283,7 +294,10 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
         load_v<V>(ip + (i0 + i) * d.i_stride, iv[i]);
         load_v<V>(fp + (i0 + i) * d.f_stride, fv[i]);
         if (d_out) load_v<V>(d_out + static_cast<int64_t>(i0 + i) * d.C, dh[i]);
-        if (i0 + i > 0) {
+        if (restarts(resets, i0 + i)) {  // the state before a reset is 0
+#pragma unroll
+          for (int v = 0; v < V; ++v) prev[i][v] = 0.f;
+        } else if (i0 + i > 0) {
           load_v<V>(op + static_cast<int64_t>(i0 + i - 1) * d.C, prev[i]);
         } else {
 #pragma unroll
@@ -299,7 +313,7 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
           const DecayGate gate = decay_gate(fv[i][v], gamma[v]);
           const float sig = stable_sigmoid<Act>(iv[i][v]);
           const float g = dh[i][v] + r[v];
-          r[v] = gate.lambda * g;
+          r[v] = (restarts(resets, i0 + i) ? 0.f : gate.lambda) * g;
           div[v] = silu_backward_value(iv[i][v], sig, gate.k * g);
           const float d_lambda = (prev[i][v] - iv[i][v] * sig) * g;  // (h_{t−1} − silu(î_t)) dh_t
           dfv[v] = d_lambda * ((1.f - gamma[v]) * gate.sigmoid_x * gate.sigmoid_minus_x);
@@ -339,7 +353,7 @@ Geometry make_geometry(const LowerBoundedScanCudaShape& s, int64_t i_stride, int
 template <typename Act>
 void forward_impl(const Geometry& d, const LowerBoundedScanCudaForwardArgs& a) {
   const ForwardParams p{d,        a.i_hat,        a.f_hat,           a.gamma_row,  a.initial_state,
-                        a.output, a.final_state, a.chunk_states, a.scratch};
+                        a.output, a.final_state, a.chunk_states, a.scratch,    a.reset_masks};
   const size_t act = sizeof(Act), f32 = sizeof(float);
   const bool wide = aligned_for(kWide, d.C,
                                 {{a.i_hat, d.i_stride, act},
@@ -381,6 +395,7 @@ void backward_impl(const Geometry& d, const LowerBoundedScanCudaBackwardArgs& a)
   p.partials = a.dgamma_row ? a.workspace : nullptr;
   p.boundary = a.scratch_a;
   p.decays = a.scratch_b;
+  p.reset_masks = a.reset_masks;
   HGRN_CHECK(p.di_stride >= d.C && p.df_stride >= d.C, "lower_bounded_gated_scan CUDA: a gradient row stride (dî ",
              p.di_stride, ", df̂ ", p.df_stride, ") is narrower than C = ", d.C);
   const size_t act = sizeof(Act), f32 = sizeof(float);

@@ -41,6 +41,9 @@ struct LowerBoundedScanCudaForwardArgs {
   // lower_bounded_scan_cuda_chunk_elements floats each (both null when T <= 64).
   float* chunk_states = nullptr;
   float* scratch = nullptr;
+  // Per-chunk reset masks [B, ceil(T / 64)] (kernels/sequence_resets.h): a set bit starts its step from the zero
+  // state (h_{t−1} taken as 0). Null: no resets.
+  const uint64_t* reset_masks = nullptr;
 };
 void lower_bounded_scan_cuda_forward(const LowerBoundedScanCudaShape& shape, const LowerBoundedScanCudaForwardArgs& args);
 
@@ -53,6 +56,7 @@ struct LowerBoundedScanCudaBackwardArgs {
   const float* gamma_row = nullptr;
   const float* initial_state = nullptr;
   const float* chunk_states = nullptr;   // the forward's (null when T <= 64)
+  const uint64_t* reset_masks = nullptr;  // the forward's
   const void* output = nullptr;          // the forward's o (h in the activation dtype): h_{t−1} of the gradients
   const void* d_output = nullptr;        // null: zero; else contiguous, act dtype
   const float* d_final_state = nullptr;  // null: zero

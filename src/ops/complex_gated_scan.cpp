@@ -9,6 +9,9 @@
 //    state's gradient for the last chunk).
 // Both backwards form dx_t = δ_t, and with p_t = w_t h_{t−1} (∂h_t/∂g_t = p_t, ∂h_t/∂θ = i·p_t):
 // dg_t = Re(conj(δ_t) p_t), dθ = Σ_{b,t} Re(conj(δ_t) i p_t), dL/dh_{−1} = conj(w_0) δ_0.
+// Resets (ops/sequence_resets.h): a reset step's factor w_t is taken as 0 (h_{t−1} does not reach h_t, p_t = 0, so
+// dg_t = 0 and it adds nothing to dθ, and no gradient flows back past it); the chunk form's carries reach only the
+// rows before a chunk's first reset (forward) or from its last reset on (backward).
 // Work is split over OpenMP threads by (batch, block of 64 channels), each block by the same sequential code; dθ is
 // summed over the batch after the parallel region, in batch order, so results do not depend on the thread count.
 // On the GPU: kernels/complex_gated_scan.h (a chunked scan in 64-step chunks whatever the mode).
@@ -19,8 +22,9 @@
 #include <vector>
 
 #include "ops/cpu_parallel.h"
-#include "ops/scan_tasks.h"
 #include "ops/elementwise.h"
+#include "ops/scan_tasks.h"
+#include "ops/sequence_resets.h"
 
 #ifdef HGRN_WITH_CUDA
 #include "kernels/complex_gated_scan.h"
@@ -52,6 +56,7 @@ struct Io {
   T* dg = nullptr;
   T* d_theta_rows = nullptr;
   T* d_initial_state = nullptr;
+  const int32_t* resets = nullptr;  // [B, T]; null: none
 };
 
 // One task: channels [c0, c0 + width) of batch b.
@@ -61,6 +66,18 @@ struct Block {
   int64_t out_at(int64_t t) const { return (b * time + t) * 2 * channels + c0; }   // Re in output; Im at + C
   int64_t state_at() const { return b * 2 * channels + c0; }                       // Re in a state; Im at + C
 };
+
+// The block's sequence's reset flags.
+template <typename T>
+SequenceResets resets_of(const Io<T>& io, const Block& k) {
+  return {io.resets ? io.resets + k.b * k.time : nullptr};
+}
+
+// e^{g} of row t's decay, or 0 at a reset.
+template <typename T>
+T step_decay(const Io<T>& io, const Block& k, int64_t t, T g) {
+  return resets_of(io, k).at(t) ? T(0) : std::exp(g);
+}
 
 // Per-thread scratch, reused across the thread's tasks.
 template <typename T>
@@ -98,7 +115,7 @@ void step(const Io<T>& io, const Block& k, const Scratch<T>& s, int64_t t, T* rr
   const T* xi = io.x_im + k.at(t);
   const T* g = io.g + k.at(t);
   for (int64_t j = 0; j < k.width; ++j) {
-    const T a = std::exp(g[j]), c = s.cos_theta[j], sn = s.sin_theta[j];
+    const T a = step_decay(io, k, t, g[j]), c = s.cos_theta[j], sn = s.sin_theta[j];
     const T r = a * (c * rr[j] - sn * ri[j]) + xr[j];
     ri[j] = a * (sn * rr[j] + c * ri[j]) + xi[j];
     rr[j] = r;
@@ -135,11 +152,12 @@ void chunk_forward(const Io<T>& io, const Block& k, int64_t chunk, Scratch<T>& s
       for (int64_t j = 0; j < W; ++j) G[j] = (t == start ? T(0) : G[j - W]) + g[j];
     }
   }
+  const SequenceResets resets = resets_of(io, k);
   for (int64_t start = chunk; start < k.time; start += chunk) {
     const int64_t end = std::min(k.time, start + chunk);
     const T* carry_r = hr + (start - 1) * stride;  // the previous chunk's last state, already final
     const T* carry_i = hi + (start - 1) * stride;
-    for (int64_t t = start; t < end; ++t) {
+    for (int64_t t = start, first_reset = resets.first_in(start, end); t < first_reset; ++t) {
       const T n = static_cast<T>(t - start + 1);
       const T* G = decays + t * W;
       T* out_r = hr + t * stride;
@@ -168,7 +186,7 @@ void step_back(const Io<T>& io, const Block& k, const Scratch<T>& s, int64_t t, 
                T* bi) {
   const T* g = io.g + k.at(t);
   for (int64_t j = 0; j < k.width; ++j) {
-    const T a = std::exp(g[j]), c = s.cos_theta[j], sn = s.sin_theta[j];
+    const T a = step_decay(io, k, t, g[j]), c = s.cos_theta[j], sn = s.sin_theta[j];
     br[j] = a * (c * dr[j] + sn * di[j]);
     bi[j] = a * (c * di[j] - sn * dr[j]);
   }
@@ -211,9 +229,11 @@ void chunk_backward(const Io<T>& io, const Block& k, int64_t chunk, Scratch<T>& 
     }
   }
   load_state(io.d_final_state, k, br, bi);
+  const SequenceResets resets = resets_of(io, k);
   for (int64_t start = (k.time - 1) / chunk * chunk; start >= 0; start -= chunk) {
     const int64_t end = std::min(k.time, start + chunk);
-    for (int64_t t = start; t < end; ++t) {
+    // β reaches the rows from the chunk's last reset on (all of them without one).
+    for (int64_t t = std::max(start, resets.last_in(start, end)); t < end; ++t) {
       const T m = static_cast<T>(end - 1 - t);
       const T* D = decays + t * W;
       T* dr = s.dr.data() + t * W;
@@ -298,7 +318,7 @@ void backward_cpu(const Io<T>& io, const Plan& plan) {
             pr = io.initial_state ? io.initial_state[k.state_at() + j] : T(0);
             pi = io.initial_state ? io.initial_state[k.state_at() + d.channels + j] : T(0);
           }
-          const T a = std::exp(g[j]), c = s.cos_theta[j], sn = s.sin_theta[j];
+          const T a = step_decay(io, k, t, g[j]), c = s.cos_theta[j], sn = s.sin_theta[j];
           const T qr = a * (c * pr - sn * pi), qi = a * (sn * pr + c * pi);
           if (io.dg) io.dg[k.at(t) + j] += dr[j] * qr + di[j] * qi;
           if (io.d_theta_rows) io.d_theta_rows[k.b * d.channels + k.c0 + j] += di[j] * qr - dr[j] * qi;
@@ -325,9 +345,13 @@ GatedScanCudaShape cuda_shape(const Dims& d) {
 // A fp32 GPU buffer of n floats (undefined when n is 0: T <= 64 needs no per-chunk buffers).
 Tensor gpu_floats(int64_t n) { return n > 0 ? Tensor::empty({n}, DType::F32, Device::CUDA) : Tensor(); }
 float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+const uint64_t* masks_or_null(const Tensor& t) {
+  return t.defined() ? reinterpret_cast<const uint64_t*>(t.data<int64_t>()) : nullptr;
+}
 
 void forward_cuda(const Var& x_re, const Var& x_im, const Var& g, const Var& theta, const Var& initial_state,
-                  const Dims& dims, Tensor& output, Tensor& final_state, Tensor& chunk_states) {
+                  const Dims& dims, const Tensor& reset_masks, Tensor& output, Tensor& final_state,
+                  Tensor& chunk_states) {
   chunk_states = gpu_floats(complex_gated_scan_cuda_chunk_elements(cuda_shape(dims)));  // kept for the backward
   const Tensor scratch = gpu_floats(complex_gated_scan_cuda_chunk_elements(cuda_shape(dims)));
   ComplexScanCudaForwardArgs a;
@@ -341,12 +365,14 @@ void forward_cuda(const Var& x_re, const Var& x_im, const Var& g, const Var& the
   a.final_state = final_state.data<float>();
   a.chunk_states = data_or_null(chunk_states);
   a.scratch = data_or_null(scratch);
+  a.reset_masks = masks_or_null(reset_masks);
   complex_gated_scan_cuda_forward(cuda_shape(dims), a);
 }
 
 // The CUDA backward: gradients of both outputs (either may be absent) into the inputs that want one.
 void backward_cuda(const Var& x_re, const Var& x_im, const Var& g, const Var& theta, const Var& initial_state,
-                   const Var& out, const Var& final_out, const Tensor& chunk_states, const Dims& dims) {
+                   const Var& out, const Var& final_out, const Tensor& chunk_states, const Tensor& reset_masks,
+                   const Dims& dims) {
   if (out->grad.defined())
     HGRN_CHECK(out->grad.dtype() == out->value.dtype() && out->grad.is_contiguous(),
                "complex_gated_scan: the output's gradient must be contiguous ", dtype_name(out->value.dtype()),
@@ -365,6 +391,7 @@ void backward_cuda(const Var& x_re, const Var& x_im, const Var& g, const Var& th
   a.theta = theta->value.data<float>();
   a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
   a.chunk_states = data_or_null(chunk_states);
+  a.reset_masks = masks_or_null(reset_masks);
   a.d_output = out->grad.defined() ? out->grad.raw_data() : nullptr;
   a.d_final_state = final_out->grad.defined() ? final_out->grad.data<float>() : nullptr;
   // Fresh gradients are written, existing ones added into; x_re's is asked for before x_im's, the order the kernel
@@ -390,7 +417,7 @@ void backward_cuda(const Var& x_re, const Var& x_im, const Var& g, const Var& th
 
 ComplexGatedScanOutputs complex_gated_scan(Tape& tape, const Var& x_re_in, const Var& x_im_in, const Var& g_in,
                                            const Var& theta, const Var& initial_state, ScanMode mode,
-                                           int64_t chunk_size) {
+                                           int64_t chunk_size, const Tensor& resets) {
   HGRN_CHECK(x_re_in && x_im_in && g_in && theta, "complex_gated_scan: x_re, x_im, g and theta are required");
   const Var x_re = contiguous(tape, x_re_in);
   const Var x_im = contiguous(tape, x_im_in);
@@ -414,6 +441,7 @@ ComplexGatedScanOutputs complex_gated_scan(Tape& tape, const Var& x_re_in, const
   const DType dtype = xv.dtype();
   const Device device = xv.device();
   const bool on_cuda = device == Device::CUDA;
+  check_resets(resets, dims.batch, dims.time, device, "complex_gated_scan");
   // GPU: x_re, x_im (and the output) in the activation dtype; g, theta and the states fp32. CPU: one dtype.
   const DType state_dtype = on_cuda ? DType::F32 : dtype;
   for (const Var& v : {x_im, g, theta, initial_state}) {
@@ -431,10 +459,11 @@ ComplexGatedScanOutputs complex_gated_scan(Tape& tape, const Var& x_re_in, const
 
   Tensor output = Tensor::empty({dims.batch, dims.time, 2 * dims.channels}, dtype, device);
   Tensor final_state = Tensor::empty(state_shape, state_dtype, device);
-  Tensor chunk_states;  // the GPU's state entering each chunk: kept for the backward
+  Tensor chunk_states, reset_masks;  // the GPU's state entering each chunk and reset masks: kept for the backward
   if (on_cuda) {
 #ifdef HGRN_WITH_CUDA
-    forward_cuda(x_re, x_im, g, theta, initial_state, dims, output, final_state, chunk_states);
+    reset_masks = reset_chunk_masks(resets);
+    forward_cuda(x_re, x_im, g, theta, initial_state, dims, reset_masks, output, final_state, chunk_states);
 #else
     throw Error("complex_gated_scan: this hgrn was built without CUDA");
 #endif
@@ -448,6 +477,7 @@ ComplexGatedScanOutputs complex_gated_scan(Tape& tape, const Var& x_re_in, const
       io.initial_state = initial_state ? initial_state->value.data<scalar_t>() : nullptr;
       io.output = output.data<scalar_t>();
       io.final_state = final_state.data<scalar_t>();
+      io.resets = resets.defined() ? resets.data<int32_t>() : nullptr;
       forward_cpu(io, plan);
     });
   }
@@ -456,11 +486,11 @@ ComplexGatedScanOutputs complex_gated_scan(Tape& tape, const Var& x_re_in, const
                                  op_output(tape, final_state, {x_re, x_im, g, theta, initial_state})};
   if (!result.output->requires_grad) return result;
   Var out = result.output, final_out = result.final_state;
-  tape.record([x_re, x_im, g, theta, initial_state, out, final_out, chunk_states, plan] {
+  tape.record([x_re, x_im, g, theta, initial_state, out, final_out, chunk_states, reset_masks, resets, plan] {
     if (!out->grad.defined() && !final_out->grad.defined()) return;
     if (x_re->value.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-      backward_cuda(x_re, x_im, g, theta, initial_state, out, final_out, chunk_states, plan.dims);
+      backward_cuda(x_re, x_im, g, theta, initial_state, out, final_out, chunk_states, reset_masks, plan.dims);
 #else
       throw Error("complex_gated_scan: this hgrn was built without CUDA");
 #endif
@@ -475,6 +505,7 @@ ComplexGatedScanOutputs complex_gated_scan(Tape& tape, const Var& x_re_in, const
       io.initial_state = initial_state ? initial_state->value.data<scalar_t>() : nullptr;
       io.d_output = out->grad.defined() ? out->grad.data<scalar_t>() : nullptr;
       io.d_final_state = final_out->grad.defined() ? final_out->grad.data<scalar_t>() : nullptr;
+      io.resets = resets.defined() ? resets.data<int32_t>() : nullptr;
       // Gradient buffers are allocated here, outside the parallel region (grad_buffer is not thread-safe).
       io.dx_re = wants_grad(x_re) ? grad_buffer(x_re).data<scalar_t>() : nullptr;
       io.dx_im = wants_grad(x_im) ? grad_buffer(x_im).data<scalar_t>() : nullptr;

@@ -23,8 +23,11 @@ struct ComplexGatedScanOutputs {
 // chunk_size: the chunk form's length (ignored by Sequential); 0 = 64; the last chunk may be partial.
 // Gradients flow to x_re, x_im, g, theta and initial_state (each only if it wants one) from both outputs' gradients
 // (either may be absent).
+// resets (optional): int32 [B, T] on x's device, nonzero where the state before step t is zero (ops/sequence_resets.h):
+// h_t = x_t there, and neither g_t nor θ gets a gradient from that step's (absent) decay.
 ComplexGatedScanOutputs complex_gated_scan(Tape& tape, const Var& x_re, const Var& x_im, const Var& g,
                                            const Var& theta, const Var& initial_state,
-                                           ScanMode mode = ScanMode::Chunk, int64_t chunk_size = 0);
+                                           ScanMode mode = ScanMode::Chunk, int64_t chunk_size = 0,
+                                           const Tensor& resets = Tensor());
 
 }  // namespace hgrn

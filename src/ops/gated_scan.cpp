@@ -7,6 +7,9 @@
 //    scans from zero within the chunks, then, chunks in reverse, dh_t += e^{Σ_{s=t+1..end} g_s} β with β the gradient
 //    arriving from the next chunk's first row (e^{g_s} dh_s there; the final state's gradient for the last chunk).
 // Both backwards form dx_t = dh_t, dg_t = h_{t−1} e^{g_t} dh_t and dL/dh_{−1} = e^{g_0} dh_0.
+// Resets (ops/sequence_resets.h): at a reset step h_{t−1} counts as 0, so e^{g_t} h_{t−1} is dropped there, dg_t = 0,
+// and the gradient stops there on its way back; the chunk form's carries reach only the rows before a chunk's first
+// reset (forward) or from its last reset on (backward).
 // Work is split over OpenMP threads by (batch, block of 64 channels): each block is computed by the same sequential
 // code whatever thread runs it, so the result is the same bits for any number of threads.
 #include "ops/gated_scan.h"
@@ -16,8 +19,9 @@
 #include <vector>
 
 #include "ops/cpu_parallel.h"
-#include "ops/scan_tasks.h"
 #include "ops/elementwise.h"
+#include "ops/scan_tasks.h"
+#include "ops/sequence_resets.h"
 
 #ifdef HGRN_WITH_CUDA
 #include "kernels/gated_scan.h"
@@ -44,6 +48,7 @@ struct ScanIo {
   T* dx = nullptr;
   T* dg = nullptr;
   T* d_initial_state = nullptr;
+  const int32_t* resets = nullptr;  // [B, T]; null: none
 };
 
 // One task: channels [c0, c0 + width) of batch b; element (t, j) of a [B, T, C] tensor is at at(t) + j.
@@ -52,6 +57,12 @@ struct Block {
   int64_t at(int64_t t) const { return (b * time + t) * channels + c0; }
   int64_t state_at() const { return b * channels + c0; }
 };
+
+// The block's sequence's reset flags.
+template <typename T>
+SequenceResets resets_of(const ScanIo<T>& io, const Block& k) {
+  return {io.resets ? io.resets + k.b * k.time : nullptr};
+}
 
 // Per-thread scratch, reused across the thread's tasks.
 template <typename T>
@@ -80,13 +91,15 @@ void load_initial(const ScanIo<T>& io, const Block& k, T* h) {
 
 template <typename T>
 void sequential_forward(const ScanIo<T>& io, const Block& k, T* h, int64_t stride, T* running) {
+  const SequenceResets resets = resets_of(io, k);
   load_initial(io, k, running);
   for (int64_t t = 0; t < k.time; ++t) {
     const T* x = io.x + k.at(t);
     const T* g = io.g + k.at(t);
     T* out = h + t * stride;
+    const bool restart = resets.at(t);
     for (int64_t j = 0; j < k.width; ++j) {
-      running[j] = std::exp(g[j]) * running[j] + x[j];
+      running[j] = restart ? x[j] : std::exp(g[j]) * running[j] + x[j];
       out[j] = running[j];
     }
   }
@@ -96,6 +109,7 @@ void sequential_forward(const ScanIo<T>& io, const Block& k, T* h, int64_t strid
 template <typename T>
 void chunk_forward(const ScanIo<T>& io, const Block& k, int64_t chunk, T* h, int64_t stride, T* decays, T* running) {
   const int64_t W = k.width;
+  const SequenceResets resets = resets_of(io, k);
   for (int64_t start = 0; start < k.time; start += chunk) {
     const int64_t end = std::min(k.time, start + chunk);
     if (start == 0)
@@ -107,8 +121,9 @@ void chunk_forward(const ScanIo<T>& io, const Block& k, int64_t chunk, T* h, int
       const T* g = io.g + k.at(t);
       T* out = h + t * stride;
       T* G = decays + t * W;
+      const bool restart = resets.at(t);
       for (int64_t j = 0; j < W; ++j) {
-        running[j] = std::exp(g[j]) * running[j] + x[j];
+        running[j] = restart ? x[j] : std::exp(g[j]) * running[j] + x[j];
         out[j] = running[j];
         G[j] = (t == start ? T(0) : G[j - W]) + g[j];
       }
@@ -117,7 +132,7 @@ void chunk_forward(const ScanIo<T>& io, const Block& k, int64_t chunk, T* h, int
   for (int64_t start = chunk; start < k.time; start += chunk) {
     const int64_t end = std::min(k.time, start + chunk);
     const T* carry = h + (start - 1) * stride;  // the previous chunk's last state, already final
-    for (int64_t t = start; t < end; ++t) {
+    for (int64_t t = start, first_reset = resets.first_in(start, end); t < first_reset; ++t) {
       T* out = h + t * stride;
       const T* G = decays + t * W;
       for (int64_t j = 0; j < W; ++j) out[j] += std::exp(G[j]) * carry[j];
@@ -141,13 +156,15 @@ T d_output_at(const ScanIo<T>& io, const Block& k, int64_t t, int64_t j) {
 
 template <typename T>
 void sequential_backward(const ScanIo<T>& io, const Block& k, T* dh, T* beta) {
+  const SequenceResets resets = resets_of(io, k);
   load_final_gradient(io, k, beta);  // beta = e^{g_{t+1}} dh_{t+1}; at t = T − 1, the final state's gradient
   for (int64_t t = k.time - 1; t >= 0; --t) {
     const T* g = io.g + k.at(t);
     T* d = dh + t * k.width;
+    const bool restart = resets.at(t);
     for (int64_t j = 0; j < k.width; ++j) {
       d[j] = d_output_at(io, k, t, j) + beta[j];
-      beta[j] = std::exp(g[j]) * d[j];
+      beta[j] = restart ? T(0) : std::exp(g[j]) * d[j];
     }
   }
 }
@@ -157,6 +174,7 @@ void sequential_backward(const ScanIo<T>& io, const Block& k, T* dh, T* beta) {
 template <typename T>
 void chunk_backward(const ScanIo<T>& io, const Block& k, int64_t chunk, T* dh, T* decays, T* beta) {
   const int64_t W = k.width;
+  const SequenceResets resets = resets_of(io, k);
   for (int64_t start = 0; start < k.time; start += chunk) {
     const int64_t end = std::min(k.time, start + chunk);
     std::fill_n(beta, W, T(0));
@@ -164,9 +182,10 @@ void chunk_backward(const ScanIo<T>& io, const Block& k, int64_t chunk, T* dh, T
       const T* g = io.g + k.at(t);
       T* d = dh + t * W;
       T* G = decays + t * W;
+      const bool restart = resets.at(t);
       for (int64_t j = 0; j < W; ++j) {
         d[j] = d_output_at(io, k, t, j) + beta[j];
-        beta[j] = std::exp(g[j]) * d[j];
+        beta[j] = restart ? T(0) : std::exp(g[j]) * d[j];
         G[j] = t == end - 1 ? T(0) : G[j + W] + io.g[k.at(t + 1) + j];
       }
     }
@@ -174,13 +193,15 @@ void chunk_backward(const ScanIo<T>& io, const Block& k, int64_t chunk, T* dh, T
   load_final_gradient(io, k, beta);
   for (int64_t start = (k.time - 1) / chunk * chunk; start >= 0; start -= chunk) {
     const int64_t end = std::min(k.time, start + chunk);
-    for (int64_t t = start; t < end; ++t) {
+    // β reaches the rows from the chunk's last reset on (all of them without one).
+    for (int64_t t = std::max(start, resets.last_in(start, end)); t < end; ++t) {
       T* d = dh + t * W;
       const T* G = decays + t * W;
       for (int64_t j = 0; j < W; ++j) d[j] += std::exp(G[j]) * beta[j];
     }
     const T* g = io.g + k.at(start);
-    for (int64_t j = 0; j < W; ++j) beta[j] = std::exp(g[j]) * dh[start * W + j];
+    const bool restart = resets.at(start);
+    for (int64_t j = 0; j < W; ++j) beta[j] = restart ? T(0) : std::exp(g[j]) * dh[start * W + j];
   }
 }
 
@@ -241,9 +262,11 @@ void backward_cpu(const ScanIo<T>& io, const Plan& plan) {
         if (io.dg) {
           T* dg = io.dg + k.at(t);
           const T* g = io.g + k.at(t);
+          const bool restart = resets_of(io, k).at(t);
           for (int64_t j = 0; j < W; ++j) {
-            const T h_prev =
-                t > 0 ? h[(t - 1) * W + j] : (io.initial_state ? io.initial_state[k.state_at() + j] : T(0));
+            const T h_prev = restart ? T(0)
+                             : t > 0 ? h[(t - 1) * W + j]
+                                     : (io.initial_state ? io.initial_state[k.state_at() + j] : T(0));
             dg[j] += h_prev * std::exp(g[j]) * d_t[j];
           }
         }
@@ -269,10 +292,14 @@ Tensor chunk_buffer(const ScanDims& d) {
   return n > 0 ? Tensor::empty({n}, DType::F32, Device::CUDA) : Tensor();
 }
 float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+const uint64_t* masks_or_null(const Tensor& t) {
+  return t.defined() ? reinterpret_cast<const uint64_t*>(t.data<int64_t>()) : nullptr;
+}
 
 // The CUDA backward: gradients of both outputs (either may be absent) into the inputs that want one.
 void gated_scan_backward_cuda(const Var& x, const Var& g, const Var& initial_state, const Var& out,
-                              const Var& final_out, const Tensor& chunk_states, const ScanDims& dims) {
+                              const Var& final_out, const Tensor& chunk_states, const Tensor& reset_masks,
+                              const ScanDims& dims) {
   if (out->grad.defined())
     HGRN_CHECK(out->grad.dtype() == out->value.dtype() && out->grad.is_contiguous(),
                "gated_scan: the output's gradient must be contiguous ", dtype_name(out->value.dtype()), ", got ",
@@ -289,6 +316,7 @@ void gated_scan_backward_cuda(const Var& x, const Var& g, const Var& initial_sta
   a.g_stride = g->value.row_stride();
   a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
   a.chunk_states = data_or_null(chunk_states);
+  a.reset_masks = masks_or_null(reset_masks);
   a.d_output = out->grad.defined() ? out->grad.raw_data() : nullptr;
   a.d_final_state = final_out->grad.defined() ? final_out->grad.data<float>() : nullptr;
   // A column block of a split gets its place in the split's gradient (row-strided); fresh buffers are written.
@@ -313,7 +341,7 @@ void gated_scan_backward_cuda(const Var& x, const Var& g, const Var& initial_sta
 }  // namespace
 
 GatedScanOutputs gated_scan(Tape& tape, const Var& x_in, const Var& g_in, const Var& initial_state, ScanMode mode,
-                            int64_t chunk_size) {
+                            int64_t chunk_size, const Tensor& resets) {
   HGRN_CHECK(x_in && g_in, "gated_scan: x and g are required");
   // x and g may be row-strided (column blocks of a fused projection): the GPU reads them in place, the CPU copies.
   const Var x = contiguous_on_cpu(tape, x_in);
@@ -330,6 +358,7 @@ GatedScanOutputs gated_scan(Tape& tape, const Var& x_in, const Var& g_in, const 
                shape_str(state_shape), ", got ", shape_str(initial_state->value.shape()));
   HGRN_CHECK(chunk_size >= 0, "gated_scan: chunk_size must be >= 0 (0 = ", kDefaultChunk, "), got ", chunk_size);
   const Device device = xv.device();
+  check_resets(resets, dims.batch, dims.time, device, "gated_scan");
   const bool on_cuda = device == Device::CUDA;
   const DType dtype = xv.dtype();
   // GPU: x (and the output) in the activation dtype, g and the states fp32. CPU: one dtype.
@@ -345,9 +374,10 @@ GatedScanOutputs gated_scan(Tape& tape, const Var& x_in, const Var& g_in, const 
   HGRN_CHECK(xv.is_row_strided() && g->value.is_row_strided(), "gated_scan: x and g must be row-strided");
   const Plan plan{dims, mode, chunk_size > 0 ? chunk_size : kDefaultChunk};
 
-  Tensor output, final_state, chunk_states;
+  Tensor output, final_state, chunk_states, reset_masks;
   if (on_cuda) {
 #ifdef HGRN_WITH_CUDA
+    reset_masks = reset_chunk_masks(resets);  // kept for the backward
     output = Tensor::empty(xv.shape(), dtype, device);
     final_state = Tensor::empty(state_shape, DType::F32, device);
     chunk_states = chunk_buffer(dims);  // the state entering each chunk: kept for the backward
@@ -363,6 +393,7 @@ GatedScanOutputs gated_scan(Tape& tape, const Var& x_in, const Var& g_in, const 
     a.final_state = final_state.data<float>();
     a.chunk_states = data_or_null(chunk_states);
     a.scratch = data_or_null(scratch);
+    a.reset_masks = masks_or_null(reset_masks);
     gated_scan_cuda_forward(cuda_shape(dims), a);
 #else
     throw Error("gated_scan: this hgrn was built without CUDA");
@@ -377,6 +408,7 @@ GatedScanOutputs gated_scan(Tape& tape, const Var& x_in, const Var& g_in, const 
       io.initial_state = initial_state ? initial_state->value.data<scalar_t>() : nullptr;
       io.output = output.data<scalar_t>();
       io.final_state = final_state.data<scalar_t>();
+      io.resets = resets.defined() ? resets.data<int32_t>() : nullptr;
       forward_cpu(io, plan);
     });
   }
@@ -385,12 +417,12 @@ GatedScanOutputs gated_scan(Tape& tape, const Var& x_in, const Var& g_in, const 
                           op_output(tape, final_state, {x, g, initial_state})};
   if (!result.output->requires_grad) return result;
   Var out = result.output, final_out = result.final_state;
-  tape.record([x, g, initial_state, out, final_out, chunk_states, plan] {
+  tape.record([x, g, initial_state, out, final_out, chunk_states, reset_masks, resets, plan] {
     // Either output may have received no gradient (the loss did not use it): it then contributes zero.
     if (!out->grad.defined() && !final_out->grad.defined()) return;
     if (x->value.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-      gated_scan_backward_cuda(x, g, initial_state, out, final_out, chunk_states, plan.dims);
+      gated_scan_backward_cuda(x, g, initial_state, out, final_out, chunk_states, reset_masks, plan.dims);
 #else
       throw Error("gated_scan: this hgrn was built without CUDA");
 #endif
@@ -403,6 +435,7 @@ GatedScanOutputs gated_scan(Tape& tape, const Var& x_in, const Var& g_in, const 
       io.initial_state = initial_state ? initial_state->value.data<scalar_t>() : nullptr;
       io.d_output = out->grad.defined() ? out->grad.data<scalar_t>() : nullptr;
       io.d_final_state = final_out->grad.defined() ? final_out->grad.data<scalar_t>() : nullptr;
+      io.resets = resets.defined() ? resets.data<int32_t>() : nullptr;
       // Gradient buffers are allocated here, outside the parallel region (grad_buffer is not thread-safe).
       io.dx = wants_grad(x) ? grad_buffer(x).data<scalar_t>() : nullptr;
       io.dg = wants_grad(g) ? grad_buffer(g).data<scalar_t>() : nullptr;

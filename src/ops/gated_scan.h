@@ -29,7 +29,9 @@ struct GatedScanOutputs {
 // (B·(ceil(T/64) − 1)·C floats) for the backward.
 // Gradients flow to x, g and initial_state (each only if it wants one) from both outputs' gradients (either may be
 // absent).
+// resets (optional): int32 [B, T] on x's device, nonzero where the state before step t is zero (ops/sequence_resets.h):
+// h_t = x_t there, whatever came before (the initial state included), and dg_t = 0.
 GatedScanOutputs gated_scan(Tape& tape, const Var& x, const Var& g, const Var& initial_state,
-                            ScanMode mode = ScanMode::Chunk, int64_t chunk_size = 0);
+                            ScanMode mode = ScanMode::Chunk, int64_t chunk_size = 0, const Tensor& resets = Tensor());
 
 }  // namespace hgrn

@@ -5,6 +5,11 @@
 //    per-chunk output; the backward recomputes the states and runs dS, dv, dA, intra and inter dq/dk, dg. It is the
 //    reference the CUDA kernel is held to, so it is laid out in that kernel's stages, and like fla it keeps A from the
 //    forward for the backward.
+// Resets (ops/sequence_resets.h): at a reset step t the state is restarted, S_t = k_tᵀ v_t (the decay of S_{t−1} is 0).
+// The chunk form treats each reset as a segment boundary inside its chunk, with the same cumulative gates: a key j
+// reaches a query i only if no reset lies in (j, i] (the scores are masked), the state entering a chunk reaches only
+// the rows before its first reset, and only the keys from its last reset on reach the state leaving it; the gate
+// gradient's reverse cumulative sum restarts at every reset, whose own dg is 0.
 // Both forms work on one (batch, head) pair at a time, on contiguous copies of that head's rows, one OpenMP iteration
 // per pair with per-thread scratch. The pairs are independent and each is computed by the same sequential code, so the
 // result is the same bits for any number of threads.
@@ -15,6 +20,7 @@
 #include <vector>
 
 #include "ops/elementwise.h"
+#include "ops/sequence_resets.h"
 
 #ifdef HGRN_WITH_CUDA
 #include "kernels/gla_recurrence.h"
@@ -132,6 +138,7 @@ struct GlaIo {
   T* dv = nullptr;
   T* dg = nullptr;
   T* d_initial_state = nullptr;
+  const int32_t* resets = nullptr;  // [B, T]; null: none
 };
 
 // One thread's contiguous copies of the current head's rows and its scratch; allocated once per thread, reused for
@@ -155,6 +162,7 @@ struct HeadScratch {
   std::vector<T> state_enter_t, d_exit_t;   // Chunk: S_pᵀ and dS_eᵀ of one chunk, [V][K]
   std::vector<T> last_grad, last_row_dk_inter;  // Chunk: d_last and the last row's dk_inter, [K] each
   std::vector<T> row;                           // [max(K, V)] accumulator
+  const int32_t* resets = nullptr;              // the current pair's sequence's reset flags [T] (null: none)
 
   HeadScratch(const HeadDims& d, RecurrenceMode mode, const ChunkLayout& layout, bool backward, bool keep_scores) {
     const int64_t K = d.key_dim, V = d.value_dim, T_ = d.time, KV = d.state_size();
@@ -211,18 +219,50 @@ struct HeadRows {
   const T* start_decay;  // [n][K] e^{G_t}
   const T* exit_decay;   // [n][K] e^{G_L − G_t}
   int64_t K, V;
+  const int32_t* resets;  // [n] reset flags (null: none)
   HeadRows from_row(int64_t r) const {
     auto shift = [&](const T* p) { return p ? p + r * K : nullptr; };
-    return {q + r * K, k + r * K, v + r * V, G + r * K, shift(step_decay), shift(start_decay), shift(exit_decay), K, V};
+    return {q + r * K,        k + r * K,        v + r * V, G + r * K, shift(step_decay), shift(start_decay),
+            shift(exit_decay), K,               V,         resets ? resets + r : nullptr};
   }
+  bool resets_at(int64_t t) const { return resets && resets[t] != 0; }
 };
 
 template <typename T>
 HeadRows<T> head_rows(const HeadScratch<T>& s, const HeadDims& d) {
   auto table = [](const std::vector<T>& t) { return t.empty() ? nullptr : t.data(); };
   return {s.q.data(),           s.k.data(),          s.v.data(),  s.gate.data(), table(s.step_decay),
-          table(s.start_decay), table(s.exit_decay), d.key_dim, d.value_dim};
+          table(s.start_decay), table(s.exit_decay), d.key_dim, d.value_dim,  s.resets};
 }
+
+// Where the state restarts inside one chunk of n rows (its HeadRows' resets), as the chunk form's masks.
+class ChunkSegments {
+ public:
+  ChunkSegments(const int32_t* flags, int64_t n) : resets_{flags} {
+    first_ = resets_.first_in(0, n);
+    last_ = resets_.last_in(0, n);
+    if (!flags) return;
+    segment_start_.resize(static_cast<size_t>(n));
+    for (int64_t t = 0, start = 0; t < n; ++t) {
+      if (resets_.at(t)) start = t;
+      segment_start_[static_cast<size_t>(t)] = start;
+    }
+  }
+  // Row t sees the state entering the chunk (no reset in rows 0..t).
+  bool enters(int64_t t) const { return t < first_; }
+  // Rows from this one on reach the state leaving the chunk (0 without a reset).
+  int64_t first_exiting() const { return std::max<int64_t>(last_, 0); }
+  // The state entering the chunk reaches the one leaving it (no reset at all).
+  bool passes() const { return last_ < 0; }
+  // For j <= i: row j's key reaches row i's query (no reset in rows j+1..i).
+  bool pair(int64_t i, int64_t j) const { return segment_start_.empty() || j >= segment_start_[static_cast<size_t>(i)]; }
+  bool any() const { return !passes(); }
+
+ private:
+  SequenceResets resets_;
+  int64_t first_ = 0, last_ = -1;
+  std::vector<int64_t> segment_start_;  // [n]: the last reset row <= t, or 0 (empty without resets)
+};
 
 // ---------------------------------------------------------------------------------------------------------------------
 // Naive form.
@@ -235,8 +275,9 @@ void naive_forward_head(const HeadRows<T>& x, int64_t time, T scale, T* state, T
   if (history) std::copy_n(state, K * V, history);
   for (int64_t t = 0; t < time; ++t) {
     const T* v_t = x.v + t * V;
+    const bool restart = x.resets_at(t);
     for (int64_t c = 0; c < K; ++c) {
-      const T decay = std::exp(x.G[t * K + c]);
+      const T decay = restart ? T(0) : std::exp(x.G[t * K + c]);
       const T key = x.k[t * K + c];
       T* state_row = state + c * V;
       for (int64_t j = 0; j < V; ++j) state_row[j] = decay * state_row[j] + key * v_t[j];
@@ -268,9 +309,10 @@ void naive_backward_head(const HeadRows<T>& x, int64_t time, T scale, const T* h
     }
     T* dv_t = dv + t * V;
     std::fill_n(dv_t, V, T(0));
+    const bool restart = x.resets_at(t);  // the decay is 0 there: dg_t = 0 and dS_{t−1} = 0
     for (int64_t c = 0; c < K; ++c) {
       T* d_state_row = d_state + c * V;
-      const T decay = std::exp(x.G[t * K + c]);
+      const T decay = restart ? T(0) : std::exp(x.G[t * K + c]);
       dk[t * K + c] = dot(d_state_row, v_t, V);
       axpy(x.k[t * K + c], d_state_row, dv_t, V);
       dg[t * K + c] = decay * dot(state_prev + c * V, d_state_row, V);
@@ -308,7 +350,8 @@ void chunk_decays(T* gate, const ChunkLayout& layout, int64_t K, T* step_decay, 
 
 // Inter-chunk states (7.2 step 1): states[c] = S^(c), the state entering chunk c (states[0] = S_0, filled by the
 // caller), and states[NT] = the final state:
-//   S^(c+1) = Diag(e^{G_L}) S^(c) + Σ_t (k_t ⊙ e^{G_L − G_t})ᵀ v_t.
+//   S^(c+1) = Diag(e^{G_L}) S^(c) + Σ_t (k_t ⊙ e^{G_L − G_t})ᵀ v_t,
+// with S^(c)'s term only where it passes the chunk and the sum only over the rows that exit it (ChunkSegments).
 template <typename T>
 void chunk_states(const HeadRows<T>& head, const ChunkLayout& layout, T* states) {
   const int64_t K = head.K, V = head.V, KV = K * V;
@@ -318,9 +361,10 @@ void chunk_states(const HeadRows<T>& head, const ChunkLayout& layout, T* states)
     const T* chunk_decay = x.start_decay + (n - 1) * K;  // e^{G_L}
     const T* enter = states + c * KV;
     T* exit = states + (c + 1) * KV;
+    const ChunkSegments segments(x.resets, n);
     for (int64_t a = 0; a < K; ++a)
-      for (int64_t j = 0; j < V; ++j) exit[a * V + j] = chunk_decay[a] * enter[a * V + j];
-    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < V; ++j) exit[a * V + j] = segments.passes() ? chunk_decay[a] * enter[a * V + j] : T(0);
+    for (int64_t t = segments.first_exiting(); t < n; ++t)
       for (int64_t a = 0; a < K; ++a) axpy(x.k[t * K + a] * x.exit_decay[t * K + a], x.v + t * V, exit + a * V, V);
   }
 }
@@ -376,11 +420,20 @@ class DiagonalBlockDecay {
   T* decay_;  // [BC][K]
 };
 
+// Sets the entries (i, j <= i) of an [n][n] score matrix (or its gradient) whose pair a reset separates to 0.
+template <typename T>
+void mask_pairs_across_resets(const ChunkSegments& segments, int64_t n, T* A) {
+  if (!segments.any()) return;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j <= i; ++j)
+      if (!segments.pair(i, j)) A[i * n + j] = T(0);
+}
+
 // Intra-chunk scores (7.2 step 2), A [n][n] row-major:
 //   A_ij = s · Σ_a q_ia k_ja e^{G_ia − G_ja} for j ≤ i, 0 for j > i.
 // Rows are taken a sub-chunk [a0, a1) at a time. Columns before a0 lie strictly below the diagonal and use the
 // reference-point factors; the diagonal block is element-wise (DiagonalBlockDecay), and its j > i entries are never
-// formed (their decay would be e^{positive}).
+// formed (their decay would be e^{positive}). Pairs across a reset are then set to 0 (ChunkSegments::pair).
 template <typename T>
 void intra_chunk_scores(const HeadRows<T>& x, int64_t n, int64_t sub_chunk, T scale, HeadScratch<T>& s, T* A) {
   const int64_t K = x.K;
@@ -407,17 +460,21 @@ void intra_chunk_scores(const HeadRows<T>& x, int64_t n, int64_t sub_chunk, T sc
       }
     }
   }
+  mask_pairs_across_resets(ChunkSegments(x.resets, n), n, A);
 }
 
-// Output of one chunk (7.2 step 3): o_t = s·(q_t ⊙ e^{G_t}) S_p + Σ_{j ≤ t} A_tj v_j.
+// Output of one chunk (7.2 step 3): o_t = s·(q_t ⊙ e^{G_t}) S_p + Σ_{j ≤ t} A_tj v_j, S_p's term only for the rows
+// it enters.
 template <typename T>
 void chunk_output(const HeadRows<T>& x, int64_t n, const T* state_enter, const T* A, T scale, T* out) {
   const int64_t K = x.K, V = x.V;
+  const ChunkSegments segments(x.resets, n);
   for (int64_t t = 0; t < n; ++t) {
     T* o_t = out + t * V;
     std::fill_n(o_t, V, T(0));
-    for (int64_t a = 0; a < K; ++a)
-      axpy(scale * x.q[t * K + a] * x.start_decay[t * K + a], state_enter + a * V, o_t, V);
+    if (segments.enters(t))
+      for (int64_t a = 0; a < K; ++a)
+        axpy(scale * x.q[t * K + a] * x.start_decay[t * K + a], state_enter + a * V, o_t, V);
     for (int64_t j = 0; j <= t; ++j) axpy(A[t * n + j], x.v + j * V, o_t, V);
   }
 }
@@ -444,7 +501,8 @@ void chunk_forward_head(HeadScratch<T>& s, const HeadDims& d, const ChunkLayout&
 
 // State gradients (7.3 step 2), in reverse over chunks: d_exit[c] = dS_e of chunk c, with d_exit[NT−1] = dS_T, and
 //   dS^(c) = Diag(e^{G_L}) dS_e^(c) + s·Σ_t (q_t ⊙ e^{G_t})ᵀ dO_t,
-// which is dS_e of chunk c − 1, or for c = 0 the initial state's gradient (left in d_initial).
+// which is dS_e of chunk c − 1, or for c = 0 the initial state's gradient (left in d_initial); as in chunk_states, the
+// first term only where S^(c) passes the chunk, the sum only over the rows it enters.
 template <typename T>
 void chunk_state_grads(const HeadRows<T>& head, const T* d_out, const ChunkLayout& layout, T scale, T* d_exit,
                        T* d_initial) {
@@ -455,32 +513,37 @@ void chunk_state_grads(const HeadRows<T>& head, const T* d_out, const ChunkLayou
     const T* chunk_decay = x.start_decay + (n - 1) * K;  // e^{G_L}
     const T* d_exit_c = d_exit + c * KV;
     T* d_enter = c > 0 ? d_exit + (c - 1) * KV : d_initial;
+    const ChunkSegments segments(x.resets, n);
     for (int64_t a = 0; a < K; ++a)
-      for (int64_t j = 0; j < V; ++j) d_enter[a * V + j] = chunk_decay[a] * d_exit_c[a * V + j];
-    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < V; ++j)
+        d_enter[a * V + j] = segments.passes() ? chunk_decay[a] * d_exit_c[a * V + j] : T(0);
+    for (int64_t t = 0; segments.enters(t) && t < n; ++t)
       for (int64_t a = 0; a < K; ++a)
         axpy(scale * x.q[t * K + a] * x.start_decay[t * K + a], d_out + (r0 + t) * V, d_enter + a * V, V);
   }
 }
 
-// dv of one chunk (7.3 step 3): dv_j = Σ_{t ≥ j} A_tj dO_t + (k_j ⊙ e^{G_L − G_j}) dS_e.
+// dv of one chunk (7.3 step 3): dv_j = Σ_{t ≥ j} A_tj dO_t + (k_j ⊙ e^{G_L − G_j}) dS_e (A masked by the forward;
+// the second term for the rows that exit the chunk).
 template <typename T>
 void chunk_value_grad(const HeadRows<T>& x, int64_t n, const T* A, const T* d_out, const T* d_exit, T* dv) {
   const int64_t K = x.K, V = x.V;
   std::fill_n(dv, n * V, T(0));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j <= t; ++j) axpy(A[t * n + j], d_out + t * V, dv + j * V, V);
-  for (int64_t j = 0; j < n; ++j)
+  for (int64_t j = ChunkSegments(x.resets, n).first_exiting(); j < n; ++j)
     for (int64_t a = 0; a < K; ++a) axpy(x.k[j * K + a] * x.exit_decay[j * K + a], d_exit + a * V, dv + j * V, V);
 }
 
-// dA of one chunk (7.3 step 4): dA_tj = s·(dO_t · v_j) for j ≤ t, 0 above the diagonal (A is causal there).
+// dA of one chunk (7.3 step 4): dA_tj = s·(dO_t · v_j) for j ≤ t, 0 above the diagonal (A is causal there) and
+// across a reset (A is masked there).
 template <typename T>
 void chunk_score_grad(const HeadRows<T>& x, int64_t n, const T* d_out, T scale, T* dA) {
   const int64_t V = x.V;
   std::fill_n(dA, n * n, T(0));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j <= t; ++j) dA[t * n + j] = scale * dot(d_out + t * V, x.v + j * V, V);
+  mask_pairs_across_resets(ChunkSegments(x.resets, n), n, dA);
 }
 
 // Intra-chunk dq, dk (7.3 step 5), accumulated into dq, dk:
@@ -535,6 +598,7 @@ void intra_chunk_query_key_grads(const HeadRows<T>& x, int64_t n, int64_t sub_ch
 //   dq_t += s·e^{G_t} ⊙ (dO_t S_pᵀ)
 //   dk_j += dk_inter_j = e^{G_L − G_j} ⊙ (v_j dS_eᵀ)
 //   d_last = e^{G_L} ⊙ rowsum(S_p ⊙ dS_e) + Σ_j k_j ⊙ dk_inter_j    (G_L also scales S_p and every k in the update)
+// With resets, the S_p terms only where S_p enters (dq) or passes (d_last), dk_inter only for rows that exit.
 // The last row's dk_inter_L (decay 1) is held back like the diagonal scores and left in last_row_dk_inter; it is left
 // out of d_last as well, since its two appearances cancel (see chunk_gate_grad). The products with S_pᵀ and dS_eᵀ are
 // formed from the transposed states so that the inner loops run along K.
@@ -547,17 +611,22 @@ void chunk_inter_query_key_grads(const HeadRows<T>& x, int64_t n, const T* d_out
   T* sum = s.row.data();
   transpose(state_enter, K, V, s.state_enter_t.data());
   transpose(d_exit, K, V, s.d_exit_t.data());
-  for (int64_t a = 0; a < K; ++a) last_grad[a] = chunk_decay[a] * dot(state_enter + a * V, d_exit + a * V, V);
+  const ChunkSegments segments(x.resets, n);
+  for (int64_t a = 0; a < K; ++a)
+    last_grad[a] = segments.passes() ? chunk_decay[a] * dot(state_enter + a * V, d_exit + a * V, V) : T(0);
   for (int64_t t = 0; t < n; ++t) {
-    std::fill_n(sum, K, T(0));
-    for (int64_t j = 0; j < V; ++j) axpy(d_out[t * V + j], s.state_enter_t.data() + j * K, sum, K);
-    for (int64_t a = 0; a < K; ++a) dq[t * K + a] += scale * x.start_decay[t * K + a] * sum[a];
+    if (segments.enters(t)) {
+      std::fill_n(sum, K, T(0));
+      for (int64_t j = 0; j < V; ++j) axpy(d_out[t * V + j], s.state_enter_t.data() + j * K, sum, K);
+      for (int64_t a = 0; a < K; ++a) dq[t * K + a] += scale * x.start_decay[t * K + a] * sum[a];
+    }
 
     std::fill_n(sum, K, T(0));
     for (int64_t j = 0; j < V; ++j) axpy(x.v[t * V + j], s.d_exit_t.data() + j * K, sum, K);
     T* dk_inter = t == n - 1 ? s.last_row_dk_inter.data() : dk + t * K;
+    const bool exits = t >= segments.first_exiting();
     for (int64_t a = 0; a < K; ++a) {
-      const T term = x.exit_decay[t * K + a] * sum[a];
+      const T term = exits ? x.exit_decay[t * K + a] * sum[a] : T(0);
       if (t == n - 1) {
         dk_inter[a] = term;
       } else {
@@ -576,6 +645,9 @@ void chunk_inter_query_key_grads(const HeadRows<T>& x, int64_t n, const T* d_out
 // e^{G_i − G_i} and the last row's e^{G_L − G_L} in the state update do not depend on g, so in the sum they appear once
 // with + and once with − and cancel exactly. In floating point those O(1) pairs would leave a rounding residue of
 // ~eps·O(1), which swamps a true dg that strong decay makes tiny (~e^{−20}); held back, they cannot.
+// With resets the sum runs within each segment: d_last belongs to the last one, and a reset row's own dg is exactly
+// 0 (the loss does not depend on a gate whose decay a reset replaces; its segment's terms cancel in exact arithmetic,
+// so summing them would only leave their rounding residue, as above).
 template <typename T>
 void chunk_gate_grad(const HeadRows<T>& x, int64_t n, const T* dq, const T* dk, const T* last_grad, T* dg) {
   const int64_t K = x.K;
@@ -584,6 +656,7 @@ void chunk_gate_grad(const HeadRows<T>& x, int64_t n, const T* dq, const T* dk, 
     for (int64_t t = n - 1; t >= 0; --t) {
       running += x.q[t * K + a] * dq[t * K + a] - x.k[t * K + a] * dk[t * K + a];
       dg[t * K + a] = running;
+      if (x.resets_at(t)) dg[t * K + a] = running = T(0);
     }
   }
 }
@@ -656,6 +729,7 @@ void gather_head_inputs(const GlaIo<T>& io, const HeadDims& d, int64_t b, int64_
   gather_head(io.k, d, b, h, d.key_dim, s.k.data());
   gather_head(io.v, d, b, h, d.value_dim, s.v.data());
   gather_head(io.g, d, b, h, d.key_dim, s.gate.data());
+  s.resets = io.resets ? io.resets + b * d.time : nullptr;
 }
 
 // The pair's [K][V] block of a [B·H][K][V] state or state gradient, or zeros where that tensor is absent (null: the
@@ -749,6 +823,10 @@ bool backward_reads_states(const Var& q, const Var& k, const Var& g) {
   return wants_grad(q) || wants_grad(k) || wants_grad(g);
 }
 
+const uint64_t* masks_or_null(const Tensor& t) {
+  return t.defined() ? reinterpret_cast<const uint64_t*>(t.data<int64_t>()) : nullptr;
+}
+
 GlaCudaShape cuda_shape(const HeadDims& d) {
   GlaCudaShape s;
   s.batch = d.batch;
@@ -765,7 +843,7 @@ GlaCudaShape cuda_shape(const HeadDims& d) {
 // here and dq, dk, dg never exist; otherwise they are formed for the gates' own backward.
 void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state,
                          const Var& out, const Var& final_out, const Tensor& saved_scores, const Tensor& kept_states,
-                         const HeadDims& dims, double scale, const Hgrn2GatesOrigin* gates) {
+                         const Tensor& reset_masks, const HeadDims& dims, double scale, const Hgrn2GatesOrigin* gates) {
   const GlaCudaShape shape = cuda_shape(dims);
   const Device device = Device::CUDA;
   if (out->grad.defined())
@@ -837,6 +915,7 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, c
   a.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<float>() : nullptr;
   a.states = need_states ? states.raw_data() : nullptr;
   a.states_given = states_given;
+  a.reset_masks = masks_or_null(reset_masks);
   a.d_states = d_states.data<float>();
   a.d_scores = d_scores.data<float>();
   gla_cuda_backward(shape, a);
@@ -847,7 +926,8 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, c
 
 GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_in, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
-                              int64_t chunk_size, std::shared_ptr<const Hgrn2GatesOrigin> gates, bool keep_states) {
+                              int64_t chunk_size, std::shared_ptr<const Hgrn2GatesOrigin> gates, bool keep_states,
+                              const Tensor& resets) {
   HGRN_CHECK(q && k && v_in && g, "gla_recurrence: q, k, v and g are required");
   HGRN_CHECK(!gates || (gates->q == q && gates->k == k && gates->g == g),
              "gla_recurrence: the gates' origin given is not that of these q, k and g");
@@ -879,6 +959,7 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
   // states (scratch of the forward and the backward) in the activation dtype. On the CPU: one dtype.
   const Device device = qv.device();
   const bool on_cuda = device == Device::CUDA;
+  check_resets(resets, batch, time, device, "gla_recurrence");
   for (const Var& x : {q, k, v, g, initial_state}) {
     if (!x) continue;
     HGRN_CHECK(x->value.device() == device, "gla_recurrence: inputs mix ", device_name(device), " and ",
@@ -905,9 +986,10 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
   if (tape.enabled())
     for (const Var& x : {q, k, v, g, initial_state}) records = records || wants_grad(x);
 
-  Tensor output, final_state, saved_scores, kept_states;
+  Tensor output, final_state, saved_scores, kept_states, reset_masks;
   if (on_cuda) {
 #ifdef HGRN_WITH_CUDA
+    reset_masks = reset_chunk_masks(resets);  // kept for the backward
     // The CUDA kernels always run the chunk form with 64-step chunks (both modes compute the same function).
     const GlaCudaShape shape = cuda_shape(dims);
     output = Tensor::empty({batch, time, num_heads * dims.value_dim}, dtype, device);
@@ -927,6 +1009,7 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
     a.final_state = final_state.data<float>();
     a.scores = saved_scores.defined() ? saved_scores.raw_data() : nullptr;
     a.states = states.raw_data();
+    a.reset_masks = masks_or_null(reset_masks);
     gla_cuda_forward(shape, a);
     if (records && keep_states && backward_reads_states(q, k, g)) kept_states = states;
 #else
@@ -942,6 +1025,7 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
       io.output = output.data<scalar_t>();
       io.final_state = final_state.data<scalar_t>();
       io.saved_scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
+      io.resets = resets.defined() ? resets.data<int32_t>() : nullptr;
       gla_forward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
     });
   }
@@ -950,13 +1034,14 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
                       op_output(tape, final_state, {q, k, v, g, initial_state})};
   if (!result.output->requires_grad) return result;
   Var out = result.output, final_out = result.final_state;
-  tape.record([q, k, v, g, initial_state, out, final_out, saved_scores, kept_states, dims, layout, mode, scale, gates] {
+  tape.record([q, k, v, g, initial_state, out, final_out, saved_scores, kept_states, resets, reset_masks, dims, layout,
+               mode, scale, gates] {
     // Either output may have received no gradient (the loss did not use it): it then contributes zero.
     if (!out->grad.defined() && !final_out->grad.defined()) return;
     if (q->value.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-      gla_backward_cuda(q, k, v, g, initial_state, out, final_out, saved_scores, kept_states, dims, scale,
-                          gates.get());
+      gla_backward_cuda(q, k, v, g, initial_state, out, final_out, saved_scores, kept_states, reset_masks, dims,
+                        scale, gates.get());
 #else
       throw Error("gla_recurrence: this hgrn was built without CUDA");
 #endif
@@ -967,6 +1052,7 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
       io.scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
       io.d_output = out->grad.defined() ? out->grad.data<scalar_t>() : nullptr;
       io.d_final_state = final_out->grad.defined() ? final_out->grad.data<scalar_t>() : nullptr;
+      io.resets = resets.defined() ? resets.data<int32_t>() : nullptr;
       // Gradient buffers are allocated here, outside the parallel region (grad_buffer is not thread-safe).
       io.dq = wants_grad(q) ? grad_buffer(q).data<scalar_t>() : nullptr;
       io.dk = wants_grad(k) ? grad_buffer(k).data<scalar_t>() : nullptr;

@@ -33,9 +33,12 @@ struct GlaOutputs {
 // keep_states: on the GPU, the forward's per-chunk states (B·H·ceil(T/64)·K·V in the activation dtype) are kept for
 // the backward, which then skips the state pass that recomputes them (the same bits: a memory-for-time trade). The CPU
 // backward always recomputes them.
+// resets (optional): int32 [B, T] on q's device, nonzero where the state before step t is zero (ops/sequence_resets.h):
+// S_t = k_tᵀ v_t there, whatever came before (the initial state included), and g_t gets no gradient through the decay
+// it would have applied.
 GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
                               int64_t chunk_size = 0, std::shared_ptr<const Hgrn2GatesOrigin> gates = nullptr,
-                              bool keep_states = false);
+                              bool keep_states = false, const Tensor& resets = Tensor());
 
 }  // namespace hgrn

@@ -5,6 +5,7 @@
 #include "ops/activations.h"
 #include "ops/elementwise.h"
 #include "ops/hgrn2_gates.h"
+#include "ops/sequence_resets.h"
 
 #ifdef HGRN_WITH_CUDA
 #include "kernels/lower_bounded_gated_scan.h"
@@ -64,7 +65,7 @@ void check_gpu_inputs(const Var& i_hat, const Var& f_hat, const Var& gamma, int6
 }
 
 GatedScanOutputs lower_bounded_gated_scan_cuda(Tape& tape, const Var& i_hat, const Var& f_hat, const Var& gamma,
-                                               int64_t layer, const Var& initial_state) {
+                                               int64_t layer, const Var& initial_state, const Tensor& resets) {
   check_gpu_inputs(i_hat, f_hat, gamma, layer, initial_state);
   const Tensor &iv = i_hat->value, &fv = f_hat->value;
   const LowerBoundedScanCudaShape shape = cuda_shape(fv.shape());
@@ -76,6 +77,8 @@ GatedScanOutputs lower_bounded_gated_scan_cuda(Tape& tape, const Var& i_hat, con
   Tensor output = Tensor::empty(fv.shape(), fv.dtype(), Device::CUDA);
   Tensor final_state = Tensor::empty({shape.batch, C}, DType::F32, Device::CUDA);
   const Tensor chunk_states = chunk_buffer(shape);  // the state entering each chunk: kept for the backward
+  const Tensor reset_masks = reset_chunk_masks(resets);  // likewise
+  const uint64_t* masks = reset_masks.defined() ? reinterpret_cast<const uint64_t*>(reset_masks.data<int64_t>()) : nullptr;
   {
     const Tensor scratch = chunk_buffer(shape);
     LowerBoundedScanCudaForwardArgs a;
@@ -90,6 +93,7 @@ GatedScanOutputs lower_bounded_gated_scan_cuda(Tape& tape, const Var& i_hat, con
     a.final_state = final_state.data<float>();
     a.chunk_states = data_or_null(chunk_states);
     a.scratch = data_or_null(scratch);
+    a.reset_masks = masks;
     lower_bounded_scan_cuda_forward(shape, a);
   }
 
@@ -97,7 +101,7 @@ GatedScanOutputs lower_bounded_gated_scan_cuda(Tape& tape, const Var& i_hat, con
                           op_output(tape, final_state, {i_hat, f_hat, bound, initial_state})};
   if (!result.output->requires_grad) return result;
   Var out = result.output, final_out = result.final_state;
-  tape.record([i_hat, f_hat, bound, layer, initial_state, out, final_out, chunk_states, shape] {
+  tape.record([i_hat, f_hat, bound, layer, initial_state, out, final_out, chunk_states, reset_masks, masks, shape] {
     if (!out->grad.defined() && !final_out->grad.defined()) return;
     if (out->grad.defined())
       HGRN_CHECK(out->grad.dtype() == out->value.dtype() && out->grad.is_contiguous(),
@@ -118,6 +122,7 @@ GatedScanOutputs lower_bounded_gated_scan_cuda(Tape& tape, const Var& i_hat, con
     a.gamma_row = bound ? bound->value.data<float>() + layer * C : nullptr;
     a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
     a.chunk_states = data_or_null(chunk_states);
+    a.reset_masks = masks;
     HGRN_CHECK(out->value.defined(), "lower_bounded_gated_scan: the output was released before the backward, "
                "which reads it");
     a.output = out->value.raw_data();
@@ -152,13 +157,15 @@ GatedScanOutputs lower_bounded_gated_scan_cuda(Tape& tape, const Var& i_hat, con
 }  // namespace
 
 GatedScanOutputs lower_bounded_gated_scan(Tape& tape, const Var& i_hat, const Var& f_hat, const Var& gamma,
-                                          int64_t layer, const Var& initial_state, ScanMode mode) {
+                                          int64_t layer, const Var& initial_state, ScanMode mode,
+                                          const Tensor& resets) {
   HGRN_CHECK(i_hat && f_hat, "lower_bounded_gated_scan: i_hat and f_hat are required");
   HGRN_CHECK(f_hat->value.dim() == 3 && f_hat->value.numel() > 0, "lower_bounded_gated_scan: f_hat must be a "
              "non-empty [B, T, C], got ", shape_str(f_hat->value.shape()));
+  check_resets(resets, f_hat->value.size(0), f_hat->value.size(1), f_hat->value.device(), "lower_bounded_gated_scan");
   if (f_hat->value.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-    return lower_bounded_gated_scan_cuda(tape, i_hat, f_hat, gamma, layer, initial_state);
+    return lower_bounded_gated_scan_cuda(tape, i_hat, f_hat, gamma, layer, initial_state, resets);
 #else
     throw Error("lower_bounded_gated_scan: this hgrn was built without CUDA");
 #endif
@@ -167,7 +174,7 @@ GatedScanOutputs lower_bounded_gated_scan(Tape& tape, const Var& i_hat, const Va
   const Var g = hgrn2_forget_gate(tape, contiguous_on_cpu(tape, f_hat), gamma, layer);
   const Var k = input_gate_from_forget(tape, g, f_hat->value.dtype());
   const Var u = swiglu(tape, contiguous(tape, i_hat), k);
-  return gated_scan(tape, u, g, initial_state, mode);
+  return gated_scan(tape, u, g, initial_state, mode, /*chunk_size=*/0, resets);
 }
 
 }  // namespace hgrn

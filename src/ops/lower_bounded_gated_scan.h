@@ -20,7 +20,10 @@ namespace hgrn {
 // in the activation dtype (fp32 or bf16), gamma, the states and their gradients fp32; mode is ignored (one chunked
 // form). Gradients flow to î, f̂, gamma and initial_state (each only if it wants one) from both outputs' gradients
 // (either may be absent); γ's is a per-channel sum over B·T, taken in a fixed order.
+// resets (optional): int32 [B, T] as gated_scan's: h_{t−1} counts as 0 at a reset step, so h_t = u_t there (u still
+// holds 1 − e^g, through which g keeps its gradient).
 GatedScanOutputs lower_bounded_gated_scan(Tape& tape, const Var& i_hat, const Var& f_hat, const Var& gamma,
-                                          int64_t layer, const Var& initial_state, ScanMode mode = ScanMode::Chunk);
+                                          int64_t layer, const Var& initial_state, ScanMode mode = ScanMode::Chunk,
+                                          const Tensor& resets = Tensor());
 
 }  // namespace hgrn
