@@ -21,11 +21,15 @@ class CausalLM {
   // recurrent_states (optional) carries each layer's recurrent state across calls, which is how an RNN reads
   // unlimited context: on input, a layer's entry (if defined) is its initial state; on return, every entry holds
   // that layer's final state. Null: every sequence starts from the zero state.
-  virtual Var forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr) const = 0;
+  // resets (optional): int32 [B, T], nonzero where every layer's recurrent state restarts from zero before that
+  // position (the first token of a document in a packed sequence; a carried state reaches nothing from the first
+  // reset on). Undefined: none.
+  virtual Var forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr,
+                      const Tensor& resets = Tensor()) const = 0;
   // forward without the LM head: the final normed hidden states [B, T, D], which forward multiplies by lm_head().
   // Training feeds them to linear_cross_entropy, which never holds the whole batch's logits.
-  virtual Var forward_hidden(Tape& tape, const Tensor& input_ids,
-                             std::vector<Var>* recurrent_states = nullptr) const = 0;
+  virtual Var forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr,
+                             const Tensor& resets = Tensor()) const = 0;
   virtual const Var& lm_head() const = 0;  // [vocab, D]; the embedding matrix when tied
   // Decoding (models/generation.h), in the recurrent form and without gradients: token_ids, int32 or int64 [B], is
   // the next token of each sequence and `states` the layers' states after the tokens before (resized to one per

@@ -167,16 +167,23 @@ Var DecoderLM::mlp(Tape& tape, int64_t l, const Var& x, const Var& h) const {
   return out;
 }
 
-Var DecoderLM::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states) const {
-  const Var hidden = forward_hidden(tape, input_ids, recurrent_states);
+Var DecoderLM::forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states,
+                       const Tensor& resets) const {
+  const Var hidden = forward_hidden(tape, input_ids, recurrent_states, resets);
   TraceLayer trace(tape, "lm_head");
   return linear(tape, hidden, lm_head_);
 }
 
-Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states) const {
+Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states,
+                              const Tensor& resets) const {
   HGRN_CHECK(input_ids.dim() == 2, "model input must be token ids [batch, seq], got ", shape_str(input_ids.shape()));
+  if (resets.defined())
+    HGRN_CHECK(resets.dtype() == DType::I32 && resets.shape() == input_ids.shape(),
+               "reset flags must be int32 like the token ids ", shape_str(input_ids.shape()), ", got ",
+               dtype_name(resets.dtype()), " ", shape_str(resets.shape()));
   if (recurrent_states) recurrent_states->resize(config_.num_hidden_layers);
   const Tensor ids = on_device(input_ids, device_);
+  const Tensor layer_resets = resets.defined() ? on_device(resets, device_) : Tensor();  // every layer reads them
   const size_t num_layers = static_cast<size_t>(config_.num_hidden_layers);
   mark_gradients_ready(tape, num_layers + 1);  // the embedding and lower bounds: complete last
   Var h;
@@ -199,9 +206,10 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
     Var* state = recurrent_states ? &(*recurrent_states)[l] : nullptr;
     TraceLayer trace(tape, "layer " + std::to_string(l));
     // h + TokenMixer(x). A carried state flows out of the token mixer, so that call is never recomputed.
-    const auto token_mixer = [this, l](Tape& t, const Var& in_x, const Var& in_gamma, const Var& in_h, Var* st) {
+    const auto token_mixer = [this, l, layer_resets](Tape& t, const Var& in_x, const Var& in_gamma, const Var& in_h,
+                                                     Var* st) {
       return mixer_->forward(t, MixerCall{l, config_.num_hidden_layers, &layers_[l].mixer, &memory_, in_x, in_gamma,
-                                          in_h, st});
+                                          in_h, st, layer_resets});
     };
     const Var mixed = state ? token_mixer(tape, x, gamma, h, state)
                             : block({x, gamma, h}, [token_mixer](Tape& t, const std::vector<Var>& in) {

@@ -27,9 +27,10 @@ class DecoderLM final : public CausalLM {
   // With the token mixer of config.type's family member.
   DecoderLM(const ModelConfig& config, Rng& init_rng, DType dtype = DType::F32);
 
-  Var forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr) const override;
-  Var forward_hidden(Tape& tape, const Tensor& input_ids,
-                     std::vector<Var>* recurrent_states = nullptr) const override;
+  Var forward(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr,
+              const Tensor& resets = Tensor()) const override;
+  Var forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<Var>* recurrent_states = nullptr,
+                     const Tensor& resets = Tensor()) const override;
   const Var& lm_head() const override { return lm_head_; }
   Tensor decode_step(const Tensor& token_ids, std::vector<RecurrentState>& states) const override;
 

@@ -53,7 +53,8 @@ class ComplexHgruMixer final : public TokenMixer {
     ComplexGatedScanOutputs r;
     {
       TraceLayer trace(tape, "recurrence");
-      r = complex_gated_scan(tape, x_re, x_im, log_lambda, theta, call.state ? *call.state : nullptr, mode);
+      r = complex_gated_scan(tape, x_re, x_im, log_lambda, theta, call.state ? *call.state : nullptr, mode,
+                             /*chunk_size=*/0, call.resets);
     }
     if (call.state) *call.state = r.final_state;
     TraceLayer trace(tape, "output gate + out_norm + o_proj");

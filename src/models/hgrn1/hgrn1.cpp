@@ -56,7 +56,7 @@ class Hgrn1Mixer final : public TokenMixer {
       // One op from î and f̂ to o: the gates are computed where the scan reads î and f̂ and recomputed in its backward,
       // so nothing but o and the chunk states is kept and there is nothing to recompute here.
       TraceLayer trace(tape, "recurrence");
-      r = lower_bounded_gated_scan(tape, i_hat, f_hat, gamma, l, initial_state, mode);
+      r = lower_bounded_gated_scan(tape, i_hat, f_hat, gamma, l, initial_state, mode, call.resets);
     } else {
       // The composition (the fused op's CPU reference, op by op): g, k = 1 − e^g and u = silu(î) ⊙ k, then the scan.
       const auto make_input = [l, i_hat, f_hat, gamma](Tape& t) {
@@ -71,7 +71,7 @@ class Hgrn1Mixer final : public TokenMixer {
       }
       {
         TraceLayer trace(tape, "recurrence");
-        r = gated_scan(tape, u, g, initial_state, mode);
+        r = gated_scan(tape, u, g, initial_state, mode, /*chunk_size=*/0, call.resets);
       }
       // g and u are elementwise functions of f̂ and î, which the gates keep for their own backward anyway.
       if (recomputes_gates(memory, l, call.num_layers))

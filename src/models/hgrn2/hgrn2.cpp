@@ -62,7 +62,7 @@ class Hgrn2Mixer final : public TokenMixer {
       // pass fewer, the same bits), the rest have them recomputed there.
       r = gla_recurrence(tape, gates.q, gates.k, i, gates.g, call.state ? *call.state : nullptr, config_.heads(),
                          scale(), mode, /*chunk_size=*/0, gates.origin,
-                         /*keep_states=*/l < memory.keep_recurrence_states);
+                         /*keep_states=*/l < memory.keep_recurrence_states, call.resets);
     }
     if (call.state) *call.state = r.final_state;
     // q, g and k (8 bytes per channel and token under bf16) are elementwise functions of q̂ and f̂, which silu and
