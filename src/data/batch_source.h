@@ -13,6 +13,8 @@ constexpr int32_t kIgnoreTarget = -100;
 struct TokenBatch {
   Tensor inputs;   // int32 [B, T]
   Tensor targets;  // int32 [B, T]: the token after each input position; kIgnoreTarget where no loss is taken
+  Tensor resets;   // int32 [B, T] with data.reset_state_at_document, else undefined: 1 where a document starts at
+                   // that input position (data/document_starts.h), where the model's recurrent state restarts
 };
 
 class BatchSource {

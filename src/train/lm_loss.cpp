@@ -9,7 +9,7 @@ namespace hgrn {
 CrossEntropyResult language_model_loss(const CausalLM& model, Tape& tape, const TokenBatch& batch) {
   HGRN_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch inputs ", shape_str(batch.inputs.shape()),
              " and targets ", shape_str(batch.targets.shape()), " differ in shape");
-  const Var hidden = model.forward_hidden(tape, batch.inputs);
+  const Var hidden = model.forward_hidden(tape, batch.inputs, nullptr, batch.resets);
   TraceLayer trace(tape, "lm_head + cross-entropy");
   return linear_cross_entropy(tape, hidden, model.lm_head(),
                               on_device(batch.targets.reshape({batch.targets.numel()}), model.device()));
