@@ -373,6 +373,15 @@ TEST(ConfigErrors, MqarNumKeysOutOfRange) {
   EXPECT_NO_THROW(parse_config(with_value("data.mqar.num_keys", "119").text, kSource));
 }
 
+TEST(ConfigErrors, DocumentResetsNeedDocuments) {
+  // MQAR has no EOS token, so no document starts: the key is refused there, and taken with token shards.
+  expect_rejected("data.reset_state_at_document", "true", "expected false with data.task = mqar");
+  const Config c = parse_config(base_yaml(), kSource,
+                                {"data.task=tokens", "data.train_data=somewhere/wt2", "data.reset_state_at_document=true"});
+  EXPECT_TRUE(c.data.reset_state_at_document);
+  EXPECT_FALSE(parse_config(base_yaml(), kSource).data.reset_state_at_document);
+}
+
 TEST(ConfigErrors, DefaultValueThatCannotWorkSaysItIsTheDefault) {
   // vocab_size is left at its default (256) but 200 pairs need 401 ids.
   const std::string message = error_of("model:\n  expand_ratio: 16\ndata:\n  seq_len: 800\n  mqar:\n    num_kv_pairs: 200\n");

@@ -16,6 +16,8 @@
 #include "io/checkpoint.h"
 #include "models/decoder_lm.h"
 #include "models/registry.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
 #include "scratch_dir.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
@@ -137,6 +139,99 @@ TEST(DataSources, UnshuffledTrainingWindowsComeInShardOrder) {
   int64_t in_place = 0;
   for (int64_t w = 0; w < windows - 1; ++w) in_place += static_cast<int32_t>(shuffled.inputs.item(w * T)) == tokens[w * T];
   EXPECT_LT(in_place, windows - 1) << "the default order must not be the shard's";
+}
+
+// data.reset_state_at_document: training batches carry reset flags after every EOS of the shard's tokenizer, a short
+// run learns as well, and `hgrn eval`'s stateful mode with resets scores every document as if read alone from the
+// zero state.
+TEST(DataSources, DocumentResetsTrainAndEvaluate) {
+  const testing::ScratchDir scratch;
+  Config config = token_config(scratch / "run");
+  config.data.reset_state_at_document = true;
+  const int32_t eos = document_eos_id("data.train_data", config.data.train_data);
+  EXPECT_EQ(eos, 256);  // the byte tokenizer's
+  const TokenBatch batch = make_training_source(config, 3)->next_batch(4);
+  ASSERT_TRUE(batch.resets.defined());
+  int64_t starts = 0;
+  for (int64_t b = 0; b < 4; ++b)
+    for (int64_t t = 1; t < config.data.seq_len; ++t) {
+      const int64_t i = b * config.data.seq_len + t;
+      EXPECT_EQ(batch.resets.data<int32_t>()[i], batch.inputs.data<int32_t>()[i - 1] == eos ? 1 : 0) << i;
+      starts += batch.resets.data<int32_t>()[i];
+    }
+  EXPECT_GT(starts, 0) << "the batch should cross a document boundary";
+
+  config.training.max_steps = 25;
+  std::ostringstream log;
+  const TrainingSummary s = train(config, log);
+  SCOPED_TRACE(log.str());
+  EXPECT_NE(log.str().find("the state restarted at each document start"), std::string::npos);
+  // Bytes start uniform over 257 ids (5.55 nats); 25 steps on the repetitive text take the loss below 3.
+  EXPECT_LT(s.final_loss, 3.0);
+  EXPECT_LT(s.eval_loss, 3.0);
+
+  // Stateful evaluation of one stream with resets = each document scored alone from the zero state, its EOS predicting
+  // the next document's first token (the shard's last token is no target).
+  // In fp64, so that the comparison is far tighter than what leaking states would change.
+  TrainingState state = load_checkpoint(config.logging.run_dir + "/checkpoints/step_00000025.h5");
+  Rng rng(0);
+  DecoderLM model(config.model, rng, DType::F64);
+  model.load_parameters(state.params, "checkpoint");
+  TokenShardReader valid(prepared_prefix() + "_valid");
+  ShardEvalOptions options;
+  options.seq_len = 16;
+  options.batch_size = 1;
+  options.stateful = true;
+  options.document_eos = eos;
+  const EvalResult with_resets = evaluate_shard(model, valid, options);
+  const int64_t N = valid.num_tokens();
+  std::vector<int32_t> tokens(static_cast<size_t>(N));
+  valid.read(0, N, tokens.data());
+  Tape no_grad;
+  no_grad.set_enabled(false);
+  double nll = 0;
+  int64_t scored = 0;
+  for (int64_t begin = 0; begin < N - 1;) {
+    int64_t end = begin;
+    while (end < N - 1 && (end == begin || tokens[static_cast<size_t>(end - 1)] != eos)) ++end;
+    Tensor ids = Tensor::empty({1, end - begin}, DType::I32), targets = Tensor::empty({end - begin}, DType::I32);
+    for (int64_t t = begin; t < end; ++t) {
+      ids.data<int32_t>()[t - begin] = tokens[static_cast<size_t>(t)];
+      targets.data<int32_t>()[t - begin] = tokens[static_cast<size_t>(t + 1)];
+    }
+    const CrossEntropyResult r = cross_entropy(
+        no_grad, reshape(no_grad, model.forward(no_grad, ids), {end - begin, config.model.vocab_size}), targets);
+    nll += r.loss->value.item() * static_cast<double>(r.num_targets);
+    scored += r.num_targets;
+    begin = end;
+  }
+  EXPECT_EQ(with_resets.targets, scored);
+  // fp64: the same sums in another grouping (windows of 16 against whole documents); leaking states change the loss
+  // by ~1e-4 here (checked below).
+  EXPECT_NEAR(with_resets.loss, nll / static_cast<double>(scored), 1e-9);
+  options.document_eos.reset();
+  EXPECT_GT(std::abs(evaluate_shard(model, valid, options).loss - with_resets.loss), 1e-6)
+      << "without resets the documents read each other's states";
+}
+
+TEST(DataSources, DocumentResetsNeedTheShardsEosId) {
+  const testing::ScratchDir scratch;
+  Config config = token_config(scratch / "run");
+  config.data.reset_state_at_document = true;
+  // A copy of the shard without its sidecar (PREFIX.json): the EOS id is unknown.
+  const std::string bare = scratch / "bare";
+  fs::copy_file(prepared_prefix() + "_train.bin", bare + ".bin");
+  fs::copy_file(prepared_prefix() + "_train.idx", bare + ".idx");
+  config.data.train_data = bare;
+  try {
+    make_training_source(config, 1);
+    FAIL() << "resets without a known EOS id must be refused";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("data.reset_state_at_document"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("data.train_data = " + bare), std::string::npos) << msg;
+    EXPECT_NE(msg.find("bare.json"), std::string::npos) << msg;
+  }
 }
 
 TEST(DataSources, MissingShardsNameTheFileAndTheFix) {

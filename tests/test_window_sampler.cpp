@@ -236,6 +236,45 @@ TEST(WindowSampler, SameSeedSameOrderDifferentSeedDifferentOrder) {
   EXPECT_NE(first, ids(c.next_batch(64).inputs));
 }
 
+TEST(WindowSampler, DocumentStartsBecomeResetFlags) {
+  // Documents 10, 11 .. with an EOS (id 0) after each, of lengths 3, 1, 5, 2, 4 (EOS included: 4, 2, 6, 3, 5): the
+  // stream 10 11 12 0 | 13 0 | 14 15 16 17 18 0 | 19 20 0 | 21 22 23 24 0. A document starts at token 0 and after
+  // every EOS; flag t of a window marks input t, with the token before the window read from the shard.
+  ScratchDir scratch;
+  const std::string prefix = scratch / "documents";
+  std::vector<int32_t> stream;
+  {
+    TokenShardWriter writer(prefix, 64);
+    int32_t next = 10;
+    for (int length : {3, 1, 5, 2, 4}) {
+      std::vector<int32_t> document;
+      for (int i = 0; i < length; ++i) document.push_back(next++);
+      document.push_back(0);
+      stream.insert(stream.end(), document.begin(), document.end());
+      writer.append_document(document);
+    }
+    writer.finish();
+  }
+  const auto shard = std::make_shared<const TokenShardReader>(prefix);
+  WindowSamplerOptions o = options(4, 1, /*shuffle=*/false);
+  o.document_eos = 0;
+  WindowSampler sampler(shard, o);
+  const TokenBatch batch = sampler.next_batch(sampler.num_windows());
+  ASSERT_TRUE(batch.resets.defined());
+  ASSERT_EQ(batch.resets.shape(), batch.inputs.shape());
+  const std::vector<int32_t> flags = ids(batch.resets);
+  for (size_t i = 0; i < flags.size(); ++i) {
+    const bool starts = i == 0 || stream[i - 1] == 0;  // window w's input t is stream token 4w + t = i
+    EXPECT_EQ(flags[i], starts ? 1 : 0) << "token " << i;
+  }
+  // Windows 1 and 4 start right after an EOS (tokens 4 and 16): the flag of their first input comes from the shard.
+  EXPECT_EQ(flags[4], 1);
+  EXPECT_EQ(flags[16], 1);
+  EXPECT_EQ(flags[8], 0);  // window 2 starts mid-document
+  // Without document_eos there are no flags.
+  EXPECT_FALSE(WindowSampler(shard, options(4)).next_batch(2).resets.defined());
+}
+
 TEST(WindowSampler, RejectsBadArgumentsNamingTheShard) {
   ScratchDir scratch;
   auto shard = counting_shard((scratch / ("counting_" + std::to_string(12))), 12);

@@ -101,6 +101,8 @@ int run_eval_command(const EvalArgs& args, std::ostream& out) {
   options.batch_size = batch_size;
   options.stateful = args.stateful;
   options.max_tokens = args.max_tokens;
+  if (config.data.reset_state_at_document)
+    options.document_eos = document_eos_id(args.data.empty() ? "data.valid_data" : "--data", prefix);
   // Progress on stderr (redrawn on a terminal, a line every few seconds in a log), so stdout stays the result.
   StatusLine status(&std::cerr, ::isatty(STDERR_FILENO) == 1);
   options.on_progress = [&status](int64_t scored, int64_t total) {
@@ -117,7 +119,9 @@ int run_eval_command(const EvalArgs& args, std::ostream& out) {
   const EvalResult r = evaluate_shard(model, shard, options);
   status.end_line();
   out << prefix << ": " << r.targets << " tokens scored (" << (args.stateful ? "stateful" : "window") << " mode, "
-      << options.seq_len << " tokens per call) | loss " << r.loss << " | ppl " << std::exp(r.loss)
+      << options.seq_len << " tokens per call"
+      << (options.document_eos ? ", state restarted at each document start" : "") << ") | loss " << r.loss
+      << " | ppl " << std::exp(r.loss)
       << " | accuracy " << r.accuracy << "\n";
 
   // Per byte and per word: the mean loss is over (nearly) every token of the shard, so the shard's total NLL is

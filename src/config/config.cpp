@@ -107,6 +107,7 @@ std::vector<Field> config_fields(Config& c) {
       {"data.train_data", &d.train_data},
       {"data.valid_data", &d.valid_data},
       {"data.shuffle", &d.shuffle},
+      {"data.reset_state_at_document", &d.reset_state_at_document},
       {"data.mqar.num_kv_pairs", &d.mqar.num_kv_pairs},
       {"data.mqar.num_keys", &d.mqar.num_keys},
       {"training.device", &t.device},
@@ -572,6 +573,10 @@ void ConfigReader::validate() {
     // works on a config before its data is prepared.
   }
   require_positive("data.seq_len", d.seq_len);
+  if (d.task == "mqar" && d.reset_state_at_document)
+    fail_key("data.reset_state_at_document",
+             "expected false with data.task = mqar: an MQAR sequence is one document with no EOS token, so there is "
+             "no document start to restart the state at (use data.task = tokens for packed documents)");
   if (d.task == "mqar") {
     const int64_t pairs = d.mqar.num_kv_pairs;
     require_positive("data.mqar.num_kv_pairs", pairs);

@@ -75,6 +75,7 @@ struct DataConfig {
   std::string train_data;     // tokens: the path prefix of the training shards (PREFIX.bin, PREFIX.idx, PREFIX.json)
   std::string valid_data;     // tokens: the path prefix of the validation shards (empty: no validation split)
   bool shuffle = true;        // tokens: each epoch's windows in a shuffled order; false: in shard order
+  bool reset_state_at_document = false;  // tokens: restart the recurrent state at every document start (after an EOS)
   MqarConfig mqar;
 
   bool operator==(const DataConfig&) const = default;

@@ -26,6 +26,18 @@ std::shared_ptr<const TokenShardReader> open_token_shard(const Config& config, c
   return shard;
 }
 
+int32_t document_eos_id(const std::string& key, const std::string& prefix) {
+  const std::string sidecar = shard_json_path(prefix);
+  try {
+    return read_shard_metadata(sidecar).eos_id;
+  } catch (const Error& error) {
+    throw Error(detail::concat("data.reset_state_at_document restarts the state after each EOS token, whose id it "
+                               "reads from the shard's sidecar: ", key, " = ", prefix, ": ", error.what(),
+                               " (shards written by `hgrn prepare` have one; or set data.reset_state_at_document: "
+                               "false)"));
+  }
+}
+
 std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t seed, int64_t rank,
                                                   int64_t world_size) {
   const DataConfig& d = config.data;
@@ -37,6 +49,7 @@ std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t
   options.rank = rank;
   options.world_size = world_size;
   options.shuffle = d.shuffle;
+  if (d.reset_state_at_document) options.document_eos = document_eos_id("data.train_data", d.train_data);
   return std::make_unique<WindowSampler>(open_token_shard(config, "data.train_data", d.train_data), options);
 }
 
@@ -47,6 +60,7 @@ std::unique_ptr<BatchSource> make_evaluation_source(const Config& config, uint64
   WindowSamplerOptions options;
   options.seq_len = d.seq_len;
   options.shuffle = false;
+  if (d.reset_state_at_document) options.document_eos = document_eos_id("data.valid_data", d.valid_data);
   return std::make_unique<WindowSampler>(open_token_shard(config, "data.valid_data", d.valid_data), options);
 }
 

@@ -23,6 +23,9 @@ std::unique_ptr<BatchSource> make_evaluation_source(const Config& config, uint64
 // vocabulary (sidecar) against model.vocab_size, so that a mismatch is one clear message.
 std::shared_ptr<const TokenShardReader> open_token_shard(const Config& config, const std::string& key,
                                                          const std::string& prefix);
+// The EOS id that marks the document starts of the shard at `prefix` (data.reset_state_at_document), from its sidecar
+// PREFIX.json; throws hgrn::Error naming `key` and the file when the sidecar is missing or unreadable.
+int32_t document_eos_id(const std::string& key, const std::string& prefix);
 // The end-of-document token id of the tokenizer a run trains with, from its training shard's sidecar: nullopt for
 // MQAR (no tokenizer) and where the sidecar cannot be read (`why`, when given, then says what is missing).
 std::optional<int64_t> training_eos_id(const Config& config, std::string* why = nullptr);

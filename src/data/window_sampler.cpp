@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "data/document_starts.h"
 
 namespace hgrn {
 
@@ -93,10 +94,14 @@ TokenBatch WindowSampler::next_batch(int64_t batch_size) {
   TokenBatch batch{Tensor::empty({batch_size, seq_len}, DType::I32), Tensor::empty({batch_size, seq_len}, DType::I32)};
   int32_t* inputs = batch.inputs.data<int32_t>();
   int32_t* targets = batch.targets.data<int32_t>();
+  if (options_.document_eos >= 0) batch.resets = Tensor::empty({batch_size, seq_len}, DType::I32);
   for (int64_t row = 0; row < batch_size; ++row) {
     const int64_t start = window_start(window_at(cursor_ + static_cast<uint64_t>(row)));
     shard_->read(start, seq_len, inputs + row * seq_len);
     shard_->read(start + 1, seq_len, targets + row * seq_len);
+    if (batch.resets.defined())
+      mark_document_starts(*shard_, start, seq_len, inputs + row * seq_len,
+                           static_cast<int32_t>(options_.document_eos), batch.resets.data<int32_t>() + row * seq_len);
   }
   cursor_ += static_cast<uint64_t>(batch_size);
   return batch;

@@ -50,6 +50,8 @@ struct WindowSamplerOptions {
   bool shuffle = true;      // false: windows in order (evaluation)
   int64_t rank = 0;         // this process's data-parallel rank, in [0, world_size)
   int64_t world_size = 1;
+  int64_t document_eos = -1;  // >= 0: batches carry reset flags at the document starts this EOS id marks
+                              // (data.reset_state_at_document; data/document_starts.h)
 };
 
 class WindowSampler : public BatchSource {
@@ -58,7 +60,8 @@ class WindowSampler : public BatchSource {
   // is outside [0, world_size).
   WindowSampler(std::shared_ptr<const TokenShardReader> shard, const WindowSamplerOptions& options);
 
-  // batch_size sequences: inputs and targets int32 [batch_size, seq_len]; advances the cursor by batch_size.
+  // batch_size sequences: inputs and targets int32 [batch_size, seq_len] (and the resets, with document_eos);
+  // advances the cursor by batch_size.
   TokenBatch next_batch(int64_t batch_size) override;
   uint64_t cursor() const override { return cursor_; }
   void set_cursor(uint64_t cursor) override { cursor_ = cursor; }

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "data/batch_source.h"
 #include "data/token_shards.h"
@@ -25,6 +26,9 @@ struct ShardEvalOptions {
   int64_t batch_size = 8;    // sequences per forward call
   bool stateful = false;     // carry the recurrent state from each window to the next
   int64_t max_tokens = 0;    // score at most about this many targets (0: the whole shard)
+  // Restart the recurrent state at every document start (the token after this EOS id; data.reset_state_at_document),
+  // within a window and, stateful, across windows too. nullopt: never.
+  std::optional<int32_t> document_eos;
   // Called after each forward call with the targets scored so far and the number that will be scored in all.
   std::function<void(int64_t scored, int64_t total)> on_progress;
 };

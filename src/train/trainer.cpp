@@ -305,6 +305,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
   else
     log << "data: windows of " << config.data.seq_len << " tokens from " << config.data.train_data
         << (config.data.shuffle ? " (shuffled each epoch)" : " (in shard order: data.shuffle false)")
+        << (config.data.reset_state_at_document ? ", the state restarted at each document start" : "")
         << (eval_data ? ", evaluation on " + config.data.valid_data : ", no validation split (data.valid_data)")
         << "\n";
 
