@@ -123,6 +123,35 @@ TEST_F(Cli, BenchScanOnTheCpuReportsTimesAndRates) {
   EXPECT_NE(run_hgrn({"bench", "--scan", "2,70,8", "--recurrence", "1,70,2,16,8", "--device", "cpu"}).status, 0);
 }
 
+// --document-tokens: the steps, the recurrence and the scan timed with resets at random document starts (the cost of
+// data.reset_state_at_document); the resets reach the model (the first step's loss differs from the run without).
+TEST_F(Cli, BenchWithDocumentResets) {
+  ScratchDir dir;
+  auto first_loss = [&](const std::string& documents) {
+    const std::string json_path = (dir.path() / ("steps" + documents + ".json")).string();
+    const CommandResult r = run_hgrn({"bench", "--config", default_config(), "--set", "training.device=cpu",
+                                      "--warmup", "0", "--steps", "1", "--document-tokens", documents, "--json",
+                                      json_path});
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out.find("the state restarted at each document start") != std::string::npos, documents != "0")
+        << r.out;
+    std::ifstream f(json_path);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    EXPECT_EQ(j.at("document_tokens").get<int64_t>(), std::stoll(documents));
+    return j.at("first_loss").get<double>();
+  };
+  EXPECT_NE(first_loss("8"), first_loss("0"));
+  for (const std::vector<std::string>& op : {std::vector<std::string>{"--recurrence", "1,70,2,16,8"},
+                                             std::vector<std::string>{"--scan", "2,70,8", "--fused"}}) {
+    std::vector<std::string> command{"bench", "--dtype", "fp32", "--device", "cpu", "--warmup", "1", "--iters", "2",
+                                     "--document-tokens", "16"};
+    command.insert(command.end(), op.begin(), op.end());
+    const CommandResult r = run_hgrn(command);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("with resets: packed documents of ~16 tokens"), std::string::npos) << r.out;
+  }
+}
+
 // Training steps on the CPU (the default config): the JSON has the median and the mean step time, each between the
 // fastest and the slowest step, and the tokens/s of each; the printout gives both.
 TEST_F(Cli, BenchStepsReportTheMedianAndTheMeanStepTime) {

@@ -46,6 +46,11 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
   bench->add_option("--iters", args.iters, "Timed recurrence or scan calls")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  bench->add_option("--document-tokens", args.document_tokens,
+                    "Restart the recurrent state at random document starts, documents of this many tokens on average "
+                    "(as data.reset_state_at_document does for packed documents; 0: no resets)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   bench->add_option("--json", args.json_path, "Also write the results as JSON to this file")->type_name("FILE");
   bench->footer(
       "Examples:\n"
@@ -54,6 +59,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       "  hgrn bench --recurrence 8,2048,8,128,128                 # the peer's recurrence shape\n"
       "  hgrn bench --scan 8,2048,1024                            # HGRN1's scan, forward and forward+backward\n"
       "  hgrn bench --scan 8,2048,1024 --fused --dtype bf16       # HGRN1's gates and scan in one op\n"
+      "  hgrn bench --config configs/hgrn2-385m.yaml --document-tokens 512  # the cost of document resets\n"
       "  mpirun -np 4 hgrn bench --config configs/hgrn2-385m.yaml # data-parallel steps on 4 GPUs (whole job)");
   return bench;
 }
@@ -67,9 +73,12 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
     throw Error("hgrn bench: give one of --config FILE (training steps), --recurrence B,T,H,K,V or --scan B,T,C");
   nlohmann::json json;
   out << std::fixed;
+  if (args.document_tokens > 0 && !steps)
+    out << "with resets: packed documents of ~" << args.document_tokens
+        << " tokens, the state restarted at each document start\n";
   if (steps) {
     const Config config = load_config(args.config.config_path, args.config.overrides);
-    const StepBench r = bench_training_steps(config, args.warmup, args.steps, out);
+    const StepBench r = bench_training_steps(config, args.warmup, args.steps, out, args.document_tokens);
     out << std::setprecision(1) << "\n| config | device | params | tokens/step | step ms (median) | tokens/s | MFU | "
         << "peak GiB |\n|---|---|---|---|---|---|---|---|\n| " << config.source << " | "
         << (r.ranks > 1 ? std::to_string(r.ranks) + " x " : "") << r.device_name << " | "
@@ -92,14 +101,15 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
             {"timed_driver_allocations", r.timed_driver_allocations}, {"gpu_peak_tflops", r.gpu_peak_tflops},
             {"model_tflops", r.model_tflops}, {"mfu", r.mfu}, {"first_loss", r.first_loss},
             {"last_loss", r.last_loss}, {"precision", config.training.precision},
-            {"ranks", r.ranks}, {"zero1", config.training.zero1}};
+            {"ranks", r.ranks}, {"zero1", config.training.zero1}, {"document_tokens", args.document_tokens}};
   } else if (!args.scan.empty()) {
     const Device device = resolve_device(args.device);
     const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;
     HGRN_CHECK(dtype == DType::F32 || device == Device::CUDA, "hgrn bench: bf16 needs the GPU (use --dtype fp32)");
     const auto& s = args.scan;
     for (int64_t x : s) HGRN_CHECK(x > 0, "hgrn bench --scan: B,T,C must be positive");
-    const ScanBench r = bench_scan(s[0], s[1], s[2], dtype, device, args.warmup, args.iters, args.fused_scan);
+    const ScanBench r =
+        bench_scan(s[0], s[1], s[2], dtype, device, args.warmup, args.iters, args.fused_scan, args.document_tokens);
     const double gbps_fwd = r.bytes_forward / (r.forward_ms * 1e-3) / 1e9;
     const double gbps_fwd_bwd = r.bytes_forward_backward / (r.forward_backward_ms * 1e-3) / 1e9;
     // The note first, so that the table row stays the last line (scripts read it with tail).
@@ -117,14 +127,16 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
             {"dtype", r.dtype}, {"device", device_name(device)},
             {"forward_ms", r.forward_ms}, {"forward_backward_ms", r.forward_backward_ms},
             {"forward_min_bytes", r.bytes_forward}, {"forward_backward_min_bytes", r.bytes_forward_backward},
-            {"forward_gbps", gbps_fwd}, {"forward_backward_gbps", gbps_fwd_bwd}};
+            {"forward_gbps", gbps_fwd}, {"forward_backward_gbps", gbps_fwd_bwd},
+            {"document_tokens", args.document_tokens}};
   } else {
     const Device device = resolve_device(args.device);
     const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;
     HGRN_CHECK(dtype == DType::F32 || device == Device::CUDA, "hgrn bench: bf16 needs the GPU (use --dtype fp32)");
     const auto& s = args.recurrence;
     for (int64_t x : s) HGRN_CHECK(x > 0, "hgrn bench --recurrence: B,T,H,K,V must be positive");
-    const RecurrenceBench r = bench_recurrence(s[0], s[1], s[2], s[3], s[4], dtype, device, args.warmup, args.iters);
+    const RecurrenceBench r =
+        bench_recurrence(s[0], s[1], s[2], s[3], s[4], dtype, device, args.warmup, args.iters, args.document_tokens);
     const double gbps = r.bytes_forward / (r.forward_ms * 1e-3) / 1e9;
     const double tflops_fwd = r.flops_forward / (r.forward_ms * 1e-3) / 1e12;
     const double tflops_fwd_bwd = 3.0 * r.flops_forward / (r.forward_backward_ms * 1e-3) / 1e12;
@@ -146,7 +158,7 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
             {"forward_backward_ms", r.forward_backward_ms}, {"forward_min_bytes", r.bytes_forward},
             {"forward_flops", r.flops_forward}, {"forward_tflops", tflops_fwd},
             {"forward_backward_tflops", tflops_fwd_bwd}, {"device_copy_gbps", r.copy_gbps},
-            {"bf16_gemm_tflops", r.gemm_tflops}};
+            {"bf16_gemm_tflops", r.gemm_tflops}, {"document_tokens", args.document_tokens}};
   }
   if (!args.json_path.empty() && world().is_root()) {
     std::ofstream f(args.json_path);

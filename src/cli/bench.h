@@ -13,6 +13,7 @@ struct BenchArgs {
   std::string dtype = "bf16";
   std::string device = "auto";
   int64_t warmup = 5, steps = 20, iters = 50;
+  int64_t document_tokens = 0;      // > 0: packed documents of this mean length, the state restarted at each start
   std::string json_path;
 };
 

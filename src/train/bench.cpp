@@ -38,10 +38,11 @@ double median(std::vector<double> v) {
   return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
-// The same batch every step: random ids drawn once (the peer's method), next-token targets.
+// The same batch every step: random ids drawn once (the peer's method), next-token targets, and with
+// document_tokens > 0 reset flags at random document starts.
 class RandomTokens : public BatchSource {
  public:
-  RandomTokens(int64_t vocab, int64_t seq_len, int64_t batch, uint64_t seed) {
+  RandomTokens(int64_t vocab, int64_t seq_len, int64_t batch, uint64_t seed, int64_t document_tokens) {
     Rng rng(seed);
     batch_ = TokenBatch{Tensor::empty({batch, seq_len}, DType::I32), Tensor::empty({batch, seq_len}, DType::I32)};
     std::vector<int32_t> stream(static_cast<size_t>(seq_len + 1));
@@ -52,6 +53,7 @@ class RandomTokens : public BatchSource {
         batch_.targets.data<int32_t>()[b * seq_len + t] = stream[t + 1];
       }
     }
+    if (document_tokens > 0) batch_.resets = random_document_starts(rng, batch, seq_len, document_tokens);
   }
   TokenBatch next_batch(int64_t) override { return batch_; }
   uint64_t cursor() const override { return 0; }
@@ -64,7 +66,17 @@ class RandomTokens : public BatchSource {
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
 
-StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t steps, std::ostream& log) {
+Tensor random_document_starts(Rng& rng, int64_t batch, int64_t time, int64_t mean_tokens) {
+  HGRN_CHECK(mean_tokens > 0, "random_document_starts: the mean document length must be positive, got ", mean_tokens);
+  Tensor flags = Tensor::empty({batch, time}, DType::I32);
+  int32_t* f = flags.data<int32_t>();
+  for (int64_t i = 0; i < batch * time; ++i)
+    f[i] = i % time == 0 || rng.below(static_cast<uint64_t>(mean_tokens)) == 0;
+  return flags;
+}
+
+StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t steps, std::ostream& log,
+                               int64_t document_tokens) {
   const TrainingConfig& tc = config.training;
   set_peer_timeout(tc.collective_timeout_s);
   const Device device = resolve_device(tc.device);
@@ -84,12 +96,15 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   r.warmup = warmup;
   r.steps = steps;
   RandomTokens data(config.model.vocab_size, config.data.seq_len, tc.micro_batch_size,
-                    tc.seed + 1 + static_cast<uint64_t>(world().rank));
+                    tc.seed + 1 + static_cast<uint64_t>(world().rank), document_tokens);
   log << "bench: " << r.params << " parameters, " << r.tokens_per_step << " tokens per step";
   if (r.ranks > 1)
     log << " over " << r.ranks << " data-parallel ranks" << (tc.zero1 ? " (ZeRO-1)" : "");
   log << ", " << dtype_name(act) << " activations on " << r.device_name << "; " << warmup << " warm-up + " << steps
-      << " timed steps\n";
+      << " timed steps";
+  if (document_tokens > 0)
+    log << "; packed documents of ~" << document_tokens << " tokens, the state restarted at each document start";
+  log << "\n";
   std::vector<double> times;
   size_t driver_allocations_before = 0;
   for (int64_t s = 0; s < warmup + steps; ++s) {
@@ -127,7 +142,7 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
 }
 
 RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, DType dtype, Device device,
-                                 int64_t warmup, int64_t iters) {
+                                 int64_t warmup, int64_t iters, int64_t document_tokens) {
   RecurrenceBench r{B, T, H, K, V, dtype_name(dtype)};
   Rng rng(7);
   auto random = [&](const Shape& shape, double scale, double offset, DType d) {
@@ -143,6 +158,8 @@ RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int
   Var q = make_var(random({B, T, H * K}, 1.0, 0.0, dtype), true), k = make_var(random({B, T, H * K}, 0.1, 0.1, dtype), true);
   Var v = make_var(random({B, T, H * V}, 1.0, 0.0, dtype), true), g = make_var(on_device(g_host, device), true);
   Tensor d_out = random({B, T, H * V}, 1.0, 0.0, dtype);
+  const Tensor resets =
+      document_tokens > 0 ? on_device(random_document_starts(rng, B, T, document_tokens), device) : Tensor();
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
   auto time_calls = [&](bool backward) {
     std::vector<double> per_call;
@@ -155,7 +172,8 @@ RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int
         Tape tape;
         tape.set_enabled(backward);
         for (const Var& x : {q, k, v, g}) x->grad = Tensor();
-        GlaOutputs o = gla_recurrence(tape, q, k, v, g, nullptr, H, scale, RecurrenceMode::Chunk);
+        GlaOutputs o = gla_recurrence(tape, q, k, v, g, nullptr, H, scale, RecurrenceMode::Chunk, 0, nullptr, false,
+                                      resets);
         if (backward) tape.backward(o.output, d_out);
       }
       device_synchronize();
@@ -183,7 +201,7 @@ RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int
 }
 
 ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device, int64_t warmup, int64_t iters,
-                     bool fused) {
+                     bool fused, int64_t document_tokens) {
   ScanBench r{B, T, C, dtype_name(dtype)};
   Rng rng(7);
   Tensor x_host = Tensor::empty({B, T, C}, DType::F32), g_host = Tensor::empty({B, T, C}, DType::F32);
@@ -196,6 +214,8 @@ ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device
   auto put = [&](const Tensor& t, DType d) { return on_device(d == DType::F32 ? t : t.to(d), device); };
   Var x = make_var(put(x_host, dtype), true), g = make_var(put(g_host, DType::F32), true);
   const Tensor d_out = put(d_out_host, dtype);
+  const Tensor resets =
+      document_tokens > 0 ? on_device(random_document_starts(rng, B, T, document_tokens), device) : Tensor();
   // The fused op: î = x, f̂ ~ N(2, 1) logits in `dtype`, and layer 1 of a two-layer γ with bounds in [0.2, 0.8].
   Var f_hat, gamma;
   if (fused) {
@@ -214,8 +234,8 @@ ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device
       f_hat->grad = Tensor();
       gamma->grad = Tensor();
     }
-    GatedScanOutputs o = fused ? lower_bounded_gated_scan(tape, x, f_hat, gamma, 1, nullptr)
-                               : gated_scan(tape, x, g, nullptr);
+    GatedScanOutputs o = fused ? lower_bounded_gated_scan(tape, x, f_hat, gamma, 1, nullptr, ScanMode::Chunk, resets)
+                               : gated_scan(tape, x, g, nullptr, ScanMode::Chunk, 0, resets);
     if (backward) tape.backward(o.output, d_out);
   };
   auto time_calls = [&](bool backward) {

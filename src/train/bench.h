@@ -7,6 +7,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace hgrn {
@@ -29,7 +30,14 @@ struct StepBench {
 // Times `warmup` + `steps` training steps (training_step, the loop's own) of the config's model on uniformly random
 // tokens fixed for the run (as the peer's benchmark does), each step device-synchronised; reports the median.
 // Under mpirun (several ranks) the steps are data-parallel ones and the figures are the whole job's.
-StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t steps, std::ostream& log);
+// document_tokens > 0: the batch is packed documents of that many tokens on average (random_document_starts), whose
+// starts restart the recurrent state as data.reset_state_at_document does.
+StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t steps, std::ostream& log,
+                               int64_t document_tokens = 0);
+
+// int32 [B, T] reset flags of random packed documents of `mean_tokens` tokens on average (each step after the first
+// starts one with probability 1 / mean_tokens; step 0 always does), drawn from rng: the benchmarks' resets.
+Tensor random_document_starts(Rng& rng, int64_t batch, int64_t time, int64_t mean_tokens);
 
 struct RecurrenceBench {
   int64_t B = 0, T = 0, H = 0, K = 0, V = 0;
@@ -40,8 +48,9 @@ struct RecurrenceBench {
   double copy_gbps = 0, gemm_tflops = 0;             // the GPU's measured ceilings (0 on the CPU)
 };
 // Times the recurrence op (q, k, v in `dtype`, fp32 g) on `device`: forward alone, and forward + backward.
+// document_tokens > 0: with resets at random document starts of that mean length (random_document_starts).
 RecurrenceBench bench_recurrence(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, DType dtype, Device device,
-                                 int64_t warmup, int64_t iters);
+                                 int64_t warmup, int64_t iters, int64_t document_tokens = 0);
 
 struct ScanBench {
   int64_t B = 0, T = 0, C = 0;
@@ -52,7 +61,8 @@ struct ScanBench {
 // Times the gated scan op (x in `dtype`, fp32 g, no initial state) on `device`: forward alone, and forward +
 // backward, each call timed alone (CUDA events on the GPU, the host clock on the CPU). fused: times
 // lower_bounded_gated_scan instead (î, f̂ in `dtype`, a bounded layer's fp32 γ, whose gradient is taken too).
+// document_tokens > 0: with resets at random document starts of that mean length (random_document_starts).
 ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device, int64_t warmup, int64_t iters,
-                     bool fused = false);
+                     bool fused = false, int64_t document_tokens = 0);
 
 }  // namespace hgrn
