@@ -353,6 +353,39 @@ TEST(CliEval, RefusesAnotherModelAndAShardOfAnotherVocabulary) {
             std::string::npos) << r.err;
 }
 
+// data.reset_state_at_document on `hgrn eval`: the state restarts after each EOS of the scored shard (its sidecar's
+// id), which the result says, and which changes the loss of documents packed into one window.
+TEST(CliEval, DocumentResetsRestartTheStateAtEachDocument) {
+  ScratchDir dir;
+  const std::string config = trained_tiny_run(dir.str());
+  const std::string prefix = dir / "documents";
+  TokenShardWriter writer(prefix, 17);
+  for (int d = 0; d < 12; ++d) {
+    std::vector<int32_t> doc;
+    for (int t = 0; t < 5 + d % 4; ++t) doc.push_back(1 + (3 * d + t) % 15);
+    doc.push_back(16);
+    writer.append_document(doc);
+  }
+  ShardMetadata meta;
+  meta.tokenizer = "test";
+  meta.vocab_size = 17;
+  meta.eos_id = 16;
+  writer.finish(meta);
+  auto evaluate = [&](const std::string& resets) {
+    const CommandResult r = run_hgrn({"eval", "--config", config, "--set", "data.task=tokens", "--set",
+                                      "data.train_data=" + prefix, "--set", "data.reset_state_at_document=" + resets,
+                                      "--data", prefix, "--seq-len", "32", "--batch-size", "2"});
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out.find("state restarted at each document start") != std::string::npos, resets == "true") << r.out;
+    return nlohmann::json::parse(r.out.substr(r.out.rfind("{\"data\"")));
+  };
+  const nlohmann::json with = evaluate("true"), without = evaluate("false");
+  EXPECT_TRUE(with.at("document_resets").get<bool>());
+  EXPECT_FALSE(without.at("document_resets").get<bool>());
+  EXPECT_EQ(with.at("targets").get<int64_t>(), without.at("targets").get<int64_t>());
+  EXPECT_NE(with.at("loss").get<double>(), without.at("loss").get<double>());
+}
+
 // The exported config.json names the training tokenizer's end-of-document token (the byte tokenizer's is 256) as
 // eos and bos; an MQAR model has no tokenizer, so both are null.
 TEST(CliExport, SpecialTokensComeFromTheTrainingTokenizer) {

@@ -98,6 +98,22 @@ TEST_P(ModelResets, PackedWindowEqualsItsDocumentsRunOneByOne) {
   }
 }
 
+TEST_P(ModelResets, RecomputationKeepsTheResets) {
+  // model.memory.recompute replays each layer's mixer in the backward: with the same flags, so the same bits.
+  const ModelConfig c = tiny_config(GetParam());
+  Rng rng(11);
+  DecoderLM model(c, rng, DType::F64);
+  const Tensor ids = testing::token_ids(rng, 3, kWindow, c.vocab_size);
+  const Tensor resets = testing::reset_flags(kDocumentStarts, kWindow);
+  const Tensor cotangent = testing::random_tensor(rng, {3, kWindow, c.vocab_size});
+  const ModelRun kept = packed(model, ids, resets, cotangent);
+  testing::set_knob(model, &ModelMemoryConfig::recompute, true);
+  const ModelRun replayed = packed(model, ids, resets, cotangent);
+  EXPECT_EQ(replayed.logits.to_double_vector(), kept.logits.to_double_vector());
+  for (size_t p = 0; p < kept.grads.size(); ++p)
+    EXPECT_EQ(replayed.grads[p].to_double_vector(), kept.grads[p].to_double_vector()) << p;
+}
+
 TEST_P(ModelResets, WithoutResetsThePackedWindowDiffers) {
   // The check above has teeth: without the flags the documents read each other's states.
   const ModelConfig c = tiny_config(GetParam());

@@ -141,9 +141,9 @@ int run_eval_command(const EvalArgs& args, std::ostream& out) {
   }
   std::snprintf(json, sizeof json,
                 "{\"data\": \"%s\", \"mode\": \"%s\", \"targets\": %lld, \"loss\": %.6g, \"ppl\": %.6g, "
-                "\"accuracy\": %.6g, \"bits_per_byte\": %.6g, \"word_ppl\": %.6g}",
+                "\"accuracy\": %.6g, \"bits_per_byte\": %.6g, \"word_ppl\": %.6g, \"document_resets\": %s}",
                 prefix.c_str(), args.stateful ? "stateful" : "window", static_cast<long long>(r.targets), r.loss,
-                std::exp(r.loss), r.accuracy, bits_per_byte, word_ppl);
+                std::exp(r.loss), r.accuracy, bits_per_byte, word_ppl, options.document_eos ? "true" : "false");
   out << json << "\n";
   return 0;
 }
