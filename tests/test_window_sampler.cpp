@@ -267,9 +267,10 @@ TEST(WindowSampler, DocumentStartsBecomeResetFlags) {
     const bool starts = i == 0 || stream[i - 1] == 0;  // window w's input t is stream token 4w + t = i
     EXPECT_EQ(flags[i], starts ? 1 : 0) << "token " << i;
   }
-  // Windows 1 and 4 start right after an EOS (tokens 4 and 16): the flag of their first input comes from the shard.
+  // Windows 1 and 3 start right after an EOS (tokens 4 and 12): the flag of their first input comes from the shard.
+  ASSERT_EQ(flags.size(), 16u);  // floor((20 − 1) / 4) = 4 windows
   EXPECT_EQ(flags[4], 1);
-  EXPECT_EQ(flags[16], 1);
+  EXPECT_EQ(flags[12], 1);
   EXPECT_EQ(flags[8], 0);  // window 2 starts mid-document
   // Without document_eos there are no flags.
   EXPECT_FALSE(WindowSampler(shard, options(4)).next_batch(2).resets.defined());
