@@ -19,7 +19,8 @@
 //           its row of a [B·NT, C] scratch; chunk 0 ends with dL/dh_{−1} = conj(w_0) δ_0. dθ is then the sum of the
 //           rows in row order (chunk_sums.cuh).
 // Resets (reset_masks): a reset step's factor w_t is taken as 0 (h_t = x_t, p_t = 0, nothing flows back past it), and
-// so is the decay P^(k) of a chunk holding one.
+// so is the decay P^(k) of a chunk holding one. The kernels are built twice (kResets), so that without resets they are
+// the code they were without.
 // Complex per-chunk buffers hold the real parts of all slots, then the imaginary parts (Geometry::part apart).
 // Determinism: no atomics; every value is computed by one thread, or summed, in a fixed order. All arithmetic is fp32
 // with expf and sincosf.
@@ -103,7 +104,7 @@ struct ForwardParams {
 };
 
 // Chunk k = blockIdx.y (< NT − 1, so whole): the scan from zero and the chunk's decay.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const ForwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
   const Act* xi = static_cast<const Act*>(p.x_im) + row * C + c;
   const float* g = p.g + row * C + c;
   const Rotation<V> w(p.theta, c, 1.f);
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   float hr[V] = {}, hi[V] = {}, total[V] = {};
   for (int i0 = 0; i0 < kChunk; i0 += kBatch) {
     float xrv[kBatch][V], xiv[kBatch][V], gv[kBatch][V];
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) forward_carry_kernel(const ForwardPa
 
 // Chunk k = blockIdx.y: the scan from the state entering it, writing [Re h, Im h]; the last chunk writes the final
 // state.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardP
   const float* g = p.g + row * C + c;
   Act* o = static_cast<Act*>(p.output) + row * 2 * C + c;
   const Rotation<V> w(p.theta, c, 1.f);
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   for (int i0 = 0; i0 < n; i0 += kOutputBatch) {
     float xrv[kOutputBatch][V], xiv[kOutputBatch][V], gv[kOutputBatch][V];
 #pragma unroll
@@ -258,7 +259,7 @@ struct BackwardParams {
 
 // Chunk k = blockIdx.y + 1 (>= 1; only the last may be partial): the reverse scan from zero, u^(k) = conj(w_s) δ_s at
 // its first row s, and its decay.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const BackwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
   const float* g = p.g + row * C + c;
   const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * 2 * C + c : nullptr;
   const Rotation<V> w(p.theta, c, 1.f);
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   float rr[V] = {}, ri[V] = {}, total[V] = {};
   for (int i0 = (n - 1) / kBatch * kBatch; i0 >= 0; i0 -= kBatch) {  // batches of rows, last first
     float gv[kBatch][V], dor[kBatch][V] = {}, doi[kBatch][V] = {};
@@ -344,7 +345,7 @@ __global__ void __launch_bounds__(kThreads) backward_carry_kernel(const Backward
 // Chunk k = blockIdx.y, one channel a thread: p_t = w_t h_{t−1} over the chunk (in registers: the loops are
 // unrolled), then the reverse scan from β^(k) writing dx_re, dx_im, dg and the chunk's share of dθ; chunk 0 ends with
 // the initial state's gradient.
-template <typename Act>
+template <typename Act, bool kResets>
 __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const BackwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -365,7 +366,7 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
   const float* g = p.g + row * C + c;
   float sn, cs;
   sincosf(p.theta[c], &sn, &cs);
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   float q_r[kChunk], q_i[kChunk];  // p_t = w_t h_{t−1}
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
@@ -425,7 +426,7 @@ Geometry make_geometry(const GatedScanCudaShape& s) {
   return d;
 }
 
-template <typename Act>
+template <typename Act, bool kResets>
 void forward_impl(const Geometry& d, const ComplexScanCudaForwardArgs& a) {
   const ForwardParams p{d, a.x_re, a.x_im, a.g, a.theta, a.initial_state, a.output, a.final_state, a.chunk_states,
                         a.scratch, a.reset_masks};
@@ -443,21 +444,21 @@ void forward_impl(const Geometry& d, const ComplexScanCudaForwardArgs& a) {
   cudaStream_t stream = cuda_stream();
   if (d.NT > 1) {
     if (pairs)
-      forward_summary_kernel<Act, 2><<<chunk_grid(d, 2, d.NT - 1), kThreads, 0, stream>>>(p);
+      forward_summary_kernel<Act, 2, kResets><<<chunk_grid(d, 2, d.NT - 1), kThreads, 0, stream>>>(p);
     else
-      forward_summary_kernel<Act, 1><<<chunk_grid(d, 1, d.NT - 1), kThreads, 0, stream>>>(p);
+      forward_summary_kernel<Act, 1, kResets><<<chunk_grid(d, 1, d.NT - 1), kThreads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH("complex_gated_scan_forward_summary");
     forward_carry_kernel<<<carry_blocks(d), kThreads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH("complex_gated_scan_forward_carry");
   }
   if (pairs)
-    forward_output_kernel<Act, 2><<<chunk_grid(d, 2, d.NT), kThreads, 0, stream>>>(p);
+    forward_output_kernel<Act, 2, kResets><<<chunk_grid(d, 2, d.NT), kThreads, 0, stream>>>(p);
   else
-    forward_output_kernel<Act, 1><<<chunk_grid(d, 1, d.NT), kThreads, 0, stream>>>(p);
+    forward_output_kernel<Act, 1, kResets><<<chunk_grid(d, 1, d.NT), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH("complex_gated_scan_forward_output");
 }
 
-template <typename Act>
+template <typename Act, bool kResets>
 void backward_impl(const Geometry& d, const ComplexScanCudaBackwardArgs& a) {
   const BackwardParams p{d,
                          a.x_re,
@@ -488,14 +489,14 @@ void backward_impl(const Geometry& d, const ComplexScanCudaBackwardArgs& a) {
                                            {a.scratch_a, d.C, sizeof(float)},
                                            {a.scratch_b, d.C, sizeof(float)}});
     if (pairs)
-      backward_summary_kernel<Act, 2><<<chunk_grid(d, 2, d.NT - 1), kThreads, 0, stream>>>(p);
+      backward_summary_kernel<Act, 2, kResets><<<chunk_grid(d, 2, d.NT - 1), kThreads, 0, stream>>>(p);
     else
-      backward_summary_kernel<Act, 1><<<chunk_grid(d, 1, d.NT - 1), kThreads, 0, stream>>>(p);
+      backward_summary_kernel<Act, 1, kResets><<<chunk_grid(d, 1, d.NT - 1), kThreads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH("complex_gated_scan_backward_summary");
     backward_carry_kernel<<<carry_blocks(d), kThreads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH("complex_gated_scan_backward_carry");
   }
-  backward_grads_kernel<Act><<<chunk_grid(d, 1, d.NT), kThreads, 0, stream>>>(p);
+  backward_grads_kernel<Act, kResets><<<chunk_grid(d, 1, d.NT), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH("complex_gated_scan_backward_grads");
   if (a.d_theta)
     add_chunk_sums<kThetaSumLanes>(a.theta_rows, a.d_theta, static_cast<long long>(d.B) * d.NT, d.C,
@@ -518,7 +519,12 @@ void complex_gated_scan_cuda_forward(const GatedScanCudaShape& shape, const Comp
              "complex_gated_scan_cuda_forward: missing tensor");
   HGRN_CHECK(d.NT == 1 || (args.chunk_states && args.scratch),
              "complex_gated_scan_cuda_forward: the chunk-state and scratch buffers are required when T > ", kChunk);
-  HGRN_CUDA_DISPATCH_ACT(args.act, "complex_gated_scan_cuda_forward", [&] { forward_impl<act_t>(d, args); });
+  HGRN_CUDA_DISPATCH_ACT(args.act, "complex_gated_scan_cuda_forward", [&] {
+    if (args.reset_masks)
+      forward_impl<act_t, true>(d, args);
+    else
+      forward_impl<act_t, false>(d, args);
+  });
 }
 
 void complex_gated_scan_cuda_backward(const GatedScanCudaShape& shape, const ComplexScanCudaBackwardArgs& args) {
@@ -528,7 +534,12 @@ void complex_gated_scan_cuda_backward(const GatedScanCudaShape& shape, const Com
              "complex_gated_scan_cuda_backward: the chunk-state and scratch buffers are required when T > ", kChunk);
   HGRN_CHECK(!args.d_theta || args.theta_rows, "complex_gated_scan_cuda_backward: d_theta needs its scratch rows");
   if (!args.dx_re && !args.dx_im && !args.dg && !args.d_theta && !args.d_initial_state) return;
-  HGRN_CUDA_DISPATCH_ACT(args.act, "complex_gated_scan_cuda_backward", [&] { backward_impl<act_t>(d, args); });
+  HGRN_CUDA_DISPATCH_ACT(args.act, "complex_gated_scan_cuda_backward", [&] {
+    if (args.reset_masks)
+      backward_impl<act_t, true>(d, args);
+    else
+      backward_impl<act_t, false>(d, args);
+  });
 }
 
 }  // namespace hgrn

@@ -19,7 +19,8 @@
 // the forward, and re-reading x (2 bytes a step) costs less than storing an fp32 copy of h (4 written, 4 read).
 // Every chunk but the last is whole, so the summary passes never see a partial chunk.
 // Resets (reset_masks): a reset step's decay is taken as 0 (h_t = x_t, dg_t = 0, nothing flows back past it), and a
-// chunk holding one passes no carry on either way (chunked_scan.cuh).
+// chunk holding one passes no carry on either way (chunked_scan.cuh). The kernels are built twice (kResets): without
+// resets they compile to the code they were without them, registers and bits alike.
 // Loads are issued kBatch rows at a time ahead of the dependent chain that uses them, so that each thread keeps many
 // in flight (the chain itself is a few FMAs a row).
 // Determinism: no atomics; every value is computed by one thread in a fixed order, so results are bitwise
@@ -76,7 +77,7 @@ struct ForwardParams {
 };
 
 // Chunk k = blockIdx.y (< NT − 1, so whole): the scan from zero and the total log decay.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const ForwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
   const int64_t row = static_cast<int64_t>(b) * d.T + static_cast<int64_t>(k) * kChunk;
   const Act* x = static_cast<const Act*>(p.x) + row * d.x_stride + c;
   const float* g = p.g + row * d.g_stride + c;
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   float h[V] = {}, total[V] = {};
   for (int i0 = 0; i0 < kChunk; i0 += kBatch) {
     float xv[kBatch][V], gv[kBatch][V];
@@ -107,12 +108,13 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
 }
 
 // Per (batch, channel), chunks in order: H^(k+1) = e^{S^(k)} H^(k) + h_end^(k), over h_end^(k) in place.
+template <bool kResets>
 __global__ void __launch_bounds__(kThreads) forward_carry_kernel(const ForwardParams p) {
-  chunked_scan::carry_forward<true>(p.d, p.initial_state, p.chunk_states, p.decays, p.reset_masks);
+  chunked_scan::carry_forward<true>(p.d, p.initial_state, p.chunk_states, p.decays, kResets ? p.reset_masks : nullptr);
 }
 
 // Chunk k = blockIdx.y: the scan from the state entering it, writing o; the last chunk writes the final state.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -128,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardP
   const Act* x = static_cast<const Act*>(p.x) + row * d.x_stride + c;
   const float* g = p.g + row * d.g_stride + c;
   Act* o = static_cast<Act*>(p.output) + row * d.C + c;
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   for (int i0 = 0; i0 < n; i0 += kBatch) {
     float xv[kBatch][V], gv[kBatch][V];
 #pragma unroll
@@ -172,7 +174,7 @@ struct BackwardParams {
 
 // Chunk k = blockIdx.y + 1 (>= 1; only the last may be partial): the reverse scan from zero, u^(k) = e^{g_s} dh_s at
 // its first row s, and its total log decay.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const BackwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
   const int64_t row = static_cast<int64_t>(b) * d.T + t0;
   const float* g = p.g + row * d.g_stride + c;
   const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * d.C + c : nullptr;
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   float r[V] = {}, total[V] = {};
   for (int i0 = (n - 1) / kBatch * kBatch; i0 >= 0; i0 -= kBatch) {  // batches of rows, last first
     float gv[kBatch][V], dov[kBatch][V] = {};
@@ -207,13 +209,14 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
 
 // Per (batch, channel), chunks in reverse from β^(NT−1) = the final state's gradient: β^(k−1) = u^(k) + e^{S^(k)} β^(k),
 // written over u^(k) (slot k − 1).
+template <bool kResets>
 __global__ void __launch_bounds__(kThreads) backward_carry_kernel(const BackwardParams p) {
-  chunked_scan::carry_backward<true>(p.d, p.d_final_state, p.boundary, p.decays, p.reset_masks);
+  chunked_scan::carry_backward<true>(p.d, p.d_final_state, p.boundary, p.decays, kResets ? p.reset_masks : nullptr);
 }
 
 // Chunk k = blockIdx.y: h_{t−1} and e^{g_t} over the chunk (in registers: the loops are unrolled), then the reverse
 // scan from β^(k) writing dx and dg; chunk 0 ends with the initial state's gradient.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const BackwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -229,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
     load_v<V>(p.initial_state + state_at, h);
   const Act* x = static_cast<const Act*>(p.x) + row * d.x_stride + c;
   const float* g = p.g + row * d.g_stride + c;
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   float decay[kChunk][V], h_prev[kChunk][V];
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
@@ -285,7 +288,7 @@ Geometry make_geometry(const GatedScanCudaShape& s, int64_t x_stride, int64_t g_
   return d;
 }
 
-template <typename Act>
+template <typename Act, bool kResets>
 void forward_impl(const Geometry& d, const GatedScanCudaForwardArgs& a) {
   const ForwardParams p{d, a.x, a.g, a.initial_state, a.output, a.final_state, a.chunk_states, a.scratch,
                         a.reset_masks};
@@ -300,21 +303,21 @@ void forward_impl(const Geometry& d, const GatedScanCudaForwardArgs& a) {
   cudaStream_t stream = cuda_stream();
   if (d.NT > 1) {
     if (pairs)
-      forward_summary_kernel<Act, 2><<<chunk_grid(d, 2, d.NT - 1), kThreads, 0, stream>>>(p);
+      forward_summary_kernel<Act, 2, kResets><<<chunk_grid(d, 2, d.NT - 1), kThreads, 0, stream>>>(p);
     else
-      forward_summary_kernel<Act, 1><<<chunk_grid(d, 1, d.NT - 1), kThreads, 0, stream>>>(p);
+      forward_summary_kernel<Act, 1, kResets><<<chunk_grid(d, 1, d.NT - 1), kThreads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH("gated_scan_forward_summary");
-    forward_carry_kernel<<<carry_blocks(d), kThreads, 0, stream>>>(p);
+    forward_carry_kernel<kResets><<<carry_blocks(d), kThreads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH("gated_scan_forward_carry");
   }
   if (pairs)
-    forward_output_kernel<Act, 2><<<chunk_grid(d, 2, d.NT), kThreads, 0, stream>>>(p);
+    forward_output_kernel<Act, 2, kResets><<<chunk_grid(d, 2, d.NT), kThreads, 0, stream>>>(p);
   else
-    forward_output_kernel<Act, 1><<<chunk_grid(d, 1, d.NT), kThreads, 0, stream>>>(p);
+    forward_output_kernel<Act, 1, kResets><<<chunk_grid(d, 1, d.NT), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH("gated_scan_forward_output");
 }
 
-template <typename Act>
+template <typename Act, bool kResets>
 void backward_impl(const Geometry& d, const GatedScanCudaBackwardArgs& a) {
   BackwardParams p{d,
                    a.x,
@@ -343,15 +346,15 @@ void backward_impl(const Geometry& d, const GatedScanCudaBackwardArgs& a) {
                                            {a.scratch_a, d.C, sizeof(float)},
                                            {a.scratch_b, d.C, sizeof(float)}});
     if (pairs)
-      backward_summary_kernel<Act, 2><<<chunk_grid(d, 2, d.NT - 1), kThreads, 0, stream>>>(p);
+      backward_summary_kernel<Act, 2, kResets><<<chunk_grid(d, 2, d.NT - 1), kThreads, 0, stream>>>(p);
     else
-      backward_summary_kernel<Act, 1><<<chunk_grid(d, 1, d.NT - 1), kThreads, 0, stream>>>(p);
+      backward_summary_kernel<Act, 1, kResets><<<chunk_grid(d, 1, d.NT - 1), kThreads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH("gated_scan_backward_summary");
-    backward_carry_kernel<<<carry_blocks(d), kThreads, 0, stream>>>(p);
+    backward_carry_kernel<kResets><<<carry_blocks(d), kThreads, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH("gated_scan_backward_carry");
   }
   // One channel a thread: the chunk's h_{t−1} and e^{g_t} stay in registers (2·64 floats a channel).
-  backward_grads_kernel<Act, 1><<<chunk_grid(d, 1, d.NT), kThreads, 0, stream>>>(p);
+  backward_grads_kernel<Act, 1, kResets><<<chunk_grid(d, 1, d.NT), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH("gated_scan_backward_grads");
 }
 
@@ -366,7 +369,12 @@ void gated_scan_cuda_forward(const GatedScanCudaShape& shape, const GatedScanCud
   HGRN_CHECK(args.x && args.g && args.output, "gated_scan_cuda_forward: missing tensor");
   HGRN_CHECK(d.NT == 1 || (args.chunk_states && args.scratch),
              "gated_scan_cuda_forward: the chunk-state and scratch buffers are required when T > ", kChunk);
-  HGRN_CUDA_DISPATCH_ACT(args.act, "gated_scan_cuda_forward", [&] { forward_impl<act_t>(d, args); });
+  HGRN_CUDA_DISPATCH_ACT(args.act, "gated_scan_cuda_forward", [&] {
+    if (args.reset_masks)
+      forward_impl<act_t, true>(d, args);
+    else
+      forward_impl<act_t, false>(d, args);
+  });
 }
 
 void gated_scan_cuda_backward(const GatedScanCudaShape& shape, const GatedScanCudaBackwardArgs& args) {
@@ -375,7 +383,12 @@ void gated_scan_cuda_backward(const GatedScanCudaShape& shape, const GatedScanCu
   HGRN_CHECK(d.NT == 1 || (args.chunk_states && args.scratch_a && args.scratch_b),
              "gated_scan_cuda_backward: the chunk-state and scratch buffers are required when T > ", kChunk);
   if (!args.dx && !args.dg && !args.d_initial_state) return;
-  HGRN_CUDA_DISPATCH_ACT(args.act, "gated_scan_cuda_backward", [&] { backward_impl<act_t>(d, args); });
+  HGRN_CUDA_DISPATCH_ACT(args.act, "gated_scan_cuda_backward", [&] {
+    if (args.reset_masks)
+      backward_impl<act_t, true>(d, args);
+    else
+      backward_impl<act_t, false>(d, args);
+  });
 }
 
 }  // namespace hgrn

@@ -36,7 +36,8 @@
 // pairs across a reset are set to 0, the state entering a chunk reaches only the rows before its first reset (Q̄'s and
 // the reverse pass's rows after it are 0) and the chunk's exit only where the chunk has none (the pass's decay of M is
 // 0 then), only the keys from its last reset on reach the state leaving it (X's rows before it are 0, and so is
-// dk_inter), and dg's reverse cumulative sum restarts at every reset, whose own dg is 0.
+// dk_inter), and dg's reverse cumulative sum restarts at every reset, whose own dg is 0. Every kernel is built twice
+// (kResets): without resets it compiles to the code it was without them, instructions and bits alike.
 //
 // Memory: the forward's per-chunk states [B·H, NT, K, V] are stored in the activation dtype (bf16 as in fla's
 // forward: fwd_output only uses them rounded to it, so this is exact, and they reach its shared memory by cp.async);
@@ -694,7 +695,7 @@ struct StatePassSmem {
 
 // kBlocksPerSm: the residency the registers are capped for; kVTiles: V-tiles per block (2 only where the V-tiles
 // pair up evenly), which reads x and g once for both (see Launcher::state_pass).
-template <typename In, bool REVERSE, int kBlocksPerSm, int kVTiles>
+template <typename In, bool REVERSE, int kBlocksPerSm, int kVTiles, bool kResets>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(StatePassParams p) {
   extern __shared__ __align__(128) char smem[];
   StatePassSmem<In, kVTiles> s;
@@ -758,7 +759,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
     chunk_cumsum(G, kLdS, s.seg);
     const float* GL = G + (kChunk - 1) * kLdS;
     In* xs = s.xs + buf * s.kInSize;
-    const uint64_t resets = chunk_resets(p.reset_masks, d, b, c);
+    const uint64_t resets = kResets ? chunk_resets(p.reset_masks, d, b, c) : 0;
     // The rows [row_lo, row_hi) reach the exit (forward) or see the entry (reverse); all of them without resets.
     const int row_lo = REVERSE ? 0 : first_exiting(resets), row_hi = REVERSE ? first_reset(resets) : kChunk;
     // Thread: columns a, a + 1 (one paired shared access each for G, x and X), rows threadIdx.x / 32 + 8i.
@@ -772,7 +773,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
       float gt[2], xt[2];
       load_pack<2>(G + t * kLdS + a, 0, gt);
       load_pack<2>(xs + t * ldi + a, 0, xt);
-      const bool in = t >= row_lo && t < row_hi;
+      const bool in = !kResets || (t >= row_lo && t < row_hi);
       const float decay0 = !in ? 0.f : REVERSE ? exp2_fast(gt[0]) : exp2_fast(gl[0] - gt[0]);
       const float decay1 = !in ? 0.f : REVERSE ? exp2_fast(gt[1]) : exp2_fast(gl[1] - gt[1]);
       store_pack<2>(xs + t * ldi + a, 0, {p.x_scale * xt[0] * decay0, p.x_scale * xt[1] * decay1});  // in place
@@ -1044,7 +1045,7 @@ __device__ void accumulate_scores(float* A, const float* q, const float* k, cons
   }
 }
 
-template <typename In>
+template <typename In, bool kResets>
 __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams p) {
   extern __shared__ __align__(128) char smem[];
   FwdOutputSmem<In> s;
@@ -1060,7 +1061,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   const In* q = static_cast<const In*>(p.q) + row_offset(d, b, t0, h, d.K);
   const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
-  const uint64_t resets = chunk_resets(p.reset_masks, d, b, c);
+  const uint64_t resets = kResets ? chunk_resets(p.reset_masks, d, b, c) : 0;
   const int entered = first_reset(resets);  // Q̄'s rows from here on are 0: S^(c) does not reach them
 
   zero_tile(s.A, kLdF);
@@ -1098,7 +1099,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
       *reinterpret_cast<float4*>(s.k + ScoreTile::at(t, a)) = make_float4(kv[0], kv[1], kv[2], kv[3]);
       const float g4[4] = {gv.x, gv.y, gv.z, gv.w};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) qbar[e] = t < entered ? p.scale * qv[e] * exp2_fast(g4[e]) : 0.f;
+      for (int e = 0; e < 4; ++e) qbar[e] = !kResets || t < entered ? p.scale * qv[e] * exp2_fast(g4[e]) : 0.f;
       store4(s.Qb + t * ldq + k0 + a, qbar);
     }
     __syncthreads();  // the widened tiles are complete, g_raw and k_in free
@@ -1191,7 +1192,7 @@ struct BwdDvSmem {
   }
 };
 
-template <typename In>
+template <typename In, bool kResets>
 __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   extern __shared__ __align__(128) char smem[];
   BwdDvSmem<In> s;
@@ -1206,7 +1207,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
 
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
   const In* scores = static_cast<const In*>(p.scores) + chunk_index * kChunk * kChunk;
-  const uint64_t resets = chunk_resets(p.reset_masks, d, b, c);
+  const uint64_t resets = kResets ? chunk_resets(p.reset_masks, d, b, c) : 0;
   const int exiting = first_exiting(resets);  // X's rows before it are 0: their keys do not reach dS_e
 
   // Prologue: k (into X), g of every K-tile and A all go to shared memory by cp.async, waited for once (loads through
@@ -1239,7 +1240,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
       x[1] *= exp2_fast(gl.y - gt.y);
       x[2] *= exp2_fast(gl.z - gt.z);
       x[3] *= exp2_fast(gl.w - gt.w);
-      if (t < exiting) x[0] = x[1] = x[2] = x[3] = 0.f;
+      if (kResets && t < exiting) x[0] = x[1] = x[2] = x[3] = 0.f;
       store4(s.X + t * ldx + col, x);
     }
   }
@@ -1283,8 +1284,8 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
     for (int e = 0; e < 4; e += 2) {  // column pairs (2t, 2t + 1): one 8-byte store
       const int r = WarpTile::row(e), cc = WarpTile::col(j, e), start = e == 0 ? start_lo : start_hi;
       *reinterpret_cast<float2*>(dA_out + r * kChunk + cc) =
-          make_float2(cc <= r && cc >= start ? p.scale * dA.c[j][e] : 0.f,
-                      cc + 1 <= r && cc + 1 >= start ? p.scale * dA.c[j][e + 1] : 0.f);
+          make_float2(cc <= r && (!kResets || cc >= start) ? p.scale * dA.c[j][e] : 0.f,
+                      cc + 1 <= r && (!kResets || cc + 1 >= start) ? p.scale * dA.c[j][e + 1] : 0.f);
     }
 }
 
@@ -1463,7 +1464,7 @@ __device__ void stage_gate_inputs(const GlaGatesEpilogue& e, const BwdDqkSmem<In
 // partials' barrier); a thread past the K-tile's width has rows = 0.
 template <typename In>
 __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>& s, const ChunkBlock& cb, int k0,
-                                     int kcols, int a, int rg, int rows, float suffix) {
+                                     int kcols, int a, int rg, int rows, float suffix, uint64_t resets) {
   using namespace gate_math;
   const GlaGatesEpilogue& e = p.gates;
   const Dims& d = p.d;
@@ -1476,7 +1477,6 @@ __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>
     log_one_minus_gamma = log1pf(-gamma);
   }
   const int64_t row0 = static_cast<int64_t>(cb.b) * d.T + cb.t0 + r_lo;
-  const uint64_t resets = chunk_resets(p.reset_masks, d, cb.b, cb.c);
   In* dq_hat = static_cast<In*>(e.dq_hat) + row0 * e.dq_hat_stride + channel;
   In* df_hat = static_cast<In*>(e.df_hat) + row0 * e.df_hat_stride + channel;
   float gamma_sum = 0.f;
@@ -1503,7 +1503,7 @@ __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>
   }
 }
 
-template <typename In>
+template <typename In, bool kResets>
 __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(BwdDqkParams p) {
   extern __shared__ __align__(128) char smem[];
   BwdDqkSmem<In> s;
@@ -1518,7 +1518,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   const int k0 = blockIdx.x * kTile, kcols = min(kTile, d.K - k0), last = n - 1;
   const int64_t key_off = row_offset(d, b, t0, h, d.K) + k0;
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
-  const uint64_t resets = chunk_resets(p.reset_masks, d, b, c);
+  const uint64_t resets = kResets ? chunk_resets(p.reset_masks, d, b, c) : 0;
 
   // q, k and g go to shared memory by cp.async: they land while the inter products run (the first V-tile's wait
   // covers them), and nothing reads them before the gate cumsum after those products.
@@ -1661,7 +1661,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
         dk[j] = fmaf(xe, qi, dk[j]);
       }
       // S_p reaches only the rows before the chunk's first reset.
-      s.Pq[r * ldc + a] = s.Pq[r * ldc + a] * (r < first_reset(resets) ? p.scale * exp2_fast(gk[i]) : 0.f) + dq;
+      s.Pq[r * ldc + a] =
+          s.Pq[r * ldc + a] * (!kResets || r < first_reset(resets) ? p.scale * exp2_fast(gk[i]) : 0.f) + dq;
     }
 #pragma unroll
     for (int j = 0; j < kHalf; ++j) dk[j] = fmaf(e_k[j], across_k[j], dk[j]);
@@ -1670,7 +1671,8 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     for (int j = 0; j < kSub; ++j) {
       const int r = r_lo + j;
       // Only the keys from the chunk's last reset on reach dS_e.
-      const float dk_inter = (r >= first_exiting(resets) ? exp2_fast(GL - gk[j]) : 0.f) * s.Pk[r * ldc + a];
+      const float dk_inter =
+          (!kResets || r >= first_exiting(resets) ? exp2_fast(GL - gk[j]) : 0.f) * s.Pk[r * ldc + a];
       if (r == last) {
         s.dk_last[a] = dk_inter;
         s.Pk[r * ldc + a] = dk[j];
@@ -1763,15 +1765,16 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   for (int u = kSub - 1; u >= 0; --u) {  // a constant trip count (see chunk_cumsum)
     const int i = r_lo + u;
     run += load_f(s.q[i * kLdB + a]) * s.Pq[i * ldc + a] - load_f(s.k[i * kLdB + a]) * s.Pk[i * ldc + a];
-    if ((resets >> i) & 1) run = 0.f;
+    if (kResets && (resets >> i) & 1) run = 0.f;
     s.G[i * kLdB + a] = run;
   }
   s.seg[rg * 64 + a] = run;
   cp_async_wait<0>();  // the gates' epilogue's inputs (stage_gate_inputs) have landed
   __syncthreads();
   int stop = 4;  // the first later group holding a reset (4: none)
-  for (int later = rg + 1; later < 4 && stop == 4; ++later)
-    if ((resets >> (kSub * later)) & 0xffffu) stop = later;
+  if constexpr (kResets)
+    for (int later = rg + 1; later < 4 && stop == 4; ++later)
+      if ((resets >> (kSub * later)) & 0xffffu) stop = later;
   float suffix = stop == 4 ? s.d_last[a] : 0.f;
   for (int later = min(stop, 3); later > rg; --later) suffix += s.seg[later * 64 + a];
 
@@ -1781,7 +1784,7 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   // (see TileRegs), two rounds of 8 rows keeping 24 of them live instead of 48 (the kernel is at its register cap).
   const int rows = a < kcols ? max(0, min(r_hi, n) - r_lo) : 0;
   if (p.gates.q_hat) {
-    write_gate_gradients<In>(p, s, chunk_block(d, blockIdx.y, blockIdx.z), k0, kcols, a, rg, rows, suffix);
+    write_gate_gradients<In>(p, s, chunk_block(d, blockIdx.y, blockIdx.z), k0, kcols, a, rg, rows, suffix, resets);
     return;
   }
   const int64_t first = key_off + static_cast<int64_t>(r_lo) * key_stride + a;
@@ -1812,8 +1815,9 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
         const int r = r_lo + i;
         const int64_t at = i * row_stride;
         // A whole segment can hold the chunk's last row only as its own last row.
-        const RowGradients grads = row_gradients(s, r, a, (kGeneral || i == kSub - 1) && r == last,
-                                                 row_suffix(resets, r, r_hi, suffix), old_q[u], old_k[u], old_g[u]);
+        const RowGradients grads =
+            row_gradients(s, r, a, (kGeneral || i == kSub - 1) && r == last,
+                          kResets ? row_suffix(resets, r, r_hi, suffix) : suffix, old_q[u], old_k[u], old_g[u]);
         if (!kGeneral || dq) dq[at] = store_f<In>(grads.dq);
         if (!kGeneral || dk) dk[at] = store_f<In>(grads.dk);
         if (!kGeneral || dg) dg[at] = grads.dg;
@@ -1903,7 +1907,7 @@ int64_t waves(int64_t blocks, size_t bytes) {
 
 // The launches of one dtype. Grids: state pass (K-tiles, V-tiles, pairs); per-chunk kernels (chunks, pairs), and
 // bwd_dqk (K-tiles, chunks, pairs).
-template <typename In>
+template <typename In, bool kResets>
 struct Launcher {
   const Dims d;
   const unsigned pairs;
@@ -1927,44 +1931,44 @@ struct Launcher {
     if constexpr (!std::is_same_v<In, float>) {
       StatePassSmem<In, 2> s2;
       const size_t bytes2 = StatePassSmem<In, 2>::carve(nullptr, &s2);
-      const int64_t waves2 = waves<state_pass_kernel<In, REVERSE, 2, 1>>(blocks, bytes);
-      const int64_t waves3 = waves<state_pass_kernel<In, REVERSE, 3, 1>>(blocks, bytes);
+      const int64_t waves2 = waves<state_pass_kernel<In, REVERSE, 2, 1, kResets>>(blocks, bytes);
+      const int64_t waves3 = waves<state_pass_kernel<In, REVERSE, 3, 1, kResets>>(blocks, bytes);
       if (d.nv % 2 == 0) {
         const dim3 paired_grid(d.nk, d.nv / 2, pairs);
         if (blocks / 2 <= cuda_device_properties().multiProcessorCount) {  // one to an SM: no two-block register cap
-          launch(state_pass_kernel<In, REVERSE, 1, 2>, paired_grid, bytes2, name, p);
+          launch(state_pass_kernel<In, REVERSE, 1, 2, kResets>, paired_grid, bytes2, name, p);
           return;
         }
-        if (waves<state_pass_kernel<In, REVERSE, 2, 2>>(blocks / 2, bytes2) < std::min(waves2, waves3)) {
-          launch(state_pass_kernel<In, REVERSE, 2, 2>, paired_grid, bytes2, name, p);
+        if (waves<state_pass_kernel<In, REVERSE, 2, 2, kResets>>(blocks / 2, bytes2) < std::min(waves2, waves3)) {
+          launch(state_pass_kernel<In, REVERSE, 2, 2, kResets>, paired_grid, bytes2, name, p);
           return;
         }
       }
       if (waves3 < waves2) {
-        launch(state_pass_kernel<In, REVERSE, 3, 1>, dim3(d.nk, d.nv, pairs), bytes, name, p);
+        launch(state_pass_kernel<In, REVERSE, 3, 1, kResets>, dim3(d.nk, d.nv, pairs), bytes, name, p);
         return;
       }
     }
-    launch(state_pass_kernel<In, REVERSE, 2, 1>, dim3(d.nk, d.nv, pairs), bytes, name, p);
+    launch(state_pass_kernel<In, REVERSE, 2, 1, kResets>, dim3(d.nk, d.nv, pairs), bytes, name, p);
   }
   void fwd_output(const FwdOutputParams& p) const {
     FwdOutputSmem<In> s;
-    launch(fwd_output_kernel<In>, dim3(d.NT, pairs), FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s),
+    launch(fwd_output_kernel<In, kResets>, dim3(d.NT, pairs), FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s),
            "gla_fwd_output", p);
   }
   void bwd_dv(const BwdDvParams& p) const {
     BwdDvSmem<In> s;
-    launch(bwd_dv_kernel<In>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s), "gla_bwd_dv", p);
+    launch(bwd_dv_kernel<In, kResets>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s), "gla_bwd_dv", p);
   }
   void bwd_dqk(const BwdDqkParams& p) const {
     BwdDqkSmem<In> s;
-    launch(bwd_dqk_kernel<In>, dim3(d.nk, d.NT, pairs), BwdDqkSmem<In>::carve(nullptr, &s), "gla_bwd_dqk", p);
+    launch(bwd_dqk_kernel<In, kResets>, dim3(d.nk, d.NT, pairs), BwdDqkSmem<In>::carve(nullptr, &s), "gla_bwd_dqk", p);
   }
 };
 
-template <typename In>
+template <typename In, bool kResets>
 void forward_impl(const Dims& d, unsigned pairs, const GlaCudaForwardArgs& a) {
-  const Launcher<In> launcher{d, pairs};
+  const Launcher<In, kResets> launcher{d, pairs};
   const StatePassParams sp{a.k,           a.v,         d.v_stride, a.g,  a.initial_state, a.states,
                            true,          a.final_state, nullptr, 1.0f, d,               a.reset_masks};
   launcher.template state_pass<false>(sp);
@@ -1972,9 +1976,9 @@ void forward_impl(const Dims& d, unsigned pairs, const GlaCudaForwardArgs& a) {
       FwdOutputParams{a.q, a.k, a.v, a.g, a.states, a.scale, a.output, a.scores, d, a.reset_masks});
 }
 
-template <typename In>
+template <typename In, bool kResets>
 void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) {
-  const Launcher<In> launcher{d, pairs};
+  const Launcher<In, kResets> launcher{d, pairs};
   const bool need_dqk = a.dq || a.dk || a.dg || a.gates.q_hat;
   if (need_dqk && !a.states_given) {  // S^(c), recomputed as the forward stored them: only dq, dk and dg read them
     const StatePassParams sp{a.k,  a.v,    d.v_stride, a.g,  a.initial_state, a.states,
@@ -2020,7 +2024,12 @@ void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args)
   HGRN_CHECK(args.q && args.k && args.v && args.g && args.output && args.final_state && args.states,
              "gla_cuda_forward: missing tensor");
   const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
-  HGRN_CUDA_DISPATCH_ACT(args.act, "gla_cuda_forward", [&] { forward_impl<act_t>(d, pairs, args); });
+  HGRN_CUDA_DISPATCH_ACT(args.act, "gla_cuda_forward", [&] {
+    if (args.reset_masks)
+      forward_impl<act_t, true>(d, pairs, args);
+    else
+      forward_impl<act_t, false>(d, pairs, args);
+  });
 }
 
 void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& args) {
@@ -2042,7 +2051,12 @@ void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& arg
                  " is narrower than H·K = ", key_width);
   }
   const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
-  HGRN_CUDA_DISPATCH_ACT(args.act, "gla_cuda_backward", [&] { backward_impl<act_t>(d, pairs, args); });
+  HGRN_CUDA_DISPATCH_ACT(args.act, "gla_cuda_backward", [&] {
+    if (args.reset_masks)
+      backward_impl<act_t, true>(d, pairs, args);
+    else
+      backward_impl<act_t, false>(d, pairs, args);
+  });
 }
 
 }  // namespace hgrn

@@ -13,7 +13,7 @@
 // (a = silu(î)), and λ's derivatives in f̂ and γ are products of sigmoids (decay_gate). dî = silu'(î)·k·dh_t.
 // Resets (reset_masks): at a reset step h_{t−1} is taken as 0: its decay λ_t is 0 in the scan (so the chunk's decay
 // product, and with it the carry across the chunk, is 0 too) and in dL/dλ_t = (0 − a_t)·dh_t, and no gradient flows
-// back past it.
+// back past it. The kernels are built twice (kResets), so that without resets they are the code they were without.
 // Determinism: no atomics; every value is computed by one thread in a fixed order, and γ's gradient is summed per
 // (batch, chunk) by one thread, then over those in a fixed order (chunk_sums.cuh).
 #include <cuda_bf16.h>
@@ -101,7 +101,7 @@ struct ForwardParams {
 };
 
 // Chunk k = blockIdx.y (< NT − 1, so whole): the scan from zero and the product of the decays.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const ForwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) forward_summary_kernel(const Forward
   const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
   float gamma[V];
   load_gamma<V>(p.gamma_row, c, gamma);
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   float h[V] = {}, product[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) product[v] = 1.f;
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) forward_carry_kernel(const ForwardPa
 }
 
 // Chunk k = blockIdx.y: the scan from the state entering it, writing o; the last chunk writes the final state.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardP
   const Act* ip = static_cast<const Act*>(p.i_hat) + row * d.i_stride + c;
   const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
   Act* o = static_cast<Act*>(p.output) + row * d.C + c;
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   for (int i0 = 0; i0 < n; i0 += kBatch) {
     float iv[kBatch][V], fv[kBatch][V];
 #pragma unroll
@@ -211,7 +211,7 @@ struct BackwardParams {
 
 // Chunk k = blockIdx.y + 1 (>= 1; only the last may be partial): the reverse scan from zero, u^(k) = λ_s dh_s at its
 // first row s, and the product of its decays.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const BackwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) backward_summary_kernel(const Backwa
   load_gamma<V>(p.gamma_row, c, gamma);
   const Act* fp = static_cast<const Act*>(p.f_hat) + row * d.f_stride + c;
   const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * d.C + c : nullptr;
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   float r[V] = {}, product[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) product[v] = 1.f;
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(kThreads) backward_carry_kernel(const Backward
 // Chunk k = blockIdx.y: the reverse scan from β^(k), rows in batches of kGradBatch, last first, writing dî and df̂
 // and summing the chunk's share of γ's gradient; chunk 0 ends with the initial state's. h_{t−1} is the forward's
 // output o_{t−1} (the model keeps o for its norm), or the exact chunk-entry state at the chunk's first row.
-template <typename Act, int V>
+template <typename Act, int V, bool kResets>
 __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const BackwardParams p) {
   const Geometry& d = p.d;
   int c;
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads) backward_grads_kernel(const Backward
   const Act* d_out = p.d_output ? static_cast<const Act*>(p.d_output) + row * d.C + c : nullptr;
   Act* di = p.di ? static_cast<Act*>(p.di) + row * p.di_stride + c : nullptr;
   Act* df = p.df ? static_cast<Act*>(p.df) + row * p.df_stride + c : nullptr;
-  const uint64_t resets = d.resets(p.reset_masks, b, k);
+  const uint64_t resets = kResets ? d.resets(p.reset_masks, b, k) : 0;  // kResets false: as without
   for (int i0 = (n - 1) / kGradBatch * kGradBatch; i0 >= 0; i0 -= kGradBatch) {
     float iv[kGradBatch][V], fv[kGradBatch][V], prev[kGradBatch][V], dh[kGradBatch][V] = {};
 #pragma unroll
@@ -344,13 +344,13 @@ Geometry make_geometry(const LowerBoundedScanCudaShape& s, int64_t i_stride, int
 #define HGRN_LAUNCH_WIDE(KERNEL, ACT, WIDE, WIDE_OK, CHUNKS, PARAMS)                                        \
   do {                                                                                                    \
     if (WIDE_OK)                                                                                          \
-      KERNEL<ACT, WIDE><<<chunk_grid(d, WIDE, CHUNKS), kThreads, 0, cuda_stream()>>>(PARAMS);              \
+      KERNEL<ACT, WIDE, kResets><<<chunk_grid(d, WIDE, CHUNKS), kThreads, 0, cuda_stream()>>>(PARAMS);              \
     else                                                                                                  \
-      KERNEL<ACT, 1><<<chunk_grid(d, 1, CHUNKS), kThreads, 0, cuda_stream()>>>(PARAMS);                    \
+      KERNEL<ACT, 1, kResets><<<chunk_grid(d, 1, CHUNKS), kThreads, 0, cuda_stream()>>>(PARAMS);                    \
     CUDA_CHECK_LAUNCH(#KERNEL);                                                                           \
   } while (0)
 
-template <typename Act>
+template <typename Act, bool kResets>
 void forward_impl(const Geometry& d, const LowerBoundedScanCudaForwardArgs& a) {
   const ForwardParams p{d,        a.i_hat,        a.f_hat,           a.gamma_row,  a.initial_state,
                         a.output, a.final_state, a.chunk_states, a.scratch,    a.reset_masks};
@@ -372,7 +372,7 @@ void forward_impl(const Geometry& d, const LowerBoundedScanCudaForwardArgs& a) {
   HGRN_LAUNCH_WIDE(forward_output_kernel, Act, kWide, wide, d.NT, p);
 }
 
-template <typename Act>
+template <typename Act, bool kResets>
 void backward_impl(const Geometry& d, const LowerBoundedScanCudaBackwardArgs& a) {
   BackwardParams p;
   p.d = d;
@@ -448,7 +448,12 @@ void lower_bounded_scan_cuda_forward(const LowerBoundedScanCudaShape& shape,
   HGRN_CHECK(args.i_hat && args.f_hat && args.output, "lower_bounded_scan_cuda_forward: missing tensor");
   HGRN_CHECK(d.NT == 1 || (args.chunk_states && args.scratch),
              "lower_bounded_scan_cuda_forward: the chunk-state and scratch buffers are required when T > ", kChunk);
-  HGRN_CUDA_DISPATCH_ACT(args.act, "lower_bounded_scan_cuda_forward", [&] { forward_impl<act_t>(d, args); });
+  HGRN_CUDA_DISPATCH_ACT(args.act, "lower_bounded_scan_cuda_forward", [&] {
+    if (args.reset_masks)
+      forward_impl<act_t, true>(d, args);
+    else
+      forward_impl<act_t, false>(d, args);
+  });
 }
 
 void lower_bounded_scan_cuda_backward(const LowerBoundedScanCudaShape& shape,
@@ -460,7 +465,12 @@ void lower_bounded_scan_cuda_backward(const LowerBoundedScanCudaShape& shape,
   HGRN_CHECK(!args.dgamma_row || (args.gamma_row && args.workspace),
              "lower_bounded_scan_cuda_backward: dgamma_row needs gamma_row and a workspace");
   if (!args.di && !args.df && !args.d_initial_state && !args.dgamma_row) return;
-  HGRN_CUDA_DISPATCH_ACT(args.act, "lower_bounded_scan_cuda_backward", [&] { backward_impl<act_t>(d, args); });
+  HGRN_CUDA_DISPATCH_ACT(args.act, "lower_bounded_scan_cuda_backward", [&] {
+    if (args.reset_masks)
+      backward_impl<act_t, true>(d, args);
+    else
+      backward_impl<act_t, false>(d, args);
+  });
 }
 
 }  // namespace hgrn
