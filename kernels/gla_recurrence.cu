@@ -1416,8 +1416,8 @@ __device__ __forceinline__ float row_suffix(uint64_t resets, int r, int r_hi, fl
 
 // Row r's dq, dk and dg at column a as bwd_dqk hands them out: the held-back diagonal terms dA_rr·k and dA_rr·q added,
 // dk_inter_L on the chunk's last row (last_row), dg's later segments (suffix, from row_suffix), each onto old (an
-// accumulated gradient). The default −0 is the additive identity that leaves every value's bits alone (+0 would turn a −0 into
-// +0), so the compiler drops those adds where nothing accumulates.
+// accumulated gradient). The default −0 is the additive identity that leaves every value's bits alone (+0 would turn a
+// −0 into +0), so the compiler drops those adds where nothing accumulates.
 struct RowGradients {
   float dq, dk, dg;
 };
@@ -1958,7 +1958,8 @@ struct Launcher {
   }
   void bwd_dv(const BwdDvParams& p) const {
     BwdDvSmem<In> s;
-    launch(bwd_dv_kernel<In, kResets>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s), "gla_bwd_dv", p);
+    launch(bwd_dv_kernel<In, kResets>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s), "gla_bwd_dv",
+           p);
   }
   void bwd_dqk(const BwdDqkParams& p) const {
     BwdDqkSmem<In> s;

@@ -189,8 +189,10 @@ inline void expect_outcomes_match(const RecurrenceOutcome& got, const Recurrence
   };
   check(got.output, want.output, "output");
   check(got.final_state, want.final_state, "final state");
-  for (size_t i = 0; i < want.d_steps.size(); ++i) check(got.d_steps[i], want.d_steps[i], "d step input " + std::to_string(i));
-  for (size_t i = 0; i < want.d_shared.size(); ++i) check(got.d_shared[i], want.d_shared[i], "d shared input " + std::to_string(i));
+  for (size_t i = 0; i < want.d_steps.size(); ++i)
+    check(got.d_steps[i], want.d_steps[i], "d step input " + std::to_string(i));
+  for (size_t i = 0; i < want.d_shared.size(); ++i)
+    check(got.d_shared[i], want.d_shared[i], "d shared input " + std::to_string(i));
   check(got.d_initial, want.d_initial, "d initial state");
 }
 

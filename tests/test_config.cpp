@@ -376,8 +376,8 @@ TEST(ConfigErrors, MqarNumKeysOutOfRange) {
 TEST(ConfigErrors, DocumentResetsNeedDocuments) {
   // MQAR has no EOS token, so no document starts: the key is refused there, and taken with token shards.
   expect_rejected("data.reset_state_at_document", "true", "expected false with data.task = mqar");
-  const Config c = parse_config(base_yaml(), kSource,
-                                {"data.task=tokens", "data.train_data=somewhere/wt2", "data.reset_state_at_document=true"});
+  const Config c = parse_config(
+      base_yaml(), kSource, {"data.task=tokens", "data.train_data=somewhere/wt2", "data.reset_state_at_document=true"});
   EXPECT_TRUE(c.data.reset_state_at_document);
   EXPECT_FALSE(parse_config(base_yaml(), kSource).data.reset_state_at_document);
 }

@@ -58,7 +58,8 @@ ModelRun packed(const CausalLM& model, const Tensor& ids, const Tensor& resets, 
   return r;
 }
 
-ModelRun one_by_one(const CausalLM& model, const Tensor& ids, const testing::ResetRows& starts, const Tensor& cotangent) {
+ModelRun one_by_one(const CausalLM& model, const Tensor& ids, const testing::ResetRows& starts,
+                    const Tensor& cotangent) {
   for (const Var& v : parameter_vars(model)) v->grad = Tensor();
   const int64_t B = ids.size(0), T = ids.size(1);
   ModelRun r{Tensor::zeros({B, T, model.config().vocab_size}, DType::F64), {}};

@@ -63,8 +63,8 @@ std::vector<Recurrence> recurrences() {
                  [](bool chunk, int64_t chunk_size) -> RecurrenceCall {
                    return [=](Tape& t, const std::vector<Var>& s, const Var& h0, const std::vector<Var>&,
                               const Tensor& resets) {
-                     const GatedScanOutputs r = gated_scan(t, s[0], s[1], h0, chunk ? ScanMode::Chunk : ScanMode::Sequential,
-                                                           chunk_size, resets);
+                     const GatedScanOutputs r = gated_scan(
+                         t, s[0], s[1], h0, chunk ? ScanMode::Chunk : ScanMode::Sequential, chunk_size, resets);
                      return std::pair{r.output, r.final_state};
                    };
                  }});

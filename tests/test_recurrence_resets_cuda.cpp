@@ -105,7 +105,8 @@ std::vector<GpuRecurrence> recurrences(int64_t channels, int64_t heads, int64_t 
                    p.d_final = random_tensor(rng, {B, C});
                    return p;
                  },
-                 [](Tape& t, const std::vector<Var>& s, const Var& h0, const std::vector<Var>& shared, const Tensor& r) {
+                 [](Tape& t, const std::vector<Var>& s, const Var& h0, const std::vector<Var>& shared,
+                    const Tensor& r) {
                    const GatedScanOutputs o =
                        lower_bounded_gated_scan(t, s[0], s[1], shared[0], 1, h0, ScanMode::Chunk, r);
                    return std::pair{o.output, o.final_state};
@@ -127,7 +128,8 @@ std::vector<GpuRecurrence> recurrences(int64_t channels, int64_t heads, int64_t 
                    p.d_final = random_tensor(rng, {B, 2, C});
                    return p;
                  },
-                 [](Tape& t, const std::vector<Var>& s, const Var& h0, const std::vector<Var>& shared, const Tensor& r) {
+                 [](Tape& t, const std::vector<Var>& s, const Var& h0, const std::vector<Var>& shared,
+                    const Tensor& r) {
                    const ComplexGatedScanOutputs o =
                        complex_gated_scan(t, s[0], s[1], s[2], shared[0], h0, ScanMode::Chunk, 0, r);
                    return std::pair{o.output, o.final_state};
@@ -155,8 +157,9 @@ std::vector<GpuRecurrence> recurrences(int64_t channels, int64_t heads, int64_t 
                    return p;
                  },
                  [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&, const Tensor& r) {
+                   const int64_t chunk = s[0]->value.device() == Device::CUDA ? 0 : 64;
                    const GlaOutputs o = gla_recurrence(t, s[0], s[1], s[2], s[3], s0, H, scale, RecurrenceMode::Chunk,
-                                                       s[0]->value.device() == Device::CUDA ? 0 : 64, nullptr, false, r);
+                                                       chunk, nullptr, false, r);
                    return std::pair{o.output, o.final_state};
                  },
                  [](DType act) { return std::vector<DType>{act, act, act, DType::F32}; }, gla_tolerances});

@@ -20,9 +20,9 @@ struct MixerCall {
   Var gamma;                            // the lower bounds' γ [L, gate width] (undefined without lower bounds)
   Var h;                                // the residual stream: the mixer returns h + Mixer(x)
   Var* state = nullptr;                 // optional carried state: in, the initial one (undefined: zero); out, final
-  Tensor resets;                        // optional int32 [B, T] on x's device: nonzero where the recurrent state restarts
-                                        // before that position (a document start; ops/sequence_resets.h), the carried
-                                        // state included; undefined: none
+  Tensor resets;                        // optional int32 [B, T] on x's device: nonzero where the recurrent state
+                                        // restarts before that position (a document start; ops/sequence_resets.h),
+                                        // the carried state included; undefined: none
 };
 
 // One layer's recurrent state while decoding: the fixed-size memory of everything the layer has read, however long

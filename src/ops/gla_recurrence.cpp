@@ -255,7 +255,9 @@ class ChunkSegments {
   // The state entering the chunk reaches the one leaving it (no reset at all).
   bool passes() const { return last_ < 0; }
   // For j <= i: row j's key reaches row i's query (no reset in rows j+1..i).
-  bool pair(int64_t i, int64_t j) const { return segment_start_.empty() || j >= segment_start_[static_cast<size_t>(i)]; }
+  bool pair(int64_t i, int64_t j) const {
+    return segment_start_.empty() || j >= segment_start_[static_cast<size_t>(i)];
+  }
   bool any() const { return !passes(); }
 
  private:

@@ -78,7 +78,8 @@ GatedScanOutputs lower_bounded_gated_scan_cuda(Tape& tape, const Var& i_hat, con
   Tensor final_state = Tensor::empty({shape.batch, C}, DType::F32, Device::CUDA);
   const Tensor chunk_states = chunk_buffer(shape);  // the state entering each chunk: kept for the backward
   const Tensor reset_masks = reset_chunk_masks(resets);  // likewise
-  const uint64_t* masks = reset_masks.defined() ? reinterpret_cast<const uint64_t*>(reset_masks.data<int64_t>()) : nullptr;
+  const uint64_t* masks =
+      reset_masks.defined() ? reinterpret_cast<const uint64_t*>(reset_masks.data<int64_t>()) : nullptr;
   {
     const Tensor scratch = chunk_buffer(shape);
     LowerBoundedScanCudaForwardArgs a;
