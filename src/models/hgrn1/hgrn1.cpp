@@ -116,14 +116,14 @@ class Hgrn1FusedStep final : public FusedMixerStep {
   Hgrn1FusedStep(const ModelConfig& c, const FusedStepSetup& s)
       : layer_(s.layer), width_(input_dim(c)), eps_(c.norm_eps), gamma_(s.gamma), x_(s.x) {
     const std::vector<Var>& w = *s.weights;  // i_proj, f_proj, g_proj, g_norm, o_proj
-    ifg_weights_ = column_weights_for_input({w[0], w[1], w[2]}, x_);
-    o_weight_ = weight_for_input(w[4], x_);
-    g_norm_ = w[3]->value;
     const Device device = x_.device();
     const DType fp = device == Device::CUDA ? DType::F32 : x_.dtype();  // the state's
     ifg_ = Tensor::empty({s.batch, 3 * width_}, x_.dtype(), device);
     output_ = Tensor::empty({s.batch, width_}, x_.dtype(), device);
     state_ = Tensor::zeros({s.batch, width_}, fp, device);
+    ifg_weights_ = column_weights_for_input({w[0], w[1], w[2]}, x_);
+    o_weight_ = weight_for_input(w[4], output_);
+    g_norm_ = w[3]->value;
   }
 
   void run(Tensor& h) override {

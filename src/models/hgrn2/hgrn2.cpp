@@ -109,9 +109,6 @@ class Hgrn2FusedStep final : public FusedMixerStep {
   Hgrn2FusedStep(const ModelConfig& c, const FusedStepSetup& s, double scale)
       : layer_(s.layer), heads_(c.heads()), scale_(scale), gamma_(s.gamma), x_(s.x) {
     const std::vector<Var>& w = *s.weights;  // q_proj, f_proj, i_proj, g_norm, o_proj
-    qfi_weights_ = column_weights_for_input({w[0], w[1], w[2]}, x_);
-    o_weight_ = weight_for_input(w[4], x_);
-    g_norm_ = w[3]->value;
     const Device device = x_.device();
     const DType fp = device == Device::CUDA ? DType::F32 : x_.dtype();  // the state's and the norm's statistics'
     const int64_t B = s.batch, F = c.heads() * c.key_dim();
@@ -122,6 +119,9 @@ class Hgrn2FusedStep final : public FusedMixerStep {
     normed_ = Tensor::empty({B, values_}, x_.dtype(), device);
     rstd_ = Tensor::empty({B}, fp, device);
     state_ = Tensor::zeros({B, c.heads(), c.key_dim(), c.value_dim()}, fp, device);
+    qfi_weights_ = column_weights_for_input({w[0], w[1], w[2]}, x_);
+    o_weight_ = weight_for_input(w[4], normed_);
+    g_norm_ = w[3]->value;
   }
 
   void run(Tensor& h) override {
