@@ -1,5 +1,5 @@
-// bench.h: `hgrn bench`: time training steps of a config, or the HGRU2 recurrence or the gated scan alone
-// (train/bench.h).
+// bench.h: `hgrn bench`: time training steps of a config or generation with its model, or the HGRU2 recurrence or the
+// gated scan alone (train/bench.h).
 #pragma once
 #include "cli/common.h"
 
@@ -14,6 +14,10 @@ struct BenchArgs {
   std::string device = "auto";
   int64_t warmup = 5, steps = 20, iters = 50;
   std::string json_path;
+  // --generate: generation with the config's model (train/bench.h, bench_generation).
+  bool generate = false;
+  int64_t batch = 1, prompt_length = 512, new_tokens = 256, runs = 3;
+  std::string decode = "fused";
 };
 
 CLI::App* add_bench_command(CLI::App& app, BenchArgs& args);
