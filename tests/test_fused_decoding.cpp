@@ -175,7 +175,8 @@ TEST(FusedDecoding, RefusesWhatDoesNotFit) {
   refused(options, "does not fit the model's vocabulary");
   options.vocab_limit = 0;
   const std::unique_ptr<FusedDecoder> fused = model.make_fused_decoder(options);
-  EXPECT_THROW(fused->step(Tensor::from_vector<int32_t>({1, c.vocab_size}, {2})), Error);  // an id outside
+  const int32_t outside = static_cast<int32_t>(c.vocab_size);
+  EXPECT_THROW(fused->step(Tensor::from_vector<int32_t>({1, outside}, {2})), Error);       // an id outside
   EXPECT_THROW(fused->step(Tensor::from_vector<int32_t>({1, 2, 3}, {3})), Error);          // not the batch
   EXPECT_THROW(fused->set_states(std::vector<RecurrentState>(1)), Error);                  // not one per layer
   fused->set_states(std::vector<RecurrentState>(static_cast<size_t>(c.num_hidden_layers)));  // zero states

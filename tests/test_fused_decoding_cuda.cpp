@@ -1,6 +1,6 @@
 // test_fused_decoding_cuda.cpp: the fused decoding path on the GPU (models/fused_decoder.h). Its kernels against
-// their CPU references in fp64 on fresh random inputs and odd shapes (lower_bounded_gla_step, lower_bounded_gated_scan_step,
-// row_argmax), fp32 and bf16, computed from the very values the GPU sees; the CUDA graph (allocation refused during a
+// their CPU references in fp64 on fresh random inputs and odd shapes (lower_bounded_gla_step,
+// lower_bounded_gated_scan_step, row_argmax), fp32 and bf16, computed from the very values the GPU sees; the CUDA graph (allocation refused during a
 // capture, the stream usable after a failed one); and whole tiny models of every member: the fused steps' logits and
 // states against the CPU fp64 model's decode_step (fp32 and bf16), the graph's replay against the same kernels
 // launched one by one (bit for bit), greedy decoding repeating and following the op-by-op GPU path wherever the

@@ -1,6 +1,7 @@
 // generate.cpp: `hgrn generate (--checkpoint PATH | --hf DIR | --config FILE) (--prompt TEXT | --prompt-file FILE)
-// [sampling options] [--batch N] [--tokenizer byte|FILE.json] [--json FILE] [--decode P] [--precision P]`: loads the model, tokenises the prompt,
-// prefills, decodes (models/generation.h) and streams the text; timings go to stderr and, with --json, to a file.
+// [sampling options] [--batch N] [--tokenizer byte|FILE.json] [--json FILE] [--decode P] [--precision P]`: loads the
+// model, tokenises the prompt, prefills, decodes (models/generation.h) and streams the text; timings go to stderr
+// and, with --json, to a file.
 #include "cli/generate.h"
 
 #include <omp.h>

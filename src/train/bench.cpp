@@ -287,7 +287,8 @@ GenerationBench bench_generation(const Config& config, Device device, DType dtyp
   model->to_device(device, dtype);
   Rng prompt_rng(config.training.seed + 1);
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_length));
-  for (int32_t& id : prompt) id = static_cast<int32_t>(prompt_rng.below(static_cast<uint64_t>(config.model.vocab_size)));
+  for (int32_t& id : prompt)
+    id = static_cast<int32_t>(prompt_rng.below(static_cast<uint64_t>(config.model.vocab_size)));
   GenerationOptions options;
   options.batch = batch;
   options.sampling.temperature = 0;  // greedy, never stopping early: no end-of-document id
@@ -330,8 +331,8 @@ GenerationBench bench_generation(const Config& config, Device device, DType dtyp
     r.decode_start_memory_gib = static_cast<double>(at_start.in_use_bytes) / kGiB;
     r.decode_end_memory_gib = static_cast<double>(at_end.in_use_bytes) / kGiB;
     r.decode_driver_allocations = static_cast<int64_t>(at_end.driver_allocations - at_start.driver_allocations);
-    log << std::setprecision(3) << "  run " << run + 1 << ": prefill " << prefill.back() << " ms, " << per_token.back() << " ms per token, "
-        << decode_rate.back() << " tokens/s decoding\n";
+    log << std::setprecision(3) << "  run " << run + 1 << ": prefill " << prefill.back() << " ms, "
+        << per_token.back() << " ms per token, " << decode_rate.back() << " tokens/s decoding\n";
   }
   r.setup_ms = median(setup);
   r.prefill_ms = median(prefill);
