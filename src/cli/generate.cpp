@@ -257,9 +257,10 @@ int run_generate_command(const GenerateArgs& args, std::ostream& out, std::ostre
   const bool fused = args.decode == "fused" || (args.decode == "auto" && device == Device::CUDA);
   if (args.precision == "bf16" && device != Device::CUDA)
     throw UsageError("--precision bf16 needs the GPU; this model runs on the CPU (use --precision fp32)");
+  // auto: bf16 where the fused path will run on the GPU; a model without one decodes op by op in fp32, as before.
+  const bool fused_on_gpu = fused && device == Device::CUDA && model.fused_decoding_refusal().empty();
   const DType precision =
-      args.precision == "bf16" || (args.precision == "auto" && fused && device == Device::CUDA) ? DType::BF16
-                                                                                                 : DType::F32;
+      args.precision == "bf16" || (args.precision == "auto" && fused_on_gpu) ? DType::BF16 : DType::F32;
   options.decode = fused ? DecodePath::Fused : DecodePath::Ops;
   options.fused_dtype = precision;
   model.to_device(device, precision);

@@ -285,6 +285,10 @@ GenerationBench bench_generation(const Config& config, Device device, DType dtyp
   Rng init(config.training.seed);
   const std::unique_ptr<CausalLM> model = create_model(config.model, init, DType::F32);
   model->to_device(device, dtype);
+#ifdef HGRN_WITH_CUDA
+  // As training does: the fastest GEMM algorithm per shape unless the config asks for bits that repeat across runs.
+  set_gemm_autotune(device == Device::CUDA && !config.training.deterministic);
+#endif
   Rng prompt_rng(config.training.seed + 1);
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_length));
   for (int32_t& id : prompt)

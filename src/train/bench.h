@@ -76,7 +76,7 @@ struct GenerationBench {
 // Times generation (models/generation.h: prefill, then greedy decoding) with the config's model shape and random
 // weights (its seed) on `device`: a random prompt of prompt_length ids continued by new_tokens in `batch` sequences,
 // `dtype` activations and GEMM weights, on `path`. `warmup` untimed generations of a few tokens first, then `runs`
-// timed ones.
+// timed ones. As in training, the GEMMs' algorithms are timed once per shape unless training.deterministic.
 GenerationBench bench_generation(const Config& config, Device device, DType dtype, DecodePath path, int64_t batch,
                                  int64_t prompt_length, int64_t new_tokens, int64_t warmup, int64_t runs,
                                  std::ostream& log);
