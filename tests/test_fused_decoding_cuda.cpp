@@ -143,7 +143,7 @@ TEST(RowArgmaxCuda, MatchesTheCpuReference) {
 #ifdef HGRN_WITH_CUDA
 // A request for memory during a capture is refused with a message naming the capture; the failed capture leaves the
 // stream usable, and a graph captured after it replays what it captured.
-TEST(CudaGraphCapture, RefusesAllocationAndReplaysWhatItCaptured) {
+TEST(GraphCaptureCuda, RefusesAllocationAndReplaysWhatItCaptured) {
   HGRN_SKIP_WITHOUT_GPU();
   Tensor t = Tensor::zeros({1000}, DType::F32, Device::CUDA);
   {
