@@ -13,6 +13,7 @@ namespace hgrn {
 namespace {
 
 constexpr int kThreads = 1024;
+constexpr int kBatch = 16;  // columns a thread loads before comparing them
 
 // a is better than b: a larger value, or an equal one at a lower index. An index of `none` is no candidate (its
 // value is never compared).
@@ -30,11 +31,22 @@ __global__ void __launch_bounds__(kThreads) row_argmax_kernel(const T* x, long l
   const int none = limit;
   float best_value = 0.f;
   int best_index = none;
-  for (int c = threadIdx.x; c < limit; c += kThreads) {
-    const float v = load_f(row[c]);
-    if (!isnan(v) && better(v, c, best_value, best_index, none)) {
-      best_value = v;
-      best_index = c;
+  // kBatch loads issued before their comparisons: one block reads a whole row (at batch 1, the only block), so it
+  // needs many loads in flight.
+  for (int c0 = threadIdx.x; c0 < limit; c0 += kThreads * kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int c = c0 + i * kThreads;
+      v[i] = c < limit ? load_f(row[c]) : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int c = c0 + i * kThreads;
+      if (c < limit && !isnan(v[i]) && better(v[i], c, best_value, best_index, none)) {
+        best_value = v[i];
+        best_index = c;
+      }
     }
   }
   values[threadIdx.x] = best_value;
