@@ -186,8 +186,10 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
   {
     TraceRange trace("optimizer");
     // Clipping is folded into the update: the gradients are read once more, not scaled in place first.
+    // A non-finite loss skips the update as a non-finite gradient does (every rank sees the same summed loss).
+    const std::vector<Tensor> guards = dp ? std::vector<Tensor>{Tensor::full({}, r.loss, DType::F64)} : losses;
     const std::function<double()> grad_norm =
-        optimizer.clip_and_step(lr, tc.grad_clip, dp ? dp->grad_norm_total() : nullptr);
+        optimizer.clip_and_step(lr, tc.grad_clip, dp ? dp->grad_norm_total() : nullptr, guards);
     if (!dp) read_losses();
     r.grad_norm = grad_norm();
   }
@@ -375,8 +377,8 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
     summary.tokens_seen = tokens_seen;
     if (step == start_step) summary.first_loss = step_loss;
     summary.step_losses.push_back(step_loss);
-    // A NaN or inf gradient norm made the optimiser skip the update (weights and moments untouched); a non-finite
-    // loss comes from non-finite logits, whose gradients are non-finite too. Such a step counts as taken (its
+    // A NaN or inf loss or gradient norm made the optimiser skip the update (weights and moments untouched). Such
+    // a step counts as taken (its
     // batch is consumed, as on every rank: the loss and the norm are the same everywhere) but not in the averages.
     if (!std::isfinite(step_loss) || !std::isfinite(grad_norm)) {
       ++nonfinite_in_a_row;
