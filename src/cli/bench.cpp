@@ -35,6 +35,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       ->expected(3);
   bench->add_flag("--fused", args.fused_scan,
                   "Scan: time HGRN1's gates and scan fused (lower_bounded_gated_scan, from î and f̂, bounded gate)");
+  bench->add_flag("--stateful", args.stateful,
+                  "Config: time stateful steps (data.stateful: each row starts from the state it carried out of the "
+                  "step before), on any data.task");
   bench->add_option("--dtype", args.dtype,
                     "Recurrence, scan: q/k/v or x dtype (g is always fp32); generate: activations and GEMM weights")
       ->check(CLI::IsMember({"bf16", "fp32"}))
@@ -71,6 +74,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       "Examples:\n"
       "  hgrn bench --config configs/hgrn2-385m.yaml              # tokens/s, MFU, peak memory\n"
       "  hgrn bench --config configs/hgrn2-150m.yaml --steps 10 --json bench-150m.json\n"
+      "  hgrn bench --config configs/hgrn2-385m.yaml --stateful   # the same steps with carried states\n"
       "  hgrn bench --config configs/hgrn2-385m.yaml --generate --batch 64   # prefill and decode tokens/s\n"
       "  hgrn bench --config configs/hgrn2-385m.yaml --generate --new-tokens 8192  # memory flat in the length\n"
       "  hgrn bench --recurrence 8,2048,8,128,128                 # the peer's recurrence shape\n"
@@ -89,6 +93,7 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
     throw Error("hgrn bench: give one of --config FILE (training steps, or generation with --generate), "
                 "--recurrence B,T,H,K,V or --scan B,T,C");
   if (args.generate && !steps) throw Error("hgrn bench --generate: give the model's --config FILE");
+  if (args.generate && args.stateful) throw Error("hgrn bench: --stateful times training steps, not --generate");
   nlohmann::json json;
   out << std::fixed;
   if (args.generate) {
@@ -130,7 +135,9 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
             {"decode_driver_allocations", r.decode_driver_allocations}, {"weight_bytes", r.weight_bytes},
             {"state_bytes", r.state_bytes}, {"device_copy_gbps", r.copy_gbps}, {"floor_ms", r.floor_ms}};
   } else if (steps) {
-    const Config config = load_config(args.config.config_path, args.config.overrides);
+    Config config = load_config(args.config.config_path, args.config.overrides);
+    // The steps run on random tokens whatever the data section says, so the carried states need no token stream.
+    if (args.stateful) config.data.stateful = true;
     const StepBench r = bench_training_steps(config, args.warmup, args.steps, out);
     out << std::setprecision(1) << "\n| config | device | params | tokens/step | step ms (median) | tokens/s | MFU | "
         << "peak GiB |\n|---|---|---|---|---|---|---|---|\n| " << config.source << " | "
@@ -154,7 +161,7 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
             {"timed_driver_allocations", r.timed_driver_allocations}, {"gpu_peak_tflops", r.gpu_peak_tflops},
             {"model_tflops", r.model_tflops}, {"mfu", r.mfu}, {"first_loss", r.first_loss},
             {"last_loss", r.last_loss}, {"precision", config.training.precision},
-            {"ranks", r.ranks}, {"zero1", config.training.zero1}};
+            {"ranks", r.ranks}, {"zero1", config.training.zero1}, {"stateful", config.data.stateful}};
   } else if (!args.scan.empty()) {
     const Device device = resolve_device(args.device);
     const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;

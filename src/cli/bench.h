@@ -10,6 +10,7 @@ struct BenchArgs {
   std::vector<int64_t> recurrence;  // B, T, H, K, V
   std::vector<int64_t> scan;        // B, T, C
   bool fused_scan = false;          // --scan times lower_bounded_gated_scan (HGRN1's gates and scan from î, f̂)
+  bool stateful = false;            // --config: time stateful steps (data.stateful), whatever the config's data.task
   std::string dtype = "bf16";
   std::string device = "auto";
   int64_t warmup = 5, steps = 20, iters = 50;

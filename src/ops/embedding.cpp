@@ -129,10 +129,12 @@ Var embedding(Tape& tape, const Var& weight, const Tensor& ids, DType out_dtype)
       return;
     }
 #ifdef HGRN_WITH_CUDA
+    const size_t workspace_bytes = embedding_backward_workspace_bytes(rows, width);
+    Tensor workspace = Tensor::empty({static_cast<int64_t>(workspace_bytes / 4)}, DType::F32, Device::CUDA);
     embedding_backward_cuda(dy.raw_data(), dy.dtype(), saved->sorted_ids.data<int32_t>(),
                             saved->sorted_pos.data<int32_t>(), saved->segment_start.data<int32_t>(),
                             saved->num_segments.data<int32_t>(), grad_buffer(weight).data<float>(), rows, vocab,
-                            width);
+                            width, workspace.raw_data(), workspace_bytes);
 #else
     throw Error("embedding: this hgrn was built without CUDA");
 #endif

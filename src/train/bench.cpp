@@ -57,6 +57,8 @@ class RandomTokens : public BatchSource {
   TokenBatch next_batch(int64_t) override { return batch_; }
   uint64_t cursor() const override { return 0; }
   void set_cursor(uint64_t) override {}
+  // data.stateful: every step's rows go on from the states of the step before.
+  bool next_batch_continues_streams() const override { return true; }
 
  private:
   TokenBatch batch_;
@@ -89,8 +91,9 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   log << "bench: " << r.params << " parameters, " << r.tokens_per_step << " tokens per step";
   if (r.ranks > 1)
     log << " over " << r.ranks << " data-parallel ranks" << (tc.zero1 ? " (ZeRO-1)" : "");
-  log << ", " << dtype_name(act) << " activations on " << r.device_name << "; " << warmup << " warm-up + " << steps
-      << " timed steps\n";
+  log << ", " << dtype_name(act) << " activations on " << r.device_name
+      << (setup->carried_states ? ", recurrent states carried from step to step (data.stateful)" : "") << "; "
+      << warmup << " warm-up + " << steps << " timed steps\n";
   std::vector<double> times;
   size_t driver_allocations_before = 0;
   for (int64_t s = 0; s < warmup + steps; ++s) {

@@ -29,7 +29,8 @@ struct StepBench {
 };
 // Times `warmup` + `steps` training steps (training_step, the loop's own) of the config's model on uniformly random
 // tokens fixed for the run (as the peer's benchmark does), each step device-synchronised; reports the median.
-// Under mpirun (several ranks) the steps are data-parallel ones and the figures are the whole job's.
+// Under mpirun (several ranks) the steps are data-parallel ones and the figures are the whole job's. With
+// data.stateful each step's rows start from the states the step before left (the data path is not timed).
 StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t steps, std::ostream& log);
 
 struct RecurrenceBench {
