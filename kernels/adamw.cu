@@ -10,6 +10,7 @@
 #include "adamw.h"
 
 #include <cuda_bf16.h>
+#include <math_constants.h>
 
 #include <vector>
 
@@ -207,6 +208,15 @@ void cuda_grad_sum_of_squares(void* workspace, int64_t count, long long chunks, 
   CUDA_CHECK_LAUNCH("grad_sum_of_squares");
   sum_partials_kernel<<<1, kThreads, 0, cuda_stream()>>>(partials, chunks, total);
   CUDA_CHECK_LAUNCH("grad_sum_of_squares_total");
+}
+
+__global__ void poison_if_nonfinite_kernel(double* total, const float* value) {
+  if (!isfinite(*value)) *total = CUDART_NAN;
+}
+
+void cuda_poison_if_nonfinite(double* total, const float* value) {
+  poison_if_nonfinite_kernel<<<1, 1, 0, cuda_stream()>>>(total, value);
+  CUDA_CHECK_LAUNCH("poison_if_nonfinite");
 }
 
 void cuda_scale_grads(const void* workspace, int64_t count, long long chunks, double factor) {

@@ -52,6 +52,9 @@ void cuda_adamw_update(const void* workspace, int64_t count, long long chunks, d
 // *total = Σ grad² over every slot, in double, reduced in an order fixed by the slots' sizes alone (bitwise
 // reproducible); total is device memory and nothing waits for it.
 void cuda_grad_sum_of_squares(void* workspace, int64_t count, long long chunks, double* total);
+// *total = NaN where *value (a device fp32 scalar, e.g. a step's loss) is not finite, so that an update guarded by
+// total's finiteness is skipped; nothing waits for it.
+void cuda_poison_if_nonfinite(double* total, const float* value);
 // grad = float(double(grad) * factor) for every slot.
 void cuda_scale_grads(const void* workspace, int64_t count, long long chunks, double factor);
 

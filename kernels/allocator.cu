@@ -9,6 +9,7 @@
 // still fails the error says how much was asked, in use and free, and which knobs lower the need.
 // HGRN_POISON_CUDA_ALLOC=1 fills every block handed out with 0xFF bytes (NaN in fp32 and bf16), so that a kernel
 // that leaves an output element unwritten shows up in tests.
+// No block is handed out while a CUDA graph is being captured (cuda_graph.h).
 // HGRN_MEMORY_REPORT=1 keeps, per trace range (the innermost one open when a block was asked for), the bytes live
 // now and a copy of that table at each new high-water mark; at exit it prints the copy, with the bytes asked for
 // beside the blocks that hold them.
@@ -26,6 +27,7 @@
 #include "core/trace.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "cuda_graph.h"
 
 namespace hgrn {
 
@@ -143,6 +145,10 @@ int cuda_device_count() {
 }
 
 void* cuda_alloc(size_t bytes) {
+  // A captured graph keeps the pointers it was captured with: a block handed out now would go back to the cache when
+  // its tensor dies and be reused while the graph still writes it (cuda_graph.h).
+  HGRN_CHECK(!cuda_graph_capture_active(), "GPU memory (", bytes, " bytes) asked for while a CUDA graph is being "
+             "captured: everything a captured graph uses must be allocated before the capture");
   CachingAllocator& a = allocator();
   std::lock_guard<std::mutex> lock(a.mutex);
   BlockPool& pool = a.pool_for(bytes);

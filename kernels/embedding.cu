@@ -2,7 +2,8 @@
 // activations. Backward without float atomics: the forward radix-sorts (id, position) pairs once (the ids are fixed
 // for the step) and marks where each distinct id's run starts; the backward gives one thread to each
 // (distinct id, column) and adds that id's dy rows in position order onto the existing gradient, which is the order
-// the CPU uses, so the result is bitwise reproducible and, for fp32 dy, bitwise equal to the CPU's.
+// the CPU uses, so the result is bitwise reproducible and, for fp32 dy, bitwise equal to the CPU's; ids with more
+// than kLongRun positions excepted (summed per chunk of positions in parallel, then the chunks in order).
 #include <algorithm>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -60,8 +61,32 @@ struct IsSegmentStart {
   __device__ __forceinline__ bool operator()(int32_t i) const { return i == 0 || sorted_ids[i] != sorted_ids[i - 1]; }
 };
 
+// A run of one id longer than kLongRun sorted positions (a frequent token: MQAR's filler, a space in byte-level
+// text) would be a long chain of dependent additions for one thread. Such runs are summed instead in the fixed
+// chunks of kLongRun sorted positions they cover, in parallel, and the chunks' sums are then added in order onto the
+// gradient: deterministic, a different rounding from the CPU's one-by-one order. Shorter runs keep that order.
+constexpr long long kLongRun = 128;
+
+template <typename act_t>
+__device__ __forceinline__ float sum_rows(const act_t* dy, const int32_t* sorted_pos, long long begin, long long end,
+                                          long long width, long long c, float acc) {
+  long long j = begin;
+  for (; j + 4 <= end; j += 4) {  // four loads in flight, added in order
+    const float v0 = load_f(dy[sorted_pos[j] * width + c]);
+    const float v1 = load_f(dy[sorted_pos[j + 1] * width + c]);
+    const float v2 = load_f(dy[sorted_pos[j + 2] * width + c]);
+    const float v3 = load_f(dy[sorted_pos[j + 3] * width + c]);
+    acc += v0;
+    acc += v1;
+    acc += v2;
+    acc += v3;
+  }
+  for (; j < end; ++j) acc += load_f(dy[sorted_pos[j] * width + c]);
+  return acc;
+}
+
 // grid.x: distinct ids (launched for the most there can be; the extra blocks leave at once), grid.y: column tiles.
-// Four dy loads are issued before they are added (in order) so a long run is not bound by one load's latency.
+// Each short run's rows are added in position order onto the existing gradient.
 template <typename act_t>
 __global__ void embedding_backward_kernel(const act_t* dy, const int32_t* sorted_ids, const int32_t* sorted_pos,
                                           const int32_t* segment_start, const int32_t* num_segments, float* dweight,
@@ -73,20 +98,61 @@ __global__ void embedding_backward_kernel(const act_t* dy, const int32_t* sorted
   if (c >= width) return;
   const long long begin = segment_start[s];
   const long long end = s + 1 < segments ? segment_start[s + 1] : n;
+  if (end - begin > kLongRun) return;  // the long-run kernels' work
   float* dst = dweight + static_cast<long long>(sorted_ids[begin]) * width + c;
-  float acc = *dst;
-  long long j = begin;
-  for (; j + 4 <= end; j += 4) {
-    const float v0 = load_f(dy[sorted_pos[j] * width + c]);
-    const float v1 = load_f(dy[sorted_pos[j + 1] * width + c]);
-    const float v2 = load_f(dy[sorted_pos[j + 2] * width + c]);
-    const float v3 = load_f(dy[sorted_pos[j + 3] * width + c]);
-    acc += v0;
-    acc += v1;
-    acc += v2;
-    acc += v3;
-  }
-  for (; j < end; ++j) acc += load_f(dy[sorted_pos[j] * width + c]);
+  *dst = sum_rows(dy, sorted_pos, begin, end, width, c, *dst);
+}
+
+// The run holding sorted index j, clipped to [lo, hi): its first index and its end.
+__device__ __forceinline__ long long run_begin(const int32_t* ids, long long j, long long lo) {
+  while (j > lo && ids[j - 1] == ids[j]) --j;
+  return j;
+}
+__device__ __forceinline__ long long run_end(const int32_t* ids, long long j, long long hi) {
+  const int32_t id = ids[j];
+  while (j < hi && ids[j] == id) ++j;
+  return j;
+}
+// Whether the run holding sorted index j is longer than kLongRun (both scans stop once that is decided).
+__device__ __forceinline__ bool in_long_run(const int32_t* ids, long long j, long long n) {
+  const long long lo = max(0LL, j - kLongRun - 1), hi = min(n, j + kLongRun + 1);
+  return run_end(ids, j, hi) - run_begin(ids, j, lo) > kLongRun;
+}
+
+// grid.x: chunks of kLongRun sorted positions, grid.y: column tiles. A chunk meets at most two long runs (neither
+// fits inside it): the one holding its first position (partial slot 0) and, if another, the one holding its last
+// (slot 1). partials [2, chunks, width] get each one's sum over the chunk, from zero.
+template <typename act_t>
+__global__ void embedding_long_run_chunks_kernel(const act_t* dy, const int32_t* sorted_ids,
+                                                 const int32_t* sorted_pos, float* partials, long long n,
+                                                 long long width) {
+  const long long c = blockIdx.y * (long long)blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  const long long chunks = gridDim.x, k = blockIdx.x;
+  const long long begin = k * kLongRun, end = min(n, begin + kLongRun);
+  if (in_long_run(sorted_ids, begin, n))
+    partials[k * width + c] = sum_rows(dy, sorted_pos, begin, run_end(sorted_ids, begin, end), width, c, 0.0f);
+  const long long last = end - 1;
+  if (sorted_ids[last] != sorted_ids[begin] && in_long_run(sorted_ids, last, n))
+    partials[(chunks + k) * width + c] =
+        sum_rows(dy, sorted_pos, run_begin(sorted_ids, last, begin), end, width, c, 0.0f);
+}
+
+// For each long run, by the chunk where it starts: its chunks' sums, in order, onto the gradient.
+__global__ void embedding_long_run_sums_kernel(const int32_t* sorted_ids, float* dweight, const float* partials,
+                                               long long n, long long width) {
+  const long long c = blockIdx.y * (long long)blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  const long long chunks = gridDim.x, k = blockIdx.x;
+  const long long begin = k * kLongRun, end = min(n, begin + kLongRun);
+  const long long start = run_begin(sorted_ids, end - 1, begin);  // a long run starting here holds the last position
+  const bool starts_here = start > begin || begin == 0 || sorted_ids[begin - 1] != sorted_ids[begin];
+  if (!starts_here || !in_long_run(sorted_ids, start, n)) return;
+  const int32_t id = sorted_ids[start];
+  float* dst = dweight + static_cast<long long>(id) * width + c;
+  float acc = *dst + partials[(start == begin ? k : chunks + k) * width + c];
+  for (long long next = k + 1; next < chunks && sorted_ids[next * kLongRun] == id; ++next)
+    acc += partials[next * width + c];
   *dst = acc;
 }
 
@@ -189,19 +255,35 @@ void embedding_sort_cuda(const void* ids, DType ids_dtype, int64_t n, int64_t vo
                                    num_segments, n, IsSegmentStart{keys_out}, cuda_stream()));
 }
 
+size_t embedding_backward_workspace_bytes(int64_t n, int64_t width) {
+  const int64_t chunks = (n + kLongRun - 1) / kLongRun;
+  return static_cast<size_t>(2 * chunks * width) * sizeof(float);
+}
+
 void embedding_backward_cuda(const void* dy, DType dy_dtype, const int32_t* sorted_ids, const int32_t* sorted_pos,
                              const int32_t* segment_start, const int32_t* num_segments, float* dweight, int64_t n,
-                             int64_t vocab, int64_t width) {
+                             int64_t vocab, int64_t width, void* workspace, size_t workspace_bytes) {
   if (n == 0 || width == 0) return;
+  HGRN_CHECK(workspace_bytes >= embedding_backward_workspace_bytes(n, width),
+             "embedding backward: workspace too small");
   const int threads = static_cast<int>(std::min<int64_t>(256, (width + 31) / 32 * 32));
-  const dim3 grid(static_cast<unsigned>(std::min(n, vocab)), static_cast<unsigned>((width + threads - 1) / threads));
-  HGRN_CHECK(grid.y <= 65535, "embedding backward: width ", width, " is too large");
+  const unsigned column_tiles = static_cast<unsigned>((width + threads - 1) / threads);
+  HGRN_CHECK(column_tiles <= 65535, "embedding backward: width ", width, " is too large");
+  const dim3 runs_grid(static_cast<unsigned>(std::min(n, vocab)), column_tiles);
+  const dim3 chunks_grid(static_cast<unsigned>((n + kLongRun - 1) / kLongRun), column_tiles);
+  auto* partials = static_cast<float*>(workspace);
   HGRN_CUDA_DISPATCH_ACT(dy_dtype, "embedding backward", [&] {
-    embedding_backward_kernel<act_t><<<grid, threads, 0, cuda_stream()>>>(static_cast<const act_t*>(dy), sorted_ids,
-                                                                          sorted_pos, segment_start, num_segments,
-                                                                          dweight, n, width);
+    const auto* dy_act = static_cast<const act_t*>(dy);
+    embedding_backward_kernel<act_t><<<runs_grid, threads, 0, cuda_stream()>>>(
+        dy_act, sorted_ids, sorted_pos, segment_start, num_segments, dweight, n, width);
+    CUDA_CHECK_LAUNCH("embedding_backward");
+    embedding_long_run_chunks_kernel<act_t><<<chunks_grid, threads, 0, cuda_stream()>>>(dy_act, sorted_ids,
+                                                                                         sorted_pos, partials, n,
+                                                                                         width);
+    CUDA_CHECK_LAUNCH("embedding_long_run_chunks");
   });
-  CUDA_CHECK_LAUNCH("embedding_backward");
+  embedding_long_run_sums_kernel<<<chunks_grid, threads, 0, cuda_stream()>>>(sorted_ids, dweight, partials, n, width);
+  CUDA_CHECK_LAUNCH("embedding_long_run_sums");
 }
 
 }  // namespace hgrn

@@ -79,4 +79,22 @@ struct LowerBoundedScanCudaBackwardArgs {
 void lower_bounded_scan_cuda_backward(const LowerBoundedScanCudaShape& shape,
                                       const LowerBoundedScanCudaBackwardArgs& args);
 
+// One token for decoding (src/ops/lower_bounded_gated_scan.h, lower_bounded_gated_scan_step): per sequence b, one
+// block over its C channels, h ← λ ⊙ h + silu(î) ⊙ (1 − λ) with the state read and written once in place, then
+// out = RMSNorm(h) ⊙ w ⊙ silu(ĝ) (the norm's sum of squares in a fixed order). Allocates nothing.
+struct LowerBoundedScanStepArgs {
+  int64_t batch = 0, channels = 0;
+  DType act = DType::F32;                         // î, f̂, ĝ and out: fp32 or bf16
+  const void* i_hat = nullptr;                    // [B, C], rows i_stride elements apart
+  const void* f_hat = nullptr;                    // [B, C], rows f_stride apart
+  const void* g_hat = nullptr;                    // [B, C], rows g_stride apart
+  int64_t i_stride = 0, f_stride = 0, g_stride = 0;
+  const float* gamma_row = nullptr;  // [C]; null: the unbounded gate
+  float* state = nullptr;            // [B, C] fp32, in place
+  const float* norm_weight = nullptr;  // [C]
+  float eps = 0.f;
+  void* out = nullptr;  // [B, C] contiguous
+};
+void lower_bounded_scan_cuda_step(const LowerBoundedScanStepArgs& args);
+
 }  // namespace hgrn

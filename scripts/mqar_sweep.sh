@@ -11,9 +11,12 @@
 # tokens per step); HGRN2 with expand_ratio 64 (heads of key width 64), HGRN1 with expand_ratio 1; AdamW with a cosine
 # schedule, 5% warm-up and no weight decay (as configs/mqar-tiny.yaml, the base of every run). A cell's accuracy is the held-out accuracy of its best learning rate at the end of training.
 # Environment: MODELS ("hgrn2 hgrn"), DIMS ("64 128 256 512"), SEQS ("64 128 256 512"), LRS ("5e-4 1e-3 5e-3"),
-# STEPS (3000), EVAL_BATCHES (16), GPUS (the visible GPUs; 0 = CPU), JOBS_PER_GPU (3), HGRN (build/hgrn).
-# A run already finished in OUT_DIR is not trained again (checkpoint.resume: auto), so the script can be re-run to
-# fill in cells. Progress: one line per finished run with the running count and an ETA.
+# STEPS (3000), EVAL_BATCHES (16), EVALS (evaluations per run, 1: at the end), CHECKPOINTS (checkpoints per run, 1:
+# at the end), GPUS (the visible GPUs; 0 = CPU), JOBS_PER_GPU (1: a second run on one GPU does not add throughput),
+# HGRN (build/hgrn).
+# A run already finished in OUT_DIR is not trained again and an interrupted one continues from its last checkpoint
+# (checkpoint.resume: auto), so the script can be re-run to fill in cells. The costliest runs start first.
+# Progress: one line per finished run with the running count and an ETA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +28,9 @@ seqs=${SEQS:-"64 128 256 512"}
 lrs=${LRS:-"5e-4 1e-3 5e-3"}
 steps=${STEPS:-3000}
 eval_batches=${EVAL_BATCHES:-16}
-jobs_per_gpu=${JOBS_PER_GPU:-3}
+evals=${EVALS:-1}
+checkpoints=${CHECKPOINTS:-1}
+jobs_per_gpu=${JOBS_PER_GPU:-1}
 if [ -z "${GPUS:-}" ]; then
   GPUS=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || echo 0)
 fi
@@ -36,9 +41,10 @@ kv_pairs() { case $1 in 64) echo 4 ;; 128) echo 8 ;; 256) echo 16 ;; 512) echo 6
 batch() { echo $((16384 / $1)); }
 
 jobs=()
-for model in $models; do
-  for t in $seqs; do
-    for d in $dims; do
+descending() { tr ' ' '\n' <<< "$1" | sort -rn | tr '\n' ' '; }
+for t in $(descending "$seqs"); do
+  for d in $(descending "$dims"); do
+    for model in $models; do
       for lr in $lrs; do jobs+=("$model $d $t $lr"); done
     done
   done
@@ -60,7 +66,8 @@ run_one() {  # model d t lr slot
     --set training.device="$device" --set training.precision="$precision" \
     --set training.micro_batch_size="$(batch "$t")" --set training.lr="$lr" --set training.max_steps="$steps" \
     --set training.warmup_steps=$((steps / 20)) \
-    --set training.eval_interval="$steps" --set training.eval_batches="$eval_batches" \
+    --set training.eval_interval=$((steps / evals)) --set training.eval_batches="$eval_batches" \
+    --set checkpoint.interval=$((steps / checkpoints)) \
     --set logging.log_interval=$((steps / 10)) --set logging.run_dir="$out/$name" \
     > "$out/logs/$name.log" 2>&1
 }

@@ -152,6 +152,40 @@ TEST_F(Cli, BenchWithDocumentResets) {
   }
 }
 
+// Generation on the CPU with the default config's model, fused and op by op: the table row, and the JSON's rates
+// consistent with its times; without --config, or bf16 on the CPU, it is refused.
+TEST_F(Cli, BenchGenerateReportsPrefillAndDecodeRates) {
+  ScratchDir dir;
+  for (const std::string decode : {"fused", "ops"}) {
+    const std::string json_path = (dir.path() / (decode + ".json")).string();
+    const CommandResult r =
+        run_hgrn({"bench", "--config", default_config(), "--generate", "--device", "cpu", "--dtype", "fp32",
+                  "--batch", "2", "--prompt-length", "20", "--new-tokens", "6", "--decode", decode, "--warmup", "1",
+                  "--runs", "2", "--json", json_path});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("| prefill tokens/s | decode tokens/s | ms per token |"), std::string::npos) << r.out;
+    std::ifstream f(json_path);
+    ASSERT_TRUE(f.good()) << json_path;
+    const nlohmann::json j = nlohmann::json::parse(f);
+    EXPECT_EQ(j.at("kind").get<std::string>(), "generation");
+    EXPECT_EQ(j.at("decode_path").get<std::string>(), decode == "fused" ? "fused" : "op by op");
+    EXPECT_EQ(j.at("batch").get<int64_t>(), 2);
+    EXPECT_EQ(j.at("new_tokens").get<int64_t>(), 6);
+    const double ms = j.at("ms_per_token").get<double>(), prefill_ms = j.at("prefill_ms").get<double>();
+    EXPECT_GT(ms, 0.0);
+    const double prefill_rate = 2 * 20 / (prefill_ms * 1e-3);
+    EXPECT_NEAR(j.at("prefill_tokens_per_s").get<double>(), prefill_rate, 1e-6 * prefill_rate);
+    EXPECT_GT(j.at("decode_tokens_per_s").get<double>(), 0.0);
+    EXPECT_GT(j.at("weight_bytes").get<double>(), 0.0);
+    EXPECT_GT(j.at("state_bytes").get<double>(), 0.0);
+  }
+  EXPECT_NE(run_hgrn({"bench", "--generate", "--scan", "2,70,8", "--device", "cpu"}).status, 0);
+  const CommandResult bf16 = run_hgrn({"bench", "--config", default_config(), "--generate", "--device", "cpu",
+                                       "--new-tokens", "4", "--warmup", "0", "--runs", "1"});
+  EXPECT_NE(bf16.status, 0);
+  EXPECT_NE(bf16.err.find("bf16 needs the GPU"), std::string::npos) << bf16.err;
+}
+
 // Training steps on the CPU (the default config): the JSON has the median and the mean step time, each between the
 // fastest and the slowest step, and the tokens/s of each; the printout gives both.
 TEST_F(Cli, BenchStepsReportTheMedianAndTheMeanStepTime) {

@@ -1,8 +1,9 @@
 // test_distributed.cpp: multi-process data parallelism (mpirun): on the CPU through MPI (2 ranks) and, where the
 // machine has several GPUs, through NCCL (2 and 4 ranks): the same loss curve and weights as one process with the
-// same global batch, with and without ZeRO-1; bitwise resume of a multi-rank run; a killed rank ending the run;
-// refusal when the ranks run different configs. Skipped (not passed) where mpirun is missing, hgrn was built
-// without MPI (or NCCL, for the GPU tests), or there are fewer GPUs than ranks.
+// same global batch, with and without ZeRO-1; bitwise resume of a multi-rank run; stateful ranks reading disjoint
+// streams (data.stateful); a killed rank ending the run; refusal when the ranks run different configs. Skipped (not
+// passed) where mpirun is missing, hgrn was built without MPI (or NCCL, for the GPU tests), or there are fewer GPUs
+// than ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "core/allocator.h"
 #include "io/checkpoint.h"
 #include "scratch_dir.h"
+#include "token_shard_fixtures.h"
 
 namespace hgrn {
 namespace {
@@ -301,6 +303,65 @@ void expect_hung_rank_ends_the_run(const std::string& device, int timeout_s) {
       << log;
 }
 
+// data.stateful on two ranks: rank r reads streams 2r and 2r + 1 of the four one process with 4 rows reads
+// (disjoint, and together that process's batch): the same losses and, gathered in global stream order, the same
+// carried states. Stopped after step 3 and resumed, the two-rank run continues bit for bit: each rank takes its own
+// rows of the checkpoint's states back. K = 4 windows a stream, so step 5 starts every stream again.
+void expect_stateful_ranks_read_disjoint_streams(const testing::ScratchDir& dir, const std::string& device,
+                                                 double loss_tolerance, double state_tolerance) {
+  const std::string shard = dir / "tokens", config = dir / "stateful.yaml";
+  testing::write_random_token_shard(shard, 17, 4 * 4 * 16 + 1, 5);
+  std::ofstream(config) << R"(
+model: {hidden_size: 32, num_hidden_layers: 2, expand_ratio: 8, vocab_size: 17, intermediate_size: 48}
+data: {task: tokens, seq_len: 16, stateful: true, train_data: )" << shard << R"(}
+training: {device: )" << device << R"(, micro_batch_size: 4, max_steps: 6, lr: 0.003, warmup_steps: 2,
+           eval_interval: 0, eval_batches: 1, seed: 3}
+checkpoint: {interval: 3, keep_last: 5}
+logging: {log_interval: 1}
+)";
+  auto one = run_hgrn({"train", "-c", config, "--set", "logging.run_dir=" + dir / "one"});
+  ASSERT_EQ(one.status, 0) << one.err;
+  const std::string launch = mpirun(2) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=2";
+  auto two = run_command(launch + " --set logging.run_dir=" + shell_quote(dir / "two"));
+  ASSERT_EQ(two.status, 0) << two.err;
+  EXPECT_NE(two.out.find("data: 4 contiguous streams of 64 tokens"), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find("rank r reads streams r*R to r*R + R - 1, R = 2"), std::string::npos) << two.out;
+  const std::vector<double> a = losses(dir / "one"), b = losses(dir / "two");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t s = 0; s < a.size(); ++s) EXPECT_NEAR(b[s], a[s], loss_tolerance * a[s]) << "step " << s + 1;
+  const TrainingState ta = load_checkpoint(dir / "one/checkpoints/step_00000006.h5");
+  const TrainingState tb = load_checkpoint(dir / "two/checkpoints/step_00000006.h5");
+  ASSERT_EQ(ta.recurrent_states.size(), 2u);
+  ASSERT_EQ(tb.recurrent_states.size(), 2u);
+  for (size_t l = 0; l < 2; ++l) {
+    ASSERT_EQ(tb.recurrent_states[l].shape(), ta.recurrent_states[l].shape()) << "layer " << l;
+    EXPECT_EQ(tb.recurrent_states[l].size(0), 4) << "layer " << l;
+    EXPECT_LE(relative_difference(ta.recurrent_states[l], tb.recurrent_states[l]), state_tolerance) << "layer " << l;
+  }
+
+  std::filesystem::create_directories(dir / "resumed/checkpoints");
+  std::filesystem::copy_file(dir / "two/checkpoints/step_00000003.h5", dir / "resumed/checkpoints/step_00000003.h5");
+  auto resumed = run_command(launch + " --set logging.run_dir=" + shell_quote(dir / "resumed"));
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  const std::vector<double> c = losses(dir / "resumed");
+  ASSERT_EQ(c.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(c[s], b[3 + s]) << "step " << 4 + s;
+  const TrainingState tc = load_checkpoint(dir / "resumed/checkpoints/step_00000006.h5");
+  for (size_t l = 0; l < 2; ++l)
+    EXPECT_EQ(std::memcmp(tc.recurrent_states[l].raw_data(), tb.recurrent_states[l].raw_data(),
+                          tb.recurrent_states[l].nbytes()),
+              0)
+        << "layer " << l;
+}
+
+TEST(Distributed, StatefulRanksReadDisjointStreamsAndResumeBitwise) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  // fp32 on the CPU, the gradients summed in another order: 1e-5 relative on the losses, 1e-4 on the states.
+  expect_stateful_ranks_read_disjoint_streams(dir, "cpu", 1e-5, 1e-4);
+}
+
 TEST(Distributed, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
   SKIP_WITHOUT_MPI();
   expect_killed_rank_ends_the_run("cpu");
@@ -348,6 +409,13 @@ TEST(DistributedCuda, FourGpuZeroOneRunResumesBitwise) {
   SKIP_WITHOUT_GPUS(4);
   testing::ScratchDir dir;
   expect_multi_rank_resume_is_bitwise(dir, write_config(dir, "cuda"), 4, true);
+}
+
+TEST(DistributedCuda, StatefulGpusReadDisjointStreamsAndResumeBitwise) {
+  SKIP_WITHOUT_GPUS(2);
+  testing::ScratchDir dir;
+  // The tolerances of TwoGpusTrainLikeOneWithAndWithoutZeroOne, the states as the weights.
+  expect_stateful_ranks_read_disjoint_streams(dir, "cuda", 1e-4, 1e-3);
 }
 
 TEST(DistributedCuda, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {

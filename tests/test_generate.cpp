@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "core/allocator.h"
 #include "data/tokenizer.h"
 #include "hgrn_binary.h"
 #include "io/checkpoint.h"
@@ -340,6 +341,32 @@ TEST_F(GenerateCli, AnHfDirectoryGeneratesWhatItsCheckpointDoes) {
   EXPECT_NE(none.err.find("--tokenizer"), std::string::npos) << none.err;
 }
 
+// On the CPU, --decode fused runs the fused steps eagerly in the model's dtype: the op-by-op path's text, greedy and
+// sampled. (With a GPU the command runs there: FusedDecodingCuda.* compares the paths on it.)
+TEST_F(GenerateCli, FusedDecodingOnTheCpuGivesTheOpByOpText) {
+  if (cuda_available()) GTEST_SKIP() << "hgrn generate runs on the GPU here; FusedDecodingCuda.* covers it";
+  for (const std::vector<std::string> sampling : {std::vector<std::string>{"--temperature", "0"},
+                                                  std::vector<std::string>{"--seed", "4", "--top-k", "30"}}) {
+    std::vector<std::string> args = {"generate", "--checkpoint", checkpoint_, "--tokenizer", "byte", "--prompt",
+                                     "Hello", "-n", "12", "--batch", "2"};
+    args.insert(args.end(), sampling.begin(), sampling.end());
+    std::vector<std::string> ops = args, fused = args;
+    ops.insert(ops.end(), {"--decode", "ops"});
+    fused.insert(fused.end(), {"--decode", "fused"});
+    const testing::CommandResult a = run_hgrn(ops), b = run_hgrn(fused);
+    ASSERT_EQ(a.status, 0) << a.err;
+    ASSERT_EQ(b.status, 0) << b.err;
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_NE(a.err.find("decoding: op by op"), std::string::npos) << a.err;
+    EXPECT_NE(b.err.find("decoding: fused steps"), std::string::npos) << b.err;
+  }
+  // bf16 needs the GPU.
+  const testing::CommandResult bf16 = run_hgrn({"generate", "--checkpoint", checkpoint_, "--tokenizer", "byte",
+                                                "--prompt", "x", "--precision", "bf16"});
+  EXPECT_EQ(bf16.status, 2);
+  EXPECT_NE(bf16.err.find("--precision bf16 needs the GPU"), std::string::npos) << bf16.err;
+}
+
 TEST_F(GenerateCli, BadInputIsAClearErrorWithStatusTwo) {
   const auto expect_refused = [](const testing::CommandResult& r, const std::string& says) {
     EXPECT_EQ(r.status, 2) << r.err;
@@ -365,6 +392,9 @@ TEST_F(GenerateCli, BadInputIsAClearErrorWithStatusTwo) {
                  "--top-p");
   expect_refused(run_hgrn({"generate", "--tokenizer", "byte", "--prompt", "x"}), "--checkpoint");
   expect_refused(run_hgrn({"generate", "--checkpoint", checkpoint_, "--tokenizer", "byte"}), "--prompt");
+  expect_refused(run_hgrn({"generate", "--checkpoint", checkpoint_, "--tokenizer", "byte", "--prompt", "x",
+                           "--decode", "graph"}),
+                 "--decode");
 }
 
 }  // namespace

@@ -312,6 +312,23 @@ TEST(ClipGradNorm, NonFiniteGradientSkipsTheWholeUpdate) {
     }
 }
 
+// A non-finite guard (the step's loss) skips the update even with finite gradients, and reports a NaN norm.
+TEST(ClipGradNorm, NonFiniteGuardSkipsTheUpdate) {
+  for (double bad : {std::nan(""), static_cast<double>(INFINITY)}) {
+    Var p = param_from({0.5, -1.0, 2.0}, DType::F32);
+    AdamW opt({{p, true}}, AdamWConfig{});
+    set_grad(p, {0.1, 0.2, 0.3});
+    EXPECT_TRUE(std::isfinite(opt.clip_and_step(1e-2, 1.0, nullptr, {Tensor::full({}, 2.5, DType::F32)})()));
+    const std::vector<double> weights = p->value.to_double_vector(), m = opt.first_moments()[0].to_double_vector();
+    set_grad(p, {0.1, 0.2, 0.3});
+    EXPECT_TRUE(std::isnan(opt.clip_and_step(1e-2, 1.0, nullptr, {Tensor::full({}, 1.0, DType::F64),
+                                                                    Tensor::full({}, bad, DType::F64)})()));
+    EXPECT_EQ(p->value.to_double_vector(), weights);
+    EXPECT_EQ(opt.first_moments()[0].to_double_vector(), m);
+    EXPECT_EQ(opt.step_count(), 1);
+  }
+}
+
 TEST(ClipGradNorm, LargeGradientIsDeterministic) {
   // Big enough to take the chunked, threaded path; the same gradient must give the same bits every time.
   const int64_t n = 300000;

@@ -228,6 +228,37 @@ TEST(OptimizerCuda, DeviceClipAndStepMatchesHostClipThenStep) {
   }
 }
 
+// A non-finite loss on the device (a guard) skips the whole device-side update although the gradients are finite;
+// a finite one changes nothing.
+TEST(OptimizerCuda, NonFiniteDeviceGuardSkipsTheUpdate) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(406);
+  const std::vector<Tensor> init = random_init(rng);
+  Params guarded = make_params(init, Device::CUDA), plain = make_params(init, Device::CUDA);
+  AdamW guarded_opt(guarded.refs, kConfig), plain_opt(plain.refs, kConfig);
+  for (int t = 1; t <= 3; ++t) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    const std::vector<Tensor> grads = random_grads(rng, 1.0);
+    set_grads(guarded, grads);
+    set_grads(plain, grads);
+    const double loss = t == 2 ? std::nan("") : 1.5;
+    const Tensor guard = Tensor::full({}, loss, DType::F32).to(Device::CUDA);
+    const double guarded_norm = guarded_opt.clip_and_step(1e-2, 1.0, nullptr, {guard})();
+    if (t == 2) {
+      EXPECT_TRUE(std::isnan(guarded_norm));
+      EXPECT_EQ(guarded_opt.step_count(), 1);
+      continue;  // the plain optimiser skips this step too, so both stay in step
+    }
+    const double plain_norm = plain_opt.clip_and_step(1e-2, 1.0)();
+    EXPECT_EQ(guarded_norm, plain_norm);
+    for (size_t i = 0; i < init.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "param " << i);
+      EXPECT_TRUE(same_bits(guarded.vars[i]->value, plain.vars[i]->value));
+      EXPECT_TRUE(same_bits(guarded_opt.first_moments()[i], plain_opt.first_moments()[i]));
+    }
+  }
+}
+
 TEST(OptimizerCuda, ClipAndStepAreBitwiseReproducible) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(403);

@@ -1,5 +1,6 @@
-// bench.cpp: `hgrn bench --config FILE` (training steps), `hgrn bench --recurrence B,T,H,K,V` (the recurrence alone)
-// and `hgrn bench --scan B,T,C` (the gated scan alone): a table on stdout and, with --json, the same numbers as JSON.
+// bench.cpp: `hgrn bench --config FILE` (training steps; with --generate, generation), `hgrn bench --recurrence
+// B,T,H,K,V` (the recurrence alone) and `hgrn bench --scan B,T,C` (the gated scan alone): a table on stdout and,
+// with --json, the same numbers as JSON.
 #include "cli/bench.h"
 
 #include <fstream>
@@ -34,13 +35,17 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       ->expected(3);
   bench->add_flag("--fused", args.fused_scan,
                   "Scan: time HGRN1's gates and scan fused (lower_bounded_gated_scan, from î and f̂, bounded gate)");
-  bench->add_option("--dtype", args.dtype, "Recurrence, scan: q/k/v or x dtype (g is always fp32)")
+  bench->add_flag("--stateful", args.stateful,
+                  "Config: time stateful steps (data.stateful: each row starts from the state it carried out of the "
+                  "step before), on any data.task");
+  bench->add_option("--dtype", args.dtype,
+                    "Recurrence, scan: q/k/v or x dtype (g is always fp32); generate: activations and GEMM weights")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
-  bench->add_option("--device", args.device, "Recurrence, scan: auto, cpu or cuda")
+  bench->add_option("--device", args.device, "Recurrence, scan, generate: auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  bench->add_option("--warmup", args.warmup, "Untimed steps (or calls) first")->check(CLI::NonNegativeNumber)
+  bench->add_option("--warmup", args.warmup, "Untimed steps (or calls, or short generations) first")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   bench->add_option("--steps", args.steps, "Timed training steps")->check(CLI::PositiveNumber)->capture_default_str();
   bench->add_option("--iters", args.iters, "Timed recurrence or scan calls")
@@ -51,11 +56,32 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
                     "(as data.reset_state_at_document does for packed documents; 0: no resets)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  bench->add_flag("--generate", args.generate,
+                  "With --config: time generation with its model (random weights): prefill, then greedy decoding");
+  bench->add_option("--batch", args.batch, "Generate: sequences decoded side by side")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  bench->add_option("--prompt-length", args.prompt_length, "Generate: prompt tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  bench->add_option("--new-tokens", args.new_tokens,
+                    "Generate: tokens generated per sequence (e.g. 8192 against 256 to see the memory stay flat)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 40))
+      ->capture_default_str();
+  bench->add_option("--decode", args.decode, "Generate: fused (fused steps, a CUDA graph on the GPU) or ops")
+      ->check(CLI::IsMember({"fused", "ops"}))
+      ->capture_default_str();
+  bench->add_option("--runs", args.runs, "Generate: timed generations (the medians are reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   bench->add_option("--json", args.json_path, "Also write the results as JSON to this file")->type_name("FILE");
   bench->footer(
       "Examples:\n"
       "  hgrn bench --config configs/hgrn2-385m.yaml              # tokens/s, MFU, peak memory\n"
       "  hgrn bench --config configs/hgrn2-150m.yaml --steps 10 --json bench-150m.json\n"
+      "  hgrn bench --config configs/hgrn2-385m.yaml --stateful   # the same steps with carried states\n"
+      "  hgrn bench --config configs/hgrn2-385m.yaml --generate --batch 64   # prefill and decode tokens/s\n"
+      "  hgrn bench --config configs/hgrn2-385m.yaml --generate --new-tokens 8192  # memory flat in the length\n"
       "  hgrn bench --recurrence 8,2048,8,128,128                 # the peer's recurrence shape\n"
       "  hgrn bench --scan 8,2048,1024                            # HGRN1's scan, forward and forward+backward\n"
       "  hgrn bench --scan 8,2048,1024 --fused --dtype bf16       # HGRN1's gates and scan in one op\n"
@@ -70,14 +96,59 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
   std::ostream& out = world().is_root() ? root_out : discarded;
   const bool steps = !args.config.config_path.empty();
   if (int{steps} + int{!args.recurrence.empty()} + int{!args.scan.empty()} != 1)
-    throw Error("hgrn bench: give one of --config FILE (training steps), --recurrence B,T,H,K,V or --scan B,T,C");
+    throw Error("hgrn bench: give one of --config FILE (training steps, or generation with --generate), "
+                "--recurrence B,T,H,K,V or --scan B,T,C");
+  if (args.generate && !steps) throw Error("hgrn bench --generate: give the model's --config FILE");
+  if (args.generate && args.stateful) throw Error("hgrn bench: --stateful times training steps, not --generate");
+  if (args.generate && args.document_tokens > 0)
+    throw Error("hgrn bench: --document-tokens times training steps, the recurrence or the scan, not --generate");
   nlohmann::json json;
   out << std::fixed;
   if (args.document_tokens > 0 && !steps)
     out << "with resets: packed documents of ~" << args.document_tokens
         << " tokens, the state restarted at each document start\n";
-  if (steps) {
+  if (args.generate) {
     const Config config = load_config(args.config.config_path, args.config.overrides);
+    const Device device = resolve_device(args.device);
+    const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;
+    const GenerationBench r =
+        bench_generation(config, device, dtype, args.decode == "fused" ? DecodePath::Fused : DecodePath::Ops,
+                         args.batch, args.prompt_length, args.new_tokens, args.warmup, args.runs, out);
+    const bool gpu = device == Device::CUDA;
+    // The notes first, so that the table row stays the last line (scripts read it with tail).
+    out << std::setprecision(3) << "decoding " << r.decode_path << "; set-up " << r.setup_ms << " ms, prefill "
+        << r.prefill_ms << " ms\n";
+    if (gpu) {
+      out << "device memory: peak " << r.peak_memory_gib << " GiB over a generation, " << r.decode_peak_memory_gib
+          << " GiB over its decode steps; in use " << r.decode_start_memory_gib << " GiB when they start, "
+          << r.decode_end_memory_gib << " GiB when they end; " << r.decode_driver_allocations
+          << " driver allocations during them\n";
+      out << "a step's least traffic: " << r.weight_bytes / 1e9 << " GB of weights + " << r.state_bytes / 1e9
+          << " GB of states read and written, " << r.floor_ms << " ms at the measured copy rate of " << r.copy_gbps
+          << " GB/s; the step takes " << r.ms_per_token / r.floor_ms << "x that\n";
+    }
+    out << std::setprecision(1)
+        << "| config | device | decode | dtype | batch | prompt | new tokens | prefill tokens/s | decode tokens/s | "
+           "ms per token | peak GiB | floor ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n| "
+        << config.source << " | " << r.device_name << " | " << r.decode_path << " | " << r.dtype << " | " << r.batch
+        << " | " << r.prompt_length << " | " << r.new_tokens << " | " << std::setprecision(0)
+        << r.prefill_tokens_per_s << " | " << r.decode_tokens_per_s << " | " << std::setprecision(3)
+        << r.ms_per_token << " | " << r.peak_memory_gib << " | " << r.floor_ms << " |\n";
+    json = {{"kind", "generation"}, {"config", config.source}, {"device", r.device_name},
+            {"decode_path", r.decode_path}, {"dtype", r.dtype}, {"params", r.params}, {"batch", r.batch},
+            {"prompt_length", r.prompt_length}, {"new_tokens", r.new_tokens}, {"runs", r.runs},
+            {"warmup", args.warmup}, {"setup_ms", r.setup_ms}, {"prefill_ms", r.prefill_ms},
+            {"prefill_tokens_per_s", r.prefill_tokens_per_s}, {"ms_per_token", r.ms_per_token},
+            {"decode_tokens_per_s", r.decode_tokens_per_s}, {"peak_memory_gib", r.peak_memory_gib},
+            {"decode_peak_memory_gib", r.decode_peak_memory_gib},
+            {"decode_start_memory_gib", r.decode_start_memory_gib},
+            {"decode_end_memory_gib", r.decode_end_memory_gib},
+            {"decode_driver_allocations", r.decode_driver_allocations}, {"weight_bytes", r.weight_bytes},
+            {"state_bytes", r.state_bytes}, {"device_copy_gbps", r.copy_gbps}, {"floor_ms", r.floor_ms}};
+  } else if (steps) {
+    Config config = load_config(args.config.config_path, args.config.overrides);
+    // The steps run on random tokens whatever the data section says, so the carried states need no token stream.
+    if (args.stateful) config.data.stateful = true;
     const StepBench r = bench_training_steps(config, args.warmup, args.steps, out, args.document_tokens);
     out << std::setprecision(1) << "\n| config | device | params | tokens/step | step ms (median) | tokens/s | MFU | "
         << "peak GiB |\n|---|---|---|---|---|---|---|---|\n| " << config.source << " | "
@@ -101,7 +172,8 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
             {"timed_driver_allocations", r.timed_driver_allocations}, {"gpu_peak_tflops", r.gpu_peak_tflops},
             {"model_tflops", r.model_tflops}, {"mfu", r.mfu}, {"first_loss", r.first_loss},
             {"last_loss", r.last_loss}, {"precision", config.training.precision},
-            {"ranks", r.ranks}, {"zero1", config.training.zero1}, {"document_tokens", args.document_tokens}};
+            {"ranks", r.ranks}, {"zero1", config.training.zero1}, {"stateful", config.data.stateful},
+            {"document_tokens", args.document_tokens}};
   } else if (!args.scan.empty()) {
     const Device device = resolve_device(args.device);
     const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;

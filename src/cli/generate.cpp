@@ -1,6 +1,7 @@
 // generate.cpp: `hgrn generate (--checkpoint PATH | --hf DIR | --config FILE) (--prompt TEXT | --prompt-file FILE)
-// [sampling options] [--batch N] [--tokenizer byte|FILE.json] [--json FILE]`: loads the model, tokenises the prompt,
-// prefills, decodes (models/generation.h) and streams the text; timings go to stderr and, with --json, to a file.
+// [sampling options] [--batch N] [--tokenizer byte|FILE.json] [--json FILE] [--decode P] [--precision P]`: loads the
+// model, tokenises the prompt, prefills, decodes (models/generation.h) and streams the text; timings go to stderr
+// and, with --json, to a file.
 #include "cli/generate.h"
 
 #include <omp.h>
@@ -128,6 +129,15 @@ Device choose_device(const std::optional<Config>& run_config, const ModelConfig&
   return resolve_device(gpu_refused ? "cpu" : wanted);
 }
 
+// How the tokens were decoded, in a few words.
+std::string decode_path_summary(const GenerationResult& r) {
+  if (r.fused)
+    return std::string("fused steps") + (r.graph ? " replayed as a CUDA graph" : "") + " (set up in " +
+           std::to_string(r.setup_seconds * 1e3) + " ms)";
+  if (!r.fallback_reason.empty()) return "op by op: " + r.fallback_reason;
+  return "op by op";
+}
+
 nlohmann::json generation_json(const GenerateArgs& args, const LoadedModel& loaded, const Tokenizer& tokenizer,
                                const std::vector<int32_t>& prompt, const GenerationResult& r) {
   nlohmann::json samples = nlohmann::json::array();
@@ -141,9 +151,11 @@ nlohmann::json generation_json(const GenerateArgs& args, const LoadedModel& load
       {"settings",
        {{"max_new_tokens", args.max_new_tokens}, {"temperature", args.sampling.temperature},
         {"top_k", args.sampling.top_k}, {"top_p", args.sampling.top_p},
-        {"repetition_penalty", args.sampling.repetition_penalty}, {"seed", args.seed}, {"batch", args.batch}}},
+        {"repetition_penalty", args.sampling.repetition_penalty}, {"seed", args.seed}, {"batch", args.batch},
+        {"decode", args.decode}, {"precision", args.precision}}},
       {"timings",
-       {{"prefill_tokens", r.prefill_tokens}, {"prefill_seconds", r.prefill_seconds},
+       {{"decode_path", decode_path_summary(r)}, {"setup_seconds", r.setup_seconds},
+        {"prefill_tokens", r.prefill_tokens}, {"prefill_seconds", r.prefill_seconds},
         {"decode_steps", r.decode_steps}, {"decode_seconds", r.decode_seconds},
         {"decode_tokens_per_second", r.decode_tokens_per_second()}, {"seconds_per_step", r.seconds_per_step()}}},
   };
@@ -196,6 +208,16 @@ CLI::App* add_generate_command(CLI::App& app, GenerateArgs& args) {
       ->type_name("byte|FILE.json");
   command->add_option("--json", args.json_path, "Also write the ids, texts and timings to this JSON file")
       ->type_name("FILE");
+  command->add_option("--decode", args.decode,
+                      "fused: fused per-layer steps on buffers made once, a CUDA graph on the GPU; ops: op by op; "
+                      "auto: fused on the GPU, ops on the CPU")
+      ->check(CLI::IsMember({"auto", "fused", "ops"}))
+      ->capture_default_str();
+  command->add_option("--precision", args.precision,
+                      "Activations and GEMM weights: bf16 (GPU only) or fp32; auto: bf16 for fused decoding on the "
+                      "GPU, else fp32")
+      ->check(CLI::IsMember({"auto", "bf16", "fp32"}))
+      ->capture_default_str();
   command->parse_complete_callback([command] {
     if (command->count("--checkpoint") + command->count("--hf") + command->count("--config") == 0)
       throw CLI::ValidationError("--checkpoint", "name the model: --checkpoint PATH, --hf DIR or --config FILE");
@@ -232,9 +254,19 @@ int run_generate_command(const GenerateArgs& args, std::ostream& out, std::ostre
   });
 
   const Device device = choose_device(run_config, model.config());
-  model.to_device(device, DType::F32);
+  const bool fused = args.decode == "fused" || (args.decode == "auto" && device == Device::CUDA);
+  if (args.precision == "bf16" && device != Device::CUDA)
+    throw UsageError("--precision bf16 needs the GPU; this model runs on the CPU (use --precision fp32)");
+  // auto: bf16 where the fused path will run on the GPU; a model without one decodes op by op in fp32, as before.
+  const bool fused_on_gpu = fused && device == Device::CUDA && model.fused_decoding_refusal().empty();
+  const DType precision =
+      args.precision == "bf16" || (args.precision == "auto" && fused_on_gpu) ? DType::BF16 : DType::F32;
+  options.decode = fused ? DecodePath::Fused : DecodePath::Ops;
+  options.fused_dtype = precision;
+  model.to_device(device, precision);
   log << "generating with " << model_family(model.config().type).display_name() << " from " << loaded.source
-      << " on " << device_name(device) << ", tokenizer " << tokenizer->name() << "\n";
+      << " on " << device_name(device) << " in " << dtype_name(precision) << ", tokenizer " << tokenizer->name()
+      << "\n";
 
   // One continuation streams as it comes; several are printed whole, one after another.
   const bool streaming = args.batch == 1;
@@ -249,6 +281,7 @@ int run_generate_command(const GenerateArgs& args, std::ostream& out, std::ostre
       out << "--- sample " << b << " ---\n" << text << tokenizer->decode(r.sequences[b].ids) << "\n";
   }
 
+  log << "decoding: " << decode_path_summary(r) << "\n";
   log << "prefill: " << r.prefill_tokens << " tokens in " << r.prefill_seconds * 1e3 << " ms; decode: "
       << r.decode_steps << " steps x " << args.batch << " sequences in " << r.decode_seconds << " s";
   if (r.decode_steps > 0)

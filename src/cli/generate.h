@@ -21,6 +21,8 @@ struct GenerateArgs {
   int64_t batch = 1;
   std::string tokenizer;    // "byte" or a tokenizer.json; empty: what the model's source records
   std::string json_path;    // where to write ids, text and timings (empty: nowhere)
+  std::string decode = "auto";     // auto (fused on the GPU, op by op on the CPU), fused or ops
+  std::string precision = "auto";  // auto (bf16 for fused decoding on the GPU, else fp32), bf16 (GPU) or fp32
 };
 
 CLI::App* add_generate_command(CLI::App& app, GenerateArgs& args);

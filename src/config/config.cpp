@@ -107,6 +107,7 @@ std::vector<Field> config_fields(Config& c) {
       {"data.train_data", &d.train_data},
       {"data.valid_data", &d.valid_data},
       {"data.shuffle", &d.shuffle},
+      {"data.stateful", &d.stateful},
       {"data.reset_state_at_document", &d.reset_state_at_document},
       {"data.mqar.num_kv_pairs", &d.mqar.num_kv_pairs},
       {"data.mqar.num_keys", &d.mqar.num_keys},
@@ -598,6 +599,16 @@ void ConfigReader::validate() {
                    std::to_string(pairs) + ", " + std::to_string(m.vocab_size - 1 - pairs) +
                    "] so that each sequence finds enough distinct keys and values, got " +
                    std::to_string(d.mqar.num_keys));
+  }
+  if (d.stateful) {
+    if (d.task != "tokens")
+      fail_key("data.stateful", "expected false with data.task = " + d.task + ": a carried state needs one "
+                                "contiguous token stream per row (data.task: tokens); MQAR sequences are independent");
+    // Each row reads its stream in order: the windows' shuffled order does not apply (and is off by default here).
+    if (d.shuffle && is_set("data.shuffle"))
+      fail_key("data.shuffle", "expected false with data.stateful = true: each row reads its stream's windows in "
+                               "order (leave data.shuffle out, or set it to false)");
+    config_.data.shuffle = false;
   }
 
   const TrainingConfig& t = config_.training;

@@ -75,6 +75,8 @@ struct DataConfig {
   std::string train_data;     // tokens: the path prefix of the training shards (PREFIX.bin, PREFIX.idx, PREFIX.json)
   std::string valid_data;     // tokens: the path prefix of the validation shards (empty: no validation split)
   bool shuffle = true;        // tokens: each epoch's windows in a shuffled order; false: in shard order
+  bool stateful = false;      // tokens: each batch row reads one contiguous stream and carries its recurrent state
+                              // from window to window (truncated BPTT; data/token_streams.h, train/carried_states.h)
   bool reset_state_at_document = false;  // tokens: restart the recurrent state at every document start (after an EOS)
   MqarConfig mqar;
 

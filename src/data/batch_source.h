@@ -25,6 +25,9 @@ class BatchSource {
   // Sequences drawn so far; set_cursor(c) makes the next batch start with sequence c of the stream.
   virtual uint64_t cursor() const = 0;
   virtual void set_cursor(uint64_t cursor) = 0;
+  // Whether each row of the next batch continues the stream that row read one optimiser step before, so that the
+  // recurrent state it carried from there applies (data.stateful, data/token_streams.h); false: it starts afresh.
+  virtual bool next_batch_continues_streams() const { return false; }
 };
 
 }  // namespace hgrn

@@ -6,6 +6,7 @@
 
 #include "data/mqar.h"
 #include "data/token_shards.h"
+#include "data/token_streams.h"
 #include "data/window_sampler.h"
 
 namespace hgrn {
@@ -43,6 +44,16 @@ std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t
   const DataConfig& d = config.data;
   if (d.task == "mqar")
     return std::make_unique<MqarGenerator>(d.mqar, config.model.vocab_size, d.seq_len, seed, rank, world_size);
+  if (d.stateful) {
+    const TrainingConfig tc = resolve_batch_for_world(config.training, world_size);
+    StreamWindowOptions options;
+    options.seq_len = d.seq_len;
+    options.rows_per_step = tc.micro_batch_size * tc.grad_accum_steps;
+    options.rank = rank;
+    options.world_size = world_size;
+    if (d.reset_state_at_document) options.document_eos = document_eos_id("data.train_data", d.train_data);
+    return std::make_unique<StreamWindowSampler>(open_token_shard(config, "data.train_data", d.train_data), options);
+  }
   WindowSamplerOptions options;
   options.seq_len = d.seq_len;
   options.seed = seed;

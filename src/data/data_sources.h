@@ -13,7 +13,8 @@ class TokenShardReader;
 
 namespace hgrn {
 
-// The training stream of data-parallel rank `rank` of `world_size`, seeded by `seed`.
+// The training stream of data-parallel rank `rank` of `world_size`, seeded by `seed`; with data.stateful, its rows'
+// contiguous streams (data/token_streams.h).
 std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t seed, int64_t rank = 0,
                                                   int64_t world_size = 1);
 // The held-out stream (read from cursor 0 at every evaluation): MQAR sequences of another seed, or the validation

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <unordered_map>
 #include <vector>
 
 #include "core/check.h"
@@ -13,18 +12,28 @@ namespace hgrn {
 namespace {
 
 // `count` distinct integers drawn uniformly from [0, n), in random order: a partial Fisher-Yates shuffle of the
-// identity permutation, stored sparsely (only swapped entries) so the cost is O(count), not O(n).
+// identity permutation, stored sparsely (only swapped entries, in a small open-addressing table) so the cost is
+// O(count), not O(n), with no allocation per entry.
 std::vector<int64_t> sample_distinct(Rng& rng, int64_t n, int64_t count) {
-  std::unordered_map<int64_t, int64_t> swapped;
-  auto at = [&](int64_t i) {
-    auto it = swapped.find(i);
-    return it == swapped.end() ? i : it->second;
+  size_t capacity = 16;
+  while (capacity < 2 * static_cast<size_t>(count)) capacity *= 2;
+  std::vector<int64_t> keys(capacity, -1), values(capacity);
+  auto slot = [&](int64_t i) {  // where i is, or the empty slot where it would go
+    size_t at = static_cast<size_t>(i * 0x9E3779B97F4A7C15ULL >> 7) & (capacity - 1);
+    while (keys[at] != -1 && keys[at] != i) at = (at + 1) & (capacity - 1);
+    return at;
+  };
+  auto value_at = [&](int64_t i) {
+    const size_t at = slot(i);
+    return keys[at] == i ? values[at] : i;
   };
   std::vector<int64_t> out(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
     const int64_t j = i + static_cast<int64_t>(rng.below(static_cast<uint64_t>(n - i)));
-    const int64_t vi = at(i), vj = at(j);
-    swapped[j] = vi;
+    const int64_t vi = value_at(i), vj = value_at(j);
+    const size_t at = slot(j);
+    keys[at] = j;
+    values[at] = vi;
     out[static_cast<size_t>(i)] = vj;
   }
   return out;

@@ -107,6 +107,9 @@ uint32_t meta_checksum(const TrainingState& state, int64_t format_version, int64
   return crc32(bytes.data(), bytes.size());
 }
 
+// The dataset of layer l's carried state under /recurrent_states.
+std::string recurrent_state_name(size_t layer) { return "layer_" + std::to_string(layer); }
+
 std::string hex32(uint32_t value) {
   char text[16];
   std::snprintf(text, sizeof text, "0x%08x", value);
@@ -137,6 +140,9 @@ void check_state_is_writable(const TrainingState& state) {
                  ", the parameter is ", dtype_name(param.dtype()), " ", shape_str(param.shape()));
     }
   }
+  for (size_t l = 0; l < state.recurrent_states.size(); ++l)
+    HGRN_CHECK(state.recurrent_states[l].defined(), "save_checkpoint: the recurrent state of layer ", l,
+               " is an undefined tensor");
   for (const std::string* text : {&state.config_yaml, &state.hgrn_version, &state.git_commit, &state.model_signature})
     HGRN_CHECK(text->find('\0') == std::string::npos,
                "save_checkpoint: text fields must not contain NUL bytes (HDF5 strings are NUL-padded)");
@@ -186,6 +192,13 @@ class CheckpointWriter {
     second.close();
     first.close();
     adam.close();
+
+    if (!state.recurrent_states.empty()) {
+      Handle states = create_group(file, "recurrent_states", "/recurrent_states", true);
+      for (size_t l = 0; l < state.recurrent_states.size(); ++l)
+        write_tensor(states.id(), "/recurrent_states/", recurrent_state_name(l), state.recurrent_states[l]);
+      states.close();
+    }
 
     // Everything else reaches the file before the marker that says the file is whole.
     H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), "cannot flush checkpoint file ", file_, kWriteAdvice);
@@ -358,6 +371,19 @@ class CheckpointReader {
     state.adam_m = read_moments(adam.id(), "m", state.params);
     state.adam_v = read_moments(adam.id(), "v", state.params);
     adam.close();
+
+    // Optional: present in the checkpoints of data.stateful runs only.
+    if (link_exists(file.id(), "recurrent_states", "/recurrent_states")) {
+      Handle states = open_group(file.id(), "recurrent_states", "/recurrent_states");
+      const std::vector<std::string> layers = member_names_in_creation_order(states.id(), "/recurrent_states");
+      for (size_t l = 0; l < layers.size(); ++l) {
+        if (layers[l] != recurrent_state_name(l))
+          fail("group /recurrent_states holds '", layers[l], "' where '", recurrent_state_name(l), "' belongs",
+               kCorruptAdvice);
+        state.recurrent_states.push_back(read_tensor(states.id(), "/recurrent_states/", layers[l]));
+      }
+      states.close();
+    }
 
     file.close();
     return state;

@@ -12,6 +12,8 @@
 //                          names), in model order (the groups track link creation order)
 //   /adam/m/<name>         AdamW first moment of that parameter
 //   /adam/v/<name>         AdamW second moment of that parameter
+//   /recurrent_states/layer_<l>  only from a data.stateful run: layer l's carried state of every stream, [streams,
+//                          ...] (train/carried_states.h), layers in order; readers that do not carry states ignore it
 // Every dataset is stored contiguously and uncompressed, little-endian, with attributes
 //   crc32 (uint32)         CRC-32 (zlib's) of the dataset's raw element bytes, or of the config text's bytes
 //   dtype (string)         tensor datasets only: hgrn's dtype name (fp32, fp64, bf16 as uint16 bits, int32, int64)
@@ -48,6 +50,7 @@ struct TrainingState {
   std::vector<std::pair<std::string, Tensor>> params;  // fp32 master weights, by fla name, in model order
   std::vector<Tensor> adam_m, adam_v;                   // AdamW moments, same order (and shapes) as params
   int64_t adam_step = 0;                                // AdamW's step count
+  std::vector<Tensor> recurrent_states;  // data.stateful: per layer, every stream's carried state; empty otherwise
   std::string config_yaml;      // the resolved config (config_to_yaml)
   std::string model_signature;  // identifies model shape and precision; built by the trainer, compared on resume
   int64_t world_size = 1;

@@ -2,6 +2,7 @@
 // export and the command line see a model, whatever its family member (models/registry.h makes one from a config).
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,9 @@
 #include "models/token_mixer.h"
 
 namespace hgrn {
+
+class FusedDecoder;
+struct FusedDecoderOptions;
 
 class CausalLM {
  public:
@@ -36,6 +40,12 @@ class CausalLM {
   // layer; undefined entries are zero states, as for a first token). Advances every state by the token and returns
   // its logits [B, vocab_size]: the logits forward gives at that position.
   virtual Tensor decode_step(const Tensor& token_ids, std::vector<RecurrentState>& states) const = 0;
+  // The fused decoding path (models/fused_decoder.h): decode_step's function on buffers made once, with fused
+  // per-layer steps and, on the GPU, a CUDA graph; it reads the weights as they are when made. Throws hgrn::Error
+  // where fused_decoding_refusal() is not empty.
+  virtual std::unique_ptr<FusedDecoder> make_fused_decoder(const FusedDecoderOptions& options) const = 0;
+  // Why this model has no fused decoding path (empty: it has one), e.g. a token mixer without a fused step.
+  virtual std::string fused_decoding_refusal() const = 0;
 
   // Moves every parameter to `device` (fp32 master weights stay fp32) and sets the dtype activations are computed
   // in: fp32, or bf16 on the GPU (mixed precision: GEMMs on bf16 copies of the weights, fp32 gradients).

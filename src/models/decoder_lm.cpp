@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "core/random_fill.h"
+#include "models/fused_decoder.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/hgrn2_gates.h"
@@ -254,6 +255,13 @@ Tensor DecoderLM::decode_step(const Tensor& token_ids, std::vector<RecurrentStat
   Var x = rmsnorm(tape, h, layers_.empty() ? final_norm_ : layers_[0].attn_norm, config_.norm_eps);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) decode_layer(tape, l, gamma, x, h, states[l]);
   return linear(tape, x, lm_head_)->value.reshape({batch, config_.vocab_size});
+}
+
+std::unique_ptr<FusedDecoder> DecoderLM::make_fused_decoder(const FusedDecoderOptions& options) const {
+  FusedDecoderWeights weights{embeddings_, lower_bounds_, final_norm_, lm_head_, {}};
+  for (const Layer& p : layers_)
+    weights.layers.push_back({p.attn_norm, p.mlp_norm, p.gate_proj, p.up_proj, p.down_proj, &p.mixer});
+  return std::make_unique<FusedDecoder>(config_, weights, *mixer_, device_, options);
 }
 
 void DecoderLM::decode_layer(Tape& tape, int64_t l, const Var& gamma, Var& x, Var& h, RecurrentState& state) const {

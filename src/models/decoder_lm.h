@@ -33,6 +33,8 @@ class DecoderLM final : public CausalLM {
                      const Tensor& resets = Tensor()) const override;
   const Var& lm_head() const override { return lm_head_; }
   Tensor decode_step(const Tensor& token_ids, std::vector<RecurrentState>& states) const override;
+  std::unique_ptr<FusedDecoder> make_fused_decoder(const FusedDecoderOptions& options) const override;
+  std::string fused_decoding_refusal() const override { return mixer_->fused_step_refusal(); }
 
   void to_device(Device device, DType activation_dtype) override;
   Device device() const override { return device_; }

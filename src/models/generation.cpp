@@ -1,11 +1,14 @@
-// generation.cpp: prefill, then the decode loop with per-sequence sampling on the host.
+// generation.cpp: prefill, then the decode loop with per-sequence sampling on the host (greedy choices on the device
+// on the fused path), op by op or on the fused path.
 #include "models/generation.h"
 
 #include <algorithm>
 #include <chrono>
 #include <span>
 
+#include "core/allocator.h"
 #include "core/check.h"
+#include "models/fused_decoder.h"
 
 namespace hgrn {
 namespace {
@@ -33,11 +36,14 @@ void check_prompt(const std::vector<int32_t>& prompt, int64_t vocab_size) {
                ", outside the model's vocabulary [0, ", vocab_size, ")");
 }
 
-Tensor prefill(const CausalLM& model, const Tensor& prompt_ids, std::vector<RecurrentState>& states) {
+namespace {
+
+// The layers' states after all but the last prompt token (zero states for a prompt of one), through the forward.
+std::vector<RecurrentState> states_before_last(const CausalLM& model, const Tensor& prompt_ids) {
   HGRN_CHECK(prompt_ids.dim() == 2 && prompt_ids.dtype() == DType::I32 && prompt_ids.size(1) >= 1,
              "prefill takes int32 ids [batch, length >= 1], got ", shape_str(prompt_ids.shape()));
   const int64_t length = prompt_ids.size(1);
-  states.assign(static_cast<size_t>(model.config().num_hidden_layers), RecurrentState{});
+  std::vector<RecurrentState> states(static_cast<size_t>(model.config().num_hidden_layers));
   if (length > 1) {
     Tape no_grad;
     no_grad.set_enabled(false);
@@ -45,7 +51,23 @@ Tensor prefill(const CausalLM& model, const Tensor& prompt_ids, std::vector<Recu
     model.forward_hidden(no_grad, id_columns(prompt_ids, 0, length - 1), &carried);
     for (size_t l = 0; l < carried.size(); ++l) states[l].tensor = carried[l]->value;
   }
-  return model.decode_step(id_columns(prompt_ids, length - 1, 1).reshape({prompt_ids.size(0)}), states);
+  return states;
+}
+
+Tensor last_column(const Tensor& prompt_ids) {
+  return id_columns(prompt_ids, prompt_ids.size(1) - 1, 1).reshape({prompt_ids.size(0)});
+}
+
+}  // namespace
+
+Tensor prefill(const CausalLM& model, const Tensor& prompt_ids, std::vector<RecurrentState>& states) {
+  states = states_before_last(model, prompt_ids);
+  return model.decode_step(last_column(prompt_ids), states);
+}
+
+void prefill(FusedDecoder& decoder, const CausalLM& model, const Tensor& prompt_ids) {
+  decoder.set_states(states_before_last(model, prompt_ids));
+  decoder.step(last_column(prompt_ids));
 }
 
 GenerationResult generate(const CausalLM& model, const std::vector<int32_t>& prompt, const GenerationOptions& options,
@@ -71,23 +93,56 @@ GenerationResult generate(const CausalLM& model, const std::vector<int32_t>& pro
 
   Tensor ids = Tensor::empty({batch, length}, DType::I32);
   for (int64_t b = 0; b < batch; ++b) std::copy(prompt.begin(), prompt.end(), ids.data<int32_t>() + b * length);
-  std::vector<RecurrentState> states;
+  std::unique_ptr<FusedDecoder> fused;
   Clock::time_point start = Clock::now();
-  Tensor logits = prefill(model, ids, states);
+  if (options.decode == DecodePath::Fused) {
+    result.fallback_reason = model.fused_decoding_refusal();
+    if (result.fallback_reason.empty()) {
+      FusedDecoderOptions fused_options;
+      fused_options.batch = batch;
+      // The CPU decodes in the model's own dtype.
+      fused_options.dtype = model.device() == Device::CUDA ? options.fused_dtype : model.lm_head()->value.dtype();
+      fused_options.graph = options.fused_graph;
+      fused_options.vocab_limit = static_cast<int64_t>(candidates);
+      fused = model.make_fused_decoder(fused_options);
+      result.fused = true;
+      result.graph = fused->uses_graph();
+      device_synchronize();
+      result.setup_seconds = seconds_since(start);
+    }
+  }
+
+  std::vector<RecurrentState> states;
+  start = Clock::now();
+  Tensor logits;
+  if (fused)
+    prefill(*fused, model, ids);
+  else
+    logits = prefill(model, ids, states);
+  device_synchronize();
   result.prefill_seconds = seconds_since(start);
 
+  // Greedy choices without a penalty are made on the device (row_argmax): only the ids come back to the host.
+  const bool greedy_on_device =
+      fused && options.sampling.temperature == 0 && options.sampling.repetition_penalty == 1.0;
   start = Clock::now();
   Tensor next = Tensor::empty({batch}, DType::I32);
   for (int64_t step = 0;; ++step) {
-    const std::vector<double> rows = on_device(logits, Device::CPU).to_double_vector();
+    std::vector<double> rows;
+    std::vector<int32_t> greedy;
+    if (greedy_on_device)
+      greedy = fused->greedy_tokens();
+    else
+      rows = on_device(fused ? fused->logits() : logits, Device::CPU).to_double_vector();
     std::vector<int32_t> taken(static_cast<size_t>(batch), -1);
     bool any_running = false;
     for (int64_t b = 0; b < batch; ++b) {
       GeneratedSequence& sequence = result.sequences[b];
       int32_t token = options.eos_id.value_or(0);  // what a stopped sequence is fed
       if (!sequence.stopped_at_eos) {
-        token = sample_next_token(std::span<const double>(rows.data() + b * vocab, candidates), history[b],
-                                  options.sampling, rngs[b]);
+        token = greedy_on_device ? greedy[b]
+                                 : sample_next_token(std::span<const double>(rows.data() + b * vocab, candidates),
+                                                     history[b], options.sampling, rngs[b]);
         history[b].push_back(token);
         if (options.eos_id && token == *options.eos_id) {
           sequence.stopped_at_eos = true;
@@ -101,7 +156,10 @@ GenerationResult generate(const CausalLM& model, const std::vector<int32_t>& pro
     }
     if (on_tokens) on_tokens(taken);
     if (!any_running || step + 1 == options.max_new_tokens) break;
-    logits = model.decode_step(next, states);
+    if (fused)
+      fused->step(next);
+    else
+      logits = model.decode_step(next, states);
     ++result.decode_steps;
   }
   result.decode_seconds = seconds_since(start);

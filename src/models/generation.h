@@ -9,9 +9,15 @@
 #include <vector>
 
 #include "models/causal_lm.h"
+#include "models/fused_decoder.h"
 #include "models/sampling.h"
 
 namespace hgrn {
+
+// How the tokens after the prompt are decoded: op by op (CausalLM::decode_step), or on the fused path
+// (models/fused_decoder.h: fused per-layer steps on buffers made once, a CUDA graph on the GPU), which falls back to
+// op by op for a model that has none (the complex HGRU).
+enum class DecodePath { Ops, Fused };
 
 struct GenerationOptions {
   int64_t max_new_tokens = 128;
@@ -20,6 +26,9 @@ struct GenerationOptions {
   int64_t batch = 1;                 // continuations of the one prompt, decoded side by side
   std::optional<int32_t> eos_id;     // a sequence stops after sampling it (it is not part of the output)
   int64_t vocab_limit = 0;           // only ids below this are sampled (the tokenizer's vocabulary); 0: the model's
+  DecodePath decode = DecodePath::Ops;
+  DType fused_dtype = DType::BF16;   // the fused path's GEMM operands and activations (the model's dtype on the CPU)
+  bool fused_graph = true;           // the fused path on the GPU: replay a CUDA graph of the token step
 };
 
 struct GeneratedSequence {
@@ -33,6 +42,10 @@ struct GenerationResult {
   double prefill_seconds = 0;                // the prompt's forward, up to the first new token's logits
   int64_t decode_steps = 0;                  // tokens decoded per sequence (the first new token needs none)
   double decode_seconds = 0;
+  bool fused = false;                        // decoded on the fused path
+  bool graph = false;                        // ... replaying a CUDA graph
+  double setup_seconds = 0;                  // making the fused path (its buffers, weight copies and graph)
+  std::string fallback_reason;               // the fused path was asked for but the model has none: why
 
   // Tokens decoded per second over all sequences, and seconds per step (0 without steps).
   double decode_tokens_per_second() const {
@@ -52,6 +65,9 @@ void check_prompt(const std::vector<int32_t>& prompt, int64_t vocab_size);
 // position: the first T − 1 tokens through the model's forward (the chunkwise path where it is long), the last
 // through decode_step.
 Tensor prefill(const CausalLM& model, const Tensor& prompt_ids, std::vector<RecurrentState>& states);
+// The same on the fused path: the forward's states go into `decoder` (made for prompt_ids' batch), whose step on the
+// last token leaves the logits in decoder.logits().
+void prefill(FusedDecoder& decoder, const CausalLM& model, const Tensor& prompt_ids);
 
 // Continues `prompt` in options.batch sequences. on_tokens (optional) is called after each step with the token
 // each sequence took (-1 for a sequence already stopped), for streaming.

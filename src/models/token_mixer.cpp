@@ -1,9 +1,14 @@
-// token_mixer.cpp: the memory-policy helpers shared by the decoder and every token mixer.
+// token_mixer.cpp: the memory-policy helpers shared by the decoder and every token mixer, and the refusal of a fused
+// decoding step by a mixer that has none.
 #include "models/token_mixer.h"
 
 #include "ops/rmsnorm.h"
 
 namespace hgrn {
+
+std::unique_ptr<FusedMixerStep> TokenMixer::make_fused_step(const FusedStepSetup&) const {
+  throw Error(fused_step_refusal());
+}
 
 bool recomputes_gates(const ModelMemoryConfig& memory, int64_t layer, int64_t num_layers) {
   return memory.recompute_elementwise &&

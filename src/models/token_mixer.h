@@ -2,6 +2,8 @@
 // layer's sequence-mixing half, and the memory-policy helpers every mixer uses the same way.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "config/config.h"
@@ -44,6 +46,33 @@ struct MixerStep {
   Var h;                                     // the residual stream [B, 1, D]
 };
 
+// What a layer's fused decoding step (below) is made with, once per decoding session (models/fused_decoder.h).
+struct FusedStepSetup {
+  int64_t layer = 0;                          // ℓ
+  int64_t num_layers = 0;                     // L
+  int64_t batch = 0;                          // sequences decoded side by side
+  const std::vector<Var>* weights = nullptr;  // as MixerCall::weights
+  Tensor gamma;                               // γ [L, gate width] (lower_bound_transform), undefined without bounds
+  // The step's input buffer [batch, D], attn_norm(h) of the new tokens, filled before every run: its dtype is the
+  // decoding dtype (the GEMMs' operands: bf16 or fp32 on the GPU, the model's dtype on the CPU), its device the
+  // model's.
+  Tensor x;
+};
+
+// A layer's mixer step on the fused decoding path: made once with every buffer it uses, so that run() allocates
+// nothing, reads the weights as they were when it was made, and queues device work only (on the GPU the whole token
+// step is captured in a CUDA graph and replayed).
+class FusedMixerStep {
+ public:
+  virtual ~FusedMixerStep() = default;
+  // h [batch, D] (the decoding dtype) += Mixer(x) for the tokens whose attn_norm(h) is in the setup's x, advancing
+  // the state in place.
+  virtual void run(Tensor& h) = 0;
+  // The layer's recurrent state, laid out as RecurrentState::tensor (fp32 on the GPU, the model's dtype on the CPU);
+  // zeros when made.
+  virtual Tensor& state() = 0;
+};
+
 class TokenMixer {
  public:
   virtual ~TokenMixer() = default;
@@ -53,6 +82,11 @@ class TokenMixer {
   // replaces it with the state after the new token, and returns h + Mixer(x) [B, 1, D]. Given the state forward
   // leaves after a prefix, a step gives the output forward would give at the next position.
   virtual Var step(Tape& tape, const MixerStep& call, RecurrentState& state) const = 0;
+  // The fused form of step for the fused decoding path (models/fused_decoder.h): the same function on buffers made
+  // once, with the layer's recurrence, gates and the elementwise work around them in as few kernels as the maths
+  // allows. A mixer without one says why in fused_step_refusal (the model then decodes op by op).
+  virtual std::string fused_step_refusal() const { return "this token mixer has no fused decoding step"; }
+  virtual std::unique_ptr<FusedMixerStep> make_fused_step(const FusedStepSetup& setup) const;
 };
 
 // Whether layer `layer` of `num_layers` recomputes its gates in the backward (recompute_elementwise, with

@@ -129,10 +129,12 @@ Var embedding(Tape& tape, const Var& weight, const Tensor& ids, DType out_dtype)
       return;
     }
 #ifdef HGRN_WITH_CUDA
+    const size_t workspace_bytes = embedding_backward_workspace_bytes(rows, width);
+    Tensor workspace = Tensor::empty({static_cast<int64_t>(workspace_bytes / 4)}, DType::F32, Device::CUDA);
     embedding_backward_cuda(dy.raw_data(), dy.dtype(), saved->sorted_ids.data<int32_t>(),
                             saved->sorted_pos.data<int32_t>(), saved->segment_start.data<int32_t>(),
                             saved->num_segments.data<int32_t>(), grad_buffer(weight).data<float>(), rows, vocab,
-                            width);
+                            width, workspace.raw_data(), workspace_bytes);
 #else
     throw Error("embedding: this hgrn was built without CUDA");
 #endif
@@ -143,6 +145,38 @@ Var embedding(Tape& tape, const Var& weight, const Tensor& ids, DType out_dtype)
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids) {
   HGRN_CHECK(weight, "embedding: weight is null");
   return embedding(tape, weight, ids, weight->value.dtype());
+}
+
+void embedding_lookup_into(const Tensor& weight, const Tensor& ids, Tensor& y) {
+  HGRN_CHECK(weight.dim() == 2 && weight.is_contiguous(), "embedding: weight must be a contiguous [Vocab, D], got ",
+             shape_str(weight.shape()));
+  HGRN_CHECK(ids.defined() && (ids.dtype() == DType::I32 || ids.dtype() == DType::I64) && ids.is_contiguous() &&
+                 ids.device() == weight.device(),
+             "embedding: ids must be contiguous int32 or int64 on the weight's device");
+  const int64_t vocab = weight.size(0), width = weight.size(1), rows = ids.numel();
+  Shape out_shape = ids.shape();
+  out_shape.push_back(width);
+  HGRN_CHECK(y.shape() == out_shape && y.is_contiguous() && y.device() == weight.device(),
+             "embedding: the output buffer ", shape_str(y.shape()), " does not match ", shape_str(out_shape));
+  if (weight.device() == Device::CPU) {
+    HGRN_CHECK(y.dtype() == weight.dtype(), "embedding: on the CPU the output dtype (", dtype_name(y.dtype()),
+               ") must be the weight's (", dtype_name(weight.dtype()), ")");
+    const std::vector<int64_t> checked = ids.dtype() == DType::I32 ? checked_ids(ids.data<int32_t>(), rows, vocab)
+                                                                   : checked_ids(ids.data<int64_t>(), rows, vocab);
+    HGRN_DISPATCH_FLOAT(weight.dtype(), "embedding", [&] {
+      embedding_forward_cpu(weight.data<scalar_t>(), checked.data(), y.data<scalar_t>(), rows, width);
+    });
+    return;
+  }
+#ifdef HGRN_WITH_CUDA
+  HGRN_CHECK(weight.dtype() == DType::F32, "embedding: a GPU weight is a parameter and must be fp32, got ",
+             dtype_name(weight.dtype()));
+  HGRN_CHECK(y.dtype() == DType::F32 || y.dtype() == DType::BF16,
+             "embedding: GPU activations are fp32 or bf16, asked for ", dtype_name(y.dtype()));
+  embedding_forward_cuda(weight.data<float>(), ids.raw_data(), ids.dtype(), y.raw_data(), y.dtype(), rows, width);
+#else
+  throw Error("embedding: this hgrn was built without CUDA");
+#endif
 }
 
 }  // namespace hgrn

@@ -13,4 +13,10 @@ Var embedding(Tape& tape, const Var& weight, const Tensor& ids, DType out_dtype)
 // Output in the weight's dtype.
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids);
 
+// The lookup alone into y [..., D] (contiguous, ids' shape then D), without a tape, for buffers made once (decoding,
+// models/fused_decoder.h); y's dtype as for embedding's out_dtype. The GPU does not check the ids (that reads a number
+// back to the host, which work captured in a CUDA graph cannot do): the caller must pass ids in [0, Vocab), checked
+// where they come from. The CPU checks them.
+void embedding_lookup_into(const Tensor& weight, const Tensor& ids, Tensor& y);
+
 }  // namespace hgrn

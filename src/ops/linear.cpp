@@ -81,7 +81,7 @@ const Tensor& bf16_weight_copy(const Var& weight) {
 // linear_columns' weights as its GEMMs read them: values, or bf16 copies made adjacent (one buffer, cast again
 // together whenever they are not: after recompute_weight_copies dropped them, or a copy made alone). The GPU
 // optimiser rewrites each copy in place, which keeps them adjacent.
-static std::vector<Tensor> weights_for_input(const std::vector<Var>& weights, const Tensor& xv) {
+std::vector<Tensor> column_weights_for_input(const std::vector<Var>& weights, const Tensor& xv) {
   HGRN_CHECK(!weights.empty(), "linear_columns: no weights");
   std::vector<Tensor> out;
   const bool cast = reads_bf16_copy(weights[0], xv);
@@ -168,6 +168,27 @@ static void for_column_blocks(const std::vector<Tensor>& parts, const std::vecto
   }
 }
 
+void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Tensor& y, bool accumulate) {
+  HGRN_CHECK(!weights.empty(), "linear: no weights");
+  const int64_t in = x.size(-1), rows = x.numel() / in, width = y.size(-1);
+  std::vector<int64_t> widths;
+  int64_t total = 0;
+  for (const Tensor& w : weights) {
+    HGRN_CHECK(w.dim() == 2 && w.size(1) == in && w.is_contiguous() && w.device() == x.device(), "linear: weight ",
+               shape_str(w.shape()), " does not fit the input ", shape_str(x.shape()));
+    widths.push_back(w.size(0));
+    total += w.size(0);
+  }
+  HGRN_CHECK(x.is_contiguous() && y.is_contiguous() && y.numel() == rows * total && width == total &&
+                 y.device() == x.device(),
+             "linear: the output buffer ", shape_str(y.shape()), " does not fit the input ", shape_str(x.shape()),
+             " and ", total, " output features");
+  for_column_blocks(weights, widths, true, [&](const Tensor& w, int64_t col, int64_t n, size_t) {
+    Tensor block = y.columns(col, n);
+    linear_gemm(false, true, rows, n, in, x, in, w, in, accumulate ? 1.0f : 0.0f, block, width);
+  });
+}
+
 // dW_i (+)= dy[:, columns of W_i]ᵀ·x for linear_columns: one GEMM where the gradients are adjacent and all fresh or
 // all accumulating, else one per weight.
 static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std::vector<Var>& weights,
@@ -201,18 +222,14 @@ static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std
 std::vector<Var> linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights) {
   HGRN_CHECK(x, "linear_columns: input is null");
   const Tensor& xv = x->value;
-  const std::vector<Tensor> w = weights_for_input(weights, xv);
-  const int64_t in = xv.size(-1), rows = xv.numel() / in;
+  const std::vector<Tensor> w = column_weights_for_input(weights, xv);
   std::vector<int64_t> widths;
   int64_t width = 0;
   for (const Tensor& wi : w) widths.push_back(wi.size(0)), width += wi.size(0);
   Shape out_shape = xv.shape();
   out_shape.back() = width;
-  const Tensor y = Tensor::empty(out_shape, xv.dtype(), xv.device());
-  for_column_blocks(w, widths, true, [&](const Tensor& wi, int64_t col, int64_t n, size_t) {
-    Tensor block = y.columns(col, n);
-    linear_gemm(false, true, rows, n, in, xv, in, wi, in, 0.0f, block, width);
-  });
+  Tensor y = Tensor::empty(out_shape, xv.dtype(), xv.device());
+  linear_product_into(xv, w, y, /*accumulate=*/false);
   bool weight_grads = false;
   for (const Var& wv : weights) weight_grads = weight_grads || wants_grad(wv);
   const bool records = tape.enabled() && (wants_grad(x) || weight_grads);
@@ -225,7 +242,7 @@ std::vector<Var> linear_columns(Tape& tape, const Var& x, const std::vector<Var>
     if (wants_grad(x)) {
       bool accumulate = false;
       Tensor& dx = grad_buffer_for_write(x, &accumulate);
-      for_column_blocks(weights_for_input(weights, dx), widths, true,
+      for_column_blocks(column_weights_for_input(weights, dx), widths, true,
                         [&](const Tensor& wi, int64_t col, int64_t n, size_t) {
                           linear_gemm(false, false, rows, in, n, dy.columns(col, n), width, wi, in,
                                       accumulate || col > 0 ? 1.0f : 0.0f, dx, in);

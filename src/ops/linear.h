@@ -26,10 +26,17 @@ std::vector<Var> linear_columns(Tape& tape, const Var& x, const std::vector<Var>
 Tensor weight_for_input(const Var& weight, const Tensor& x);
 // The bf16 copy of an fp32 master weight, cast on first use after each update (or after the copy was dropped).
 const Tensor& bf16_weight_copy(const Var& weight);
+// linear_columns' weights as its GEMMs read them with the input `x`: their values, or their bf16 copies (made
+// adjacent in one buffer where the values are adjacent).
+std::vector<Tensor> column_weights_for_input(const std::vector<Var>& weights, const Tensor& x);
 // linear's three products, with the weight's compute tensor w [out, in] (weight_for_input) and rows = the rows of
 // x [..., in] / dy [..., out]. y = x·Wᵀ, a new tensor [..., out]:
 // residual non-null: y = residual + x·Wᵀ (one rounding to y's dtype).
 Tensor linear_product(const Tensor& x, const Tensor& w, const Tensor* residual = nullptr);
+// y (+)= x·[W_0; W_1; …]ᵀ into y [..., Σ out_i] (contiguous, x's dtype and device; accumulate: add to it), from the
+// weights' compute tensors: one GEMM where they lie adjacent, else one per weight into its column block. Allocates
+// nothing (decoding's buffers made once, models/fused_decoder.h; linear_columns' forward).
+void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Tensor& y, bool accumulate);
 // dx = dy·W + beta·dx (beta 0: dx may be a fresh, uninitialised buffer):
 void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor& dx);
 // weight's gradient += dyᵀ·x (into the fp32 master gradient for bf16 inputs: accumulated in fp32, never rounded to

@@ -2,9 +2,12 @@
 // ops) and its GPU path (kernels/lower_bounded_gated_scan.cu), with the checks of the fused path's inputs.
 #include "ops/lower_bounded_gated_scan.h"
 
+#include <cmath>
+
 #include "ops/activations.h"
 #include "ops/elementwise.h"
 #include "ops/hgrn2_gates.h"
+#include "ops/rmsnorm.h"
 #include "ops/sequence_resets.h"
 
 #ifdef HGRN_WITH_CUDA
@@ -176,6 +179,81 @@ GatedScanOutputs lower_bounded_gated_scan(Tape& tape, const Var& i_hat, const Va
   const Var k = input_gate_from_forget(tape, g, f_hat->value.dtype());
   const Var u = swiglu(tape, contiguous(tape, i_hat), k);
   return gated_scan(tape, u, g, initial_state, mode, /*chunk_size=*/0, resets);
+}
+
+void lower_bounded_gated_scan_step(const Tensor& i_hat, const Tensor& f_hat, const Tensor& gamma, int64_t layer,
+                                   Tensor& state, const Tensor& g_hat, const Tensor& norm_weight, double eps,
+                                   Tensor& out) {
+  const char* op = "lower_bounded_gated_scan_step";
+  HGRN_CHECK(f_hat.dim() == 2 && i_hat.shape() == f_hat.shape() && g_hat.shape() == f_hat.shape(), op,
+             ": i_hat ", shape_str(i_hat.shape()), ", f_hat ", shape_str(f_hat.shape()), " and g_hat ",
+             shape_str(g_hat.shape()), " must all be [B, C]");
+  HGRN_CHECK(i_hat.dtype() == f_hat.dtype() && g_hat.dtype() == f_hat.dtype() && i_hat.device() == f_hat.device() &&
+                 g_hat.device() == f_hat.device(),
+             op, ": i_hat, f_hat and g_hat must share one dtype and device");
+  HGRN_CHECK(i_hat.is_row_strided() && f_hat.is_row_strided() && g_hat.is_row_strided(), op,
+             ": i_hat, f_hat and g_hat must be row-strided");
+  const int64_t B = f_hat.size(0), C = f_hat.size(1);
+  const Device device = f_hat.device();
+  const DType fp = device == Device::CUDA ? DType::F32 : f_hat.dtype();  // the state's, γ's and the norm's
+  HGRN_CHECK(state.shape() == Shape({B, C}) && state.dtype() == fp && state.device() == device &&
+                 state.is_contiguous(),
+             op, ": state must be a contiguous ", dtype_name(fp), " ", shape_str(Shape({B, C})), ", got ",
+             dtype_name(state.dtype()), " ", shape_str(state.shape()));
+  HGRN_CHECK(norm_weight.shape() == Shape({C}) && norm_weight.dtype() == fp && norm_weight.device() == device &&
+                 norm_weight.is_contiguous(),
+             op, ": norm_weight must be a contiguous ", dtype_name(fp), " [", C, "]");
+  HGRN_CHECK(out.shape() == Shape({B, C}) && out.dtype() == f_hat.dtype() && out.device() == device &&
+                 out.is_contiguous(),
+             op, ": out must be a contiguous ", dtype_name(f_hat.dtype()), " ", shape_str(Shape({B, C})));
+  HGRN_CHECK(eps >= 0 && std::isfinite(eps), op, ": eps must be finite and non-negative, got ", eps);
+  HGRN_CHECK(layer >= 0, op, ": layer must be non-negative, got ", layer);
+  if (gamma.defined())
+    HGRN_CHECK(gamma.dim() == 2 && gamma.size(1) == C && layer < gamma.size(0) && gamma.is_contiguous() &&
+                   gamma.device() == device && gamma.dtype() == fp,
+               op, ": gamma must be a contiguous ", dtype_name(fp), " [L > ", layer, ", ", C, "], got ",
+               dtype_name(gamma.dtype()), " ", shape_str(gamma.shape()));
+  if (B == 0 || C == 0) return;
+
+  if (device == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    HGRN_CHECK(f_hat.dtype() == DType::F32 || f_hat.dtype() == DType::BF16, op,
+               ": GPU activations are fp32 or bf16, got ", dtype_name(f_hat.dtype()));
+    LowerBoundedScanStepArgs a;
+    a.batch = B;
+    a.channels = C;
+    a.act = f_hat.dtype();
+    a.i_hat = i_hat.raw_data();
+    a.f_hat = f_hat.raw_data();
+    a.g_hat = g_hat.raw_data();
+    a.i_stride = i_hat.row_stride();
+    a.f_stride = f_hat.row_stride();
+    a.g_stride = g_hat.row_stride();
+    a.gamma_row = gamma.defined() && layer > 0 ? gamma.data<float>() + layer * C : nullptr;
+    a.state = state.data<float>();
+    a.norm_weight = norm_weight.data<float>();
+    a.eps = static_cast<float>(eps);
+    a.out = out.raw_data();
+    lower_bounded_scan_cuda_step(a);
+    return;
+#else
+    throw Error("lower_bounded_gated_scan_step: this hgrn was built without CUDA");
+#endif
+  }
+  // The reference: the ops HGRN1's op-by-op step runs (models/hgrn1/hgrn1.cpp), on one position.
+  Tape untaped;
+  untaped.set_enabled(false);
+  const auto one_position = [](const Tensor& rows) {
+    Tensor copy = Tensor::empty(rows.shape(), rows.dtype(), rows.device());
+    copy.copy_from(rows);
+    return make_var(copy.reshape({rows.size(0), 1, rows.size(1)}));
+  };
+  const GatedScanOutputs r = lower_bounded_gated_scan(untaped, one_position(i_hat), one_position(f_hat),
+                                                      gamma.defined() ? make_var(gamma) : nullptr, layer,
+                                                      make_var(state), ScanMode::Sequential);
+  const Var normed = rmsnorm(untaped, r.output, make_var(norm_weight), eps);
+  state.copy_from(r.final_state->value);
+  out.copy_from(swiglu(untaped, one_position(g_hat), normed)->value.reshape({B, C}));
 }
 
 }  // namespace hgrn

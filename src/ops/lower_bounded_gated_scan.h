@@ -26,4 +26,17 @@ GatedScanOutputs lower_bounded_gated_scan(Tape& tape, const Var& i_hat, const Va
                                           int64_t layer, const Var& initial_state, ScanMode mode = ScanMode::Chunk,
                                           const Tensor& resets = Tensor());
 
+// One token of the recurrence for decoding, with the output norm HGRN1 puts after it (fla's FusedRMSNormGated): the
+// state read and written once, in place, and no tape.
+//   h ← e^g ⊙ h + silu(î) ⊙ (1 − e^g),   out = RMSNorm(h) ⊙ norm_weight ⊙ silu(ĝ)   (RMSNorm over the C channels)
+// The CPU reference is exactly HGRN1's op-by-op step: this op on one position (Sequential), rmsnorm and
+// swiglu(ĝ, ·); the GPU is one kernel (kernels/lower_bounded_gated_scan.h).
+// i_hat, f_hat, g_hat [B, C]: row-strided (column blocks of the fused projection's output), one dtype; gamma and layer
+// as above; state [B, C] contiguous, updated in place; norm_weight [C]; out [B, C] contiguous.
+// CPU: every tensor in one floating dtype. CUDA: î, f̂, ĝ and out in the activation dtype (fp32 or bf16), gamma, state
+// and norm_weight fp32; nothing is allocated (the step can be captured in a CUDA graph).
+void lower_bounded_gated_scan_step(const Tensor& i_hat, const Tensor& f_hat, const Tensor& gamma, int64_t layer,
+                                   Tensor& state, const Tensor& g_hat, const Tensor& norm_weight, double eps,
+                                   Tensor& out);
+
 }  // namespace hgrn

@@ -62,30 +62,28 @@ static void rmsnorm_backward_cpu(const T* x, const T* w, const T* rstd, const T*
 }
 
 // x is the tensor normalised; weight may be null. On the GPU x is fp32 or bf16 and the weight fp32.
-static void check_norm_args(const char* op, const Tensor& xv, const Var& weight, double eps) {
+static void check_norm_args(const char* op, const Tensor& xv, const Tensor* wv, double eps) {
   HGRN_CHECK(xv.dim() >= 1 && xv.size(-1) > 0, op, ": input must have a non-empty last axis, got ",
              shape_str(xv.shape()));
   HGRN_CHECK(xv.is_contiguous(), op, ": input must be contiguous");
   HGRN_CHECK(eps >= 0 && std::isfinite(eps), op, ": eps must be finite and non-negative, got ", eps);
-  if (!weight) return;
-  const Tensor& wv = weight->value;
-  HGRN_CHECK(wv.dim() == 1 && wv.size(0) == xv.size(-1), op, ": weight ", shape_str(wv.shape()),
+  if (!wv) return;
+  HGRN_CHECK(wv->dim() == 1 && wv->size(0) == xv.size(-1), op, ": weight ", shape_str(wv->shape()),
              " does not match input ", shape_str(xv.shape()));
-  HGRN_CHECK(wv.device() == xv.device() && wv.is_contiguous(), op, ": weight must be a contiguous ",
+  HGRN_CHECK(wv->device() == xv.device() && wv->is_contiguous(), op, ": weight must be a contiguous ",
              device_name(xv.device()), " tensor, as the input is");
   if (xv.device() == Device::CPU) {
-    HGRN_CHECK(wv.dtype() == xv.dtype(), op, ": input is ", dtype_name(xv.dtype()), ", weight is ",
-               dtype_name(wv.dtype()));
+    HGRN_CHECK(wv->dtype() == xv.dtype(), op, ": input is ", dtype_name(xv.dtype()), ", weight is ",
+               dtype_name(wv->dtype()));
   } else {
-    HGRN_CHECK(wv.dtype() == DType::F32, op, ": a GPU weight (a parameter) must be fp32, got ",
-               dtype_name(wv.dtype()));
+    HGRN_CHECK(wv->dtype() == DType::F32, op, ": a GPU weight (a parameter) must be fp32, got ",
+               dtype_name(wv->dtype()));
   }
 }
 
 // The forward on x's device. rstd is x's dtype on the CPU, fp32 on the GPU.
-static void norm_forward(const Tensor& x, const Var& weight, Tensor& y, Tensor& rstd, int64_t rows, int64_t width,
+static void norm_forward(const Tensor& x, const Tensor* w, Tensor& y, Tensor& rstd, int64_t rows, int64_t width,
                          double eps) {
-  const Tensor* w = weight ? &weight->value : nullptr;
   if (x.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
     cuda_rmsnorm_forward(x.raw_data(), w ? w->data<float>() : nullptr, y.raw_data(), rstd.data<float>(), rows, width,
@@ -155,11 +153,12 @@ static Tensor output_to_restore(const Var& out) {
 Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps) {
   HGRN_CHECK(x, "rmsnorm: input is null");
   const Tensor& xv = x->value;
-  check_norm_args("rmsnorm", xv, weight, eps);
+  const Tensor* wv = weight ? &weight->value : nullptr;
+  check_norm_args("rmsnorm", xv, wv, eps);
   const int64_t width = xv.size(-1), rows = xv.numel() / width;
   Tensor y = Tensor::empty(xv.shape(), xv.dtype(), xv.device());
   Tensor rstd = empty_rstd(xv, rows);
-  norm_forward(xv, weight, y, rstd, rows, width, eps);
+  norm_forward(xv, wv, y, rstd, rows, width, eps);
   Var out = weight ? op_output(tape, y, {x, weight}) : op_output(tape, y, {x});
   if (!out->requires_grad) return out;
   tape.record([x, weight, out, rstd, rows, width] {
@@ -170,6 +169,19 @@ Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps) {
     if (y.defined()) restore_value(out, std::move(y));
   });
   return out;
+}
+
+void rmsnorm_forward_into(const Tensor& x, const Tensor* weight, double eps, Tensor& y, Tensor& rstd) {
+  check_norm_args("rmsnorm", x, weight, eps);
+  const int64_t width = x.size(-1), rows = x.numel() / width;
+  const DType rstd_dtype = x.device() == Device::CUDA ? DType::F32 : x.dtype();
+  HGRN_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device() && y.is_contiguous(),
+             "rmsnorm: the output buffer ", dtype_name(y.dtype()), " ", shape_str(y.shape()),
+             " does not match the input ", dtype_name(x.dtype()), " ", shape_str(x.shape()));
+  HGRN_CHECK(rstd.numel() == rows && rstd.dtype() == rstd_dtype && rstd.device() == x.device() &&
+                 rstd.is_contiguous(),
+             "rmsnorm: the rstd buffer must be ", rows, " contiguous ", dtype_name(rstd_dtype), " values");
+  norm_forward(x, weight, y, rstd, rows, width, eps);
 }
 
 }  // namespace hgrn

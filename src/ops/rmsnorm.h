@@ -10,4 +10,8 @@ namespace hgrn {
 // backward. On the GPU x is fp32 or bf16 and the weight (a parameter) is fp32.
 Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps);
 
+// The forward alone into given buffers, for code that runs without a tape on buffers made once (decoding,
+// models/fused_decoder.h): y like x, rstd [rows] (fp32 on the GPU, x's dtype on the CPU). Allocates nothing.
+void rmsnorm_forward_into(const Tensor& x, const Tensor* weight, double eps, Tensor& y, Tensor& rstd);
+
 }  // namespace hgrn

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iomanip>
 #include <numeric>
 #include <vector>
 
@@ -58,6 +59,8 @@ class RandomTokens : public BatchSource {
   TokenBatch next_batch(int64_t) override { return batch_; }
   uint64_t cursor() const override { return 0; }
   void set_cursor(uint64_t) override {}
+  // data.stateful: every step's rows go on from the states of the step before.
+  bool next_batch_continues_streams() const override { return true; }
 
  private:
   TokenBatch batch_;
@@ -100,8 +103,9 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   log << "bench: " << r.params << " parameters, " << r.tokens_per_step << " tokens per step";
   if (r.ranks > 1)
     log << " over " << r.ranks << " data-parallel ranks" << (tc.zero1 ? " (ZeRO-1)" : "");
-  log << ", " << dtype_name(act) << " activations on " << r.device_name << "; " << warmup << " warm-up + " << steps
-      << " timed steps";
+  log << ", " << dtype_name(act) << " activations on " << r.device_name
+      << (setup->carried_states ? ", recurrent states carried from step to step (data.stateful)" : "") << "; "
+      << warmup << " warm-up + " << steps << " timed steps";
   if (document_tokens > 0)
     log << "; packed documents of ~" << document_tokens << " tokens, the state restarted at each document start";
   log << "\n";
@@ -283,6 +287,106 @@ ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device
   const double gate = fused ? act : 4;
   r.bytes_forward = elements * (2 * act + gate);
   r.bytes_forward_backward = r.bytes_forward + elements * (3 * act + 2 * gate);
+  return r;
+}
+
+GenerationBench bench_generation(const Config& config, Device device, DType dtype, DecodePath path, int64_t batch,
+                                 int64_t prompt_length, int64_t new_tokens, int64_t warmup, int64_t runs,
+                                 std::ostream& log) {
+  HGRN_CHECK(batch >= 1 && prompt_length >= 1 && new_tokens >= 2 && runs >= 1,
+             "hgrn bench --generate: expected a batch >= 1, a prompt of >= 1 token, >= 2 new tokens and >= 1 run");
+  HGRN_CHECK(dtype != DType::BF16 || device == Device::CUDA, "hgrn bench --generate: bf16 needs the GPU (use --dtype "
+             "fp32)");
+  GenerationBench r;
+  r.device_name = device == Device::CUDA ? cuda_device_name() : "cpu";
+  r.dtype = dtype_name(dtype);
+  r.batch = batch;
+  r.prompt_length = prompt_length;
+  r.new_tokens = new_tokens;
+  r.runs = runs;
+  r.params = model_cost(config.model, prompt_length).params_total;
+  Rng init(config.training.seed);
+  const std::unique_ptr<CausalLM> model = create_model(config.model, init, DType::F32);
+  model->to_device(device, dtype);
+#ifdef HGRN_WITH_CUDA
+  // As training does: the fastest GEMM algorithm per shape unless the config asks for bits that repeat across runs.
+  set_gemm_autotune(device == Device::CUDA && !config.training.deterministic);
+#endif
+  Rng prompt_rng(config.training.seed + 1);
+  std::vector<int32_t> prompt(static_cast<size_t>(prompt_length));
+  for (int32_t& id : prompt)
+    id = static_cast<int32_t>(prompt_rng.below(static_cast<uint64_t>(config.model.vocab_size)));
+  GenerationOptions options;
+  options.batch = batch;
+  options.sampling.temperature = 0;  // greedy, never stopping early: no end-of-document id
+  options.decode = path;
+  options.fused_dtype = dtype;
+  log << "bench --generate: " << r.params << " parameters, " << dtype_name(dtype) << " on " << r.device_name
+      << ", batch " << batch << ", prompt " << prompt_length << ", " << new_tokens << " new tokens; " << warmup
+      << " warm-up + " << runs << " timed generations\n";
+
+  options.max_new_tokens = std::min<int64_t>(new_tokens, 16);
+  for (int64_t w = 0; w < warmup; ++w) generate(*model, prompt, options);
+  options.max_new_tokens = new_tokens;
+  std::vector<double> setup, prefill, per_token, decode_rate;
+  for (int64_t run = 0; run < runs; ++run) {
+    device_synchronize();
+    cuda_reset_peak_memory();
+    CudaMemoryStats at_start{}, at_end{};
+    size_t whole_peak = 0;
+    int64_t calls = 0;
+    const GenerationResult g = generate(*model, prompt, options, [&](const std::vector<int32_t>&) {
+      ++calls;
+      if (calls == 1) {  // the prefill is done and the first token taken: the decode steps start
+        whole_peak = cuda_memory_stats().peak_in_use_bytes;
+        at_start = cuda_memory_stats();
+        cuda_reset_peak_memory();
+      } else if (calls == new_tokens) {
+        device_synchronize();
+        at_end = cuda_memory_stats();
+      }
+    });
+    setup.push_back(g.setup_seconds * 1e3);
+    prefill.push_back(g.prefill_seconds * 1e3);
+    per_token.push_back(g.seconds_per_step() * 1e3);
+    decode_rate.push_back(g.decode_tokens_per_second());
+    r.decode_path = g.fused ? (g.graph ? "fused (CUDA graph)" : "fused")
+                            : g.fallback_reason.empty() ? "op by op" : "op by op (" + g.fallback_reason + ")";
+    constexpr double kGiB = 1u << 30;
+    r.peak_memory_gib = std::max<double>(whole_peak, at_end.peak_in_use_bytes) / kGiB;
+    r.decode_peak_memory_gib = static_cast<double>(at_end.peak_in_use_bytes) / kGiB;
+    r.decode_start_memory_gib = static_cast<double>(at_start.in_use_bytes) / kGiB;
+    r.decode_end_memory_gib = static_cast<double>(at_end.in_use_bytes) / kGiB;
+    r.decode_driver_allocations = static_cast<int64_t>(at_end.driver_allocations - at_start.driver_allocations);
+    log << std::setprecision(3) << "  run " << run + 1 << ": prefill " << prefill.back() << " ms, "
+        << per_token.back() << " ms per token, " << decode_rate.back() << " tokens/s decoding\n";
+  }
+  r.setup_ms = median(setup);
+  r.prefill_ms = median(prefill);
+  r.prefill_tokens_per_s = static_cast<double>(batch * prompt_length) / (r.prefill_ms * 1e-3);
+  r.ms_per_token = median(per_token);
+  r.decode_tokens_per_s = median(decode_rate);
+
+  // The step's least traffic: every matrix its GEMMs read (the embedding is only gathered: B rows, unless it is also
+  // the LM head), in the decoding dtype; vectors (norms, lower bounds) in fp32; each layer's state read and written.
+  const double weight_size = static_cast<double>(dtype_size(dtype));
+  const Var& embeddings = model->parameter("model.embeddings.weight");
+  for (const auto& [spec, var] : model->parameters()) {
+    const double n = static_cast<double>(var->value.numel());
+    if (var == embeddings && !config.model.tie_word_embeddings)
+      r.weight_bytes += static_cast<double>(batch * var->value.size(1)) * 4.0;
+    else
+      r.weight_bytes += n * (var->value.dim() == 2 ? weight_size : 4.0);
+  }
+  std::vector<RecurrentState> states;
+  model->decode_step(Tensor::zeros({batch}, DType::I32), states);
+  for (const RecurrentState& s : states) r.state_bytes += 2.0 * static_cast<double>(s.tensor.nbytes());
+#ifdef HGRN_WITH_CUDA
+  if (device == Device::CUDA) {
+    r.copy_gbps = measure_device_copy_gbps();
+    r.floor_ms = (r.weight_bytes + r.state_bytes) / (r.copy_gbps * 1e9) * 1e3;
+  }
+#endif
   return r;
 }
 

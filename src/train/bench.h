@@ -1,5 +1,5 @@
-// bench.h: `hgrn bench`: timings of whole training steps of a config, and of the HGRU2 recurrence or the gated scan
-// alone.
+// bench.h: `hgrn bench`: timings of whole training steps of a config, of generation with its model, and of the HGRU2
+// recurrence or the gated scan alone.
 // Benchmarks, not tests: the numbers go to docs/benchmarks.md with the command, GPU and commit.
 #pragma once
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include "config/config.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "models/generation.h"
 
 namespace hgrn {
 
@@ -29,7 +30,8 @@ struct StepBench {
 };
 // Times `warmup` + `steps` training steps (training_step, the loop's own) of the config's model on uniformly random
 // tokens fixed for the run (as the peer's benchmark does), each step device-synchronised; reports the median.
-// Under mpirun (several ranks) the steps are data-parallel ones and the figures are the whole job's.
+// Under mpirun (several ranks) the steps are data-parallel ones and the figures are the whole job's. With
+// data.stateful each step's rows start from the states the step before left (the data path is not timed).
 // document_tokens > 0: the batch is packed documents of that many tokens on average (random_document_starts), whose
 // starts restart the recurrent state as data.reset_state_at_document does.
 StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t steps, std::ostream& log,
@@ -64,5 +66,30 @@ struct ScanBench {
 // document_tokens > 0: with resets at random document starts of that mean length (random_document_starts).
 ScanBench bench_scan(int64_t B, int64_t T, int64_t C, DType dtype, Device device, int64_t warmup, int64_t iters,
                      bool fused = false, int64_t document_tokens = 0);
+
+struct GenerationBench {
+  std::string device_name, decode_path;  // decode_path: "fused (CUDA graph)", "fused", "op by op", or the fallback
+  std::string dtype;
+  int64_t params = 0, batch = 0, prompt_length = 0, new_tokens = 0, runs = 0;
+  // Medians over the timed runs. Prefill: the prompt's forward and the first new token's logits, B·P tokens;
+  // decode: the new_tokens − 1 steps after it, host sampling (or the device's greedy choice read back) included.
+  double setup_ms = 0;  // making the fused path: buffers, weight copies, the graph's capture
+  double prefill_ms = 0, prefill_tokens_per_s = 0;
+  double ms_per_token = 0, decode_tokens_per_s = 0;
+  // GPU memory (0 on the CPU): the high-water mark over a whole generation, over its decode steps alone, and what is
+  // in use when the decoding starts and when it ends: flat in the generated length when the last three agree.
+  double peak_memory_gib = 0, decode_peak_memory_gib = 0, decode_start_memory_gib = 0, decode_end_memory_gib = 0;
+  int64_t decode_driver_allocations = 0;  // cudaMalloc calls during the decode steps
+  // What a decode step must move at least: the weights its GEMMs read in the decoding dtype (and the embedding's B
+  // rows), and the recurrent states read and written; over the GPU's measured copy rate, the step's memory floor.
+  double weight_bytes = 0, state_bytes = 0, copy_gbps = 0, floor_ms = 0;
+};
+// Times generation (models/generation.h: prefill, then greedy decoding) with the config's model shape and random
+// weights (its seed) on `device`: a random prompt of prompt_length ids continued by new_tokens in `batch` sequences,
+// `dtype` activations and GEMM weights, on `path`. `warmup` untimed generations of a few tokens first, then `runs`
+// timed ones. As in training, the GEMMs' algorithms are timed once per shape unless training.deterministic.
+GenerationBench bench_generation(const Config& config, Device device, DType dtype, DecodePath path, int64_t batch,
+                                 int64_t prompt_length, int64_t new_tokens, int64_t warmup, int64_t runs,
+                                 std::ostream& log);
 
 }  // namespace hgrn

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "data/document_starts.h"
+#include "data/token_streams.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "train/lm_loss.h"
@@ -25,24 +25,6 @@ struct LossSum {
     return {targets, nll / n, static_cast<double>(correct) / n};
   }
 };
-
-// Inputs [rows, len] and targets (the next tokens) from `len + 1`-token spans of the shard starting at `starts`, and
-// with document_eos the reset flags at the document starts it marks.
-TokenBatch spans_batch(const TokenShardReader& shard, const std::vector<int64_t>& starts, int64_t len,
-                       std::optional<int32_t> document_eos) {
-  const int64_t rows = static_cast<int64_t>(starts.size());
-  TokenBatch batch{Tensor::empty({rows, len}, DType::I32), Tensor::empty({rows, len}, DType::I32)};
-  if (document_eos) batch.resets = Tensor::empty({rows, len}, DType::I32);
-  std::vector<int32_t> span(static_cast<size_t>(len + 1));
-  for (int64_t r = 0; r < rows; ++r) {
-    shard.read(starts[r], len + 1, span.data());
-    std::copy(span.begin(), span.end() - 1, batch.inputs.data<int32_t>() + r * len);
-    std::copy(span.begin() + 1, span.end(), batch.targets.data<int32_t>() + r * len);
-    if (document_eos)
-      mark_document_starts(shard, starts[r], len, span.data(), *document_eos, batch.resets.data<int32_t>() + r * len);
-  }
-  return batch;
-}
 
 }  // namespace
 
@@ -78,20 +60,21 @@ EvalResult evaluate_shard(const CausalLM& model, const TokenShardReader& shard, 
     for (int64_t w0 = 0; w0 < windows && sum.targets < budget; w0 += B) {
       std::vector<int64_t> starts;
       for (int64_t w = w0; w < std::min(windows, w0 + B); ++w) starts.push_back(w * T);
-      sum.add(language_model_loss(model, no_grad, spans_batch(shard, starts, T, options.document_eos)));
+      sum.add(language_model_loss(model, no_grad, read_token_spans(shard, starts, T, options.document_eos)));
       report(total);
     }
     return sum.result();
   }
-  // Stream b covers tokens [b*L, b*L + L]: L targets each, read T at a time with the states carried.
-  const int64_t L = (N - 1) / B;
+  // B contiguous streams (data/token_streams.h) of L targets each, read T at a time with the states carried.
+  const StreamLayout layout(N, B);
+  const int64_t L = layout.length;
   const int64_t total = budget == INT64_MAX ? B * L : planned(B * L, B * T);
   std::vector<Var> states;
   for (int64_t offset = 0; offset < L && sum.targets < budget; offset += T) {
     const int64_t len = std::min(T, L - offset);
     std::vector<int64_t> starts;
-    for (int64_t b = 0; b < B; ++b) starts.push_back(b * L + offset);
-    TokenBatch batch = spans_batch(shard, starts, len, options.document_eos);
+    for (int64_t b = 0; b < B; ++b) starts.push_back(layout.start(b) + offset);
+    TokenBatch batch = read_token_spans(shard, starts, len, options.document_eos);
     Var logits = model.forward(no_grad, batch.inputs, &states, batch.resets);
     sum.add(cross_entropy(no_grad, reshape(no_grad, logits, {B * len, model.config().vocab_size}),
                           on_device(batch.targets.reshape({B * len}), model.device())));

@@ -35,8 +35,8 @@ struct ShardEvalOptions {
 
 // Scores every token of the shard but the first. Window mode: windows [w*T, w*T + T + 1), each read from the zero
 // state (the last (N - 1) mod T tokens are left out). Stateful mode: the shard is cut into batch_size contiguous
-// streams, each read in consecutive windows with the state carried, so every token after a stream's first is
-// predicted from all of that stream before it.
+// streams (data/token_streams.h, the layout data.stateful trains on), each read in consecutive windows with the
+// state carried, so every token after a stream's first is predicted from all of that stream before it.
 EvalResult evaluate_shard(const CausalLM& model, const TokenShardReader& shard, const ShardEvalOptions& options);
 
 }  // namespace hgrn

@@ -6,10 +6,11 @@
 
 namespace hgrn {
 
-CrossEntropyResult language_model_loss(const CausalLM& model, Tape& tape, const TokenBatch& batch) {
+CrossEntropyResult language_model_loss(const CausalLM& model, Tape& tape, const TokenBatch& batch,
+                                       std::vector<Var>* recurrent_states) {
   HGRN_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch inputs ", shape_str(batch.inputs.shape()),
              " and targets ", shape_str(batch.targets.shape()), " differ in shape");
-  const Var hidden = model.forward_hidden(tape, batch.inputs, nullptr, batch.resets);
+  const Var hidden = model.forward_hidden(tape, batch.inputs, recurrent_states, batch.resets);
   TraceLayer trace(tape, "lm_head + cross-entropy");
   return linear_cross_entropy(tape, hidden, model.lm_head(),
                               on_device(batch.targets.reshape({batch.targets.numel()}), model.device()));

@@ -8,6 +8,8 @@ namespace hgrn {
 
 // Targets are already aligned with positions (target_t is the token after position t; -100 = no loss). The batch's
 // resets, where given, restart the recurrent state at document starts; every target still counts (docs/data.md).
-CrossEntropyResult language_model_loss(const CausalLM& model, Tape& tape, const TokenBatch& batch);
+// recurrent_states: as CausalLM::forward's (carried states in, final states out), or null.
+CrossEntropyResult language_model_loss(const CausalLM& model, Tape& tape, const TokenBatch& batch,
+                                       std::vector<Var>* recurrent_states = nullptr);
 
 }  // namespace hgrn

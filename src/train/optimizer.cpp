@@ -196,9 +196,14 @@ void AdamW::step(double lr, double grad_scale) {
 }
 
 std::function<double()> AdamW::clip_and_step(double lr, double max_norm,
-                                             const std::function<double(double)>& total_over_ranks) {
+                                             const std::function<double(double)>& total_over_ranks,
+                                             const std::vector<Tensor>& guards) {
+  for (const Tensor& guard : guards)
+    HGRN_CHECK(guard.defined() && guard.numel() == 1, "AdamW::clip_and_step: a guard must be one value");
 #ifdef HGRN_WITH_CUDA
   bool all_on_gpu = true, any = false;
+  for (const Tensor& guard : guards)
+    all_on_gpu = all_on_gpu && guard.device() == Device::CUDA && guard.dtype() == DType::F32;
   for (const ParamRef& ref : params_)
     if (has_gradient(ref.param) && ref.updated_elements() > 0) {
       any = true;
@@ -207,7 +212,7 @@ std::function<double()> AdamW::clip_and_step(double lr, double max_norm,
     }
   if (any && all_on_gpu && !total_over_ranks) {
     Tensor sum_of_squares = Tensor::empty({}, DType::F64, Device::CUDA);
-    update(lr, 1.0, static_cast<double*>(sum_of_squares.raw_data()), max_norm);
+    update(lr, 1.0, static_cast<double*>(sum_of_squares.raw_data()), max_norm, guards);
     // The device skips the whole update for a non-finite norm; the host learns of it here and takes back its count.
     return [this, sum_of_squares, counted = false]() mutable {
       const double norm = std::sqrt(sum_of_squares.item());
@@ -218,12 +223,15 @@ std::function<double()> AdamW::clip_and_step(double lr, double max_norm,
   }
 #endif
   const GradNorm gn = grad_norm_and_clip_factor(params_, max_norm, total_over_ranks);
+  bool guards_finite = true;
+  for (const Tensor& guard : guards) guards_finite = guards_finite && std::isfinite(guard.item());
+  if (!guards_finite) return [] { return std::nan(""); };
   if (std::isfinite(gn.norm)) step(lr, gn.clip_factor);
   return [norm = gn.norm] { return norm; };
 }
 
 void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device_sum_of_squares,
-                   [[maybe_unused]] double max_norm) {
+                   [[maybe_unused]] double max_norm, [[maybe_unused]] const std::vector<Tensor>& guards) {
   HGRN_CHECK(std::isfinite(lr) && lr >= 0.0, "AdamW: learning rate must be finite and non-negative, got ", lr);
   const int64_t t = step_count_ + 1;
   const double bias_correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(t));
@@ -260,8 +268,10 @@ void AdamW::update(double lr, double grad_scale, [[maybe_unused]] double* device
   if (!gpu.slots.empty()) {
     const DeviceSlotTable& table = resident_->for_slots(gpu);
     // Measured with the update's own table: the same slots and order as grad_norm_and_clip_factor's.
-    if (device_sum_of_squares)
+    if (device_sum_of_squares) {
       cuda_grad_sum_of_squares(table.data(), table.count, table.chunks, device_sum_of_squares);
+      for (const Tensor& guard : guards) cuda_poison_if_nonfinite(device_sum_of_squares, guard.data<float>());
+    }
     cuda_adamw_update(table.data(), table.count, table.chunks, config_.beta1, config_.beta2, config_.eps,
                       1.0 - lr * config_.weight_decay, adam_step, grad_scale, device_sum_of_squares, max_norm);
   }

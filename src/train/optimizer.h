@@ -49,9 +49,11 @@ class AdamW {
   // happens on the device with nothing waiting for the host (the norm, the factor and the update: the same bits),
   // and the function reads the norm when called, waiting for the device then: call it once the step's work is
   // queued. A non-finite norm (NaN or inf gradients) skips the update: weights, moments and step count stay as
-  // they were, on either path.
+  // they were, on either path. So does a non-finite value among `guards` (scalars, e.g. the step's losses, read
+  // on the device where they live): the returned norm is then NaN.
   std::function<double()> clip_and_step(double lr, double max_norm,
-                                         const std::function<double(double)>& total_over_ranks = nullptr);
+                                         const std::function<double(double)>& total_over_ranks = nullptr,
+                                         const std::vector<Tensor>& guards = {});
   // Zeroes every defined gradient lazily (mark_grad_zero), so that the next step's first write overwrites or makes
   // the buffer instead of adding to a filled one; the optimiser's own reads (step, the norm) zero whatever stayed
   // unwritten. GPU buffers go back to the allocator until then (as PyTorch's zero_grad(set_to_none=True)), so the
@@ -74,7 +76,8 @@ class AdamW {
  private:
   // step's work; with device_sum_of_squares (a device double, GPU parameters only) the norm is measured into it and
   // the update clips by max_norm from it on the device.
-  void update(double lr, double grad_scale, double* device_sum_of_squares, double max_norm);
+  void update(double lr, double grad_scale, double* device_sum_of_squares, double max_norm,
+              const std::vector<Tensor>& guards = {});
 
   std::vector<ParamRef> params_;
   AdamWConfig config_;

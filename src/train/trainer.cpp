@@ -18,6 +18,7 @@
 #include "core/trace.h"
 #include "dist/world.h"
 #include "data/data_sources.h"
+#include "data/token_streams.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
 #include "models/cost.h"
@@ -49,9 +50,10 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // `adam_m`/`adam_v`: the optimiser moments, whole and on the CPU (DataParallel::gather_moments).
+// `recurrent_states`: data.stateful's carried states, gathered (CarriedStates::gather); empty otherwise.
 TrainingState capture_state(const CausalLM& model, std::vector<Tensor> adam_m, std::vector<Tensor> adam_v,
                             const AdamW& optimizer, const BatchSource& data, const Config& config, int64_t step,
-                            int64_t tokens_seen) {
+                            int64_t tokens_seen, std::vector<Tensor> recurrent_states) {
   TrainingState s;
   s.step = step;
   s.tokens_seen = tokens_seen;
@@ -65,6 +67,7 @@ TrainingState capture_state(const CausalLM& model, std::vector<Tensor> adam_m, s
   s.adam_m = std::move(adam_m);
   s.adam_v = std::move(adam_v);
   s.adam_step = optimizer.step_count();
+  s.recurrent_states = std::move(recurrent_states);
   s.config_yaml = config_to_yaml(config);
   s.model_signature = model_signature(config.model);
   s.hgrn_version = HGRN_VERSION;
@@ -145,7 +148,12 @@ TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device de
       optimizer(data_parallel ? data_parallel->optimizer_params()
                               : make_param_groups(model.parameters(), config.training.decay_embeddings),
                 AdamWConfig{config.training.beta1, config.training.beta2, config.training.adam_eps,
-                            config.training.weight_decay}) {}
+                            config.training.weight_decay}) {
+  if (config.data.stateful) {
+    const TrainingConfig tc = resolve_batch_for_world(config.training, world().size);
+    carried_states = std::make_unique<CarriedStates>(model, tc.micro_batch_size, tc.grad_accum_steps);
+  }
+}
 
 StepResult training_step(TrainingModel& setup, BatchSource& data, const TrainingConfig& tc, double lr) {
   StepResult r;
@@ -158,11 +166,15 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
     // Several ranks: the last micro-batch's backward reduces each layer's gradients as soon as they are complete.
     if (dp) dp->reduce_in_next_backward(micro + 1 == tc.grad_accum_steps);
     Tape tape;
-    CrossEntropyResult ce = language_model_loss(setup.model, tape, data.next_batch(tc.micro_batch_size));
+    // data.stateful: the micro-batch's rows start from the states they carried out of the previous step.
+    std::vector<Var>* states =
+        setup.carried_states ? setup.carried_states->begin(micro, data.next_batch_continues_streams()) : nullptr;
+    CrossEntropyResult ce = language_model_loss(setup.model, tape, data.next_batch(tc.micro_batch_size), states);
     // Each micro-batch loss is a mean; the step's loss is their average, so each seeds 1/accum.
     // With N ranks each seed is also divided by N, so that summing the ranks' gradients gives the global mean.
     const double seed = 1.0 / static_cast<double>(tc.grad_accum_steps * world().size);
     tape.backward(ce.loss, on_device(Tensor::full({}, seed, DType::F32), setup.model.device()));
+    if (states) setup.carried_states->end(micro);
     losses.push_back(ce.loss->value);
     r.targets += ce.num_targets;
     r.correct += ce.num_correct;
@@ -186,8 +198,10 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
   {
     TraceRange trace("optimizer");
     // Clipping is folded into the update: the gradients are read once more, not scaled in place first.
+    // A non-finite loss skips the update as a non-finite gradient does (every rank sees the same summed loss).
+    const std::vector<Tensor> guards = dp ? std::vector<Tensor>{Tensor::full({}, r.loss, DType::F64)} : losses;
     const std::function<double()> grad_norm =
-        optimizer.clip_and_step(lr, tc.grad_clip, dp ? dp->grad_norm_total() : nullptr);
+        optimizer.clip_and_step(lr, tc.grad_clip, dp ? dp->grad_norm_total() : nullptr, guards);
     if (!dp) read_losses();
     r.grad_norm = grad_norm();
   }
@@ -302,6 +316,15 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
   if (config.data.task == "mqar")
     log << "data: MQAR, " << config.data.mqar.num_kv_pairs << " key-value pairs in " << config.data.seq_len
         << " tokens; chance accuracy " << *chance << "\n";
+  else if (const auto* streams = dynamic_cast<const StreamWindowSampler*>(train_data.get()))
+    log << "data: " << streams->layout().streams << " contiguous streams of " << streams->layout().length
+        << " tokens from " << config.data.train_data << " (data.stateful: each row carries its recurrent state over "
+        << streams->windows_per_stream() << " windows of " << config.data.seq_len << " tokens per epoch"
+        << (w.size > 1 ? "; rank r reads streams r*R to r*R + R - 1, R = " +
+                             std::to_string(setup->carried_states->rows())
+                       : "")
+        << ")" << (config.data.reset_state_at_document ? ", the state restarted at each document start" : "")
+        << (eval_data ? ", evaluation on " + config.data.valid_data + " in windows" : "") << "\n";
   else
     log << "data: windows of " << config.data.seq_len << " tokens from " << config.data.train_data
         << (config.data.shuffle ? " (shuffled each epoch)" : " (in shard order: data.shuffle false)")
@@ -320,6 +343,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
     model.load_parameters(state.params, path);
     optimizer.load_state(std::move(state.adam_m), std::move(state.adam_v), state.adam_step);
     train_data->set_cursor(state.data_cursor);
+    if (setup->carried_states) setup->carried_states->restore(state.recurrent_states, path);
     start_step = state.step;
     tokens_seen = state.tokens_seen;
     log << "resumed from " << path << " at step " << start_step << "\n";
@@ -343,10 +367,12 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
       for (const Tensor& m : optimizer.first_moments()) adam_m.push_back(on_device(m, Device::CPU));
       for (const Tensor& v : optimizer.second_moments()) adam_v.push_back(on_device(v, Device::CPU));
     }
+    std::vector<Tensor> recurrent_states;  // every rank's, on rank 0
+    if (setup->carried_states) recurrent_states = setup->carried_states->gather();
     if (!w.is_root()) return;
     const std::string path = save_checkpoint(
         checkpoint_dir, capture_state(model, std::move(adam_m), std::move(adam_v), optimizer, *train_data, config,
-                                      steps_done, tokens_seen));
+                                      steps_done, tokens_seen, std::move(recurrent_states)));
     prune_checkpoints(checkpoint_dir, config.checkpoint.keep_last, config.checkpoint.keep_every);
     log << "checkpoint " << path << std::endl;
   };
@@ -376,10 +402,12 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
     summary.tokens_seen = tokens_seen;
     if (step == start_step) summary.first_loss = step_loss;
     summary.step_losses.push_back(step_loss);
-    // A NaN or inf gradient norm made the optimiser skip the update (weights and moments untouched); a non-finite
-    // loss comes from non-finite logits, whose gradients are non-finite too. Such a step counts as taken (its
+    // A NaN or inf loss or gradient norm made the optimiser skip the update (weights and moments untouched). Such
+    // a step counts as taken (its
     // batch is consumed, as on every rank: the loss and the norm are the same everywhere) but not in the averages.
     if (!std::isfinite(step_loss) || !std::isfinite(grad_norm)) {
+      // data.stateful: the step's final states may be non-finite too; its streams go on from zero states.
+      if (setup->carried_states) setup->carried_states->reset();
       ++nonfinite_in_a_row;
       ++summary.nonfinite_steps;
       log << "step " << step + 1 << ": non-finite loss " << step_loss << " or gradient norm " << grad_norm

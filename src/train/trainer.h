@@ -9,6 +9,7 @@
 #include "data/batch_source.h"
 #include "dist/data_parallel.h"
 #include "models/registry.h"
+#include "train/carried_states.h"
 #include "train/optimizer.h"
 
 namespace hgrn {
@@ -38,13 +39,15 @@ struct StepResult {
 // The model (initialised on the CPU from init_seed, so the same weights on any device, then moved to `device` with
 // `activation_dtype` activations), with several ranks its data parallelism (gradient reduction, ZeRO-1), and its
 // AdamW, set up from the training config the way a run uses them (recomputation, GEMM autotuning per
-// training.deterministic): what `hgrn train` and `hgrn bench` share.
+// training.deterministic), and with data.stateful the states its batch rows carry from step to step: what
+// `hgrn train` and `hgrn bench` share.
 struct TrainingModel {
   TrainingModel(const Config& config, uint64_t init_seed, Device device, DType activation_dtype);
   std::unique_ptr<CausalLM> owned_model;
   CausalLM& model;
   std::unique_ptr<DataParallel> data_parallel;  // null for a single process
   AdamW optimizer;
+  std::unique_ptr<CarriedStates> carried_states;  // data.stateful (train/carried_states.h); null otherwise
 };
 
 StepResult training_step(TrainingModel& setup, BatchSource& data, const TrainingConfig& tc, double lr);

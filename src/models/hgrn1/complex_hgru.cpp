@@ -73,6 +73,10 @@ class ComplexHgruMixer final : public TokenMixer {
     return out;
   }
 
+  std::string fused_step_refusal() const override {
+    return "the complex HGRU (model.complex) has no fused decoding step";
+  }
+
  private:
   ModelConfig config_;
 };

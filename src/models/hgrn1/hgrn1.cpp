@@ -101,9 +101,50 @@ class Hgrn1Mixer final : public TokenMixer {
     return swiglu_linear(tape, ifg[2], normed, w[4], /*keep_hidden=*/false, /*residual=*/call.h);
   }
 
+  std::string fused_step_refusal() const override { return {}; }
+  std::unique_ptr<FusedMixerStep> make_fused_step(const FusedStepSetup& setup) const override;
+
  private:
   ModelConfig config_;
 };
+
+// HGRN1's fused decoding step (TokenMixer::make_fused_step), Hgrn1Mixer::step's function on fixed buffers: the i/f/g
+// GEMM, then the gates, the scan step and the gated output norm in one kernel (lower_bounded_gated_scan_step: the
+// state read and written once), and o_proj's GEMM adding into h.
+class Hgrn1FusedStep final : public FusedMixerStep {
+ public:
+  Hgrn1FusedStep(const ModelConfig& c, const FusedStepSetup& s)
+      : layer_(s.layer), width_(input_dim(c)), eps_(c.norm_eps), gamma_(s.gamma), x_(s.x) {
+    const std::vector<Var>& w = *s.weights;  // i_proj, f_proj, g_proj, g_norm, o_proj
+    const Device device = x_.device();
+    const DType fp = device == Device::CUDA ? DType::F32 : x_.dtype();  // the state's
+    ifg_ = Tensor::empty({s.batch, 3 * width_}, x_.dtype(), device);
+    output_ = Tensor::empty({s.batch, width_}, x_.dtype(), device);
+    state_ = Tensor::zeros({s.batch, width_}, fp, device);
+    ifg_weights_ = column_weights_for_input({w[0], w[1], w[2]}, x_);
+    o_weight_ = weight_for_input(w[4], output_);
+    g_norm_ = w[3]->value;
+  }
+
+  void run(Tensor& h) override {
+    linear_product_into(x_, ifg_weights_, ifg_, /*accumulate=*/false);
+    lower_bounded_gated_scan_step(ifg_.columns(0, width_), ifg_.columns(width_, width_), gamma_, layer_, state_,
+                                  ifg_.columns(2 * width_, width_), g_norm_, eps_, output_);
+    linear_product_into(output_, {o_weight_}, h, /*accumulate=*/true);
+  }
+  Tensor& state() override { return state_; }
+
+ private:
+  int64_t layer_, width_;
+  double eps_;
+  Tensor gamma_, x_, g_norm_, o_weight_;
+  std::vector<Tensor> ifg_weights_;
+  Tensor ifg_, output_, state_;
+};
+
+std::unique_ptr<FusedMixerStep> Hgrn1Mixer::make_fused_step(const FusedStepSetup& setup) const {
+  return std::make_unique<Hgrn1FusedStep>(config_, setup);
+}
 
 class Hgrn1Family final : public ModelFamily {
  public:

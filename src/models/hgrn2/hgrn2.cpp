@@ -10,6 +10,7 @@
 #include "ops/gla_recurrence.h"
 #include "ops/hgrn2_gates.h"
 #include "ops/linear.h"
+#include "ops/lower_bounded_gla_step.h"
 #include "ops/rmsnorm.h"
 
 namespace hgrn {
@@ -91,11 +92,58 @@ class Hgrn2Mixer final : public TokenMixer {
     return linear(tape, rmsnorm(tape, r.output, w[3], kOutputNormEps), w[4], /*residual=*/call.h);
   }
 
+  std::string fused_step_refusal() const override { return {}; }
+  std::unique_ptr<FusedMixerStep> make_fused_step(const FusedStepSetup& setup) const override;
+
  private:
   double scale() const { return 1.0 / std::sqrt(static_cast<double>(config_.key_dim())); }  // fla's GLA default K^-1/2
 
   ModelConfig config_;
 };
+
+// HGRN2's fused decoding step (TokenMixer::make_fused_step), Hgrn2Mixer::step's function on fixed buffers: the q/f/i
+// GEMM, the gates and the recurrence in one kernel (lower_bounded_gla_step: the state read and written once),
+// g_norm, and o_proj's GEMM adding into h.
+class Hgrn2FusedStep final : public FusedMixerStep {
+ public:
+  Hgrn2FusedStep(const ModelConfig& c, const FusedStepSetup& s, double scale)
+      : layer_(s.layer), heads_(c.heads()), scale_(scale), gamma_(s.gamma), x_(s.x) {
+    const std::vector<Var>& w = *s.weights;  // q_proj, f_proj, i_proj, g_norm, o_proj
+    const Device device = x_.device();
+    const DType fp = device == Device::CUDA ? DType::F32 : x_.dtype();  // the state's and the norm's statistics'
+    const int64_t B = s.batch, F = c.heads() * c.key_dim();
+    keys_ = F;
+    values_ = c.heads() * c.value_dim();
+    qfi_ = Tensor::empty({B, 2 * F + values_}, x_.dtype(), device);
+    output_ = Tensor::empty({B, values_}, x_.dtype(), device);
+    normed_ = Tensor::empty({B, values_}, x_.dtype(), device);
+    rstd_ = Tensor::empty({B}, fp, device);
+    state_ = Tensor::zeros({B, c.heads(), c.key_dim(), c.value_dim()}, fp, device);
+    qfi_weights_ = column_weights_for_input({w[0], w[1], w[2]}, x_);
+    o_weight_ = weight_for_input(w[4], normed_);
+    g_norm_ = w[3]->value;
+  }
+
+  void run(Tensor& h) override {
+    linear_product_into(x_, qfi_weights_, qfi_, /*accumulate=*/false);
+    lower_bounded_gla_step(qfi_.columns(0, keys_), qfi_.columns(keys_, keys_), qfi_.columns(2 * keys_, values_),
+                           gamma_, layer_, heads_, scale_, state_, output_);
+    rmsnorm_forward_into(output_, &g_norm_, kOutputNormEps, normed_, rstd_);
+    linear_product_into(normed_, {o_weight_}, h, /*accumulate=*/true);
+  }
+  Tensor& state() override { return state_; }
+
+ private:
+  int64_t layer_, heads_, keys_ = 0, values_ = 0;
+  double scale_;
+  Tensor gamma_, x_, g_norm_, o_weight_;
+  std::vector<Tensor> qfi_weights_;
+  Tensor qfi_, output_, normed_, rstd_, state_;
+};
+
+std::unique_ptr<FusedMixerStep> Hgrn2Mixer::make_fused_step(const FusedStepSetup& setup) const {
+  return std::make_unique<Hgrn2FusedStep>(config_, setup, scale());
+}
 
 class Hgrn2Family final : public ModelFamily {
  public:
