@@ -61,16 +61,19 @@ static void rmsnorm_backward_cpu(const T* x, const T* w, const T* rstd, const T*
   });
 }
 
-// x is the tensor normalised; weight may be null. On the GPU x is fp32 or bf16 and the weight fp32.
-static void check_norm_args(const char* op, const Tensor& xv, const Var& weight, double eps) {
+// x is the tensor normalised in runs of `width` features (a divisor of its last axis); weight may be null. On the GPU
+// x is fp32 or bf16 and the weight fp32.
+static void check_norm_args(const char* op, const Tensor& xv, const Var& weight, double eps, int64_t width) {
   HGRN_CHECK(xv.dim() >= 1 && xv.size(-1) > 0, op, ": input must have a non-empty last axis, got ",
+             shape_str(xv.shape()));
+  HGRN_CHECK(width > 0 && xv.size(-1) % width == 0, op, ": group width ", width, " does not divide the input's last axis ",
              shape_str(xv.shape()));
   HGRN_CHECK(xv.is_contiguous(), op, ": input must be contiguous");
   HGRN_CHECK(eps >= 0 && std::isfinite(eps), op, ": eps must be finite and non-negative, got ", eps);
   if (!weight) return;
   const Tensor& wv = weight->value;
-  HGRN_CHECK(wv.dim() == 1 && wv.size(0) == xv.size(-1), op, ": weight ", shape_str(wv.shape()),
-             " does not match input ", shape_str(xv.shape()));
+  HGRN_CHECK(wv.dim() == 1 && wv.size(0) == width, op, ": weight ", shape_str(wv.shape()),
+             " does not match input ", shape_str(xv.shape()), " normalised in groups of ", width);
   HGRN_CHECK(wv.device() == xv.device() && wv.is_contiguous(), op, ": weight must be a contiguous ",
              device_name(xv.device()), " tensor, as the input is");
   if (xv.device() == Device::CPU) {
@@ -152,11 +155,14 @@ static Tensor output_to_restore(const Var& out) {
   return Tensor::empty(out->released.shape, out->released.dtype, out->released.device);
 }
 
-Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps) {
+Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps, int64_t group_width) {
   HGRN_CHECK(x, "rmsnorm: input is null");
+  HGRN_CHECK(group_width >= 0, "rmsnorm: group width must be >= 0 (0: the whole last axis), got ", group_width);
   const Tensor& xv = x->value;
-  check_norm_args("rmsnorm", xv, weight, eps);
-  const int64_t width = xv.size(-1), rows = xv.numel() / width;
+  // Contiguous rows of `width` features: groups of a row are rows of their own.
+  const int64_t width = group_width > 0 ? group_width : xv.dim() >= 1 ? xv.size(-1) : 0;
+  check_norm_args("rmsnorm", xv, weight, eps, width);
+  const int64_t rows = xv.numel() / width;
   Tensor y = Tensor::empty(xv.shape(), xv.dtype(), xv.device());
   Tensor rstd = empty_rstd(xv, rows);
   norm_forward(xv, weight, y, rstd, rows, width, eps);
