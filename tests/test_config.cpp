@@ -623,7 +623,7 @@ TEST(ConfigModelTypes, EachMemberIsAcceptedAndAnUnknownTypeListsThem) {
   EXPECT_EQ(parse_config(base_yaml(), kSource).model.type, "hgrn2");  // the default: configs without a type
   EXPECT_EQ(parse_config(base_yaml(), kSource, {"model.type=hgrn", "model.expand_ratio=2"}).model.type, "hgrn");
   const std::string message = error_of(base_yaml(), {"model.type=hgrn3"});
-  EXPECT_NE(message.find("model.type: expected one of hgrn2 | hgrn | gla, got 'hgrn3'"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.type: expected one of hgrn2 | hgrn | gla | retnet, got 'hgrn3'"), std::string::npos) << message;
 }
 
 TEST(ConfigModelTypes, AKeyOfAnotherMemberIsRefusedNamingItsType) {
@@ -631,8 +631,8 @@ TEST(ConfigModelTypes, AKeyOfAnotherMemberIsRefusedNamingItsType) {
   std::string text = edited.text + "";
   // num_heads, which HGRN1 has not: set in an HGRN1 config, the message says whose key it is and points at it.
   const std::string heads = error_of(text, {"model.num_heads=4"});
-  EXPECT_NE(heads.find("model.num_heads: belongs to model.type hgrn2 (HGRN2) or gla (GLA); this config's model.type "
-                       "is hgrn"),
+  EXPECT_NE(heads.find("model.num_heads: belongs to model.type hgrn2 (HGRN2), gla (GLA) or retnet (RetNet); this "
+                       "config's model.type is hgrn"),
             std::string::npos)
       << heads;
   EXPECT_NE(heads.find("--set 'model.num_heads=4'"), std::string::npos) << heads;
@@ -641,7 +641,8 @@ TEST(ConfigModelTypes, AKeyOfAnotherMemberIsRefusedNamingItsType) {
       << states;
 }
 
-// GLA: fla's layout keys (num_heads, expand_k, expand_v; null takes GLAConfig's default), none of HGRN's.
+// GLA: fla's layout keys (num_heads, expand_k, expand_v; null takes GLAConfig's default), none of HGRN's (nor does
+// RetNet take them).
 TEST(ConfigModelTypes, GlaTakesItsHeadLayoutAndRefusesTheHgrnKeys) {
   const std::vector<std::string> gla{"model.type=gla", "model.expand_ratio=null"};
   const Config defaults = parse_config(base_yaml(), kSource, gla);
@@ -661,21 +662,22 @@ TEST(ConfigModelTypes, GlaTakesItsHeadLayoutAndRefusesTheHgrnKeys) {
   EXPECT_EQ(yaml.find("use_lower_bound"), std::string::npos) << yaml;
   EXPECT_EQ(parse_config(yaml, kSource), c);
 
-  for (const auto& [key, owners] : std::vector<std::pair<std::string, std::string>>{
-           {"model.expand_ratio=16", "hgrn2 (HGRN2) or hgrn (HGRN1)"},
-           {"model.use_lower_bound=false", "hgrn2 (HGRN2) or hgrn (HGRN1)"},
-           {"model.complex=true", "hgrn (HGRN1)"}}) {
-    std::vector<std::string> overrides = gla;
-    overrides.push_back(key);
-    const std::string message = error_of(base_yaml(), overrides);
-    EXPECT_NE(message.find(key.substr(0, key.find('=')) + ": belongs to model.type " + owners +
-                           "; this config's model.type is gla"),
-              std::string::npos)
-        << message;
+  for (const std::string type : {"gla", "retnet"}) {
+    for (const auto& [key, owners] : std::vector<std::pair<std::string, std::string>>{
+             {"model.expand_ratio=16", "hgrn2 (HGRN2) or hgrn (HGRN1)"},
+             {"model.use_lower_bound=false", "hgrn2 (HGRN2) or hgrn (HGRN1)"},
+             {"model.complex=true", "hgrn (HGRN1)"}}) {
+      const std::string message = error_of(base_yaml(), {"model.type=" + type, "model.expand_ratio=null", key});
+      EXPECT_NE(message.find(key.substr(0, key.find('=')) + ": belongs to model.type " + owners +
+                             "; this config's model.type is " + type),
+                std::string::npos)
+          << message;
+    }
   }
   // expand_k and expand_v are not HGRN2's.
   const std::string hgrn2 = error_of(base_yaml(), {"model.expand_k=0.5"});
-  EXPECT_NE(hgrn2.find("model.expand_k: belongs to model.type gla (GLA); this config's model.type is hgrn2"),
+  EXPECT_NE(hgrn2.find("model.expand_k: belongs to model.type gla (GLA) or retnet (RetNet); this config's model.type "
+                       "is hgrn2"),
             std::string::npos)
       << hgrn2;
 }

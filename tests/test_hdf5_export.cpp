@@ -145,7 +145,7 @@ TEST(Hdf5Export, ComplexHgrnExportsEveryTensor) {
 }
 
 TEST(Hdf5Export, GlaAndRetNetExportEveryTensorWithTheirConfig) {
-  for (const char* type : {"gla"}) {
+  for (const char* type : {"gla", "retnet"}) {
     SCOPED_TRACE(type);
     ScratchDir dir;
     ModelConfig config = small_model_config();

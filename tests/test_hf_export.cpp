@@ -607,7 +607,8 @@ TEST(HfExportImport, Hgrn1AbsentFieldsTakeHgrnConfigDefaultsAndAnUnknownTypeIsRe
     ADD_FAILURE() << "model_type mamba was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model_type: expected one of \"hgrn2\" (fla's HGRN2ForCausalLM), \"hgrn\" "
-                                         "(fla's HGRNForCausalLM), \"gla\" (fla's GLAForCausalLM), got \"mamba\""),
+                                         "(fla's HGRNForCausalLM), \"gla\" (fla's GLAForCausalLM), \"retnet\" (fla's "
+                                         "RetNetForCausalLM), got \"mamba\""),
               std::string::npos)
         << e.what();
   }
@@ -671,6 +672,47 @@ TEST(HfExportImport, GlaAbsentFieldsTakeGlaConfigDefaultsAndUnsupportedOnesAreRe
   expect_refused(R"("hidden_act": "silu")", "hidden_act: expected \"swish\"");
   expect_refused(R"("num_heads": 3)", "expand_k: hidden_size x expand_k = 32 must be divisible by num_heads = 3");
   expect_refused(R"("expand_v": 0.3)", "expand_v: expected a positive number that makes hidden_size x expand_v");
+}
+
+// RetNet (fla's RetNetForCausalLM): D = 16, 2 heads, keys 16 (8 a head) and values 32 (16 a head) wide.
+TEST(HfExport, RetNetWritesRetNetConfigFieldsAndRoundTripsBitExact) {
+  ModelConfig config = small_gla_config();
+  config.type = "retnet";
+  const NamedTensors params = random_params(config, 2);
+  ScratchDir dir;
+  const std::string out = dir / "retnet";
+  export_hf(config, params, out, DType::F32);
+  const json c = json::parse(read_file(out + "/config.json"));
+  EXPECT_EQ(c["model_type"], "retnet");
+  EXPECT_EQ(c["architectures"], json::array({"RetNetForCausalLM"}));
+  EXPECT_EQ(c["num_heads"], 2);
+  EXPECT_EQ(c["expand_k"].get<double>(), 1.0);  // RetNetConfig's defaults, written resolved
+  EXPECT_EQ(c["expand_v"].get<double>(), 2.0);
+  EXPECT_EQ(c["intermediate_size"], 24);
+  for (const char* hgrn_field : {"expand_ratio", "use_lower_bound", "clamp_min"}) EXPECT_FALSE(c.contains(hgrn_field));
+  const ModelConfig imported = read_hf_config(out);
+  EXPECT_EQ(imported.type, "retnet");
+  EXPECT_EQ(model_signature(imported), model_signature(config));
+  expect_same_params(params, read_hf_weights(out, imported));
+}
+
+TEST(HfExportImport, RetNetAbsentFieldsTakeRetNetConfigDefaults) {
+  ScratchDir dir;
+  write_file(dir / "config.json",
+             R"({"model_type": "retnet", "hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 10})");
+  const ModelConfig m = read_hf_config(dir.str());
+  EXPECT_EQ(m.num_heads, std::optional<int64_t>(8));
+  EXPECT_EQ(m.expand_k, std::optional<double>(1.0));
+  EXPECT_EQ(m.expand_v, std::optional<double>(2.0));
+  EXPECT_EQ(m.hidden_ratio, 2);  // RetNetConfig's, not HGRN's 4
+  write_file(dir / "config.json", R"({"model_type": "retnet", "hidden_size": 64, "hidden_ratio": null})");
+  EXPECT_EQ(read_hf_config(dir.str()).hidden_ratio, 4);  // fla's MLP takes null as 4
+  // Keys the rotary embedding cannot take: an odd width per head, or one past fla's 256.
+  write_file(dir / "config.json", R"({"model_type": "retnet", "hidden_size": 64, "num_heads": 64})");
+  expect_error_containing([&] { read_hf_config(dir.str()); },
+                          {"expand_k: the key width per head, hidden_size x expand_k / num_heads = 1, must be even"});
+  write_file(dir / "config.json", R"({"model_type": "retnet", "hidden_size": 64, "num_heads": 1, "expand_k": 8})");
+  expect_error_containing([&] { read_hf_config(dir.str()); }, {"= 512, must be even and at most 256"});
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "model_fixtures.h"
 #include "models/decoder_lm.h"
 #include "models/registry.h"
@@ -141,6 +142,38 @@ std::vector<Vec> gla_mixer(const DecoderLM& model, int64_t layer, const std::vec
   return out;
 }
 
+// RetNet (fla/layers/multiscale_retention.py): q and k rotated at their absolute positions (RoPE, base 10000, halves
+// not interleaved), decay γ_h = 1 − 2^(−5−h) per head.
+std::vector<Vec> retnet_mixer(const DecoderLM& model, int64_t layer, const std::vector<Vec>& x) {
+  const std::string p = "model.layers." + std::to_string(layer) + ".attn.";
+  const int64_t heads = *model.config().num_heads;
+  std::vector<Vec> q, k, v, g, decay;
+  const auto rotate = [heads](Vec u, size_t position) {
+    const size_t K = u.size() / heads, half = K / 2;
+    for (int64_t h = 0; h < heads; ++h)
+      for (size_t i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(position) * std::pow(10000.0, -2.0 * static_cast<double>(i) / K);
+        const double a = u[h * K + i], b = u[h * K + i + half];
+        u[h * K + i] = a * std::cos(angle) - b * std::sin(angle);
+        u[h * K + i + half] = a * std::sin(angle) + b * std::cos(angle);
+      }
+    return u;
+  };
+  for (size_t t = 0; t < x.size(); ++t) {
+    q.push_back(rotate(matvec(param(model, p + "q_proj.weight"), x[t]), t));
+    k.push_back(rotate(matvec(param(model, p + "k_proj.weight"), x[t]), t));
+    v.push_back(matvec(param(model, p + "v_proj.weight"), x[t]));
+    g.push_back(matvec(param(model, p + "g_proj.weight"), x[t]));
+    Vec d(q.back().size());
+    for (size_t i = 0; i < d.size(); ++i) d[i] = 1.0 - std::pow(2.0, -5.0 - static_cast<double>(i / (d.size() / heads)));
+    decay.push_back(d);
+  }
+  const std::vector<Vec> o = linear_attention(q, k, v, decay, heads);
+  std::vector<Vec> out;
+  for (size_t t = 0; t < x.size(); ++t) out.push_back(gated_output(model, p, o[t], g[t], heads, model.config().norm_eps));
+  return out;
+}
+
 // Random values for every parameter (norms, biases and all), so that a swapped or ignored tensor shows.
 void randomise_parameters(const DecoderLM& model, Rng& rng, double scale) {
   for (const auto& [spec, var] : model.parameters())
@@ -203,6 +236,54 @@ TEST(GlaModel, FlaDefaultsGiveFourHeadsAndTheNamesOfItsConfig) {
   EXPECT_EQ(gla.signature(c).find("gla L=2 D=64 H=4 K=8 V=16"), 0u) << gla.signature(c);
   EXPECT_EQ(gla.hf_architecture(), "GLAForCausalLM");
   EXPECT_FALSE(gla.has_lower_bounds());
+}
+
+TEST(RetNetModel, ForwardMatchesAPlainReferenceOfTheMaths) { expect_forward_matches_reference("retnet", retnet_mixer); }
+
+TEST(RetNetModel, ParametersFollowFlaNamesShapesAndInitialisation) {
+  // fla's RetNetForCausalLM at D = 8, 2 heads, expand_k 1, expand_v 2: keys 8 wide (4 a head), values 16 (8 a head).
+  ModelConfig c = tiny_config("retnet");
+  Rng rng(73);
+  DecoderLM model(c, rng, DType::F32);
+  EXPECT_THROW(model.parameter("model.lower_bounds"), Error);
+  std::vector<std::pair<std::string, Shape>> mixer;
+  for (const auto& [spec, var] : model.parameters())
+    if (spec.name.rfind("model.layers.2.attn.", 0) == 0) mixer.emplace_back(spec.name.substr(20), var->value.shape());
+  // fla registers q, k, v, g, o_proj and the gated norm (the rotary embedding holds no parameters).
+  const std::vector<std::pair<std::string, Shape>> expected = {
+      {"q_proj.weight", {8, 8}},  {"k_proj.weight", {8, 8}},  {"v_proj.weight", {16, 8}},
+      {"g_proj.weight", {16, 8}}, {"o_proj.weight", {8, 16}}, {"g_norm_swish_gate.weight", {8}}};
+  EXPECT_EQ(mixer, expected);
+  for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(model.parameter("model.layers.2.attn.g_norm_swish_gate.weight")->value.item(i), 1.0);
+}
+
+TEST(RetNetModel, FlaDefaultsGiveEightHeadsAndAHiddenRatioOfTwo) {
+  // No num_heads, expand_k, expand_v or hidden_ratio: RetNetConfig's 8 heads, keys D and values 2D wide, and its
+  // MLP ratio 2 (GLA's and HGRN's is 4).
+  const Config c = parse_config("model: {type: retnet, hidden_size: 128}\n", "retnet.yaml");
+  EXPECT_EQ(c.model.hidden_ratio, 2);
+  EXPECT_EQ(c.model.mlp_size(), 256);  // 256 · ceil(floor(128 · 2 · 2/3) / 256)
+  const ModelFamily& retnet = model_family("retnet");
+  EXPECT_EQ(retnet.signature(c.model).find("retnet L=2 D=128 H=8 K=16 V=32 I=256"), 0u) << retnet.signature(c.model);
+  EXPECT_EQ(parse_config("model: {type: gla, hidden_size: 128}\n", "gla.yaml").model.hidden_ratio, 4);
+  EXPECT_EQ(parse_config("model: {type: retnet, hidden_size: 128, hidden_ratio: 4}\n", "r.yaml").model.hidden_ratio, 4);
+  EXPECT_EQ(retnet.hf_architecture(), "RetNetForCausalLM");
+  EXPECT_FALSE(retnet.has_lower_bounds());
+}
+
+TEST(RetNetModel, OddOrOverWideKeyHeadsAreRefused) {
+  // The rotary embedding rotates pairs of key features, at most 256 a head (fla's assert).
+  for (const auto& [set, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"num_heads: 4, expand_k: 0.75", "hidden_size x expand_k / num_heads = 3, must be even"},
+           {"num_heads: 1, expand_k: 33", "hidden_size x expand_k / num_heads = 528, must be even and at most 256"}}) {
+    try {
+      parse_config("model: {type: retnet, hidden_size: 16, " + set + "}\n", "retnet.yaml");
+      ADD_FAILURE() << set << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("model.expand_k: the key width per head, " + expected), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

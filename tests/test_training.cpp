@@ -367,7 +367,8 @@ logging: {log_interval: 50}
   EXPECT_LT(continued.first_loss, 1.2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Members, LinearAttentionTraining, ::testing::Values("gla"));
+INSTANTIATE_TEST_SUITE_P(Members, LinearAttentionTraining, ::testing::Values("gla", "retnet"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
 }  // namespace hgrn

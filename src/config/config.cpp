@@ -412,6 +412,14 @@ class ConfigReader : public ConfigChecker {
 
   void validate();
 
+  // Keys whose default differs between fla's config classes, where the config leaves them unset: the member's.
+  void apply_member_defaults() {
+    const std::vector<std::string> names = model_type_names();
+    if (std::find(names.begin(), names.end(), config_.model.type) == names.end()) return;  // validate refuses it
+    if (!is_set("model.hidden_ratio"))
+      config_.model.hidden_ratio = model_family(config_.model.type).default_hidden_ratio();
+  }
+
   Config take() { return std::move(config_); }
 
   // A check on a key's final value: the message points where it was set, or says it is the default.
@@ -737,6 +745,7 @@ Config read_config(const std::string& yaml_text, const std::string& source_name,
   ConfigReader reader(source_name, migrate_moved_keys);
   reader.read_document(root);
   for (const std::string& text : overrides) reader.apply_override(text);
+  reader.apply_member_defaults();
   reader.validate();
   return reader.take();
 }

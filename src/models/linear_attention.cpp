@@ -9,12 +9,16 @@
 #include <string>
 
 #include "io/hf_config_reader.h"
+#include "kernels/rotary_embedding.h"
 #include "models/token_mixer.h"
 #include "ops/rmsnorm.h"
 #include "ops/swiglu_linear.h"
 
 namespace hgrn {
 namespace {
+
+// fla's RotaryEmbedding asserts head_k_dim <= 256; the GPU's takes the same.
+constexpr int64_t kMaxRotaryKeyDim = 2 * kMaxRotaryPairs;
 
 struct LayoutProblem {
   std::string field;    // "num_heads", "expand_k" or "expand_v" (model.<field> in a config, <field> in config.json)
@@ -37,7 +41,7 @@ std::optional<int64_t> width_of(int64_t hidden_size, double ratio) {
 }
 
 // The first problem of the layout the config's fields (or the defaults) give, in the order fla's layer asserts them.
-LayoutProblem layout_problem(const ModelConfig& c, const HeadDefaults& d, int64_t key_multiple) {
+LayoutProblem layout_problem(const ModelConfig& c, const HeadDefaults& d, bool rotary_keys) {
   const int64_t heads = c.num_heads.value_or(d.num_heads);
   if (heads <= 0) return {"num_heads", "expected a positive integer, got " + std::to_string(heads)};
   const std::string D = std::to_string(c.hidden_size);
@@ -52,17 +56,18 @@ LayoutProblem layout_problem(const ModelConfig& c, const HeadDefaults& d, int64_
                          " must be divisible by num_heads = " + std::to_string(heads)};
   }
   const int64_t key_dim = *width_of(c.hidden_size, c.expand_k.value_or(d.expand_k)) / heads;
-  if (key_multiple > 1 && key_dim % key_multiple != 0)
+  if (rotary_keys && (key_dim % 2 != 0 || key_dim > kMaxRotaryKeyDim))
     return {"expand_k", "the key width per head, hidden_size x expand_k / num_heads = " + std::to_string(key_dim) +
-                            ", must be a multiple of " + std::to_string(key_multiple) +
-                            " (rotary embedding rotates pairs of key features)"};
+                            ", must be even and at most " + std::to_string(kMaxRotaryKeyDim) +
+                            " (the rotary embedding rotates pairs of key features; fla's takes heads up to " +
+                            std::to_string(kMaxRotaryKeyDim) + " wide)"};
   return {};
 }
 
 }  // namespace
 
 HeadLayout head_layout(const ModelConfig& c, const HeadDefaults& d) {
-  const LayoutProblem bad = layout_problem(c, d, 1);
+  const LayoutProblem bad = layout_problem(c, d, /*rotary_keys=*/false);
   HGRN_CHECK(bad.problem.empty(), "model.", bad.field, ": ", bad.problem);
   HeadLayout layout;
   layout.heads = c.num_heads.value_or(d.num_heads);
@@ -71,9 +76,9 @@ HeadLayout head_layout(const ModelConfig& c, const HeadDefaults& d) {
   return layout;
 }
 
-void validate_head_layout(const ModelConfig& c, const HeadDefaults& d, int64_t key_multiple,
+void validate_head_layout(const ModelConfig& c, const HeadDefaults& d, bool rotary_keys,
                           const ConfigChecker& checker) {
-  const LayoutProblem bad = layout_problem(c, d, key_multiple);
+  const LayoutProblem bad = layout_problem(c, d, rotary_keys);
   if (!bad.problem.empty()) checker.fail_key("model." + bad.field, bad.problem);
 }
 
@@ -86,7 +91,7 @@ void write_head_layout(const ModelConfig& c, const HeadDefaults& d, nlohmann::js
   out["use_output_gate"] = true;
 }
 
-void read_head_layout(const HfConfigReader& in, const HeadDefaults& d, int64_t key_multiple, ModelConfig& c) {
+void read_head_layout(const HfConfigReader& in, const HeadDefaults& d, bool rotary_keys, ModelConfig& c) {
   c.num_heads = in.integer("num_heads", d.num_heads);
   c.expand_k = in.number("expand_k", d.expand_k);
   c.expand_v = in.number("expand_v", d.expand_v);
@@ -104,7 +109,7 @@ void read_head_layout(const HfConfigReader& in, const HeadDefaults& d, int64_t k
                           "for swish");
   if (!in.boolean("fuse_norm", true))
     in.fail("fuse_norm", "expected true: fla's layer names its output norm g_norm_swish_gate only when it is fused");
-  const LayoutProblem bad = layout_problem(c, d, key_multiple);
+  const LayoutProblem bad = layout_problem(c, d, rotary_keys);
   if (!bad.problem.empty()) in.fail(bad.field, bad.problem);
 }
 

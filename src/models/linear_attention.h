@@ -27,15 +27,15 @@ struct HeadLayout {
 // The layout of a config that validate_head_layout accepted.
 HeadLayout head_layout(const ModelConfig& config, const HeadDefaults& defaults);
 // model.num_heads positive; hidden_size · expand_k and · expand_v positive integers (as fla asserts) that num_heads
-// divides; key_multiple > 1: the key width per head a multiple of it (rotary embedding rotates pairs).
-void validate_head_layout(const ModelConfig& config, const HeadDefaults& defaults, int64_t key_multiple,
+// divides; rotary_keys: the key width per head even and at most 256 (fla's rotary embedding rotates pairs and takes
+// heads up to 256 wide).
+void validate_head_layout(const ModelConfig& config, const HeadDefaults& defaults, bool rotary_keys,
                           const ConfigChecker& checker);
 // config.json: num_heads, expand_k, expand_v (resolved) and num_kv_heads (null: no grouped keys), as fla's configs.
 void write_head_layout(const ModelConfig& config, const HeadDefaults& defaults, nlohmann::json& out);
 // Reads them back, refusing what hgrn's mixers do not have (grouped keys, a feature map, no output gate), layouts
 // validate_head_layout would refuse, and the settings under which fla names the output norm otherwise.
-void read_head_layout(const HfConfigReader& in, const HeadDefaults& defaults, int64_t key_multiple,
-                      ModelConfig& config);
+void read_head_layout(const HfConfigReader& in, const HeadDefaults& defaults, bool rotary_keys, ModelConfig& config);
 
 // residual + o_proj(RMSNorm(o) ⊙ silu(g)), the RMSNorm over each head's value_dim features with the shared weight
 // norm_weight [value_dim] and `eps`: the gated norm as rmsnorm (per head) and swiglu_linear (the gate, the product

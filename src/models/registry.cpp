@@ -8,6 +8,7 @@ namespace hgrn {
 const ModelFamily& hgrn2_family();
 const ModelFamily& hgrn1_family();
 const ModelFamily& gla_family();
+const ModelFamily& retnet_family();
 
 namespace {
 const std::vector<const ModelFamily*>& families() {
@@ -15,6 +16,7 @@ const std::vector<const ModelFamily*>& families() {
       &hgrn2_family(),
       &hgrn1_family(),
       &gla_family(),
+      &retnet_family(),
   };
   return all;
 }

@@ -52,6 +52,8 @@ class ModelFamily {
   virtual std::vector<std::string> own_keys() const = 0;
   // This member's checks of the model section (sizes that must divide, ...), reported through `checker`.
   virtual void validate(const ModelConfig& config, const ConfigChecker& checker) const = 0;
+  // fla's hidden_ratio default in this member's config class: model.hidden_ratio where a config leaves it unset.
+  virtual int64_t default_hidden_ratio() const { return 4; }
   // The token mixer's shape in a few words for `hgrn info`, e.g. "8 heads (key 128, value 128)".
   virtual std::string mixer_summary(const ModelConfig& config) const = 0;
   // Whether the member's forget gates take HGRN's layer-wise lower bounds (model.use_lower_bound, the

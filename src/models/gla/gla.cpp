@@ -119,7 +119,7 @@ class GlaFamily final : public ModelFamily {
   }
 
   void validate(const ModelConfig& m, const ConfigChecker& checker) const override {
-    validate_head_layout(m, kGlaDefaults, 1, checker);
+    validate_head_layout(m, kGlaDefaults, /*rotary_keys=*/false, checker);
   }
 
   std::string mixer_summary(const ModelConfig& c) const override {
@@ -219,7 +219,7 @@ class GlaFamily final : public ModelFamily {
 
   void read_hf_config(const HfConfigReader& c, ModelConfig& m) const override {
     m.type = type();
-    read_head_layout(c, kGlaDefaults, 1, m);
+    read_head_layout(c, kGlaDefaults, /*rotary_keys=*/false, m);
     if (c.has_non_null("clamp_min"))
       c.fail("clamp_min", "a lower clamp of the forget gate is not part of hgrn's GLA; expected null");
     m.use_lower_bound = ModelConfig{}.use_lower_bound;  // GLA has none; the field keeps its default
