@@ -707,6 +707,8 @@ TEST(HfExportImport, RetNetAbsentFieldsTakeRetNetConfigDefaults) {
   EXPECT_EQ(m.hidden_ratio, 2);  // RetNetConfig's, not HGRN's 4
   write_file(dir / "config.json", R"({"model_type": "retnet", "hidden_size": 64, "hidden_ratio": null})");
   EXPECT_EQ(read_hf_config(dir.str()).hidden_ratio, 4);  // fla's MLP takes null as 4
+  write_file(dir / "config.json", R"({"model_type": "retnet", "hidden_size": 64, "attn_mode": "parallel"})");
+  EXPECT_EQ(read_hf_config(dir.str()).attn_mode, "chunk");  // the same function
   // Keys the rotary embedding cannot take: an odd width per head, or one past fla's 256.
   write_file(dir / "config.json", R"({"model_type": "retnet", "hidden_size": 64, "num_heads": 64})");
   expect_error_containing([&] { read_hf_config(dir.str()); },

@@ -23,8 +23,8 @@ struct MixerCall {
 };
 
 // One layer's recurrent state while decoding: the fixed-size memory of everything the layer has read, however long
-// the text. Its tensor is the layer's carried state as forward gives it (HGRN2 [B, H, K, V], HGRN1 [B, E], the
-// complex HGRU [B, 2, d]), on the model's device; undefined means the zero state (nothing read yet).
+// the text. Its tensor is the layer's carried state as forward gives it (HGRN2, GLA and RetNet [B, H, K, V], HGRN1
+// [B, E], the complex HGRU [B, 2, d]), on the model's device; undefined means the zero state (nothing read yet).
 struct RecurrentState {
   Tensor tensor;
   // The tensor as a Var for the ops' initial_state (null for the zero state).

@@ -229,6 +229,8 @@ class RetNetFamily final : public ModelFamily {
     m.hidden_ratio = c.optional_int("hidden_ratio", kRetNetHiddenRatio).value_or(4);
     c.require_positive("hidden_ratio", m.hidden_ratio);
     m.use_lower_bound = ModelConfig{}.use_lower_bound;  // RetNet has none; the field keeps its default
+    // fla's parallel retention is the same function in its quadratic form; hgrn's chunk path computes it.
+    if (m.attn_mode == "parallel") m.attn_mode = "chunk";
   }
 };
 
