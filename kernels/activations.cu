@@ -149,7 +149,67 @@ __global__ void sigmoid_backward_kernel(const T* y, const T* dy, T* dx, bool add
     store_pack<V>(dx, i, acc);
   }
 }
+// log σ(x) = min(x, 0) − log1p(e^{−|x|}), as the CPU's: IEEE expf and log1pf, since GLA's gates are this value
+// divided by 16, small numbers whose relative accuracy the recurrence's decays carry.
+__device__ __forceinline__ float log_sigmoid_value(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
+
+template <typename In, typename Out>
+__global__ void log_sigmoid_forward_kernel(const In* x, Out* y, float divisor, long long n) {
+  HGRN_FOR_EACH_PACK(i, n) y[i] = store_f<Out>(log_sigmoid_value(load_f(x[i])) / divisor);
+}
+
+// σ(−x) = e^{−|x|} / (1 + e^{−|x|}) for x >= 0, 1 / (1 + e^{−|x|}) otherwise.
+template <typename In, typename Grad>
+__global__ void log_sigmoid_backward_kernel(const In* x, const Grad* dy, In* dx, bool add, float divisor,
+                                            long long n) {
+  HGRN_FOR_EACH_PACK(i, n) {
+    const float v = load_f(x[i]), e = expf(-fabsf(v));
+    const float g = load_f(dy[i]) * ((v >= 0.f ? e : 1.f) / (1.f + e)) / divisor;
+    dx[i] = store_f<In>(add ? load_f(dx[i]) + g : g);
+  }
+}
+
+// Calls f with out_t = act_t or float, as `dtype` (act_t's or fp32) says.
+template <typename Act, typename F>
+void with_output_dtype(DType dtype, DType act, const char* name, F&& f) {
+  if (dtype == DType::F32) {
+    f(float{});
+  } else if (dtype == act) {
+    f(Act{});
+  } else {
+    throw Error(std::string(name) + ": output dtype " + dtype_name(dtype) + " for " + dtype_name(act) +
+                " input (expected the input's or fp32)");
+  }
+}
 }  // namespace
+
+void cuda_log_sigmoid_forward(const void* x, DType x_dtype, void* y, DType y_dtype, float divisor, int64_t n) {
+  if (n == 0) return;
+  HGRN_CUDA_DISPATCH_ACT(x_dtype, "log_sigmoid", [&] {
+    with_output_dtype<act_t>(y_dtype, x_dtype, "log_sigmoid", [&](auto out) {
+      using out_t = decltype(out);
+      log_sigmoid_forward_kernel<act_t, out_t><<<grid_for(n, kElementwiseThreads), kElementwiseThreads, 0,
+                                                 cuda_stream()>>>(static_cast<const act_t*>(x),
+                                                                  static_cast<out_t*>(y), divisor, n);
+      CUDA_CHECK_LAUNCH("log_sigmoid_forward");
+    });
+  });
+}
+
+void cuda_log_sigmoid_backward(const void* x, DType x_dtype, const void* dy, DType dy_dtype, void* dx, bool add,
+                               float divisor, int64_t n) {
+  if (n == 0) return;
+  HGRN_CUDA_DISPATCH_ACT(x_dtype, "log_sigmoid backward", [&] {
+    with_output_dtype<act_t>(dy_dtype, x_dtype, "log_sigmoid backward", [&](auto grad) {
+      using grad_t = decltype(grad);
+      log_sigmoid_backward_kernel<act_t, grad_t><<<grid_for(n, kElementwiseThreads), kElementwiseThreads, 0,
+                                                   cuda_stream()>>>(static_cast<const act_t*>(x),
+                                                                    static_cast<const grad_t*>(dy),
+                                                                    static_cast<act_t*>(dx), add, divisor, n);
+      CUDA_CHECK_LAUNCH("log_sigmoid_backward");
+    });
+  });
+}
 
 void cuda_sigmoid_forward(const void* x, void* y, int64_t n, DType dtype) {
   if (n == 0) return;

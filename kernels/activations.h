@@ -1,5 +1,5 @@
-// activations.h: silu and swiglu = silu(gate) ⊙ up on the GPU, forward and backward, and the sigmoid (the complex
-// HGRU's output gate). Act dtype (fp32 or bf16);
+// activations.h: silu and swiglu = silu(gate) ⊙ up on the GPU, forward and backward, the sigmoid (the complex
+// HGRU's output gate) and log σ (GLA's log forget gate). Act dtype (fp32 or bf16);
 // arithmetic in fp32. The tensors are `rows` rows of `width` elements: gate, up and their gradients may be
 // row-strided (rows *_stride elements apart: column blocks of a fused projection's output), y and dy are contiguous.
 // A contiguous problem is one row of n elements.
@@ -22,6 +22,12 @@ void cuda_swiglu_forward(const void* gate, const void* up, void* y, const Swiglu
 // for a backward that recomputes it (swiglu_linear).
 void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, void* y,
                           bool add_gate, bool add_up, const SwigluRows& shape, DType dtype);
+
+// y = log σ(x) / divisor over n contiguous elements; x in x_dtype (fp32 or bf16), y in y_dtype (x's or fp32).
+void cuda_log_sigmoid_forward(const void* x, DType x_dtype, void* y, DType y_dtype, float divisor, int64_t n);
+// dx (+)= dy · σ(−x) / divisor: dx in x_dtype, dy in dy_dtype (the output's); add true accumulates, false overwrites.
+void cuda_log_sigmoid_backward(const void* x, DType x_dtype, const void* dy, DType dy_dtype, void* dx, bool add,
+                               float divisor, int64_t n);
 
 // y = σ(x) over n contiguous elements.
 void cuda_sigmoid_forward(const void* x, void* y, int64_t n, DType dtype);

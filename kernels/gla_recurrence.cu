@@ -2006,6 +2006,11 @@ void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) 
                       "hgru2_gates_dgamma_reduce");
 }
 
+// g[row · H·K + h·K + c] = decays[h] over rows = B·T.
+__global__ void expand_head_decays_kernel(const float* decays, float* g, long long total, int key_dim, int heads) {
+  HGRN_FOR_EACH_PACK(e, total) g[e] = decays[e / key_dim % heads];
+}
+
 }  // namespace
 
 int64_t gla_cuda_states_elements(const GlaCudaShape& s) {
@@ -2031,6 +2036,14 @@ void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args)
     else
       forward_impl<act_t, false>(d, pairs, args);
   });
+}
+
+void gla_cuda_expand_head_decays(const GlaCudaShape& shape, const float* decays, float* g) {
+  const long long total = shape.batch * shape.time * shape.heads * shape.key_dim;
+  if (total == 0) return;
+  expand_head_decays_kernel<<<grid_for(total, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
+      decays, g, total, static_cast<int>(shape.key_dim), static_cast<int>(shape.heads));
+  CUDA_CHECK_LAUNCH("gla_expand_head_decays");
 }
 
 void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& args) {

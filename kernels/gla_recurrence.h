@@ -47,6 +47,10 @@ struct GlaCudaForwardArgs {
 };
 void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args);
 
+// g [B, T, H·K] fp32 from one log decay per head, decays [H] fp32, broadcast over the steps and key channels: the
+// constant-decay case (RetNet) through the per-step gates' kernels.
+void gla_cuda_expand_head_decays(const GlaCudaShape& shape, const float* decays, float* g);
+
 // The HGRN2 gates' backward run in the epilogue of the kernel that forms dq, dk and dg (bwd_dqk), where the
 // recurrence's q, g and k are a layer's gates of q̂ and f̂ (kernels/hgrn2_gates.h: q = silu(q̂), g the lower-bounded
 // log forget gate of f̂, k = −expm1(g)). The same function as cuda_hgrn2_gates_backward applied to dq, dk and dg,

@@ -23,7 +23,7 @@ seq=${SEQ:-2048}
 config=configs/$model.yaml
 mkdir -p "$out"
 source scripts/peer_env.sh
-read -r layers hidden batch _ <<<"$(peer_shape "$model")"
+read -r layers hidden batch model_type <<<"$(peer_shape "$model")"
 if [ ! -x build-gpu/hgrn ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHGRN_CUDA=ON ${HGRN_CMAKE_ARGS:-}
   cmake --build build-gpu -j"$(nproc)" --target hgrn
@@ -42,7 +42,7 @@ grad_clip=$(value grad_clip)
 } | tee "$out/machine.txt"
 
 rm -rf "$out/init"
-python3 tools/peer_parity.py init --layers "$layers" --hidden "$hidden" --out "$out/init"
+python3 tools/peer_parity.py init --model-type "$model_type" --layers "$layers" --hidden "$hidden" --out "$out/init"
 runs=()
 for deterministic in false true; do
   run_dir=$out/hgrn-deterministic-$deterministic

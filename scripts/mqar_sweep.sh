@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# mqar_sweep.sh: the HGRN2 paper's MQAR comparison (section 4.1, Fig. 3): HGRN2 and HGRN1 trained on the built-in
+# mqar_sweep.sh: the HGRN2 paper's MQAR comparison (section 4.1, Fig. 3): HGRN2 and HGRN1 (and, with MODELS, GLA
+# and RetNet, the paper's other recurrent baselines) trained on the built-in
 # multi-query associative recall task over model dimensions x sequence lengths, each cell with a small learning-rate
 # sweep; then tools/mqar_figure.py draws accuracy against model dimension (one panel per sequence length) and writes
 # the table.
@@ -8,12 +9,13 @@
 #
 # The setting (Zoology's MQAR, as the paper): vocabulary 8192 (keys from one half, values from the other), 2 layers,
 # key-value pairs 4, 8, 16, 64 at sequence lengths 64, 128, 256, 512, batches of 256, 128, 64, 32 sequences (the same
-# tokens per step); HGRN2 with expand_ratio 64 (heads of key width 64), HGRN1 with expand_ratio 1; AdamW with a cosine
+# tokens per step); HGRN2 with expand_ratio 64 (heads of key width 64), HGRN1 with expand_ratio 1, GLA and RetNet with
+# fla's expand_k and expand_v and D / 64 heads (values 64 wide a head for GLA, 128 for RetNet); AdamW with a cosine
 # schedule, 5% warm-up and no weight decay (as configs/mqar-tiny.yaml, the base of every run). A cell's accuracy is the held-out accuracy of its best learning rate at the end of training.
-# Environment: MODELS ("hgrn2 hgrn"), DIMS ("64 128 256 512"), SEQS ("64 128 256 512"), LRS ("5e-4 1e-3 5e-3"),
-# STEPS (3000), EVAL_BATCHES (16), EVALS (evaluations per run, 1: at the end), CHECKPOINTS (checkpoints per run, 1:
-# at the end), GPUS (the visible GPUs; 0 = CPU), JOBS_PER_GPU (1: a second run on one GPU does not add throughput),
-# HGRN (build/hgrn).
+# Environment: MODELS ("hgrn2 hgrn"; MODELS="hgrn2 hgrn gla retnet" for the four), DIMS ("64 128 256 512"),
+# SEQS ("64 128 256 512"), LRS ("5e-4 1e-3 5e-3"), STEPS (3000), EVAL_BATCHES (16), EVALS (evaluations per run, 1: at
+# the end), CHECKPOINTS (checkpoints per run, 1: at the end), GPUS (the visible GPUs; 0 = CPU), JOBS_PER_GPU (1: a
+# second run on one GPU does not add throughput), HGRN (build/hgrn).
 # A run already finished in OUT_DIR is not trained again and an interrupted one continues from its last checkpoint
 # (checkpoint.resume: auto), so the script can be re-run to fill in cells. The costliest runs start first.
 # Progress: one line per finished run with the running count and an ETA.
@@ -56,12 +58,16 @@ echo "mqar_sweep: $total runs ($models; D in $dims; T in $seqs; lr in $lrs; $ste
 
 run_one() {  # model d t lr slot
   local model=$1 d=$2 t=$3 lr=$4 slot=$5
-  local name="$model-d$d-t$t-lr$lr" device=cpu ratio=64 precision=fp32
-  [ "$model" = hgrn ] && ratio=1
+  local name="$model-d$d-t$t-lr$lr" device=cpu precision=fp32
+  local shape=(--set model.expand_ratio=64)
+  case $model in
+    hgrn) shape=(--set model.expand_ratio=1) ;;
+    gla | retnet) shape=(--set model.expand_ratio=null --set model.num_heads=$(( d > 64 ? d / 64 : 1 ))) ;;
+  esac
   local env=()
   if [ "$GPUS" -gt 0 ]; then device=cuda; precision=bf16; env=(CUDA_VISIBLE_DEVICES=$((slot % GPUS))); fi
   env "${env[@]}" "$hgrn" train --config configs/mqar-tiny.yaml \
-    --set model.type="$model" --set model.hidden_size="$d" --set model.expand_ratio="$ratio" \
+    --set model.type="$model" --set model.hidden_size="$d" "${shape[@]}" \
     --set model.vocab_size=8192 --set data.seq_len="$t" --set data.mqar.num_kv_pairs="$(kv_pairs "$t")" \
     --set training.device="$device" --set training.precision="$precision" \
     --set training.micro_batch_size="$(batch "$t")" --set training.lr="$lr" --set training.max_steps="$steps" \

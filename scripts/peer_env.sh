@@ -68,7 +68,10 @@ peer_shape() {  # layers, hidden size, batch and fla's model_type of a shipped G
     hgrn1-150m) echo "15 768 16 hgrn" ;;
     hgrn1-385m) echo "26 1024 16 hgrn" ;;
     hgrn1-1b) echo "18 2048 8 hgrn" ;;
-    *) echo "no peer-baseline shape for '$1' (expected hgrn2-150m, hgrn2-385m, hgrn2-1b or the hgrn1- ones)" >&2
+    gla-385m) echo "26 1024 16 gla" ;;
+    retnet-385m) echo "26 1024 16 retnet" ;;
+    *) echo "no peer-baseline shape for '$1' (expected hgrn2-150m, hgrn2-385m, hgrn2-1b, the hgrn1- ones, gla-385m" \
+            "or retnet-385m)" >&2
        return 1 ;;
   esac
 }

@@ -9,7 +9,7 @@ set_tests_properties(${hgrn_tests_TESTS} PROPERTIES ENVIRONMENT
 # The tests that take a second or more (CPU training runs, whole-model gradient checks, mpirun jobs): started first,
 # so that a fresh build's first ctest run (no timing data yet) does not end waiting on one of them.
 foreach(test IN LISTS hgrn_tests_TESTS)
-  if(test MATCHES "^(Training\\.(ShortMqarRunLearns|InitFromAnHf)|Models/EveryModelType\\.(EveryParameter|TiedEmbeddings)GradientMatches|Distributed\\.|TokenizerHf\\.|Cli\\.Bench|Signals\\.|DataSources\\.TrainsAndEvaluates)")
+  if(test MATCHES "^(Training\\.(ShortMqarRunLearns|InitFromAnHf)|Members/LinearAttentionTraining\\.|Models/EveryModelType\\.(EveryParameter|TiedEmbeddings)GradientMatches|Distributed\\.|TokenizerHf\\.|Cli\\.Bench|Signals\\.|DataSources\\.TrainsAndEvaluates)")
     set_tests_properties("${test}" PROPERTIES COST 10)
   endif()
 endforeach()

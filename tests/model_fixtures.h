@@ -13,14 +13,18 @@
 namespace hgrn::testing {
 
 // HGRN2: H = 2 heads, K = 4, V = 4. HGRN1: a recurrence twice as wide as the model (fla's input_dim = D · 2), so
-// that the mixer's and the model's widths differ. "hgrn-complex": HGRN1 with model.complex.
+// that the mixer's and the model's widths differ. "hgrn-complex": HGRN1 with model.complex. GLA and RetNet: 2 heads
+// at fla's expand_k and expand_v (GLA K = 2, V = 4; RetNet K = 4, V = 8).
 inline ModelConfig tiny_config(const std::string& type = "hgrn2") {
   ModelConfig c;
   c.type = type == "hgrn-complex" ? "hgrn" : type;
   c.complex = type == "hgrn-complex";
   c.hidden_size = 8;
   c.num_hidden_layers = 3;
-  c.expand_ratio = type == "hgrn2" ? 4 : 2;
+  if (type == "gla" || type == "retnet")
+    c.num_heads = 2;
+  else
+    c.expand_ratio = type == "hgrn2" ? 4 : 2;
   c.vocab_size = 11;
   c.intermediate_size = 12;
   c.initializer_range = 0.5;  // large weights make every path matter for the gradient check
@@ -34,8 +38,10 @@ inline std::vector<std::string> model_variants() {
   return v;
 }
 
-// Lower bounds start at zero (gamma_l = l/L); random ones exercise the softmax/cumsum backward more fully.
+// Lower bounds start at zero (gamma_l = l/L); random ones exercise the softmax/cumsum backward more fully. (A member
+// without lower bounds is left as it is.)
 inline void randomise_lower_bounds(const DecoderLM& model, Rng& rng) {
+  if (!lower_bounded(model.config())) return;
   Tensor& gamma = model.parameter("model.lower_bounds")->value;
   for (int64_t i = 0; i < gamma.numel(); ++i) gamma.set_item(i, rng.normal());
 }

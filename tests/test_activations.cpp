@@ -1,5 +1,5 @@
-// test_activations.cpp: silu and swiglu against the double-precision formulas, extreme inputs, fp64 finite
-// differences and shape errors.
+// test_activations.cpp: silu, swiglu and log_sigmoid against the double-precision formulas, extreme inputs, fp64
+// finite differences and shape errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -76,6 +76,45 @@ TEST(Swiglu, RejectsMismatchedInputs) {
                Error);
   EXPECT_THROW(swiglu(tape, make_var(Tensor::zeros({2}, DType::F32)), make_var(Tensor::zeros({2}, DType::F64))),
                Error);
+}
+
+TEST(LogSigmoid, ForwardMatchesFormula) {
+  // log σ(x) = −log(1 + e^{−x}), straight from the definition (accurate in double for these x), divided by 16.
+  const std::vector<double> xs = {-30, -3, -0.5, 0, 0.25, 1, 4, 30};
+  Tape tape;
+  for (DType dtype : {DType::F64, DType::F32}) {
+    const double tol = dtype == DType::F64 ? 1e-15 : 1e-6;  // relative: rounding of exp, log1p and the division
+    Var y = log_sigmoid(tape, make_var(Tensor::from_vector<double>(xs, {8}).to(dtype)), 16.0, dtype);
+    EXPECT_EQ(y->value.dtype(), dtype);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double x = dtype == DType::F32 ? static_cast<float>(xs[i]) : xs[i];
+      const double ref = -std::log1p(std::exp(-x)) / 16.0;
+      EXPECT_NEAR(y->value.item(static_cast<int64_t>(i)), ref, tol * std::abs(ref)) << dtype_name(dtype) << " x=" << x;
+    }
+  }
+}
+
+TEST(LogSigmoid, ExtremeInputsStayFinite) {
+  Tape tape;
+  for (DType dtype : {DType::F64, DType::F32}) {
+    Var y = log_sigmoid(tape, make_var(Tensor::from_vector<double>({-1000, 1000}, {2}).to(dtype)), 1.0, dtype);
+    EXPECT_EQ(y->value.item(0), -1000.0) << dtype_name(dtype);  // log σ(x) → x: no log(0)
+    EXPECT_EQ(y->value.item(1), 0.0) << dtype_name(dtype);      // log1p(e^{−1000}) underflows to 0
+  }
+}
+
+TEST(LogSigmoid, GradientsMatchFiniteDifferences) {
+  Rng rng(35);
+  Var x = make_var(testing::random_tensor(rng, {3, 7}, 4.0), true, "x");
+  testing::expect_gradients_match(
+      [](Tape& t, const std::vector<Var>& in) { return log_sigmoid(t, in[0], 16.0, DType::F64); }, {x});
+}
+
+TEST(LogSigmoid, RejectsAnotherOutputDtypeOnTheCpuAndAZeroDivisor) {
+  Tape tape;
+  Var x = make_var(Tensor::zeros({2}, DType::F64));
+  EXPECT_THROW(log_sigmoid(tape, x, 16.0, DType::F32), Error);
+  EXPECT_THROW(log_sigmoid(tape, x, 0.0, DType::F64), Error);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// test_activations_cuda.cpp: the CUDA silu, swiglu and add (and reshape's gradient, which shares add's
-// accumulation) against the fp64 CPU reference from the same rounded inputs, fp32 and bf16, odd sizes, unaligned
+// test_activations_cuda.cpp: the CUDA silu, swiglu, log_sigmoid (fp32 output from bf16 input, as GLA's gates) and
+// add (and reshape's gradient, which shares add's accumulation) against the fp64 CPU reference from the same rounded inputs, fp32 and bf16, odd sizes, unaligned
 // views (the unpacked path) and gradients accumulated onto existing ones. Skipped without a GPU.
 #include <gtest/gtest.h>
 
@@ -184,6 +184,37 @@ TEST(AddCuda, SharedInputAndReshapeGradients) {
     tape.backward(gy, to_gpu(dy, dtype));
     // 2·dy, then 2·dy: exact in both dtypes (powers of two), hence the zero tolerance.
     expect_close(gx->grad, rx->grad, 0, 0, "d(x + x)");
+  }
+}
+
+// GLA's gate: log σ(x)/16 from fp32 or bf16 x, written in fp32 or x's dtype; its gradient (in the output's dtype)
+// back into x's, fresh or added onto one there.
+TEST(LogSigmoidCuda, MatchesCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(206);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (DType out_dtype : {DType::F32, dtype}) {
+      for (Shape2 s : kShapes) {
+        for (bool seeded : {true, false}) {
+          SCOPED_TRACE(case_name(dtype, s) + " out " + dtype_name(out_dtype) + (seeded ? " seeded" : " fresh"));
+          Tensor x = rounded(rng, {s.rows, s.width}, 4.0, dtype), dy = rounded(rng, {s.rows, s.width}, 1.0, out_dtype);
+          Tensor dx0 = rounded(rng, {s.rows, s.width}, 0.5, dtype);
+          Tape ref_tape, tape;
+          Var rx = make_var(x, true, "x");
+          if (seeded) rx->grad = dx0.clone();
+          Var ry = log_sigmoid(ref_tape, rx, 16.0, DType::F64);
+          ref_tape.backward(ry, dy);
+          Var gx = make_var(to_gpu(x, dtype), true, "x");
+          if (seeded) gx->grad = to_gpu(dx0, dtype);
+          Var gy = log_sigmoid(tape, gx, 16.0, out_dtype);
+          ASSERT_EQ(gy->value.dtype(), out_dtype);
+          tape.backward(gy, to_gpu(dy, out_dtype));
+          // fp32 output: IEEE expf/log1pf, a few ulps; a bf16 output or gradient: its final rounding (rel_tol).
+          expect_close(gy->value, ry->value, out_dtype == DType::F32 ? 1e-6 : rel_tol(dtype), abs_tol(dtype), "y");
+          expect_close(gx->grad, rx->grad, rel_tol(dtype), abs_tol(dtype), "dx");
+        }
+      }
+    }
   }
 }
 

@@ -632,21 +632,79 @@ TEST(ConfigModelTypes, EachMemberIsAcceptedAndAnUnknownTypeListsThem) {
   EXPECT_EQ(parse_config(base_yaml(), kSource).model.type, "hgrn2");  // the default: configs without a type
   EXPECT_EQ(parse_config(base_yaml(), kSource, {"model.type=hgrn", "model.expand_ratio=2"}).model.type, "hgrn");
   const std::string message = error_of(base_yaml(), {"model.type=hgrn3"});
-  EXPECT_NE(message.find("model.type: expected one of hgrn2 | hgrn, got 'hgrn3'"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.type: expected one of hgrn2 | hgrn | gla | retnet, got 'hgrn3'"), std::string::npos) << message;
 }
 
 TEST(ConfigModelTypes, AKeyOfAnotherMemberIsRefusedNamingItsType) {
   const Edited edited = with_value("model.type", "hgrn");
   std::string text = edited.text + "";
-  // num_heads only HGRN2 has: set in an HGRN1 config, the message says whose key it is and points at it.
+  // num_heads, which HGRN1 has not: set in an HGRN1 config, the message says whose key it is and points at it.
   const std::string heads = error_of(text, {"model.num_heads=4"});
-  EXPECT_NE(heads.find("model.num_heads: belongs to model.type hgrn2 (HGRN2); this config's model.type is hgrn"),
+  EXPECT_NE(heads.find("model.num_heads: belongs to model.type hgrn2 (HGRN2), gla (GLA) or retnet (RetNet); this "
+                       "config's model.type is hgrn"),
             std::string::npos)
       << heads;
   EXPECT_NE(heads.find("--set 'model.num_heads=4'"), std::string::npos) << heads;
   const std::string states = error_of(text, {"model.memory.keep_recurrence_states=3"});
   EXPECT_NE(states.find("model.memory.keep_recurrence_states: belongs to model.type hgrn2"), std::string::npos)
       << states;
+}
+
+// GLA: fla's layout keys (num_heads, expand_k, expand_v; null takes GLAConfig's default), none of HGRN's (nor does
+// RetNet take them).
+TEST(ConfigModelTypes, GlaTakesItsHeadLayoutAndRefusesTheHgrnKeys) {
+  const std::vector<std::string> gla{"model.type=gla", "model.expand_ratio=null"};
+  const Config defaults = parse_config(base_yaml(), kSource, gla);
+  EXPECT_EQ(defaults.model.type, "gla");
+  EXPECT_FALSE(defaults.model.expand_k.has_value());
+  EXPECT_FALSE(lower_bounded(defaults.model));  // use_lower_bound stays at its default, and means nothing here
+  std::vector<std::string> set = gla;
+  set.insert(set.end(), {"model.num_heads=2", "model.expand_k=1", "model.expand_v=0.5"});
+  const Config c = parse_config(base_yaml(), kSource, set);
+  EXPECT_EQ(c.model.num_heads, std::optional<int64_t>(2));
+  EXPECT_EQ(c.model.expand_k, std::optional<double>(1.0));
+  EXPECT_EQ(c.model.expand_v, std::optional<double>(0.5));
+  // The resolved YAML keeps GLA's keys, drops HGRN's, and reads back as the same config.
+  const std::string yaml = config_to_yaml(c);
+  EXPECT_NE(yaml.find("expand_k: 1.0"), std::string::npos) << yaml;
+  EXPECT_EQ(yaml.find("expand_ratio"), std::string::npos) << yaml;
+  EXPECT_EQ(yaml.find("use_lower_bound"), std::string::npos) << yaml;
+  EXPECT_EQ(parse_config(yaml, kSource), c);
+
+  for (const std::string type : {"gla", "retnet"}) {
+    for (const auto& [key, owners] : std::vector<std::pair<std::string, std::string>>{
+             {"model.expand_ratio=16", "hgrn2 (HGRN2) or hgrn (HGRN1)"},
+             {"model.use_lower_bound=false", "hgrn2 (HGRN2) or hgrn (HGRN1)"},
+             {"model.complex=true", "hgrn (HGRN1)"}}) {
+      const std::string message = error_of(base_yaml(), {"model.type=" + type, "model.expand_ratio=null", key});
+      EXPECT_NE(message.find(key.substr(0, key.find('=')) + ": belongs to model.type " + owners +
+                             "; this config's model.type is " + type),
+                std::string::npos)
+          << message;
+    }
+  }
+  // expand_k and expand_v are not HGRN2's.
+  const std::string hgrn2 = error_of(base_yaml(), {"model.expand_k=0.5"});
+  EXPECT_NE(hgrn2.find("model.expand_k: belongs to model.type gla (GLA) or retnet (RetNet); this config's model.type "
+                       "is hgrn2"),
+            std::string::npos)
+      << hgrn2;
+}
+
+TEST(ConfigModelTypes, GlaHeadLayoutsFlaWouldRejectAreRefused) {
+  const std::vector<std::string> gla{"model.type=gla", "model.expand_ratio=null"};  // hidden_size 64
+  for (const auto& [extra, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"model.num_heads=0", "model.num_heads: expected a positive integer, got 0"},
+           {"model.num_heads=3", "model.expand_k: hidden_size x expand_k = 32 must be divisible by num_heads = 3"},
+           {"model.expand_k=0.3", "model.expand_k: expected a positive number that makes hidden_size x expand_k an "
+                                  "integer (64 x 0.3 is not)"},
+           {"model.expand_v=-1", "model.expand_v: expected a positive number"},
+           {"model.expand_k='half'", "model.expand_k: expected a number or null"}}) {
+    std::vector<std::string> overrides = gla;
+    overrides.push_back(extra);
+    const std::string message = error_of(base_yaml(), overrides);
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+  }
 }
 
 TEST(ConfigModelTypes, ComplexIsHgrnsOwnOnEitherDevice) {

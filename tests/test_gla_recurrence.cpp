@@ -8,6 +8,7 @@
 #include <functional>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gradcheck.h"
@@ -508,6 +509,45 @@ TEST(GlaRecurrence, NoTapeEntryWithoutGradients) {
   EXPECT_EQ(r.final_state->value.shape(), (Shape{1, 1, 2, 2}));
 }
 
+// A constant log decay per head (g [H], RetNet's case) is the per-step gates filled with it: both forms, the same bits
+// for the outputs and the gradients of q, k, v and the initial state.
+TEST(GlaRecurrence, PerHeadDecaysEqualTheBroadcastPerStepGates) {
+  const Sizes s = with_time(kGeneralSizes, 70);
+  Rng rng(91);
+  const Inputs in = make_inputs(rng, s, /*with_initial_state=*/true);
+  const Tensor d_out = random_tensor(rng, in.v.shape()), d_final = random_tensor(rng, in.s0.shape());
+  const std::vector<double> decays = {-0.03, -0.5, -2.0};
+  Tensor broadcast = Tensor::empty(in.q.shape(), DType::F64);
+  for (int64_t e = 0; e < broadcast.numel(); ++e) broadcast.set_item(e, decays[e / s.key_dim % s.heads]);
+  for (RecurrenceMode mode : {RecurrenceMode::Naive, RecurrenceMode::Chunk}) {
+    SCOPED_TRACE(mode == RecurrenceMode::Naive ? "naive" : "chunk");
+    Result r[2];
+    for (int per_head = 0; per_head < 2; ++per_head) {
+      Tape tape;
+      Var q = make_var(in.q.clone(), true, "q"), k = make_var(in.k.clone(), true, "k");
+      Var v = make_var(in.v.clone(), true, "v"), s0 = make_var(in.s0.clone(), true, "s0");
+      Var g = make_var(per_head ? Tensor::from_vector(decays, {3}) : broadcast.clone(), false, "g");
+      GlaOutputs out = gla_recurrence(tape, q, k, v, g, s0, s.heads, 0.3, mode, 16);
+      out.final_state->grad = d_final.clone();
+      tape.backward(out.output, d_out);
+      r[per_head] = {out.output->value, out.final_state->value, q->grad, k->grad, v->grad, Tensor(), s0->grad};
+    }
+    for (const auto& [name, a, b] : {std::tuple<const char*, Tensor&, Tensor&>{"output", r[0].output, r[1].output},
+                                     {"final_state", r[0].final_state, r[1].final_state},
+                                     {"dq", r[0].dq, r[1].dq},
+                                     {"dk", r[0].dk, r[1].dk},
+                                     {"dv", r[0].dv, r[1].dv},
+                                     {"ds0", r[0].ds0, r[1].ds0}})
+      EXPECT_EQ(a.to_double_vector(), b.to_double_vector()) << name;
+  }
+  // A constant takes no gradient.
+  Tape tape;
+  EXPECT_THROW(gla_recurrence(tape, make_var(in.q), make_var(in.k), make_var(in.v),
+                              make_var(Tensor::from_vector(decays, {3}), true, "g"), nullptr, s.heads, 0.3,
+                              RecurrenceMode::Chunk),
+               Error);
+}
+
 // ---------------------------------------------------------------------------------------------------------------------
 // Shape and argument checks.
 
@@ -522,6 +562,8 @@ TEST(GlaRecurrence, RejectsBadShapes) {
   EXPECT_THROW(gla_recurrence(tape, zeros({2, 30}), k, v, g, s0, 2, 1.0, mode), Error);        // q not 3-D
   EXPECT_THROW(gla_recurrence(tape, q, zeros({2, 5, 4}), v, g, s0, 2, 1.0, mode), Error);     // k ≠ q
   EXPECT_THROW(gla_recurrence(tape, q, k, v, zeros({2, 4, 6}), s0, 2, 1.0, mode), Error);     // g ≠ q
+  EXPECT_NO_THROW(gla_recurrence(tape, q, k, v, zeros({2}), s0, 2, 1.0, mode));                // g per head
+  EXPECT_THROW(gla_recurrence(tape, q, k, v, zeros({3}), s0, 2, 1.0, mode), Error);            // 3 decays, 2 heads
   EXPECT_THROW(gla_recurrence(tape, q, k, zeros({1, 5, 8}), g, s0, 2, 1.0, mode), Error);     // v's batch
   EXPECT_THROW(gla_recurrence(tape, q, k, zeros({2, 6, 8}), g, s0, 2, 1.0, mode), Error);     // v's time
   EXPECT_THROW(gla_recurrence(tape, q, k, zeros({2, 5, 7}), g, s0, 2, 1.0, mode), Error);     // H ∤ v's width

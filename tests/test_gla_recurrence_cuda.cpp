@@ -247,6 +247,30 @@ TEST(GlaRecurrenceCuda, GateRegimes) {
   }
 }
 
+// RetNet's constant decay per head (g [H], log(1 − 2^(−5−h)) as fla's chunk_retention): broadcast over the steps and
+// key channels on the GPU, against the CPU's reading of the same [H] decays. No gradient for g (a constant).
+TEST(GlaRecurrenceCuda, PerHeadDecaysMatchCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const std::vector<Sizes> shapes{{2, 1, 3, 16, 32}, {2, 65, 4, 32, 64}, {1, 300, 8, 128, 256}};
+  int variant = 0;
+  for (const Sizes& s : shapes) {
+    for (DType act : {DType::F32, DType::BF16}) {
+      const std::string context = s.str() + " " + dtype_name(act) + " per-head decays";
+      SCOPED_TRACE(context);
+      Rng rng(4000 + variant++);
+      Problem p = make_problem(rng, s, variant % 2 == 0, true, true);
+      p.g = Tensor::empty({s.heads}, DType::F64);
+      for (int64_t h = 0; h < s.heads; ++h) p.g.set_item(h, std::log(1.0 - std::pow(2.0, -5.0 - static_cast<double>(h))));
+      Wants wants;
+      wants.g = false;
+      const Result got = run(p, s.heads, Device::CUDA, act, 1.0 / std::sqrt(static_cast<double>(s.key_dim)), wants);
+      const Result want =
+          run(rounded(p, act), s.heads, Device::CPU, DType::F64, 1.0 / std::sqrt(static_cast<double>(s.key_dim)), wants);
+      expect_matches(got, want, tol_for(act), context);
+    }
+  }
+}
+
 TEST(GlaRecurrenceCuda, DependentKernelsWaitForTheStatePass) {
   HGRN_SKIP_WITHOUT_GPU();
   // On Hopper, fwd_output and bwd_dv launch as programmatic dependents of the state pass before them and do their

@@ -144,6 +144,20 @@ TEST(Hdf5Export, ComplexHgrnExportsEveryTensor) {
   EXPECT_GE(H5Fclose(file), 0);
 }
 
+TEST(Hdf5Export, GlaAndRetNetExportEveryTensorWithTheirConfig) {
+  for (const char* type : {"gla", "retnet"}) {
+    SCOPED_TRACE(type);
+    ScratchDir dir;
+    ModelConfig config = small_model_config();
+    config.type = type;
+    config.expand_ratio.reset();
+    config.num_heads = 2;
+    const NamedTensors params = random_params(config, 14);
+    export_hdf5(config, params, dir / "weights.h5", DType::F32);
+    expect_file_matches(dir / "weights.h5", config, params, DType::F32);
+  }
+}
+
 TEST(Hdf5Export, Bf16IsStoredAsUint16BitPatterns) {
   ScratchDir dir;
   const ModelConfig config = small_model_config(/*tied=*/true);

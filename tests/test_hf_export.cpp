@@ -607,10 +607,114 @@ TEST(HfExportImport, Hgrn1AbsentFieldsTakeHgrnConfigDefaultsAndAnUnknownTypeIsRe
     ADD_FAILURE() << "model_type mamba was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model_type: expected one of \"hgrn2\" (fla's HGRN2ForCausalLM), \"hgrn\" "
-                                         "(fla's HGRNForCausalLM), got \"mamba\""),
+                                         "(fla's HGRNForCausalLM), \"gla\" (fla's GLAForCausalLM), \"retnet\" (fla's "
+                                         "RetNetForCausalLM), got \"mamba\""),
               std::string::npos)
         << e.what();
   }
+}
+
+// GLA (fla's GLAForCausalLM): D = 16, 2 heads, keys 8 (4 a head) and values 16 (8 a head) wide.
+ModelConfig small_gla_config() {
+  ModelConfig m = small_model_config();
+  m.type = "gla";
+  m.expand_ratio.reset();
+  m.num_heads = 2;
+  return m;
+}
+
+TEST(HfExport, GlaWritesGlaConfigFieldsAndRoundTripsBitExact) {
+  const ModelConfig config = small_gla_config();
+  const NamedTensors params = random_params(config);
+  ScratchDir dir;
+  const std::string out = dir / "gla";
+  export_hf(config, params, out, DType::F32);
+  const json c = json::parse(read_file(out + "/config.json"));
+  EXPECT_EQ(c["model_type"], "gla");
+  EXPECT_EQ(c["architectures"], json::array({"GLAForCausalLM"}));
+  EXPECT_EQ(c["num_heads"], 2);
+  EXPECT_EQ(c["expand_k"].get<double>(), 0.5);  // GLAConfig's defaults, written resolved
+  EXPECT_EQ(c["expand_v"].get<double>(), 1.0);
+  for (const char* null_field : {"num_kv_heads", "feature_map", "clamp_min"}) EXPECT_TRUE(c[null_field].is_null());
+  EXPECT_EQ(c["use_output_gate"], true);
+  EXPECT_EQ(c["fuse_norm"], true);
+  // HGRN's fields are not GLA's.
+  for (const char* hgrn_field : {"expand_ratio", "use_lower_bound"}) EXPECT_FALSE(c.contains(hgrn_field));
+  const ModelConfig imported = read_hf_config(out);
+  EXPECT_EQ(imported.type, "gla");
+  EXPECT_EQ(model_signature(imported), model_signature(config));
+  const NamedTensors back = read_hf_weights(out, imported);
+  expect_same_params(params, back);
+  const Tensor* gate = find_tensor(back, "model.layers.1.attn.gk_proj.1.weight");
+  ASSERT_NE(gate, nullptr);
+  EXPECT_EQ(gate->shape(), (Shape{8, 16}));
+}
+
+TEST(HfExportImport, GlaAbsentFieldsTakeGlaConfigDefaultsAndUnsupportedOnesAreRefused) {
+  ScratchDir dir;
+  write_file(dir / "config.json",
+             R"({"model_type": "gla", "hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 10})");
+  const ModelConfig m = read_hf_config(dir.str());
+  EXPECT_EQ(m.type, "gla");
+  EXPECT_EQ(m.num_heads, std::optional<int64_t>(4));
+  EXPECT_EQ(m.expand_k, std::optional<double>(0.5));
+  EXPECT_EQ(m.expand_v, std::optional<double>(1.0));
+  EXPECT_EQ(m.mlp_size(), 256 * ((64 * 4 * 2 / 3 + 255) / 256));  // hidden_ratio 4
+  const auto expect_refused = [&](const std::string& fields, const std::string& expected) {
+    write_file(dir / "config.json", R"({"model_type": "gla", "hidden_size": 64, )" + fields + "}");
+    expect_error_containing([&] { read_hf_config(dir.str()); }, {expected});
+  };
+  expect_refused(R"("clamp_min": -8)", "clamp_min: a lower clamp of the forget gate is not part");
+  expect_refused(R"("num_heads": 4, "num_kv_heads": 2)", "num_kv_heads: grouped keys and values are not part");
+  expect_refused(R"("feature_map": "relu")", "feature_map: a feature map on queries and keys is not part");
+  expect_refused(R"("use_output_gate": false)", "use_output_gate:");
+  expect_refused(R"("fuse_norm": false)", "fuse_norm: expected true");
+  expect_refused(R"("hidden_act": "silu")", "hidden_act: expected \"swish\"");
+  expect_refused(R"("num_heads": 3)", "expand_k: hidden_size x expand_k = 32 must be divisible by num_heads = 3");
+  expect_refused(R"("expand_v": 0.3)", "expand_v: expected a positive number that makes hidden_size x expand_v");
+}
+
+// RetNet (fla's RetNetForCausalLM): D = 16, 2 heads, keys 16 (8 a head) and values 32 (16 a head) wide.
+TEST(HfExport, RetNetWritesRetNetConfigFieldsAndRoundTripsBitExact) {
+  ModelConfig config = small_gla_config();
+  config.type = "retnet";
+  const NamedTensors params = random_params(config, 2);
+  ScratchDir dir;
+  const std::string out = dir / "retnet";
+  export_hf(config, params, out, DType::F32);
+  const json c = json::parse(read_file(out + "/config.json"));
+  EXPECT_EQ(c["model_type"], "retnet");
+  EXPECT_EQ(c["architectures"], json::array({"RetNetForCausalLM"}));
+  EXPECT_EQ(c["num_heads"], 2);
+  EXPECT_EQ(c["expand_k"].get<double>(), 1.0);  // RetNetConfig's defaults, written resolved
+  EXPECT_EQ(c["expand_v"].get<double>(), 2.0);
+  EXPECT_EQ(c["intermediate_size"], 24);
+  for (const char* hgrn_field : {"expand_ratio", "use_lower_bound", "clamp_min"}) EXPECT_FALSE(c.contains(hgrn_field));
+  const ModelConfig imported = read_hf_config(out);
+  EXPECT_EQ(imported.type, "retnet");
+  EXPECT_EQ(model_signature(imported), model_signature(config));
+  expect_same_params(params, read_hf_weights(out, imported));
+}
+
+TEST(HfExportImport, RetNetAbsentFieldsTakeRetNetConfigDefaults) {
+  ScratchDir dir;
+  write_file(dir / "config.json",
+             R"({"model_type": "retnet", "hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 10})");
+  const ModelConfig m = read_hf_config(dir.str());
+  EXPECT_EQ(m.num_heads, std::optional<int64_t>(8));
+  EXPECT_EQ(m.expand_k, std::optional<double>(1.0));
+  EXPECT_EQ(m.expand_v, std::optional<double>(2.0));
+  EXPECT_EQ(m.hidden_ratio, 2);  // RetNetConfig's, not HGRN's 4
+  write_file(dir / "config.json", R"({"model_type": "retnet", "hidden_size": 64, "hidden_ratio": null})");
+  EXPECT_EQ(read_hf_config(dir.str()).hidden_ratio, 4);  // fla's MLP takes null as 4
+  write_file(dir / "config.json", R"({"model_type": "retnet", "hidden_size": 64, "attn_mode": "parallel"})");
+  EXPECT_EQ(read_hf_config(dir.str()).attn_mode, "chunk");  // the same function
+  // Keys the rotary embedding cannot take: an odd width per head, or one past fla's 256.
+  write_file(dir / "config.json", R"({"model_type": "retnet", "hidden_size": 64, "num_heads": 64})");
+  expect_error_containing([&] { read_hf_config(dir.str()); },
+                          {"expand_k: the key width per head, hidden_size x expand_k / num_heads = 1, must be even"});
+  write_file(dir / "config.json", R"({"model_type": "retnet", "hidden_size": 64, "num_heads": 1, "expand_k": 8})");
+  expect_error_containing([&] { read_hf_config(dir.str()); }, {"= 512, must be even and at most 256"});
 }
 
 }  // namespace

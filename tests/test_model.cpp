@@ -27,6 +27,11 @@ using testing::set_knob;
 using testing::model_loss;
 using testing::token_ids;
 
+// Layer 0's first token-mixer weight (the HGRN members' q_proj or i_proj, GLA's and RetNet's q_proj).
+std::string first_mixer_weight(const ModelConfig& c) {
+  return "model.layers.0.attn." + model_family(c.type).mixer_param_specs(c).front().name;
+}
+
 std::vector<Var> parameter_vars(const DecoderLM& model) {
   std::vector<Var> vars;
   for (const auto& [spec, var] : model.parameters()) vars.push_back(var);
@@ -154,6 +159,11 @@ TEST_P(EveryModelType, SingleLayerGetsNoLowerBoundGradient) {
   c.num_hidden_layers = 1;
   Rng rng(44);
   DecoderLM model(c, rng, DType::F64);
+  if (!lower_bounded(c)) {  // GLA, RetNet: no bounds at all, whatever model.use_lower_bound says
+    EXPECT_TRUE(c.use_lower_bound);
+    EXPECT_THROW(model.parameter("model.lower_bounds"), Error);
+    return;
+  }
   randomise_lower_bounds(model, rng);
   Tape tape;
   model.parameter("model.lower_bounds")->grad = Tensor();
@@ -162,7 +172,7 @@ TEST_P(EveryModelType, SingleLayerGetsNoLowerBoundGradient) {
   if (bounds->grad.defined())
     for (int64_t i = 0; i < bounds->grad.numel(); ++i) EXPECT_EQ(bounds->grad.item(i), 0.0) << "element " << i;
   // ... while the other parameters do get gradients (the check above is not vacuous).
-  EXPECT_TRUE(model.parameter("model.layers.0.attn.f_proj.weight")->grad.defined());
+  EXPECT_TRUE(model.parameter(first_mixer_weight(c))->grad.defined());
 }
 
 TEST_P(EveryModelType, ChunkwiseAndRecurrentModesGiveTheSameLogits) {
@@ -246,8 +256,9 @@ TEST_P(EveryModelType, FusedProjectionsAreAdjacentAndStaySo) {
   DecoderLM model(tiny_config(GetParam()), rng, DType::F64);
   size_t runs = 0;
   for (const auto& [spec, var] : model.parameters()) runs += spec.adjacent_to_previous;
-  // f, i and up in every layer; the complex HGRU's ci, f and g follow cr.
-  const size_t per_layer = GetParam() == "hgrn-complex" ? 4u : 3u;
+  // f, i and up in every layer; the complex HGRU's ci, f and g follow cr; GLA's k, v, g and gk_proj.0 follow q,
+  // RetNet's k, v and g.
+  const size_t per_layer = GetParam() == "gla" ? 5u : GetParam() == "hgrn-complex" || GetParam() == "retnet" ? 4u : 3u;
   EXPECT_EQ(runs, per_layer * static_cast<size_t>(tiny_config(GetParam()).num_hidden_layers));
   expect_fused_projections_adjacent(model, false, false);
   for (int step = 0; step < 2; ++step) {  // the first backward makes the gradients adjacent, the second adds to them
@@ -261,7 +272,7 @@ TEST_P(EveryModelType, SameSeedSameWeightsDifferentSeedDifferentWeights) {
   ModelConfig c = tiny_config(GetParam());
   Rng a(1), b(1), d(2);
   DecoderLM ma(c, a), mb(c, b), md(c, d);
-  const std::string name = "model.layers.0.attn.f_proj.weight";
+  const std::string name = first_mixer_weight(c);
   EXPECT_EQ(ma.parameter(name)->value.to_double_vector(), mb.parameter(name)->value.to_double_vector());
   EXPECT_NE(ma.parameter(name)->value.to_double_vector(), md.parameter(name)->value.to_double_vector());
 }
@@ -297,6 +308,8 @@ TEST_P(EveryModelType, CarriedStateEqualsOneLongSequence) {
     const std::vector<double> a = model.forward(tape, part1, &states)->value.to_double_vector();
     ASSERT_EQ(states.size(), 3u);
     const Shape state_shape = GetParam() == "hgrn2"          ? Shape{2, 2, 4, 4}
+                              : GetParam() == "gla"          ? Shape{2, 2, 2, 4}
+                              : GetParam() == "retnet"       ? Shape{2, 2, 4, 8}
                               : GetParam() == "hgrn-complex" ? Shape{2, 2, 16}
                                                              : Shape{2, 16};
     EXPECT_EQ(states[0]->value.shape(), state_shape);

@@ -22,7 +22,8 @@ using testing::expect_close;
 using testing::set_knob;
 
 // HGRN2: H = 3 heads, K = V = 32. HGRN1 (real or complex): a recurrence 96 channels wide (an odd number of
-// 32-channel groups). "hgrn-complex": HGRN1 with model.complex.
+// 32-channel groups). "hgrn-complex": HGRN1 with model.complex. GLA and RetNet: 3 heads at fla's expand_k and
+// expand_v (GLA K = 16, V = 32; RetNet K = 32, V = 64).
 class ModelCudaEveryType : public ::testing::TestWithParam<std::string> {};
 
 ModelConfig small_config(const std::string& type) {
@@ -31,7 +32,10 @@ ModelConfig small_config(const std::string& type) {
   c.complex = type == "hgrn-complex";
   c.hidden_size = 96;
   c.num_hidden_layers = 3;
-  c.expand_ratio = type == "hgrn2" ? 32 : 1;
+  if (type == "gla" || type == "retnet")
+    c.num_heads = 3;
+  else
+    c.expand_ratio = type == "hgrn2" ? 32 : 1;
   c.vocab_size = 41;
   c.intermediate_size = 100;  // not a power of two
   c.initializer_range = 0.1;
@@ -64,8 +68,7 @@ Models make_models(const std::string& type, DType act) {
   Rng rng_a(21), rng_b(21);
   Models m{DecoderLM(c, rng_a, DType::F32), DecoderLM(c, rng_b, DType::F64)};
   Rng lb(4);  // random lower bounds exercise the softmax/cumsum backward
-  Tensor& gamma = m.gpu.parameter("model.lower_bounds")->value;
-  for (int64_t i = 0; i < gamma.numel(); ++i) gamma.set_item(i, lb.normal());
+  testing::randomise_lower_bounds(m.gpu, lb);
   std::vector<std::pair<std::string, Tensor>> weights;
   for (const auto& [spec, var] : m.gpu.parameters()) weights.emplace_back(spec.name, var->value.to(DType::F64));
   m.cpu.load_parameters(weights, "the GPU model");

@@ -1,4 +1,4 @@
-// test_model_resets.cpp: a whole model of every family member (HGRN2, HGRN1, HGRN1's complex HGRU) reading a packed
+// test_model_resets.cpp: a whole model of every family member (and HGRN1's complex HGRU) reading a packed
 // window with per-token resets at its document starts (CausalLM::forward's resets): the same logits, and the same
 // gradient of every parameter, as its documents run one by one (fp64 on the CPU, with the chunked form in the packed
 // window and mostly the step-by-step one in the short documents); the language-model loss of a packed batch with
@@ -177,8 +177,7 @@ TEST_P(ModelResets, GpuPackedWindowMatchesTheCpuReference) {
     Rng rng_a(9), rng_b(9);
     DecoderLM gpu(c, rng_a, DType::F32), cpu(c, rng_b, DType::F64);
     Rng lb(4);
-    Tensor& gamma = gpu.parameter("model.lower_bounds")->value;
-    for (int64_t i = 0; i < gamma.numel(); ++i) gamma.set_item(i, lb.normal());
+    randomise_lower_bounds(gpu, lb);
     std::vector<std::pair<std::string, Tensor>> weights;
     for (const auto& [spec, var] : gpu.parameters()) weights.emplace_back(spec.name, var->value.to(DType::F64));
     cpu.load_parameters(weights, "the GPU model");

@@ -105,6 +105,26 @@ TEST(RmsNorm, WeightGradientBitsIndependentOfThreadCount) {
   omp_set_num_threads(saved_threads);
 }
 
+TEST(RmsNorm, GroupsAreNormalisedEachOnItsOwn) {
+  // group_width 4 over a last axis of 12: three heads per row, each the plain RMSNorm of its 4 features.
+  Rng rng(26);
+  Tensor x = testing::random_tensor(rng, {2, 3, 12}, 2.0);
+  Tensor w = testing::random_tensor(rng, {4});
+  Tape tape;
+  const std::vector<double> y = rmsnorm(tape, make_var(x), make_var(w), 1e-6, 4)->value.to_double_vector();
+  const std::vector<double> ref = reference_rmsnorm(x.reshape({18, 4}), &w, 1e-6);
+  ASSERT_EQ(y.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-13 * std::max(1.0, std::abs(ref[i]))) << i;
+}
+
+TEST(RmsNorm, GroupedGradientsMatchFiniteDifferences) {
+  Rng rng(27);
+  Var x = make_var(testing::random_tensor(rng, {2, 3, 10}), true, "x");
+  Var w = make_var(testing::random_tensor(rng, {5}), true, "weight");
+  testing::expect_gradients_match(
+      [](Tape& t, const std::vector<Var>& in) { return rmsnorm(t, in[0], in[1], 1e-5, 5); }, {x, w});
+}
+
 TEST(RmsNorm, RejectsBadArguments) {
   Tape tape;
   Var x = make_var(Tensor::zeros({2, 4}, DType::F32));
@@ -112,6 +132,8 @@ TEST(RmsNorm, RejectsBadArguments) {
   EXPECT_THROW(rmsnorm(tape, x, make_var(Tensor::zeros({1, 4}, DType::F32)), 1e-6), Error);  // weight not [D]
   EXPECT_THROW(rmsnorm(tape, x, make_var(Tensor::zeros({4}, DType::F64)), 1e-6), Error);     // dtype mismatch
   EXPECT_THROW(rmsnorm(tape, x, nullptr, -1.0), Error);                                       // negative eps
+  EXPECT_THROW(rmsnorm(tape, x, make_var(Tensor::zeros({3}, DType::F32)), 1e-6, 3), Error);  // 3 does not divide 4
+  EXPECT_THROW(rmsnorm(tape, x, make_var(Tensor::zeros({4}, DType::F32)), 1e-6, 2), Error);  // weight not [group]
 }
 
 }  // namespace

@@ -2,12 +2,14 @@
 // fp32 and bf16 activations, odd row counts and widths, with and without a weight, gradients accumulated onto
 // existing ones (as onto the residual stream's handed-over gradient); the weight gradient's bits repeat run to run;
 // the backward writes the forward's output again with the same bits (release_until_producer_backward), also where a
-// linear's residual gradient is handed over meanwhile; many rows per warp, through the warp kernels' row buffers.
+// linear's residual gradient is handed over meanwhile; many rows per warp, through the warp kernels' row buffers;
+// per-head groups of a row normalised each on its own.
 // Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "core/rng.h"
 #include "gpu_test.h"
@@ -78,6 +80,35 @@ TEST(RmsNormCuda, MatchesCpuReference) {
           }
         }
       }
+    }
+  }
+}
+
+// Per-head groups (GLA's and RetNet's output norm): rows of head-width groups, small widths (the warp path's idle
+// lanes, the block path for widths not a multiple of the pack) and the 385m shapes' 256.
+TEST(RmsNormCuda, GroupsMatchCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(106);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (auto [rows, heads, group] : {std::tuple<int64_t, int64_t, int64_t>{65, 2, 4}, {63, 3, 24}, {7, 5, 3},
+                                      {129, 4, 256}}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " rows=" + std::to_string(rows) + " heads=" +
+                   std::to_string(heads) + " group=" + std::to_string(group));
+      const int64_t width = heads * group;
+      Tensor x = round_through(testing::random_tensor(rng, {rows, width}, 2.0), dtype);
+      Tensor w = round_through(testing::random_tensor(rng, {group}), DType::F32);
+      Tensor dy = round_through(testing::random_tensor(rng, {rows, width}), dtype);
+      Tape ref_tape, tape;
+      Var rx = make_var(x, true, "x"), rw = make_var(w, true, "weight");
+      Var ry = rmsnorm(ref_tape, rx, rw, kEps, group);
+      ref_tape.backward(ry, dy);
+      Var gx = make_var(to_gpu(x, dtype), true, "x"), gw = make_var(to_gpu(w, DType::F32), true, "weight");
+      Var gy = rmsnorm(tape, gx, gw, kEps, group);
+      tape.backward(gy, to_gpu(dy, dtype));
+      expect_close(gy->value, ry->value, act_rel(dtype), act_abs(dtype), "y");
+      expect_close(gx->grad, rx->grad, act_rel(dtype), act_abs(dtype), "dx");
+      // fp32 sums over rows·heads terms of exactly the reference's inputs (as MatchesCpuReference's dweight).
+      expect_close(gw->grad, rw->grad, 1e-5, 1e-3, "dweight");
     }
   }
 }

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-NAMES = {"hgrn2": "HGRN2", "hgrn": "HGRN1"}
+NAMES = {"hgrn2": "HGRN2", "hgrn": "HGRN1", "gla": "GLA", "retnet": "RetNet"}
 RUN = re.compile(r"^(?P<model>[a-z0-9]+)-d(?P<d>\d+)-t(?P<t>\d+)-lr(?P<lr>[0-9.e+-]+)$")
 
 

@@ -1,29 +1,32 @@
 #!/usr/bin/env python3
 """peer_bench.py: the peer's training step (PyTorch + flash-linear-attention's HGRN2ForCausalLM, or HGRNForCausalLM
-with --model hgrn), timed the way docs/benchmarks.md describes, so that hgrn and the peer can be measured in one run
-on one GPU.
+with --model hgrn, GLAForCausalLM with --model gla, RetNetForCausalLM with --model retnet), timed the way
+docs/benchmarks.md describes, so that hgrn and the peer can be measured in one run on one GPU.
 
 Model: HGRN2Config(hidden_size, num_hidden_layers, expand_ratio=128, vocab_size=50304, fuse_cross_entropy=True,
 fuse_norm=True, fuse_swiglu=True), all else fla's default; --model hgrn: HGRNConfig with the same fields and
-expand_ratio=1 (fla's default; its training forward always takes chunk_hgrn). Step: forward with labels = input_ids, backward,
+expand_ratio=1 (fla's default; its training forward always takes chunk_hgrn); --model gla / retnet: GLAConfig /
+RetNetConfig with the same fields but expand_ratio, all else fla's default (GLA: 4 heads, expand_k 0.5, expand_v 1,
+hidden_ratio 4; RetNet: 8 heads, expand_k 1, expand_v 2, hidden_ratio 2; chunk mode for sequences past 64 tokens). Step: forward with labels = input_ids, backward,
 clip_grad_norm_(1.0), fused AdamW(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1), zero_grad; random token ids fixed
 for the run. amp-bf16: fp32 parameters under torch.autocast(bfloat16); pure-bf16: parameters and optimiser state in
 bf16. 5 warm-up steps, then the mean of 20 timed steps (host clock after cuda.synchronize()); peak memory =
 torch.cuda.max_memory_allocated() over the timed steps.
 
-Usage: peer_bench.py [--model hgrn2|hgrn] --layers 26 --hidden 1024 --batch 16 --seq 2048 --mode amp-bf16 [--json FILE]
+Usage: peer_bench.py [--model hgrn2|hgrn|gla|retnet] --layers 26 --hidden 1024 --batch 16 --seq 2048 --mode amp-bf16 [--json FILE]
 """
 import argparse
 import json
 import time
 
 import torch
-from fla.models import HGRN2Config, HGRN2ForCausalLM, HGRNConfig, HGRNForCausalLM
+from fla.models import (GLAConfig, GLAForCausalLM, HGRN2Config, HGRN2ForCausalLM, HGRNConfig, HGRNForCausalLM,
+                        RetNetConfig, RetNetForCausalLM)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["hgrn2", "hgrn"], default="hgrn2", help="fla's model_type")
+    p.add_argument("--model", choices=["hgrn2", "hgrn", "gla", "retnet"], default="hgrn2", help="fla's model_type")
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--hidden", type=int, required=True)
     p.add_argument("--batch", type=int, required=True)
@@ -40,6 +43,11 @@ def main():
         config = HGRNConfig(hidden_size=a.hidden, num_hidden_layers=a.layers, expand_ratio=1, vocab_size=a.vocab,
                             fuse_cross_entropy=True, fuse_norm=True, fuse_swiglu=True)
         model = HGRNForCausalLM(config).cuda()
+    elif a.model in ("gla", "retnet"):
+        config_class, model_class = {"gla": (GLAConfig, GLAForCausalLM), "retnet": (RetNetConfig, RetNetForCausalLM)}[a.model]
+        config = config_class(hidden_size=a.hidden, num_hidden_layers=a.layers, vocab_size=a.vocab,
+                              fuse_cross_entropy=True, fuse_norm=True, fuse_swiglu=True)
+        model = model_class(config).cuda()
     else:
         config = HGRN2Config(hidden_size=a.hidden, num_hidden_layers=a.layers, expand_ratio=128, vocab_size=a.vocab,
                              fuse_cross_entropy=True, fuse_norm=True, fuse_swiglu=True)

@@ -3,8 +3,9 @@
 initial weights on the same batches, with the same optimiser and schedule, step by step; scripts/gpu_loss_parity.sh
 runs the whole comparison on one GPU.
 
-  init:    an fla HGRN2ForCausalLM (the peer_bench.py config) with fla's own initialisation, saved as a Hugging Face
-           directory (fp32 safetensors) that `hgrn train --set checkpoint.init_from=DIR` starts from.
+  init:    an fla model (HGRN2ForCausalLM, or with --model-type that type's: the peer_bench.py config) with fla's own
+           initialisation, saved as a Hugging Face directory (fp32 safetensors) that
+           `hgrn train --set checkpoint.init_from=DIR` starts from.
   train:   the peer trains that model on a token shard from `hgrn prepare`, reading the windows in the order hgrn
            reads them with data.shuffle: false (step s takes windows sB .. sB + B - 1 modulo W = floor((N - 1) / T);
            window w is tokens [wT, wT + T + 1)), with hgrn's learning-rate schedule (src/train/schedule.cpp: linear
@@ -26,17 +27,24 @@ import sys
 import numpy as np
 
 
-def fla_config(layers, hidden, vocab):
-    from fla.models import HGRN2Config
-    return HGRN2Config(hidden_size=hidden, num_hidden_layers=layers, expand_ratio=128, vocab_size=vocab,
-                       fuse_cross_entropy=True, fuse_norm=True, fuse_swiglu=True)
+def fla_model(model_type, layers, hidden, vocab):
+    """A freshly initialised fla model of peer_bench.py's config for model_type."""
+    import fla.models as m
+    fused = dict(hidden_size=hidden, num_hidden_layers=layers, vocab_size=vocab, fuse_cross_entropy=True,
+                 fuse_norm=True, fuse_swiglu=True)
+    if model_type == "hgrn2":
+        return m.HGRN2ForCausalLM(m.HGRN2Config(expand_ratio=128, **fused))
+    if model_type == "hgrn":
+        return m.HGRNForCausalLM(m.HGRNConfig(expand_ratio=1, **fused))
+    if model_type == "gla":
+        return m.GLAForCausalLM(m.GLAConfig(**fused))
+    return m.RetNetForCausalLM(m.RetNetConfig(**fused))
 
 
 def cmd_init(a):
     import torch
-    from fla.models import HGRN2ForCausalLM
     torch.manual_seed(a.seed)
-    model = HGRN2ForCausalLM(fla_config(a.layers, a.hidden, a.vocab))
+    model = fla_model(a.model_type, a.layers, a.hidden, a.vocab)
     model.save_pretrained(a.out, safe_serialization=True)
     print(f"peer_parity init: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters -> {a.out}")
 
@@ -64,13 +72,14 @@ def learning_rate(step, lr, warmup, max_steps, min_lr_ratio):
 
 def cmd_train(a):
     import torch
-    from fla.models import HGRN2ForCausalLM
+    import fla  # noqa: F401  (registers fla's configs and models with the Auto classes)
+    from transformers import AutoModelForCausalLM
     tokens = read_shard(a.data)
     T, B = a.seq, a.batch
     windows = (len(tokens) - 1) // T
     if windows < 1:
         sys.exit(f"peer_parity: {a.data} has {len(tokens)} tokens, fewer than one window of {T + 1}")
-    model = HGRN2ForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32).cuda()
+    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32).cuda()
     pure = a.mode == "pure-bf16"
     if pure:
         model = model.to(torch.bfloat16)
@@ -187,6 +196,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("init", help="save fla's freshly initialised model")
+    i.add_argument("--model-type", choices=["hgrn2", "hgrn", "gla", "retnet"], default="hgrn2",
+                   help="fla's model_type (default %(default)s)")
     i.add_argument("--layers", type=int, required=True)
     i.add_argument("--hidden", type=int, required=True)
     i.add_argument("--vocab", type=int, default=50304)

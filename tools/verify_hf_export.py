@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """verify_hf_export.py: checks a directory written by `hgrn export --format hf` against fla's own model of its type
-(HGRN2ForCausalLM for model_type "hgrn2", HGRNForCausalLM for "hgrn").
+(HGRN2ForCausalLM for model_type "hgrn2", HGRNForCausalLM for "hgrn", GLAForCausalLM for "gla", RetNetForCausalLM
+for "retnet").
 
 Usage:
     hgrn export --checkpoint runs/x/checkpoints/step_00001000.h5 --format hf --out exports/x --reference-logits 4
@@ -9,7 +10,7 @@ Usage:
 What it checks, in order (exit status 0 only if all pass):
   1. The weights, read with the plain `safetensors` package (model.safetensors, or the shards that
      model.safetensors.index.json names), have exactly the state-dict names and shapes that config.json implies for
-     fla's HGRN2ForCausalLM or HGRNForCausalLM (hgrn-spec.md section 5.3).
+     fla's model of that type (hgrn-spec.md section 5.3 for HGRN2).
   2. `import fla` (which registers fla's models with transformers' Auto classes), then
      AutoModelForCausalLM.from_pretrained(dir, torch_dtype=float32) loads the directory with no missing, unexpected
      or mismatched weights.
@@ -39,9 +40,28 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
+# fla's GLAConfig and RetNetConfig defaults for num_heads, expand_k and expand_v.
+HEAD_DEFAULTS = {"gla": (4, 0.5, 1.0), "retnet": (8, 1.0, 2.0)}
+GLA_GATE_LOW_RANK_DIM = 16  # GatedLinearAttention's gate_low_rank_dim, which GLAConfig does not expose
+MODEL_TYPES = ("hgrn2", "hgrn", "gla", "retnet")
+
+
 def mixer_shapes(config):
-    """The token mixer's tensors (below model.layers.N.attn.) and the lower bounds' width, by model_type."""
+    """The token mixer's tensors (below model.layers.N.attn.) and the lower bounds' width (None: no lower bounds),
+    by model_type."""
     d = config["hidden_size"]
+    if config["model_type"] in HEAD_DEFAULTS:
+        default_heads, default_k, default_v = HEAD_DEFAULTS[config["model_type"]]
+        heads = config.get("num_heads", default_heads)
+        keys = round(d * config.get("expand_k", default_k))
+        values = round(d * config.get("expand_v", default_v))
+        shapes = {"q_proj.weight": (keys, d), "k_proj.weight": (keys, d), "v_proj.weight": (values, d),
+                  "g_proj.weight": (values, d)}
+        if config["model_type"] == "gla":
+            rank = GLA_GATE_LOW_RANK_DIM
+            shapes.update({"gk_proj.0.weight": (rank, d), "gk_proj.1.weight": (keys, rank), "gk_proj.1.bias": (keys,)})
+        shapes.update({"o_proj.weight": (d, values), "g_norm_swish_gate.weight": (values // heads,)})
+        return shapes, None
     if config["model_type"] == "hgrn":
         width = d * config.get("expand_ratio", 1)
         return {"i_proj.weight": (width, d), "f_proj.weight": (width, d), "g_proj.weight": (width, d),
@@ -66,7 +86,7 @@ def expected_state_dict(config):
         ratio = config.get("hidden_ratio") or 4
         intermediate = 256 * math.ceil(int(d * ratio * 2 / 3) / 256)
     shapes = {"model.embeddings.weight": (vocab, d)}
-    if config.get("use_lower_bound", True):
+    if gate_width is not None and config.get("use_lower_bound", True):
         shapes["model.lower_bounds"] = (layers, gate_width)
     for layer in range(layers):
         p = f"model.layers.{layer}."
@@ -187,9 +207,9 @@ def main():
 
     with open(os.path.join(args.export_dir, "config.json")) as f:
         config = json.load(f)
-    if config.get("model_type") not in ("hgrn2", "hgrn"):
+    if config.get("model_type") not in MODEL_TYPES:
         sys.exit(f"{args.export_dir}/config.json: model_type is {config.get('model_type')!r}, "
-                 "expected 'hgrn2' or 'hgrn'")
+                 f"expected one of {', '.join(repr(t) for t in MODEL_TYPES)}")
 
     ok = check_names_and_shapes(args.export_dir, config)
 

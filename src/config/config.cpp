@@ -63,11 +63,24 @@ int64_t mqar_value_count(const Config& config) { return config.model.vocab_size 
 
 namespace {
 
+// The model.* keys that other family members own and `type` does not (several members may own a key).
+std::set<std::string> foreign_model_keys(const std::string& type) {
+  const std::vector<std::string> names = model_type_names();
+  const bool known = std::find(names.begin(), names.end(), type) != names.end();
+  const std::vector<std::string> own = known ? model_family(type).own_keys() : std::vector<std::string>{};
+  std::set<std::string> foreign;
+  for (const std::string& other : model_type_names())
+    for (const std::string& key : model_family(other).own_keys())
+      if (std::find(own.begin(), own.end(), key) == own.end()) foreign.insert(key);
+  return foreign;
+}
+
 // ------------------------------------------------------------------------------------------------------------------
 // The schema: every key, in file order, bound to the field it sets. Reading, --set and writing all walk this one
 // table, which is what makes parse_config(config_to_yaml(c)) == c hold by construction.
 
-using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::optional<int64_t>*>;
+using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::optional<int64_t>*,
+                              std::optional<double>*>;
 
 struct Field {
   std::string path;  // e.g. "data.mqar.num_kv_pairs"
@@ -86,6 +99,8 @@ std::vector<Field> config_fields(Config& c) {
       {"model.num_hidden_layers", &m.num_hidden_layers},
       {"model.expand_ratio", &m.expand_ratio},
       {"model.num_heads", &m.num_heads},
+      {"model.expand_k", &m.expand_k},
+      {"model.expand_v", &m.expand_v},
       {"model.vocab_size", &m.vocab_size},
       {"model.hidden_ratio", &m.hidden_ratio},
       {"model.intermediate_size", &m.intermediate_size},
@@ -290,6 +305,7 @@ std::string expected_text(const FieldRef& ref) {
     std::string operator()(bool*) const { return "true or false"; }
     std::string operator()(std::string*) const { return "a string"; }
     std::string operator()(std::optional<int64_t>*) const { return "an integer or null"; }
+    std::string operator()(std::optional<double>*) const { return "a number or null"; }
   };
   return std::visit(Visitor{}, ref);
 }
@@ -341,6 +357,7 @@ std::string format_value(const FieldRef& ref) {
     std::string operator()(bool* v) const { return *v ? "true" : "false"; }
     std::string operator()(std::string* v) const { return format_string(*v); }
     std::string operator()(std::optional<int64_t>* v) const { return *v ? std::to_string(**v) : "null"; }
+    std::string operator()(std::optional<double>* v) const { return *v ? format_double(**v) : "null"; }
   };
   return std::visit(Visitor{}, ref);
 }
@@ -396,6 +413,14 @@ class ConfigReader : public ConfigChecker {
   }
 
   void validate();
+
+  // Keys whose default differs between fla's config classes, where the config leaves them unset: the member's.
+  void apply_member_defaults() {
+    const std::vector<std::string> names = model_type_names();
+    if (std::find(names.begin(), names.end(), config_.model.type) == names.end()) return;  // validate refuses it
+    if (!is_set("model.hidden_ratio"))
+      config_.model.hidden_ratio = model_family(config_.model.type).default_hidden_ratio();
+  }
 
   Config take() { return std::move(config_); }
 
@@ -468,6 +493,17 @@ class ConfigReader : public ConfigChecker {
       }
       if (!node.IsScalar() || is_quoted(node) || !is_integer_literal(node.Scalar())) wrong_type();
       **target = parse_integer<int64_t>(node.Scalar(), where, path);
+      return;
+    }
+    if (auto* target = std::get_if<std::optional<double>*>(&field.ref)) {
+      if (node.IsNull()) {
+        **target = std::nullopt;
+        return;
+      }
+      if (!node.IsScalar() || is_quoted(node) || !is_float_literal(node.Scalar())) wrong_type();
+      const double value = std::strtod(node.Scalar().c_str(), nullptr);
+      if (!std::isfinite(value)) fail(where, path, "expected a finite number, got " + node.Scalar());
+      **target = value;
       return;
     }
     if (!node.IsScalar()) wrong_type();
@@ -543,12 +579,17 @@ class ConfigReader : public ConfigChecker {
 void ConfigReader::validate() {
   const ModelConfig& m = config_.model;
   require_one_of("model.type", m.type, model_type_names());
-  // A key only another member has is refused rather than ignored (at its default it changes nothing).
-  for (const std::string& type : model_type_names())
-    for (const std::string& key : model_family(type).own_keys())
-      if (type != m.type && is_set(key) && !at_default(key))
-        fail_key(key, "belongs to model.type " + type + " (" + model_family(type).display_name() +
-                          "); this config's model.type is " + m.type);
+  // A key only other members have is refused rather than ignored (at its default it changes nothing).
+  for (const std::string& key : foreign_model_keys(m.type)) {
+    if (!is_set(key) || at_default(key)) continue;
+    std::vector<std::string> owners;
+    for (const std::string& type : model_type_names())
+      for (const std::string& own : model_family(type).own_keys())
+        if (own == key) owners.push_back(type + " (" + model_family(type).display_name() + ")");
+    std::string listed = owners.front();
+    for (size_t i = 1; i < owners.size(); ++i) listed += (i + 1 == owners.size() ? " or " : ", ") + owners[i];
+    fail_key(key, "belongs to model.type " + listed + "; this config's model.type is " + m.type);
+  }
   // Upper bounds far above any model hgrn can train, so that every size derived from them fits 64 bits and a
   // mistyped value is refused here rather than by the allocator.
   require_positive_at_most("model.hidden_size", m.hidden_size, int64_t{1} << 16);
@@ -720,6 +761,7 @@ Config read_config(const std::string& yaml_text, const std::string& source_name,
   ConfigReader reader(source_name, migrate_moved_keys);
   reader.read_document(root);
   for (const std::string& text : overrides) reader.apply_override(text);
+  reader.apply_member_defaults();
   reader.validate();
   return reader.take();
 }
@@ -761,11 +803,8 @@ std::string config_to_yaml(const Config& config) {
   out << "# hgrn config, every key with its resolved value";
   if (!config.source.empty()) out << " (from " << config.source << ")";
   out << "\n";
-  // Keys only another family member has are left out: they mean nothing for this model.type.
-  std::set<std::string> foreign;
-  for (const std::string& type : model_type_names())
-    if (type != config.model.type)
-      for (const std::string& key : model_family(type).own_keys()) foreign.insert(key);
+  // Keys only other family members have are left out: they mean nothing for this model.type.
+  const std::set<std::string> foreign = foreign_model_keys(config.model.type);
   std::vector<std::string> open_sections;  // the sections of the previous key, outermost first
   for (const Field& field : config_fields(copy)) {
     if (foreign.count(field.path)) continue;

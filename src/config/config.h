@@ -34,11 +34,13 @@ struct ModelMemoryConfig {
 };
 
 struct ModelConfig {
-  std::string type = "hgrn2";  // the family member (fla's model_type): hgrn2 | hgrn (HGRN1); models/registry.h
+  std::string type = "hgrn2";  // the family member (fla's model_type): hgrn2 | hgrn (HGRN1) | gla | retnet; models/registry.h
   int64_t hidden_size = 64;
   int64_t num_hidden_layers = 2;
   std::optional<int64_t> expand_ratio;  // K, the key/forget width per head; fla: if set, H = hidden_size / expand_ratio
   std::optional<int64_t> num_heads;     // if only this is set, expand_ratio = hidden_size / num_heads
+  std::optional<double> expand_k;       // gla, retnet: all heads' key width = hidden_size · expand_k (null: fla's default)
+  std::optional<double> expand_v;       // gla, retnet: all heads' value width = hidden_size · expand_v (null: fla's default)
   int64_t vocab_size = 256;
   int64_t hidden_ratio = 4;
   std::optional<int64_t> intermediate_size;  // default: 256·ceil(floor(D·hidden_ratio·2/3) / 256), as fla

@@ -95,7 +95,7 @@ std::string hf_config_json(const ModelConfig& config, DType dtype, std::optional
   c["vocab_size"] = config.vocab_size;
   c["hidden_ratio"] = config.hidden_ratio;
   c["intermediate_size"] = config.mlp_size();
-  c["use_lower_bound"] = config.use_lower_bound;
+  if (model_family(config.type).has_lower_bounds()) c["use_lower_bound"] = config.use_lower_bound;
   c["norm_eps"] = config.norm_eps;
   c["tie_word_embeddings"] = config.tie_word_embeddings;
   c["initializer_range"] = config.initializer_range;

@@ -50,7 +50,7 @@ DecoderLM::DecoderLM(const ModelConfig& config, std::unique_ptr<TokenMixer> mixe
     params_.emplace_back(spec, make_var(std::move(value), true, spec.name));
   }
   embeddings_ = parameter("model.embeddings.weight");
-  if (config.use_lower_bound) lower_bounds_ = parameter("model.lower_bounds");
+  if (lower_bounded(config)) lower_bounds_ = parameter("model.lower_bounds");
   final_norm_ = parameter("model.norm.weight");
   lm_head_ = config.tie_word_embeddings ? embeddings_ : parameter("lm_head.weight");
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
@@ -192,7 +192,7 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
     TraceLayer trace(tape, "embedding");
     h = embedding(tape, embeddings_, ids, activation_dtype_);
   }
-  Var gamma = config_.use_lower_bound ? lower_bound_transform(tape, lower_bounds_) : nullptr;
+  Var gamma = lower_bounded(config_) ? lower_bound_transform(tape, lower_bounds_) : nullptr;
   // A group's marker is recorded just before the norm that makes its first projections' input, so that it fires
   // after that norm's backward, where those projections' weight gradients may run (free_norm_output).
   mark_gradients_ready(tape, num_layers);  // layer 0's group (or, without layers, the head's)
@@ -251,7 +251,7 @@ Tensor DecoderLM::decode_step(const Tensor& token_ids, std::vector<RecurrentStat
   Tape tape;
   tape.set_enabled(false);
   Var h = embedding(tape, embeddings_, on_device(token_ids.reshape({batch, 1}), device_), activation_dtype_);
-  const Var gamma = config_.use_lower_bound ? lower_bound_transform(tape, lower_bounds_) : nullptr;
+  const Var gamma = lower_bounded(config_) ? lower_bound_transform(tape, lower_bounds_) : nullptr;
   Var x = rmsnorm(tape, h, layers_.empty() ? final_norm_ : layers_[0].attn_norm, config_.norm_eps);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) decode_layer(tape, l, gamma, x, h, states[l]);
   return linear(tape, x, lm_head_)->value.reshape({batch, config_.vocab_size});

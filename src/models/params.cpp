@@ -26,7 +26,7 @@ std::vector<ParamSpec> model_param_specs(const ModelConfig& c) {
   std::vector<ParamSpec> specs;
   specs.push_back({"model.embeddings.weight", {c.vocab_size, D}, ParamGroup::Embedding, ParamInit::Normal});
   // Zeros, as fla: softmax over layers is shift-invariant, so this gives gamma_l = l / L at initialisation.
-  if (c.use_lower_bound)
+  if (lower_bounded(c))
     specs.push_back({"model.lower_bounds", {c.num_hidden_layers, family.gate_width(c)}, ParamGroup::LowerBound,
                      ParamInit::Zeros});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {

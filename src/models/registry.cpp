@@ -7,12 +7,16 @@ namespace hgrn {
 
 const ModelFamily& hgrn2_family();
 const ModelFamily& hgrn1_family();
+const ModelFamily& gla_family();
+const ModelFamily& retnet_family();
 
 namespace {
 const std::vector<const ModelFamily*>& families() {
   static const std::vector<const ModelFamily*> all = {
       &hgrn2_family(),
       &hgrn1_family(),
+      &gla_family(),
+      &retnet_family(),
   };
   return all;
 }
@@ -35,6 +39,10 @@ const ModelFamily& model_family(const std::string& type) {
 
 std::unique_ptr<CausalLM> create_model(const ModelConfig& config, Rng& init_rng, DType dtype) {
   return std::make_unique<DecoderLM>(config, init_rng, dtype);
+}
+
+bool lower_bounded(const ModelConfig& config) {
+  return config.use_lower_bound && model_family(config.type).has_lower_bounds();
 }
 
 std::string model_signature(const ModelConfig& config) {

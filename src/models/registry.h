@@ -47,12 +47,18 @@ class ModelFamily {
   virtual std::string type() const = 0;             // model.type and fla's model_type, e.g. "hgrn2"
   virtual std::string display_name() const = 0;     // e.g. "HGRN2"
   virtual std::string hf_architecture() const = 0;  // fla's class, e.g. "HGRN2ForCausalLM"
-  // model.* keys only this member has: set in a config of another type, they are refused.
+  // model.* keys this member has and not every other does (several may list one): set in a config of a type that
+  // does not list it, they are refused.
   virtual std::vector<std::string> own_keys() const = 0;
   // This member's checks of the model section (sizes that must divide, ...), reported through `checker`.
   virtual void validate(const ModelConfig& config, const ConfigChecker& checker) const = 0;
+  // fla's hidden_ratio default in this member's config class: model.hidden_ratio where a config leaves it unset.
+  virtual int64_t default_hidden_ratio() const { return 4; }
   // The token mixer's shape in a few words for `hgrn info`, e.g. "8 heads (key 128, value 128)".
   virtual std::string mixer_summary(const ModelConfig& config) const = 0;
+  // Whether the member's forget gates take HGRN's layer-wise lower bounds (model.use_lower_bound, the
+  // model.lower_bounds parameter); GLA and RetNet have none.
+  virtual bool has_lower_bounds() const { return true; }
   // The width of the forget gate, and so of each row of model.lower_bounds.
   virtual int64_t gate_width(const ModelConfig& config) const = 0;
   // One layer's token-mixer parameters, named below "model.layers.N.attn.", in registration order.
@@ -82,6 +88,8 @@ const ModelFamily& model_family(const std::string& type);
 // A model of config's member, every parameter created in `dtype` and initialised as fla does: N(0, range) for
 // projections and embeddings (drawn in model_param_specs order from `init_rng`), ones for norms, zeros for lower bounds.
 std::unique_ptr<CausalLM> create_model(const ModelConfig& config, Rng& init_rng, DType dtype = DType::F32);
+// Whether config's model has lower bounds: model.use_lower_bound on a member that has them.
+bool lower_bounded(const ModelConfig& config);
 // What a checkpoint must match to be resumed: the member's shapes and the master weights' precision.
 std::string model_signature(const ModelConfig& config);
 

@@ -28,8 +28,8 @@ struct MixerCall {
 };
 
 // One layer's recurrent state while decoding: the fixed-size memory of everything the layer has read, however long
-// the text. Its tensor is the layer's carried state as forward gives it (HGRN2 [B, H, K, V], HGRN1 [B, E], the
-// complex HGRU [B, 2, d]), on the model's device; undefined means the zero state (nothing read yet).
+// the text. Its tensor is the layer's carried state as forward gives it (HGRN2, GLA and RetNet [B, H, K, V], HGRN1
+// [B, E], the complex HGRU [B, 2, d]), on the model's device; undefined means the zero state (nothing read yet).
 struct RecurrentState {
   Tensor tensor;
   // The tensor as a Var for the ops' initial_state (null for the zero state).
@@ -97,7 +97,8 @@ void recompute_in_backward(Tape& tape, const ModelMemoryConfig& memory, const st
                            RematerializeFn values);
 // Under recompute_elementwise: an RMSNorm output `normed` of `input` is not kept for the backward; it comes back in
 // the norm's own backward, or (read_early: something reads it before then) by a forward of its own.
+// group_width: the norm's (ops/rmsnorm.h; 0: the whole last axis).
 void free_norm_output(Tape& tape, const ModelMemoryConfig& memory, const Var& normed, const Var& input,
-                      const Var& weight, double eps, bool read_early);
+                      const Var& weight, double eps, bool read_early, int64_t group_width = 0);
 
 }  // namespace hgrn

@@ -1,7 +1,8 @@
-// activations.cpp: silu, swiglu and sigmoid, forward and backward (on the GPU through kernels/activations.h).
-// silu'(x) = σ(x) · (1 + x · (1 − σ(x))), σ'(x) = σ(x) · (1 − σ(x)).
+// activations.cpp: silu, swiglu, sigmoid and log_sigmoid, forward and backward (on the GPU through
+// kernels/activations.h). silu'(x) = σ(x) · (1 + x · (1 − σ(x))), σ'(x) = σ(x) · (1 − σ(x)), (log σ)'(x) = σ(−x).
 #include "ops/activations.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/activations.h"  // SwigluRows, the layout both devices' kernels take
@@ -236,6 +237,71 @@ Var sigmoid(Tape& tape, const Var& x) {
     HGRN_DISPATCH_FLOAT(x->value.dtype(), "sigmoid backward", [&] {
       sigmoid_backward_cpu(out->value.data<scalar_t>(), out->grad.data<scalar_t>(),
                            grad_buffer(x).data<scalar_t>(), out->value.numel());
+    });
+  });
+  return out;
+}
+
+// log σ(x) = min(x, 0) − log1p(e^{−|x|}): exp only of a non-positive number, no cancellation for large |x|.
+template <typename T>
+static inline T stable_log_sigmoid(T x) {
+  return std::min(x, T(0)) - std::log1p(std::exp(-std::abs(x)));
+}
+
+template <typename T>
+static void log_sigmoid_forward_cpu(const T* x, T* y, T divisor, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
+  for (int64_t i = 0; i < n; ++i) y[i] = stable_log_sigmoid(x[i]) / divisor;
+}
+
+template <typename T>
+static void log_sigmoid_backward_cpu(const T* x, const T* dy, T* dx, T divisor, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
+  for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * stable_sigmoid(-x[i]) / divisor;
+}
+
+Var log_sigmoid(Tape& tape, const Var& x, double divisor, DType out_dtype) {
+  check_input("log_sigmoid", x);
+  const Tensor& xv = x->value;
+  const bool on_gpu = xv.device() == Device::CUDA;
+  HGRN_CHECK(out_dtype == xv.dtype() || (on_gpu && out_dtype == DType::F32), "log_sigmoid: output dtype ",
+             dtype_name(out_dtype), " for a ", dtype_name(xv.dtype()), " input on ", device_name(xv.device()),
+             ": expected the input's dtype", on_gpu ? " or fp32" : "");
+  HGRN_CHECK(std::isfinite(divisor) && divisor != 0, "log_sigmoid: divisor must be finite and non-zero, got ",
+             divisor);
+  Tensor y = Tensor::empty(xv.shape(), out_dtype, xv.device());
+  if (on_gpu) {
+#ifdef HGRN_WITH_CUDA
+    cuda_log_sigmoid_forward(xv.raw_data(), xv.dtype(), y.raw_data(), out_dtype, static_cast<float>(divisor),
+                             y.numel());
+#else
+    throw Error("log_sigmoid: this hgrn was built without CUDA");
+#endif
+  } else {
+    HGRN_DISPATCH_FLOAT(xv.dtype(), "log_sigmoid", [&] {
+      log_sigmoid_forward_cpu(xv.data<scalar_t>(), y.data<scalar_t>(), static_cast<scalar_t>(divisor), y.numel());
+    });
+  }
+  Var out = op_output(tape, y, {x});
+  if (!out->requires_grad) return out;
+  tape.record([x, out, divisor] {
+    if (!out->grad.defined() || !wants_grad(x)) return;
+    HGRN_CHECK(out->grad.dtype() == out->value.dtype() && out->grad.is_contiguous(),
+               "log_sigmoid backward: the output's gradient must be contiguous ", dtype_name(out->value.dtype()));
+    if (out->grad.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+      bool add = false;
+      Tensor& dx = grad_buffer_for_write(x, &add);
+      cuda_log_sigmoid_backward(x->value.raw_data(), x->value.dtype(), out->grad.raw_data(), out->grad.dtype(),
+                                dx.raw_data(), add, static_cast<float>(divisor), x->value.numel());
+#else
+      throw Error("log_sigmoid: this hgrn was built without CUDA");
+#endif
+      return;
+    }
+    HGRN_DISPATCH_FLOAT(x->value.dtype(), "log_sigmoid backward", [&] {
+      log_sigmoid_backward_cpu(x->value.data<scalar_t>(), out->grad.data<scalar_t>(), grad_buffer(x).data<scalar_t>(),
+                               static_cast<scalar_t>(divisor), x->value.numel());
     });
   });
   return out;

@@ -124,6 +124,7 @@ struct GlaIo {
   const T* k = nullptr;
   const T* v = nullptr;
   const T* g = nullptr;
+  bool g_per_head = false;           // g is [H]: one log decay per head for every step and key channel
   const T* initial_state = nullptr;  // null: S_0 = 0
   // Forward results. saved_scores (chunk form, only when a backward will run): every chunk's A, [B·H][per sequence].
   T* output = nullptr;
@@ -730,7 +731,10 @@ void gather_head_inputs(const GlaIo<T>& io, const HeadDims& d, int64_t b, int64_
   gather_head(io.q, d, b, h, d.key_dim, s.q.data());
   gather_head(io.k, d, b, h, d.key_dim, s.k.data());
   gather_head(io.v, d, b, h, d.value_dim, s.v.data());
-  gather_head(io.g, d, b, h, d.key_dim, s.gate.data());
+  if (io.g_per_head)
+    std::fill(s.gate.begin(), s.gate.end(), io.g[h]);
+  else
+    gather_head(io.g, d, b, h, d.key_dim, s.gate.data());
   s.resets = io.resets ? io.resets + b * d.time : nullptr;
 }
 
@@ -815,6 +819,7 @@ GlaIo<T> io_with_inputs(const Var& q, const Var& k, const Var& v, const Var& g, 
   io.k = k->value.data<T>();
   io.v = v->value.data<T>();
   io.g = g->value.data<T>();
+  io.g_per_head = g->value.dim() == 1;
   io.initial_state = initial_state ? initial_state->value.data<T>() : nullptr;
   return io;
 }
@@ -837,6 +842,15 @@ GlaCudaShape cuda_shape(const HeadDims& d) {
   s.key_dim = d.key_dim;
   s.value_dim = d.value_dim;
   return s;
+}
+
+// The per-step log gates the CUDA kernels read: g itself, or a per-head g ([H]) broadcast over the steps and key
+// channels into a buffer that lives for the call.
+Tensor cuda_step_gates(const Var& g, const GlaCudaShape& shape) {
+  if (g->value.dim() != 1) return g->value;
+  Tensor full = Tensor::empty({shape.batch, shape.time, shape.heads * shape.key_dim}, DType::F32, Device::CUDA);
+  gla_cuda_expand_head_decays(shape, g->value.data<float>(), full.data<float>());
+  return full;
 }
 
 // The CUDA backward: gradients of both outputs (either may be undefined) into the inputs that want one (+=). With
@@ -871,7 +885,8 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, c
   a.v = v->value.raw_data();
   a.v_stride = v->value.row_stride();
   a.act = q->value.dtype();
-  a.g = g->value.data<float>();
+  const Tensor step_gates = cuda_step_gates(g, shape);
+  a.g = step_gates.data<float>();
   a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
   a.scale = static_cast<float>(scale);
   a.scores = saved_scores.raw_data();
@@ -944,8 +959,12 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
              num_heads, " heads");
   HGRN_CHECK(k->value.shape() == qv.shape(), "gla_recurrence: k ", shape_str(k->value.shape()), " must match q ",
              shape_str(qv.shape()));
-  HGRN_CHECK(g->value.shape() == qv.shape(), "gla_recurrence: g ", shape_str(g->value.shape()), " must match q ",
-             shape_str(qv.shape()));
+  const bool g_per_head = g->value.dim() == 1;
+  HGRN_CHECK(g->value.shape() == qv.shape() || (g_per_head && g->value.size(0) == num_heads), "gla_recurrence: g ",
+             shape_str(g->value.shape()), " must match q ", shape_str(qv.shape()), " or be [", num_heads,
+             "] (a log decay per head)");
+  HGRN_CHECK(!g_per_head || !wants_grad(g), "gla_recurrence: a per-head log decay g is a constant and takes no gradient");
+  HGRN_CHECK(!g_per_head || !gates, "gla_recurrence: the HGRN2 gates' origin comes with per-step gates, not [H]");
   const Tensor& vv = v->value;
   HGRN_CHECK(vv.dim() == 3 && vv.size(0) == batch && vv.size(1) == time && vv.size(2) > 0 &&
                  vv.size(2) % num_heads == 0,
@@ -1004,7 +1023,8 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
     a.v = vv.raw_data();
     a.v_stride = vv.row_stride();
     a.act = dtype;
-    a.g = g->value.data<float>();
+    const Tensor step_gates = cuda_step_gates(g, shape);
+    a.g = step_gates.data<float>();
     a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
     a.scale = static_cast<float>(scale);
     a.output = output.raw_data();

@@ -1,4 +1,5 @@
-// gla_recurrence.h: the HGRU2 token-mixing recurrence, which is gated linear attention (GLA) with key k = 1 − λ.
+// gla_recurrence.h: gated linear attention (GLA), the token-mixing recurrence of HGRN2 (the HGRU2: key k = 1 − λ),
+// GLA and RetNet (a constant decay per head).
 // Per batch and head a K×V matrix state evolves as S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t and is read out as
 // o_t = scale · q_t S_t. Two exact CPU forms with hand-written backwards: the step-by-step recurrence and fla's
 // chunkwise form (spec section 7); the chunkwise one is the reference the CUDA kernel is held to.
@@ -18,7 +19,8 @@ struct GlaOutputs {
   Var final_state;  // [B, H, K, V]
 };
 
-// q, k, g: [B, T, H*K]; v: [B, T, H*V] (head-major features: index h*K + c); g is the per-step log forget gate (<= 0).
+// q, k, g: [B, T, H*K]; v: [B, T, H*V] (head-major features: index h*K + c); g is the per-step log forget gate (<= 0),
+// or [H]: one constant log decay per head for every step and key channel (RetNet's fixed decays; no gradient).
 // initial_state: nullptr or [B, H, K, V]. On the CPU all tensors share one floating dtype (fp32 or fp64), and the state
 // is accumulated in that dtype (fp32 for fp32 inputs, as fla does).
 // On CUDA (kernels/gla_recurrence.h): q, k, v in the activation dtype (fp32 or bf16), g and initial_state fp32; the

@@ -61,15 +61,18 @@ static void rmsnorm_backward_cpu(const T* x, const T* w, const T* rstd, const T*
   });
 }
 
-// x is the tensor normalised; weight may be null. On the GPU x is fp32 or bf16 and the weight fp32.
-static void check_norm_args(const char* op, const Tensor& xv, const Tensor* wv, double eps) {
+// x is the tensor normalised in runs of `width` features (a divisor of its last axis); weight may be null. On the GPU
+// x is fp32 or bf16 and the weight fp32.
+static void check_norm_args(const char* op, const Tensor& xv, const Tensor* wv, double eps, int64_t width) {
   HGRN_CHECK(xv.dim() >= 1 && xv.size(-1) > 0, op, ": input must have a non-empty last axis, got ",
+             shape_str(xv.shape()));
+  HGRN_CHECK(width > 0 && xv.size(-1) % width == 0, op, ": group width ", width, " does not divide the input's last axis ",
              shape_str(xv.shape()));
   HGRN_CHECK(xv.is_contiguous(), op, ": input must be contiguous");
   HGRN_CHECK(eps >= 0 && std::isfinite(eps), op, ": eps must be finite and non-negative, got ", eps);
   if (!wv) return;
-  HGRN_CHECK(wv->dim() == 1 && wv->size(0) == xv.size(-1), op, ": weight ", shape_str(wv->shape()),
-             " does not match input ", shape_str(xv.shape()));
+  HGRN_CHECK(wv->dim() == 1 && wv->size(0) == width, op, ": weight ", shape_str(wv->shape()),
+             " does not match input ", shape_str(xv.shape()), " normalised in groups of ", width);
   HGRN_CHECK(wv->device() == xv.device() && wv->is_contiguous(), op, ": weight must be a contiguous ",
              device_name(xv.device()), " tensor, as the input is");
   if (xv.device() == Device::CPU) {
@@ -150,12 +153,15 @@ static Tensor output_to_restore(const Var& out) {
   return Tensor::empty(out->released.shape, out->released.dtype, out->released.device);
 }
 
-Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps) {
+Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps, int64_t group_width) {
   HGRN_CHECK(x, "rmsnorm: input is null");
+  HGRN_CHECK(group_width >= 0, "rmsnorm: group width must be >= 0 (0: the whole last axis), got ", group_width);
   const Tensor& xv = x->value;
   const Tensor* wv = weight ? &weight->value : nullptr;
-  check_norm_args("rmsnorm", xv, wv, eps);
-  const int64_t width = xv.size(-1), rows = xv.numel() / width;
+  // Contiguous rows of `width` features: groups of a row are rows of their own.
+  const int64_t width = group_width > 0 ? group_width : xv.dim() >= 1 ? xv.size(-1) : 0;
+  check_norm_args("rmsnorm", xv, wv, eps, width);
+  const int64_t rows = xv.numel() / width;
   Tensor y = Tensor::empty(xv.shape(), xv.dtype(), xv.device());
   Tensor rstd = empty_rstd(xv, rows);
   norm_forward(xv, wv, y, rstd, rows, width, eps);
@@ -172,8 +178,10 @@ Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps) {
 }
 
 void rmsnorm_forward_into(const Tensor& x, const Tensor* weight, double eps, Tensor& y, Tensor& rstd) {
-  check_norm_args("rmsnorm", x, weight, eps);
-  const int64_t width = x.size(-1), rows = x.numel() / width;
+  HGRN_CHECK(x.dim() >= 1, "rmsnorm: input must have a last axis, got ", shape_str(x.shape()));
+  const int64_t width = x.size(-1);
+  check_norm_args("rmsnorm", x, weight, eps, width);
+  const int64_t rows = x.numel() / width;
   const DType rstd_dtype = x.device() == Device::CUDA ? DType::F32 : x.dtype();
   HGRN_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device() && y.is_contiguous(),
              "rmsnorm: the output buffer ", dtype_name(y.dtype()), " ", shape_str(y.shape()),

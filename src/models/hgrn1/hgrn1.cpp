@@ -151,7 +151,9 @@ class Hgrn1Family final : public ModelFamily {
   std::string type() const override { return "hgrn"; }
   std::string display_name() const override { return "HGRN1"; }
   std::string hf_architecture() const override { return "HGRNForCausalLM"; }
-  std::vector<std::string> own_keys() const override { return {"model.complex"}; }
+  std::vector<std::string> own_keys() const override {
+    return {"model.complex", "model.expand_ratio", "model.use_lower_bound"};
+  }
 
   void validate(const ModelConfig& m, const ConfigChecker& checker) const override {
     if (m.expand_ratio && *m.expand_ratio <= 0)

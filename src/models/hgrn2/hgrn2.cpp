@@ -151,7 +151,7 @@ class Hgrn2Family final : public ModelFamily {
   std::string display_name() const override { return "HGRN2"; }
   std::string hf_architecture() const override { return "HGRN2ForCausalLM"; }
   std::vector<std::string> own_keys() const override {
-    return {"model.num_heads", "model.memory.keep_recurrence_states"};
+    return {"model.num_heads", "model.memory.keep_recurrence_states", "model.expand_ratio", "model.use_lower_bound"};
   }
 
   void validate(const ModelConfig& m, const ConfigChecker& checker) const override {

@@ -1,0 +1,236 @@
+// gla.cpp: GLA (fla's GLAForCausalLM; Yang et al., "Gated Linear Attention Transformers with Hardware-Efficient
+// Training", ICML 2024): its token mixer, gated linear attention with a data-dependent low-rank forget gate per key
+// channel, on the chunkwise recurrence HGRN2 runs (ops/gla_recurrence.h), and its description.
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/trace.h"
+#include "io/hf_config_reader.h"
+#include "models/cost.h"
+#include "models/linear_attention.h"
+#include "models/registry.h"
+#include "ops/activations.h"
+#include "ops/elementwise.h"
+#include "ops/gla_recurrence.h"
+#include "ops/linear.h"
+
+namespace hgrn {
+namespace {
+
+// GLAConfig's defaults (fla/models/gla/configuration_gla.py).
+constexpr HeadDefaults kGlaDefaults{/*num_heads=*/4, /*expand_k=*/0.5, /*expand_v=*/1.0};
+// GatedLinearAttention's own defaults, which GLAConfig does not expose: the forget gate's low rank and the divisor
+// of its log-sigmoid.
+constexpr int64_t kGateLowRankDim = 16;
+constexpr double kGateLogitNormalizer = 16.0;
+
+// GatedLinearAttention (fla/layers/gla.py): q, k, v, ĝ and the gate's low-rank input u = x W₁ᵀ from one GEMM;
+// the forget gate gk = log σ(u W₂ᵀ + b) / 16 per key channel; per head S_t = Diag(e^{gk_t}) S_{t−1} + k_tᵀ v_t,
+// o_t = K^−½ q_t S_t; then o_proj(RMSNorm_per_head(o) ⊙ silu(ĝ)), whose GEMM adds the residual stream h.
+class GlaMixer final : public TokenMixer {
+ public:
+  explicit GlaMixer(const ModelConfig& config) : config_(config), layout_(head_layout(config, kGlaDefaults)) {}
+
+  Var forward(Tape& tape, const MixerCall& call) const override {
+    const std::vector<Var>& w = *call.weights;
+    const ModelMemoryConfig& memory = *call.memory;
+    Projections p;
+    {
+      TraceLayer trace(tape, "q/k/v/g/gate projections");
+      p = project(tape, w, call.x);
+    }
+    // q and k contiguous (the recurrence reads them so) and the forget gate: copies and elementwise functions of the
+    // projection's output, which is kept anyway (v and g are read from it).
+    const auto make_gates = [w, p](Tape& t) { return gates(t, w, p); };
+    Gates g;
+    {
+      TraceLayer trace(tape, "gates");
+      g = make_gates(tape);
+    }
+    // As fla: the step-by-step form for short sequences (T <= 64, also in training), else the configured mode.
+    const int64_t seq_len = call.x->value.size(1);
+    const RecurrenceMode mode =
+        config_.attn_mode == "chunk" && seq_len > 64 ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
+    GlaOutputs r;
+    {
+      TraceLayer trace(tape, "recurrence");
+      r = gla_recurrence(tape, g.q, g.k, p.v, g.gate, call.state ? *call.state : nullptr, layout_.heads, scale(), mode,
+                         /*chunk_size=*/0, /*gates=*/nullptr,
+                         /*keep_states=*/call.layer < memory.keep_recurrence_states, call.resets);
+    }
+    if (call.state) *call.state = r.final_state;
+    if (recomputes_gates(memory, call.layer, call.num_layers))
+      recompute_in_backward(tape, memory, {g.q, g.k, g.gate}, [make_gates](Tape& untaped) {
+        const Gates again = make_gates(untaped);
+        return std::vector<Tensor>{again.q->value, again.k->value, again.gate->value};
+      });
+    TraceLayer trace(tape, "g_norm_swish_gate + o_proj");
+    return gated_head_norm_output(tape, r.output, p.g, w[8], w[7], layout_.value_dim, config_.norm_eps, memory, call.h);
+  }
+
+  // One token: S ← Diag(e^{gk}) S + kᵀ v per head, o = K^−½ q S, then the gated norm and o_proj as in forward.
+  Var step(Tape& tape, const MixerStep& call, RecurrentState& state) const override {
+    const std::vector<Var>& w = *call.weights;
+    const Projections p = project(tape, w, call.x);
+    const Gates g = gates(tape, w, p);
+    const GlaOutputs r = gla_recurrence(tape, g.q, g.k, p.v, g.gate, state.as_initial_state(), layout_.heads, scale(),
+                                        RecurrenceMode::Naive);
+    state.tensor = r.final_state->value;
+    return gated_head_norm_output(tape, r.output, p.g, w[8], w[7], layout_.value_dim, config_.norm_eps,
+                                  ModelMemoryConfig{}, call.h);
+  }
+
+ private:
+  struct Projections {
+    Var q, k, v, g, low_rank;  // column blocks of one GEMM's output
+  };
+  struct Gates {
+    Var q, k;  // contiguous
+    Var gate;  // gk: fp32 on the GPU, the activation dtype on the CPU
+  };
+
+  // w: q_proj, k_proj, v_proj, g_proj, gk_proj.0 (adjacent: one GEMM), gk_proj.1 weight and bias, o_proj,
+  // g_norm_swish_gate.
+  static Projections project(Tape& tape, const std::vector<Var>& w, const Var& x) {
+    const std::vector<Var> blocks = linear_columns(tape, x, {w[0], w[1], w[2], w[3], w[4]});
+    return {blocks[0], blocks[1], blocks[2], blocks[3], blocks[4]};
+  }
+
+  static Gates gates(Tape& tape, const std::vector<Var>& w, const Projections& p) {
+    const Var logits = add_bias(tape, linear(tape, contiguous(tape, p.low_rank), w[5]), w[6]);
+    const DType gate_dtype = logits->value.device() == Device::CUDA ? DType::F32 : logits->value.dtype();
+    return {contiguous(tape, p.q), contiguous(tape, p.k),
+            log_sigmoid(tape, logits, kGateLogitNormalizer, gate_dtype)};
+  }
+
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(layout_.key_dim)); }  // chunk_gla's K^-1/2
+
+  ModelConfig config_;
+  HeadLayout layout_;
+};
+
+class GlaFamily final : public ModelFamily {
+ public:
+  std::string type() const override { return "gla"; }
+  std::string display_name() const override { return "GLA"; }
+  std::string hf_architecture() const override { return "GLAForCausalLM"; }
+  std::vector<std::string> own_keys() const override {
+    return {"model.num_heads", "model.expand_k", "model.expand_v", "model.memory.keep_recurrence_states"};
+  }
+
+  void validate(const ModelConfig& m, const ConfigChecker& checker) const override {
+    validate_head_layout(m, kGlaDefaults, /*rotary_keys=*/false, checker);
+  }
+
+  std::string mixer_summary(const ModelConfig& c) const override {
+    const HeadLayout h = head_layout(c, kGlaDefaults);
+    return detail::concat(h.heads, " heads (key ", h.key_dim, ", value ", h.value_dim, "), forget gate of rank ",
+                          kGateLowRankDim);
+  }
+
+  bool has_lower_bounds() const override { return false; }
+  int64_t gate_width(const ModelConfig& c) const override { return head_layout(c, kGlaDefaults).keys(); }
+
+  std::vector<ParamSpec> mixer_param_specs(const ModelConfig& c) const override {
+    const HeadLayout h = head_layout(c, kGlaDefaults);
+    const int64_t D = c.hidden_size, Fk = h.keys(), Fv = h.values();
+    return {
+        {"q_proj.weight", {Fk, D}, ParamGroup::Mixer, ParamInit::Normal},
+        {"k_proj.weight", {Fk, D}, ParamGroup::Mixer, ParamInit::Normal, true},
+        {"v_proj.weight", {Fv, D}, ParamGroup::Mixer, ParamInit::Normal, true},
+        {"g_proj.weight", {Fv, D}, ParamGroup::Mixer, ParamInit::Normal, true},
+        {"gk_proj.0.weight", {kGateLowRankDim, D}, ParamGroup::Mixer, ParamInit::Normal, true},
+        {"gk_proj.1.weight", {Fk, kGateLowRankDim}, ParamGroup::Mixer, ParamInit::Normal},
+        {"gk_proj.1.bias", {Fk}, ParamGroup::MixerVector, ParamInit::Zeros},
+        {"o_proj.weight", {D, Fv}, ParamGroup::Mixer, ParamInit::Normal},
+        {"g_norm_swish_gate.weight", {h.value_dim}, ParamGroup::Norm, ParamInit::Ones},
+    };
+  }
+
+  std::unique_ptr<TokenMixer> make_mixer(const ModelConfig& c) const override {
+    return std::make_unique<GlaMixer>(c);
+  }
+
+  // The recurrence (gla_recurrence_flops_per_token); the gate's and the projections' GEMMs are counted from the
+  // parameters.
+  MixerCost mixer_cost(const ModelConfig& c, int64_t seq_len) const override {
+    const HeadLayout h = head_layout(c, kGlaDefaults);
+    MixerCost cost;
+    cost.flops_per_token = gla_recurrence_flops_per_token(static_cast<double>(h.heads), static_cast<double>(h.key_dim),
+                                                          static_cast<double>(h.value_dim),
+                                                          static_cast<double>(gla_chunk_size(seq_len)));
+    return cost;
+  }
+
+  // Per layer, kept for the backward: the fused projection's output (q̂, k̂, v, ĝ and u: 2Fk + 2Fv + 16), u's copy
+  // for the second gate GEMM, the gate's logits (Fk), the gates q, k (activation dtype) and gk (fp32 on the GPU)
+  // unless recomputed, the recurrence's output o (Fv) and scores A (H·64 per token on the GPU), RMSNorm(o) and the
+  // gated product (Fv each) only without recompute_elementwise, and the final state; on the GPU the per-chunk
+  // states (H·K·V per 64 tokens) in the first keep_recurrence_states layers. The backward adds o's and the
+  // projection's gradients, the gate's, the fp32 gradients of the states and scores, and whatever was not kept.
+  MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
+                           const MemoryTarget& target) const override {
+    const HeadLayout h = head_layout(c, kGlaDefaults);
+    const ModelMemoryConfig& knobs = c.memory;
+    const double T = static_cast<double>(seq_len), b = static_cast<double>(target.bytes_per_activation);
+    const double H = static_cast<double>(h.heads), Fk = static_cast<double>(h.keys());
+    const double Fv = static_cast<double>(h.values()), r = static_cast<double>(kGateLowRankDim);
+    const double state = Fk * static_cast<double>(h.value_dim);
+    const double chunk = target.gpu ? 64.0 : static_cast<double>(gla_chunk_size(seq_len));
+    const double chunks = std::ceil(T / chunk);
+    const double fp32 = target.gpu ? 4.0 : b;  // gk and the final state: fp32 on the GPU, the one dtype on the CPU
+    const double projections = b * (2.0 * Fk + 2.0 * Fv + 2.0 * r + Fk) * T, output = b * Fv * T;
+    const double final_state = fp32 * state;
+    const double gates = (2.0 * b + fp32) * Fk * T;
+    const double scores = b * H * chunks * chunk * chunk;
+    const double chunk_states = target.gpu ? b * chunks * state : 0.0;
+    const bool gates_recomputed = recomputes_gates(knobs, layer, c.num_hidden_layers);
+    const bool states_kept = target.gpu && layer < knobs.keep_recurrence_states;
+    const double gradients = output + projections + fp32 * Fk * T +
+                             (target.gpu ? 4.0 * chunks * (state + H * chunk * chunk) : b * 3.0 * Fk * T);
+    MixerMemory memory;
+    if (knobs.recompute) {  // the replay keeps everything, the per-chunk states made again included
+      memory.replayed = projections + gates + scores + chunk_states + 3.0 * output + final_state;
+      memory.backward = gradients;
+      return memory;
+    }
+    memory.states = final_state + (states_kept ? chunk_states : 0.0);
+    memory.activations = projections + (gates_recomputed ? 0.0 : gates) + scores + output +
+                         (knobs.recompute_elementwise ? 0.0 : 2.0 * output);
+    memory.backward = gradients + (states_kept ? 0.0 : chunk_states) + (gates_recomputed ? gates : 0.0);
+    return memory;
+  }
+
+  std::string signature(const ModelConfig& m) const override {
+    const HeadLayout h = head_layout(m, kGlaDefaults);
+    return detail::concat("gla L=", m.num_hidden_layers, " D=", m.hidden_size, " H=", h.heads, " K=", h.key_dim,
+                          " V=", h.value_dim, " I=", m.mlp_size(), " vocab=", m.vocab_size,
+                          " tied=", m.tie_word_embeddings);
+  }
+
+  void write_hf_config(const ModelConfig& m, nlohmann::json& c) const override {
+    c["model_type"] = type();
+    c["architectures"] = {hf_architecture()};
+    write_head_layout(m, kGlaDefaults, c);
+    c["clamp_min"] = nullptr;
+    c["use_gk"] = true;
+    c["use_gv"] = false;
+  }
+
+  void read_hf_config(const HfConfigReader& c, ModelConfig& m) const override {
+    m.type = type();
+    read_head_layout(c, kGlaDefaults, /*rotary_keys=*/false, m);
+    if (c.has_non_null("clamp_min"))
+      c.fail("clamp_min", "a lower clamp of the forget gate is not part of hgrn's GLA; expected null");
+    m.use_lower_bound = ModelConfig{}.use_lower_bound;  // GLA has none; the field keeps its default
+  }
+};
+
+}  // namespace
+
+const ModelFamily& gla_family() {
+  static const GlaFamily family;
+  return family;
+}
+
+}  // namespace hgrn

@@ -1,0 +1,84 @@
+// test_rotary_embedding_cuda.cpp: the CUDA rotary embedding and state shift against the CPU reference on the same
+// (rounded) inputs: fp32 and bf16, odd shapes, positions into the thousands, a column block of a wider tensor as
+// input (gradient written into its columns), gradients fresh and added onto existing ones. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/rng.h"
+#include "gpu_test.h"
+#include "gradcheck.h"
+#include "ops/elementwise.h"
+#include "ops/rotary_embedding.h"
+
+namespace hgrn {
+namespace {
+
+using testing::expect_close;
+using testing::round_through;
+using testing::to_gpu;
+
+// fp32: the same angles on both devices (the host's frequencies times the position, one fp32 product), then sincosf
+// against the host's sinf/cosf, a few ulps of an O(1) rotation: 1e-5. bf16: the output's rounding, 2^-9 relative.
+double rel_tol(DType dtype) { return dtype == DType::F32 ? 1e-5 : 1e-2; }
+double abs_tol(DType dtype) { return dtype == DType::F32 ? 1e-4 : 5e-2; }
+
+TEST(RotaryEmbeddingCuda, MatchesCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(301);
+  struct Case {
+    int64_t batch, time, heads, head_dim, first, extra_columns;
+  };
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (const Case c : {Case{1, 1, 1, 2, 0, 0}, Case{2, 65, 3, 6, 0, 5}, Case{3, 130, 2, 128, 1900, 0},
+                         Case{1, 7, 5, 4, 33, 3}}) {
+      for (bool seeded : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " B" + std::to_string(c.batch) + " T" + std::to_string(c.time) +
+                     " H" + std::to_string(c.heads) + " K" + std::to_string(c.head_dim) + " from " +
+                     std::to_string(c.first) + (c.extra_columns ? " column block" : "") + (seeded ? " seeded" : ""));
+        const int64_t width = c.heads * c.head_dim;
+        // x is the first `width` columns of a wider tensor when extra_columns > 0 (row-strided, as q̂ in the fused
+        // projection's output).
+        const Tensor whole = round_through(testing::random_tensor(rng, {c.batch, c.time, width + c.extra_columns}), dtype);
+        const Tensor dy = round_through(testing::random_tensor(rng, {c.batch, c.time, width}), dtype);
+        const Tensor dwhole0 = round_through(testing::random_tensor(rng, whole.shape(), 0.5), dtype);
+        Tape ref_tape, tape;
+        const auto run = [&](Tape& t, const Var& w) {
+          const Var x = c.extra_columns ? split_columns(t, w, {width, c.extra_columns})[0] : w;
+          return rotary_embedding(t, x, c.heads, c.first);
+        };
+        Var rw = make_var(whole, true, "x"), gw = make_var(to_gpu(whole, dtype), true, "x");
+        if (seeded) {
+          rw->grad = dwhole0.clone();
+          gw->grad = to_gpu(dwhole0, dtype);
+        }
+        Var ry = run(ref_tape, rw), gy = run(tape, gw);
+        ref_tape.backward(ry, dy);
+        tape.backward(gy, to_gpu(dy, dtype));
+        ASSERT_EQ(gy->value.dtype(), dtype);
+        expect_close(gy->value, ry->value, rel_tol(dtype), abs_tol(dtype), "y");
+        expect_close(gw->grad, rw->grad, rel_tol(dtype), abs_tol(dtype), "dx");
+      }
+    }
+  }
+}
+
+TEST(RotaryEmbeddingCuda, StateShiftMatchesCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(302);
+  for (const int64_t shift : {-1, -2048, 5}) {
+    SCOPED_TRACE(shift);
+    const Tensor s = testing::random_tensor(rng, {3, 2, 128, 72}, 1.0, DType::F32);
+    const Tensor dy = testing::random_tensor(rng, s.shape(), 1.0, DType::F32);
+    Tape ref_tape, tape;
+    Var rs = make_var(s, true, "state"), gs = make_var(to_gpu(s, DType::F32), true, "state");
+    Var ry = rotary_state_shift(ref_tape, rs, shift), gy = rotary_state_shift(tape, gs, shift);
+    ref_tape.backward(ry, dy);
+    tape.backward(gy, to_gpu(dy, DType::F32));
+    expect_close(gy->value, ry->value, 1e-5, 1e-4, "shifted state");  // as rel_tol(F32)
+    expect_close(gs->grad, rs->grad, 1e-5, 1e-4, "its gradient");
+  }
+}
+
+}  // namespace
+}  // namespace hgrn
