@@ -174,8 +174,11 @@ Config stateful_config(const std::string& shard, const std::string& run_dir, con
                                      "training.device=" + device, "training.precision=" + precision});
   if (model == "hgrn-complex") overrides.insert(overrides.end(), {"model.type=hgrn", "model.complex=true"});
   else overrides.push_back("model.type=" + model);
+  // The mixer's width: HGRN2's key width per head, HGRN1's multiple of hidden_size; GLA's and RetNet's heads.
+  if (model == "gla" || model == "retnet") overrides.insert(overrides.end(), {"model.expand_ratio=null", "model.num_heads=2"});
+  else overrides.push_back("model.expand_ratio=8");
   return parse_config(R"(
-model: {hidden_size: 16, num_hidden_layers: 2, expand_ratio: 8, vocab_size: 17, intermediate_size: 32}
+model: {hidden_size: 16, num_hidden_layers: 2, vocab_size: 17, intermediate_size: 32}
 data: {task: tokens, seq_len: 16, stateful: true}
 training: {micro_batch_size: 2, grad_accum_steps: 2, max_steps: 12, lr: 0.003, warmup_steps: 3, eval_interval: 0,
            eval_batches: 1}
