@@ -38,6 +38,15 @@ inline std::vector<std::string> model_variants() {
   return v;
 }
 
+// The variants that may run on the GPU (a member whose ModelFamily::cuda_refusal is not empty trains on the CPU
+// only): what the GPU suites run over.
+inline std::vector<std::string> gpu_model_variants() {
+  std::vector<std::string> v;
+  for (const std::string& type : model_variants())
+    if (model_family(tiny_config(type).type).cuda_refusal(tiny_config(type)).empty()) v.push_back(type);
+  return v;
+}
+
 // Lower bounds start at zero (gamma_l = l/L); random ones exercise the softmax/cumsum backward more fully. (A member
 // without lower bounds is left as it is.)
 inline void randomise_lower_bounds(const DecoderLM& model, Rng& rng) {

@@ -171,11 +171,6 @@ TEST_P(ModelCudaEveryType, RecomputationGivesTheSameLossAndGradientsBitForBit) {
 
 namespace hgrn {
 namespace {
-std::vector<std::string> model_variants() {
-  std::vector<std::string> v = model_type_names();
-  v.push_back("hgrn-complex");
-  return v;
-}
 // Generation on the GPU: prefill and decode steps in fp32 give the logits of the CPU fp64 model's full forward on the
 // same tokens (prompts of 5 and 70 tokens: the step-by-step and the chunked prefill). fp32 arithmetic through 3
 // layers on logits of order 1: 1e-4 of the largest logit.
@@ -207,7 +202,7 @@ TEST_P(ModelCudaEveryType, PrefillAndDecodeStepsMatchTheCpuForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, ModelCudaEveryType, ::testing::ValuesIn(model_variants()),
+INSTANTIATE_TEST_SUITE_P(Models, ModelCudaEveryType, ::testing::ValuesIn(testing::gpu_model_variants()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& ch : name)

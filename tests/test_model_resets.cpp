@@ -170,6 +170,9 @@ TEST_P(ModelResets, RefusesMismatchedFlags) {
 // On the GPU: the packed window with resets against the CPU fp64 model with the same weights and resets.
 TEST_P(ModelResets, GpuPackedWindowMatchesTheCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
+  if (const std::string why = model_family(tiny_config(GetParam()).type).cuda_refusal(tiny_config(GetParam()));
+      !why.empty())
+    GTEST_SKIP() << why;
   for (DType act : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(act));
     ModelConfig c = tiny_config(GetParam());
@@ -187,7 +190,15 @@ TEST_P(ModelResets, GpuPackedWindowMatchesTheCpuReference) {
       const Tensor ids = testing::token_ids(rng, 6, window, c.vocab_size);
       const Tensor resets = testing::reset_flags(testing::reset_patterns(rng, 6, window), window);
       const Tensor cotangent = testing::round_through(testing::random_tensor(rng, {6, window, c.vocab_size}), act);
-      const ModelRun got = packed(gpu, ids, resets, cotangent), want = packed(cpu, ids, resets, cotangent);
+      ModelRun got;
+      try {
+        got = packed(gpu, ids, resets, cotangent);
+      } catch (const Error& e) {  // the GLA recurrence refuses resets with bf16 on the GPU, nothing else may refuse
+        EXPECT_EQ(act, DType::BF16) << e.what();
+        EXPECT_NE(std::string(e.what()).find("gla_recurrence"), std::string::npos) << e.what();
+        continue;
+      }
+      const ModelRun want = packed(cpu, ids, resets, cotangent);
       // As test_model_cuda.cpp: fp32 differs from fp64 by summation order only (1e-4 relative over 3 layers); bf16
       // rounds every activation to 2^-9, which after 3 layers sits near 1% relative RMS (a wrong term is ~100%).
       const double tol = act == DType::F32 ? 1e-4 : 5e-2;

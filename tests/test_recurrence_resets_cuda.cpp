@@ -33,6 +33,7 @@ using testing::RecurrenceCall;
 using testing::RecurrenceOutcome;
 using testing::RecurrenceProblem;
 using testing::random_tensor;
+using testing::expect_close;
 using testing::round_through;
 using testing::Tol;
 
@@ -276,33 +277,57 @@ TEST(RecurrenceResetsCuda, GlaRecurrenceMatchesCpuReference) {
       if (op.name.find("gla") == std::string::npos) continue;
       const std::string shape =
           "H=" + std::to_string(s.heads) + " K=" + std::to_string(s.key) + " V=" + std::to_string(s.value);
-      for (int64_t time : {1, 17, 64, 65, 200})
-        for (DType act : {DType::F32, DType::BF16}) {
-          if (s.heads >= 20 && time != 65) continue;  // the wide-grid builds: one length is enough
-          expect_gpu_matches_cpu(op, time, (seed % 2) == 0, act, seed++, shape);
-        }
+      for (int64_t time : {1, 17, 64, 65, 200}) {
+        if (s.heads >= 20 && time != 65) continue;  // the wide-grid builds: one length is enough
+        expect_gpu_matches_cpu(op, time, (seed % 2) == 0, DType::F32, seed++, shape);  // bf16 is refused (below)
+      }
     }
 }
 
-TEST(RecurrenceResetsCuda, AllZeroFlagsGiveTheBitsOfNoFlags) {
+// All-zero flags run the kernels' reset builds, whose masked chunk sums round differently from the builds without
+// resets (which are the unchanged kernels): the same results to rounding. fp32 states and gradients agree to ~1e-7
+// relative; bf16 outputs and step gradients differ by one bf16 ulp where an fp32 value sits near a rounding boundary,
+// so relative RMS 1e-3 and at most 2^-7 of the largest magnitude (~8 here: 0.07).
+TEST(RecurrenceResetsCuda, AllZeroFlagsGiveTheResultsOfNoFlags) {
   HGRN_SKIP_WITHOUT_GPU();
   for (const GpuRecurrence& op : recurrences(130, 2, 64, 64)) {
+    SCOPED_TRACE(op.name);
     Rng rng(7);
     const RecurrenceProblem p = op.problem(rng, 2, 150, true);
     testing::Placement gpu;
     gpu.device = Device::CUDA;
-    gpu.steps = op.step_dtypes(DType::BF16);
+    const DType act = op.name.find("gla") == std::string::npos ? DType::BF16 : DType::F32;  // GLA: bf16 refused
+    gpu.steps = op.step_dtypes(act);
     gpu.state = DType::F32;
-    gpu.output = DType::BF16;
+    gpu.output = act;
     const RecurrenceOutcome without = testing::run_recurrence(op.call, p, Tensor(), gpu);
     const RecurrenceOutcome with = testing::run_recurrence(op.call, p, Tensor::zeros({2, 150}, DType::I32), gpu);
-    EXPECT_EQ(with.output.to_double_vector(), without.output.to_double_vector()) << op.name;
-    EXPECT_EQ(with.final_state.to_double_vector(), without.final_state.to_double_vector()) << op.name;
+    expect_close(with.output, without.output, 1e-3, 0.07, "output");
+    expect_close(with.final_state, without.final_state, 1e-5, 1e-4, "final state");
     for (size_t i = 0; i < p.steps.size(); ++i)
-      EXPECT_EQ(with.d_steps[i].to_double_vector(), without.d_steps[i].to_double_vector()) << op.name << " " << i;
+      expect_close(with.d_steps[i], without.d_steps[i], 1e-3, 0.07, "step gradient " + std::to_string(i));
     for (size_t i = 0; i < p.shared.size(); ++i)
-      EXPECT_EQ(with.d_shared[i].to_double_vector(), without.d_shared[i].to_double_vector()) << op.name << " " << i;
-    EXPECT_EQ(with.d_initial.to_double_vector(), without.d_initial.to_double_vector()) << op.name;
+      expect_close(with.d_shared[i], without.d_shared[i], 1e-3, 0.07, "shared gradient " + std::to_string(i));
+    expect_close(with.d_initial, without.d_initial, 1e-5, 1e-4, "initial-state gradient");
+  }
+}
+
+// gla_recurrence refuses resets with bf16 activations on the GPU (not yet verified at the model level).
+TEST(RecurrenceResetsCuda, GlaRecurrenceRefusesResetsWithBf16) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(11);
+  const auto act = [&](const Shape& shape, DType dtype) {
+    return make_var(random_tensor(rng, shape).to(dtype).to(Device::CUDA), false);
+  };
+  const Var q = act({1, 8, 4}, DType::BF16), k = act({1, 8, 4}, DType::BF16), v = act({1, 8, 4}, DType::BF16);
+  const Var g = act({1, 8, 4}, DType::F32);  // refused before its values matter
+  Tape tape;
+  try {
+    gla_recurrence(tape, q, k, v, g, nullptr, 1, 0.5, RecurrenceMode::Chunk, 0, nullptr, false,
+                   Tensor::zeros({1, 8}, DType::I32).to(Device::CUDA));
+    ADD_FAILURE() << "bf16 with resets was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("training.precision: fp32"), std::string::npos) << e.what();
   }
 }
 
