@@ -312,14 +312,15 @@ TEST_F(Cli, UnknownFlagOrMissingArgumentsFail) {
 namespace hgrn {
 namespace {
 
-// `hgrn eval` of an MQAR run scores the held-out stream the run's own evaluations scored: the same checkpoint gives
-// the same loss and accuracy as the run's last evaluation.
-TEST(CliEval, MqarEvalRepeatsTheRunsLastEvaluation) {
+// `hgrn eval` of an MQAR run scores the held-out stream the run's own evaluations scored, on the device and in the
+// precision the run trained in: the same checkpoint gives the same loss and accuracy as the run's last evaluation.
+void expect_eval_repeats_the_runs_last_evaluation(const std::string& device, const std::string& precision) {
   ScratchDir dir;
   const std::string config = dir / "tiny.yaml";
   std::ofstream(config) << "model: {hidden_size: 16, num_hidden_layers: 1, expand_ratio: 8, vocab_size: 17}\n"
                            "data: {task: mqar, seq_len: 16, mqar: {num_kv_pairs: 2}}\n"
-                           "training: {device: cpu, micro_batch_size: 8, max_steps: 20, warmup_steps: 2, seed: 3,\n"
+                           "training: {device: " + device + ", precision: " + precision +
+                               ", micro_batch_size: 8, max_steps: 20, warmup_steps: 2, seed: 3,\n"
                            "           eval_interval: 20, eval_batches: 3}\n"
                            "logging: {run_dir: " + (dir / "run") + "}\n";
   const CommandResult trained = run_hgrn({"train", "--config", config});
@@ -333,11 +334,21 @@ TEST(CliEval, MqarEvalRepeatsTheRunsLastEvaluation) {
   ASSERT_FALSE(last_eval.is_null());
   const CommandResult evaluated = run_hgrn({"eval", "--config", config});
   ASSERT_EQ(evaluated.status, 0) << evaluated.err;
+  EXPECT_NE(evaluated.out.find(device == "cuda" ? "on the GPU, " + std::string(precision) : "on the CPU"),
+            std::string::npos)
+      << evaluated.out;
   const std::string json_line = evaluated.out.substr(evaluated.out.rfind("{\"task\""));
   const nlohmann::json result = nlohmann::json::parse(json_line);
   // Both print 6 significant digits of the same numbers.
   EXPECT_EQ(result.at("loss").get<double>(), last_eval.at("loss").get<double>()) << evaluated.out;
   EXPECT_EQ(result.at("accuracy").get<double>(), last_eval.at("accuracy").get<double>()) << evaluated.out;
+}
+
+TEST(CliEval, MqarEvalRepeatsTheRunsLastEvaluation) { expect_eval_repeats_the_runs_last_evaluation("cpu", "fp32"); }
+
+TEST(CliEval, MqarEvalRepeatsTheRunsLastEvaluationOnTheGpu) {
+  HGRN_SKIP_WITHOUT_GPU();
+  expect_eval_repeats_the_runs_last_evaluation("cuda", "bf16");
 }
 
 }  // namespace

@@ -75,7 +75,14 @@ int run_eval_command(const EvalArgs& args, std::ostream& out) {
   const std::unique_ptr<CausalLM> owned_model = create_model(trained.model, unused_init, DType::F32);
   CausalLM& model = *owned_model;
   model.load_parameters(state.params, path);
-  out << "checkpoint " << path << " (step " << state.step << ", " << state.tokens_seen << " tokens)\n";
+  // Where training would run (training.device: auto takes the GPU when the model can use one), in its precision;
+  // bf16 falls back to fp32 on the CPU, where only fp32 runs.
+  const std::string no_cuda = model_family(trained.model.type).cuda_refusal(trained.model);
+  const Device device = resolve_device(no_cuda.empty() ? config.training.device : "cpu");
+  const DType act_dtype = device == Device::CUDA ? activation_dtype(config.training.precision, device) : DType::F32;
+  model.to_device(device, act_dtype);
+  out << "checkpoint " << path << " (step " << state.step << ", " << state.tokens_seen << " tokens) on the "
+      << (device == Device::CUDA ? "GPU, " + std::string(dtype_name(act_dtype)) + " activations" : "CPU") << "\n";
 
   const int64_t batch_size = args.batch_size > 0 ? args.batch_size : config.training.micro_batch_size;
   char json[512];
