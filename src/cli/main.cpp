@@ -3,6 +3,9 @@
 // statuses.
 #include <yaml-cpp/exceptions.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <iostream>
 
 #include "cli/bench.h"
@@ -16,8 +19,18 @@
 #include "config/config.h"
 #include "dist/world.h"
 
+// Idle OpenMP threads sleep instead of spinning unless the user chose otherwise: a spinning worker takes the core the
+// step's serial parts need, on a machine with few cores even when it is quiet (docs/benchmarks.md#cpu). libgomp reads
+// OMP_WAIT_POLICY when it loads, before main, so the policy takes effect by running this program once more with it.
+static void prefer_passive_openmp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  ::setenv("OMP_WAIT_POLICY", "passive", 1);
+  ::execv("/proc/self/exe", argv);  // returns only on failure: go on with the default policy
+}
+
 int main(int argc, char** argv) {
   using namespace hgrn::cli;
+  prefer_passive_openmp_wait(argv);
   try {
     hgrn::init_world(&argc, &argv);  // MPI, when started by mpirun/srun
   } catch (const std::exception& error) {
