@@ -208,6 +208,16 @@ static void forget_gate_backward_cpu(const T* f_hat, const T* gamma_row, const T
   });
 }
 
+void check_lower_bounds_for_step(const char* op, const Tensor& gamma, int64_t layer, int64_t width, Device device,
+                                 DType dtype) {
+  HGRN_CHECK(layer >= 0, op, ": layer must be non-negative, got ", layer);
+  if (!gamma.defined()) return;
+  HGRN_CHECK(gamma.dim() == 2 && gamma.size(1) == width && layer < gamma.size(0) && gamma.is_contiguous() &&
+                 gamma.device() == device && gamma.dtype() == dtype,
+             op, ": gamma must be a contiguous ", dtype_name(dtype), " [L > ", layer, ", ", width, "], got ",
+             dtype_name(gamma.dtype()), " ", shape_str(gamma.shape()));
+}
+
 // Checks f̂ and γ for layer `layer`'s forget gate (`op` names the caller in messages) and returns whether the gate is
 // bounded (γ given and layer > 0). On the CPU a bounded gate's γ row is range-checked and returned in *gamma_row.
 static bool check_forget_gate_args(const char* op, const Var& f_hat, const Var& gamma, int64_t layer,

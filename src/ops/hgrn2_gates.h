@@ -18,6 +18,11 @@ Var lower_bound_transform(Tape& tape, const Var& lower_bounds);
 // always fp32 (spec 1.3); on the CPU f̂, gamma and g share one dtype (fp32 or fp64).
 Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t layer);
 
+// The decoding steps' check of layer `layer` (>= 0) and, where given, of γ [L > layer, width]: contiguous, on
+// `device`, in `dtype`. An undefined γ (no lower bounds) passes; `op` names the caller in messages.
+void check_lower_bounds_for_step(const char* op, const Tensor& gamma, int64_t layer, int64_t width, Device device,
+                                 DType dtype);
+
 // g -> k = 1 − exp(g), evaluated as −expm1(g) so that k keeps its relative precision when g is near 0.
 // k has g's dtype, or out_dtype: on the GPU g is fp32 and k is stored in the activation dtype (fp32 or bf16, spec 1.2
 // step 4: k is cast to i's dtype), with dg in g's dtype; on the CPU out_dtype must be g's dtype.

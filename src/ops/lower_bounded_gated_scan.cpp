@@ -207,12 +207,7 @@ void lower_bounded_gated_scan_step(const Tensor& i_hat, const Tensor& f_hat, con
                  out.is_contiguous(),
              op, ": out must be a contiguous ", dtype_name(f_hat.dtype()), " ", shape_str(Shape({B, C})));
   HGRN_CHECK(eps >= 0 && std::isfinite(eps), op, ": eps must be finite and non-negative, got ", eps);
-  HGRN_CHECK(layer >= 0, op, ": layer must be non-negative, got ", layer);
-  if (gamma.defined())
-    HGRN_CHECK(gamma.dim() == 2 && gamma.size(1) == C && layer < gamma.size(0) && gamma.is_contiguous() &&
-                   gamma.device() == device && gamma.dtype() == fp,
-               op, ": gamma must be a contiguous ", dtype_name(fp), " [L > ", layer, ", ", C, "], got ",
-               dtype_name(gamma.dtype()), " ", shape_str(gamma.shape()));
+  check_lower_bounds_for_step(op, gamma, layer, C, device, fp);
   if (B == 0 || C == 0) return;
 
   if (device == Device::CUDA) {

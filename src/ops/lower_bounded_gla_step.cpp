@@ -44,12 +44,7 @@ void lower_bounded_gla_step(const Tensor& q_hat, const Tensor& f_hat, const Tens
   HGRN_CHECK(out.shape() == Shape({B, H * V}) && out.dtype() == f_hat.dtype() && out.device() == device &&
                  out.is_contiguous(),
              op, ": out must be a contiguous ", dtype_name(f_hat.dtype()), " ", shape_str(Shape({B, H * V})));
-  HGRN_CHECK(layer >= 0, op, ": layer must be non-negative, got ", layer);
-  if (gamma.defined())
-    HGRN_CHECK(gamma.dim() == 2 && gamma.size(1) == H * K && layer < gamma.size(0) && gamma.is_contiguous() &&
-                   gamma.device() == device && gamma.dtype() == state_dtype,
-               op, ": gamma must be a contiguous ", dtype_name(state_dtype), " [L > ", layer, ", ", H * K, "], got ",
-               dtype_name(gamma.dtype()), " ", shape_str(gamma.shape()));
+  check_lower_bounds_for_step(op, gamma, layer, H * K, device, state_dtype);
   if (B == 0) return;
 
   if (device == Device::CUDA) {
