@@ -10,6 +10,7 @@
 
 #include "io/hf_config_reader.h"
 #include "kernels/rotary_embedding.h"
+#include "models/cost.h"
 #include "models/token_mixer.h"
 #include "ops/rmsnorm.h"
 #include "ops/swiglu_linear.h"
@@ -65,6 +66,11 @@ LayoutProblem layout_problem(const ModelConfig& c, const HeadDefaults& d, bool r
 }
 
 }  // namespace
+
+double HeadLayout::recurrence_flops_per_token(int64_t seq_len) const {
+  return gla_recurrence_flops_per_token(static_cast<double>(heads), static_cast<double>(key_dim),
+                                        static_cast<double>(value_dim), static_cast<double>(gla_chunk_size(seq_len)));
+}
 
 HeadLayout head_layout(const ModelConfig& c, const HeadDefaults& d) {
   const LayoutProblem bad = layout_problem(c, d, /*rotary_keys=*/false);

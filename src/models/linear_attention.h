@@ -22,6 +22,8 @@ struct HeadLayout {
   int64_t heads = 0, key_dim = 0, value_dim = 0;  // H, and K and V per head
   int64_t keys() const { return heads * key_dim; }
   int64_t values() const { return heads * value_dim; }
+  // The GLA recurrence's FLOPs per token at this sequence length (gla_recurrence_flops_per_token, its chunk size).
+  double recurrence_flops_per_token(int64_t seq_len) const;
 };
 
 // The layout of a config that validate_head_layout accepted.

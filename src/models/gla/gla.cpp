@@ -156,9 +156,7 @@ class GlaFamily final : public ModelFamily {
   MixerCost mixer_cost(const ModelConfig& c, int64_t seq_len) const override {
     const HeadLayout h = head_layout(c, kGlaDefaults);
     MixerCost cost;
-    cost.flops_per_token = gla_recurrence_flops_per_token(static_cast<double>(h.heads), static_cast<double>(h.key_dim),
-                                                          static_cast<double>(h.value_dim),
-                                                          static_cast<double>(gla_chunk_size(seq_len)));
+    cost.flops_per_token = h.recurrence_flops_per_token(seq_len);
     return cost;
   }
 

@@ -162,9 +162,7 @@ class RetNetFamily final : public ModelFamily {
   MixerCost mixer_cost(const ModelConfig& c, int64_t seq_len) const override {
     const HeadLayout h = head_layout(c, kRetNetDefaults);
     MixerCost cost;
-    cost.flops_per_token = gla_recurrence_flops_per_token(static_cast<double>(h.heads), static_cast<double>(h.key_dim),
-                                                          static_cast<double>(h.value_dim),
-                                                          static_cast<double>(gla_chunk_size(seq_len))) +
+    cost.flops_per_token = h.recurrence_flops_per_token(seq_len) +
                            2.0 * 3.0 * static_cast<double>(h.keys());
     return cost;
   }
