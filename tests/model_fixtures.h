@@ -47,6 +47,15 @@ inline std::vector<std::string> gpu_model_variants() {
   return v;
 }
 
+// Gives `cpu` (an fp64 model of the same config) exactly the weights of `gpu` (fp32, so exact in fp64), then moves
+// `gpu` to the GPU with `act` activations: the pair the GPU tests compare.
+inline void mirror_on_cpu_then_move_to_gpu(DecoderLM& gpu, DecoderLM& cpu, DType act) {
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (const auto& [spec, var] : gpu.parameters()) weights.emplace_back(spec.name, var->value.to(DType::F64));
+  cpu.load_parameters(weights, "the GPU model");
+  gpu.to_device(Device::CUDA, act);
+}
+
 // Lower bounds start at zero (gamma_l = l/L); random ones exercise the softmax/cumsum backward more fully. (A member
 // without lower bounds is left as it is.)
 inline void randomise_lower_bounds(const DecoderLM& model, Rng& rng) {

@@ -200,10 +200,7 @@ Models make_models(const std::string& type, DType act, double initializer_range 
     if (spec.group == ParamGroup::Norm)
       for (int64_t i = 0; i < var->value.numel(); ++i) var->value.set_item(i, 1.0 + 0.3 * extra.normal());
   }
-  std::vector<std::pair<std::string, Tensor>> weights;
-  for (const auto& [spec, var] : m.gpu.parameters()) weights.emplace_back(spec.name, var->value.to(DType::F64));
-  m.cpu.load_parameters(weights, "the GPU model");
-  m.gpu.to_device(Device::CUDA, act);
+  testing::mirror_on_cpu_then_move_to_gpu(m.gpu, m.cpu, act);
   return m;
 }
 

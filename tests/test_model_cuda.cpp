@@ -69,10 +69,7 @@ Models make_models(const std::string& type, DType act) {
   Models m{DecoderLM(c, rng_a, DType::F32), DecoderLM(c, rng_b, DType::F64)};
   Rng lb(4);  // random lower bounds exercise the softmax/cumsum backward
   testing::randomise_lower_bounds(m.gpu, lb);
-  std::vector<std::pair<std::string, Tensor>> weights;
-  for (const auto& [spec, var] : m.gpu.parameters()) weights.emplace_back(spec.name, var->value.to(DType::F64));
-  m.cpu.load_parameters(weights, "the GPU model");
-  m.gpu.to_device(Device::CUDA, act);
+  testing::mirror_on_cpu_then_move_to_gpu(m.gpu, m.cpu, act);
   return m;
 }
 

@@ -181,10 +181,7 @@ TEST_P(ModelResets, GpuPackedWindowMatchesTheCpuReference) {
     DecoderLM gpu(c, rng_a, DType::F32), cpu(c, rng_b, DType::F64);
     Rng lb(4);
     randomise_lower_bounds(gpu, lb);
-    std::vector<std::pair<std::string, Tensor>> weights;
-    for (const auto& [spec, var] : gpu.parameters()) weights.emplace_back(spec.name, var->value.to(DType::F64));
-    cpu.load_parameters(weights, "the GPU model");
-    gpu.to_device(Device::CUDA, act);
+    testing::mirror_on_cpu_then_move_to_gpu(gpu, cpu, act);
     for (int64_t window : {kWindow, int64_t{200}}) {
       Rng rng(10 + window);
       const Tensor ids = testing::token_ids(rng, 6, window, c.vocab_size);
