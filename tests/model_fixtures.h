@@ -80,12 +80,14 @@ void set_knob(DecoderLM& model, Knob ModelMemoryConfig::*knob, Value value) {
 }
 
 // Loss of the model over every position (targets: the next token, last position ignored), on the model's device.
-inline Var model_loss(const CausalLM& model, Tape& tape, const Tensor& ids) {
+// recurrent_states: as CausalLM::forward's (null: zero states).
+inline Var model_loss(const CausalLM& model, Tape& tape, const Tensor& ids,
+                      std::vector<Var>* recurrent_states = nullptr) {
   const int64_t batch = ids.size(0), seq = ids.size(1), vocab = model.config().vocab_size;
   Tensor targets = Tensor::full({batch * seq}, -100, DType::I32);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t t = 0; t + 1 < seq; ++t) targets.data<int32_t>()[b * seq + t] = ids.data<int32_t>()[b * seq + t + 1];
-  Var logits = model.forward(tape, ids);
+  Var logits = model.forward(tape, ids, recurrent_states);
   return cross_entropy(tape, reshape(tape, logits, {batch * seq, vocab}), on_device(targets, model.device())).loss;
 }
 

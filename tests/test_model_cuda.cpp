@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "gpu_test.h"
+#include "gradcheck.h"
 #include "model_fixtures.h"
 #include "models/decoder_lm.h"
 #include "models/generation.h"
@@ -47,15 +48,33 @@ struct LossAndGrads {
   std::vector<Tensor> grads;  // in parameter order
 };
 
-// Loss and every parameter gradient; ids on the CPU.
-LossAndGrads loss_and_grads(const DecoderLM& model, const Tensor& ids) {
+// Loss and every parameter gradient; ids on the CPU. initial_states (host fp64, one per layer; empty: zero states):
+// each layer's carried state, copied to the model's device in fp32 (the states' dtype there) or kept fp64 on the CPU.
+LossAndGrads loss_and_grads(const DecoderLM& model, const Tensor& ids, const std::vector<Tensor>& initial_states = {}) {
   for (const auto& [spec, var] : model.parameters()) var->grad = Tensor();
+  std::vector<Var> states;
+  for (const Tensor& s : initial_states)
+    states.push_back(make_var(model.device() == Device::CUDA ? testing::to_gpu(s, DType::F32) : s.clone()));
   Tape tape;
-  Var loss = testing::model_loss(model, tape, ids);
+  Var loss = testing::model_loss(model, tape, ids, states.empty() ? nullptr : &states);
   tape.backward(loss, on_device(Tensor::full({}, 1.0, loss->value.dtype()), model.device()));
   LossAndGrads r{loss->value.item(), {}};
   for (const auto& [spec, var] : model.parameters()) r.grads.push_back(var->grad.to(Device::CPU));
   return r;
+}
+
+// Random carried states (fp32-representable, fp64 on the host) of every layer for a batch of `batch`: the shapes
+// of the states a forward leaves.
+std::vector<Tensor> random_states(const DecoderLM& cpu_model, int64_t batch, uint64_t seed) {
+  std::vector<Var> shapes;
+  Tape tape;
+  tape.set_enabled(false);
+  cpu_model.forward(tape, Tensor::zeros({batch, 1}, DType::I32), &shapes);
+  Rng rng(seed);
+  std::vector<Tensor> states;
+  for (const Var& s : shapes)
+    states.push_back(testing::round_through(testing::random_tensor(rng, s->value.shape()), DType::F32));
+  return states;
 }
 
 struct Models {
@@ -83,7 +102,12 @@ void check_model(const std::string& type, DType act, double loss_tol, double gra
     SCOPED_TRACE(::testing::Message() << dtype_name(act) << " activations, T = " << seq);
     Models m = make_models(type, act);
     const Tensor ids = random_ids(2, seq, small_config(type).vocab_size, 100 + seq);
-    const LossAndGrads gpu = loss_and_grads(m.gpu, ids), cpu = loss_and_grads(m.cpu, ids);
+    // From random carried states, not zero ones: from a zero state GLA's and RetNet's first output per head is
+    // o_0 = K^-1/2 (q_0 . k_0) v_0, whose per-head norm does not depend on q_0 . k_0, so that the exact gradient
+    // of q_0 and k_0 is 0 and the computed one is rounding noise scaled by 1 / |q_0 . k_0| (in any precision,
+    // fla's included): a comparison of noise. A carried state keeps every position's output well conditioned.
+    const std::vector<Tensor> states = random_states(m.cpu, 2, 200 + seq);
+    const LossAndGrads gpu = loss_and_grads(m.gpu, ids, states), cpu = loss_and_grads(m.cpu, ids, states);
     EXPECT_NEAR(gpu.loss, cpu.loss, loss_tol * std::abs(cpu.loss));
     size_t p = 0;
     for (const auto& [spec, var] : m.gpu.parameters()) {
@@ -104,8 +128,11 @@ TEST_P(ModelCudaEveryType, Bf16LossAndEveryGradientMatchTheCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
   // bf16 activations round every intermediate to 8 mantissa bits (2^-9 relative); after 3 layers of projections,
   // norms and the recurrence the gradients sit near 1% relative RMS: 5% bounds them without hiding a wrong formula
-  // (a missing term or wrong sign gives errors of order 100%).
-  check_model(GetParam(), DType::BF16, 1e-2, 5e-2);
+  // (a missing term or wrong sign gives errors of order 100%). GLA and RetNet round more often on the way (the
+  // per-head gated norm; GLA's forget-gate gradient is a reverse cumulative sum of q⊙dq − k⊙dk, whose terms cancel):
+  // 5-8% there, so 10%.
+  const std::string type = GetParam();
+  check_model(type, DType::BF16, 1e-2, type == "gla" || type == "retnet" ? 1e-1 : 5e-2);
 }
 
 // The fused projections' operands stay adjacent through to_device, the bf16 copies and the first gradients.

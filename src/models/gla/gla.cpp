@@ -199,12 +199,6 @@ class GlaFamily final : public ModelFamily {
     return memory;
   }
 
-  // The whole model's GPU gradients do not yet match the CPU reference within the GPU suite's bounds
-  // (docs/models.md), so GLA trains on the CPU until they do.
-  std::string cuda_refusal(const ModelConfig&) const override {
-    return "GLA's GPU path does not yet match its CPU reference; train it on the CPU (training.device: cpu)";
-  }
-
   std::string signature(const ModelConfig& m) const override {
     const HeadLayout h = head_layout(m, kGlaDefaults);
     return detail::concat("gla L=", m.num_hidden_layers, " D=", m.hidden_size, " H=", h.heads, " K=", h.key_dim,
