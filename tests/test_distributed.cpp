@@ -307,13 +307,18 @@ void expect_hung_rank_ends_the_run(const std::string& device, int timeout_s) {
 // (disjoint, and together that process's batch): the same losses and, gathered in global stream order, the same
 // carried states. Stopped after step 3 and resumed, the two-rank run continues bit for bit: each rank takes its own
 // rows of the checkpoint's states back. K = 4 windows a stream, so step 5 starts every stream again.
+// resets: with data.reset_state_at_document too (the states restart at the shard's document starts).
 void expect_stateful_ranks_read_disjoint_streams(const testing::ScratchDir& dir, const std::string& device,
-                                                 double loss_tolerance, double state_tolerance) {
+                                                 double loss_tolerance, double state_tolerance, bool resets = false) {
   const std::string shard = dir / "tokens", config = dir / "stateful.yaml";
-  testing::write_random_token_shard(shard, 17, 4 * 4 * 16 + 1, 5);
+  if (resets)  // documents closed by EOS = 16, with the sidecar that names it
+    testing::write_document_shard(shard, 16, 4 * 4 * 16 + 1, 5);
+  else
+    testing::write_random_token_shard(shard, 17, 4 * 4 * 16 + 1, 5);
   std::ofstream(config) << R"(
 model: {hidden_size: 32, num_hidden_layers: 2, expand_ratio: 8, vocab_size: 17, intermediate_size: 48}
-data: {task: tokens, seq_len: 16, stateful: true, train_data: )" << shard << R"(}
+data: {task: tokens, seq_len: 16, stateful: true, reset_state_at_document: )" << (resets ? "true" : "false")
+                        << R"(, train_data: )" << shard << R"(}
 training: {device: )" << device << R"(, micro_batch_size: 4, max_steps: 6, lr: 0.003, warmup_steps: 2,
            eval_interval: 0, eval_batches: 1, seed: 3}
 checkpoint: {interval: 3, keep_last: 5}
@@ -360,6 +365,12 @@ TEST(Distributed, StatefulRanksReadDisjointStreamsAndResumeBitwise) {
   testing::ScratchDir dir;
   // fp32 on the CPU, the gradients summed in another order: 1e-5 relative on the losses, 1e-4 on the states.
   expect_stateful_ranks_read_disjoint_streams(dir, "cpu", 1e-5, 1e-4);
+}
+
+TEST(Distributed, StatefulRanksWithDocumentResetsReadDisjointStreamsAndResumeBitwise) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  expect_stateful_ranks_read_disjoint_streams(dir, "cpu", 1e-5, 1e-4, /*resets=*/true);
 }
 
 TEST(Distributed, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {
@@ -416,6 +427,12 @@ TEST(DistributedCuda, StatefulGpusReadDisjointStreamsAndResumeBitwise) {
   testing::ScratchDir dir;
   // The tolerances of TwoGpusTrainLikeOneWithAndWithoutZeroOne, the states as the weights.
   expect_stateful_ranks_read_disjoint_streams(dir, "cuda", 1e-4, 1e-3);
+}
+
+TEST(DistributedCuda, StatefulGpusWithDocumentResetsReadDisjointStreamsAndResumeBitwise) {
+  SKIP_WITHOUT_GPUS(2);
+  testing::ScratchDir dir;
+  expect_stateful_ranks_read_disjoint_streams(dir, "cuda", 1e-4, 1e-3, /*resets=*/true);
 }
 
 TEST(DistributedCuda, AKilledRankMakesTheRunExitNonZeroWithinTenSeconds) {

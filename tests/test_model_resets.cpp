@@ -167,7 +167,13 @@ TEST_P(ModelResets, RefusesMismatchedFlags) {
   EXPECT_THROW(model.forward(tape, ids, nullptr, Tensor::zeros({2, 6}, DType::F32)), Error);
 }
 
-// On the GPU: the packed window with resets against the CPU fp64 model with the same weights and resets.
+// On the GPU: the packed window with resets against the CPU fp64 model with the same weights and resets. fp32 differs
+// from fp64 by summation order only: 1e-4 relative over 3 layers, as test_model_cuda.cpp. In bf16 this tiny model
+// (D = 8) amplifies the 2^-9 rounding to 5-15% relative RMS in the gradients with or without resets, and more at
+// positions where a state restarts (there a per-head norm's output o_t = (q_t . k_t) v_t / K^1/2 gives q_t and k_t
+// a gradient that is rounding noise); so in bf16 the resets are held to the error of the same window without them:
+// logits within 1.5x (+1e-3) of it and the gradients' mean relative RMS within 2x. A reset the kernels missed
+// changes every later output of its row by O(1), far outside either bound.
 TEST_P(ModelResets, GpuPackedWindowMatchesTheCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
   if (const std::string why = model_family(tiny_config(GetParam()).type).cuda_refusal(tiny_config(GetParam()));
@@ -183,28 +189,33 @@ TEST_P(ModelResets, GpuPackedWindowMatchesTheCpuReference) {
     randomise_lower_bounds(gpu, lb);
     testing::mirror_on_cpu_then_move_to_gpu(gpu, cpu, act);
     for (int64_t window : {kWindow, int64_t{200}}) {
+      SCOPED_TRACE(::testing::Message() << "window " << window);
       Rng rng(10 + window);
       const Tensor ids = testing::token_ids(rng, 6, window, c.vocab_size);
       const Tensor resets = testing::reset_flags(testing::reset_patterns(rng, 6, window), window);
       const Tensor cotangent = testing::round_through(testing::random_tensor(rng, {6, window, c.vocab_size}), act);
-      ModelRun got;
-      try {
-        got = packed(gpu, ids, resets, cotangent);
-      } catch (const Error& e) {  // the GLA recurrence refuses resets with bf16 on the GPU, nothing else may refuse
-        EXPECT_EQ(act, DType::BF16) << e.what();
-        EXPECT_NE(std::string(e.what()).find("gla_recurrence"), std::string::npos) << e.what();
+      const ModelRun got = packed(gpu, ids, resets, cotangent), want = packed(cpu, ids, resets, cotangent);
+      if (act == DType::F32) {
+        testing::expect_close(got.logits, want.logits, 1e-4, 1e30, "logits");
+        size_t p = 0;
+        for (const auto& [spec, var] : gpu.parameters()) {
+          testing::expect_close(got.grads[p], want.grads[p], 1e-4, 1e30, spec.name);
+          ++p;
+        }
         continue;
       }
-      const ModelRun want = packed(cpu, ids, resets, cotangent);
-      // As test_model_cuda.cpp: fp32 differs from fp64 by summation order only (1e-4 relative over 3 layers); bf16
-      // rounds every activation to 2^-9, which after 3 layers sits near 1% relative RMS (a wrong term is ~100%).
-      const double tol = act == DType::F32 ? 1e-4 : 5e-2;
-      testing::expect_close(got.logits, want.logits, tol, 1e30, "logits");
-      size_t p = 0;
-      for (const auto& [spec, var] : gpu.parameters()) {
-        testing::expect_close(got.grads[p], want.grads[p], tol, 1e30, spec.name);
-        ++p;
-      }
+      const ModelRun got_plain = packed(gpu, ids, Tensor(), cotangent), want_plain = packed(cpu, ids, Tensor(), cotangent);
+      const auto mean_grad_error = [](const ModelRun& a, const ModelRun& b) {
+        double sum = 0;
+        for (size_t p = 0; p < a.grads.size(); ++p) sum += testing::compare(a.grads[p], b.grads[p]).rel_rms;
+        return sum / static_cast<double>(a.grads.size());
+      };
+      const double logits_error = testing::compare(got.logits, want.logits).rel_rms;
+      const double plain_logits_error = testing::compare(got_plain.logits, want_plain.logits).rel_rms;
+      EXPECT_LE(logits_error, 1.5 * plain_logits_error + 1e-3) << "bf16 logits, with resets against without";
+      const double grad_error = mean_grad_error(got, want), plain_grad_error = mean_grad_error(got_plain, want_plain);
+      EXPECT_LE(grad_error, 2.0 * plain_grad_error) << "bf16 gradients' mean relative RMS, with resets against without";
+      EXPECT_LT(plain_grad_error, 0.3) << "bf16 without resets: the baseline itself";
     }
   }
 }

@@ -279,7 +279,8 @@ TEST(RecurrenceResetsCuda, GlaRecurrenceMatchesCpuReference) {
           "H=" + std::to_string(s.heads) + " K=" + std::to_string(s.key) + " V=" + std::to_string(s.value);
       for (int64_t time : {1, 17, 64, 65, 200}) {
         if (s.heads >= 20 && time != 65) continue;  // the wide-grid builds: one length is enough
-        expect_gpu_matches_cpu(op, time, (seed % 2) == 0, DType::F32, seed++, shape);  // bf16 is refused (below)
+        for (DType act : {DType::F32, DType::BF16})
+          expect_gpu_matches_cpu(op, time, (seed % 2) == 0, act, seed++, shape);
       }
     }
 }
@@ -296,7 +297,7 @@ TEST(RecurrenceResetsCuda, AllZeroFlagsGiveTheResultsOfNoFlags) {
     const RecurrenceProblem p = op.problem(rng, 2, 150, true);
     testing::Placement gpu;
     gpu.device = Device::CUDA;
-    const DType act = op.name.find("gla") == std::string::npos ? DType::BF16 : DType::F32;  // GLA: bf16 refused
+    const DType act = DType::BF16;
     gpu.steps = op.step_dtypes(act);
     gpu.state = DType::F32;
     gpu.output = act;
@@ -309,25 +310,6 @@ TEST(RecurrenceResetsCuda, AllZeroFlagsGiveTheResultsOfNoFlags) {
     for (size_t i = 0; i < p.shared.size(); ++i)
       expect_close(with.d_shared[i], without.d_shared[i], 1e-3, 0.07, "shared gradient " + std::to_string(i));
     expect_close(with.d_initial, without.d_initial, 1e-5, 1e-4, "initial-state gradient");
-  }
-}
-
-// gla_recurrence refuses resets with bf16 activations on the GPU (not yet verified at the model level).
-TEST(RecurrenceResetsCuda, GlaRecurrenceRefusesResetsWithBf16) {
-  HGRN_SKIP_WITHOUT_GPU();
-  Rng rng(11);
-  const auto act = [&](const Shape& shape, DType dtype) {
-    return make_var(random_tensor(rng, shape).to(dtype).to(Device::CUDA), false);
-  };
-  const Var q = act({1, 8, 4}, DType::BF16), k = act({1, 8, 4}, DType::BF16), v = act({1, 8, 4}, DType::BF16);
-  const Var g = act({1, 8, 4}, DType::F32);  // refused before its values matter
-  Tape tape;
-  try {
-    gla_recurrence(tape, q, k, v, g, nullptr, 1, 0.5, RecurrenceMode::Chunk, 0, nullptr, false,
-                   Tensor::zeros({1, 8}, DType::I32).to(Device::CUDA));
-    ADD_FAILURE() << "bf16 with resets was not refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("training.precision: fp32"), std::string::npos) << e.what();
   }
 }
 

@@ -17,33 +17,13 @@
 #include "model_fixtures.h"
 #include "models/decoder_lm.h"
 #include "scratch_dir.h"
+#include "token_shard_fixtures.h"
 #include "train/trainer.h"
 
 namespace hgrn {
 namespace {
 
 using testing::ScratchDir;
-
-// Documents of random ids in [0, eos) closed by `eos`: the first one 6 tokens + EOS (so the second starts at token 7,
-// a window boundary for windows of 7), then lengths 1 to 30; `tokens` tokens in all, with a sidecar naming the EOS.
-void write_document_shard(const std::string& prefix, int32_t eos, int64_t tokens, uint64_t seed) {
-  Rng rng(seed);
-  TokenShardWriter writer(prefix, eos + 1);
-  for (int64_t written = 0, d = 0; written < tokens; ++d) {
-    const int64_t drawn = d == 0 ? 6 : 1 + static_cast<int64_t>(rng.below(30));
-    const int64_t length = std::min<int64_t>(drawn, tokens - written - 1);
-    std::vector<int32_t> ids;
-    for (int64_t t = 0; t < length; ++t) ids.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(eos))));
-    ids.push_back(eos);
-    writer.append_document(ids);
-    written += static_cast<int64_t>(ids.size());
-  }
-  ShardMetadata meta;
-  meta.tokenizer = "test";
-  meta.vocab_size = eos + 1;
-  meta.eos_id = eos;
-  writer.finish(meta);
-}
 
 class StatefulResets : public ::testing::TestWithParam<std::string> {};
 
@@ -54,7 +34,7 @@ TEST_P(StatefulResets, WindowsWithCarriedStatesEqualOneForwardOverTheStream) {
   DecoderLM model(c, rng, DType::F64);
   testing::randomise_lower_bounds(model, rng);
   const ScratchDir dir;
-  write_document_shard(dir / "docs", eos, 2 * 150 + 1, 72);  // 2 streams of L = 150
+  testing::write_document_shard(dir / "docs", eos, 2 * 150 + 1, 72);  // 2 streams of L = 150
   auto shard = std::make_shared<const TokenShardReader>(dir / "docs");
   for (const int64_t T : {7, 70}) {  // the step-by-step path, and the chunkwise one with a partial chunk
     SCOPED_TRACE("seq_len " + std::to_string(T));
@@ -98,7 +78,7 @@ INSTANTIATE_TEST_SUITE_P(Models, StatefulResets, ::testing::ValuesIn(testing::mo
 
 TEST(StatefulResets, TrainingRunsWithBoth) {
   const ScratchDir dir;
-  write_document_shard(dir / "docs", 40, 2000, 73);
+  testing::write_document_shard(dir / "docs", 40, 2000, 73);
   const Config config = parse_config(R"(
 model: {hidden_size: 16, num_hidden_layers: 2, expand_ratio: 8, vocab_size: 41, intermediate_size: 32}
 data: {task: tokens, seq_len: 16, stateful: true, reset_state_at_document: true}

@@ -981,11 +981,6 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
   const Device device = qv.device();
   const bool on_cuda = device == Device::CUDA;
   check_resets(resets, batch, time, device, "gla_recurrence");
-  // The kernels' bf16 build with resets passes this op's GPU tests but not yet the whole models' comparison with the
-  // CPU reference (tests/test_model_resets.cpp): refused until it does.
-  HGRN_CHECK(!(on_cuda && resets.defined() && dtype == DType::BF16),
-             "gla_recurrence: document resets (data.reset_state_at_document) with bf16 activations on the GPU are not "
-             "verified yet; use training.precision: fp32 with them on the GPU");
   for (const Var& x : {q, k, v, g, initial_state}) {
     if (!x) continue;
     HGRN_CHECK(x->value.device() == device, "gla_recurrence: inputs mix ", device_name(device), " and ",
