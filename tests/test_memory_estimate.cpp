@@ -34,6 +34,8 @@ const std::vector<MeasuredPeak>& measured_peaks() {
       {"hgrn1-150m.yaml", {}, 10.95},
       {"hgrn1-385m.yaml", {}, 25.20},
       {"hgrn1-1b.yaml", {}, 28.61},
+      {"gla-385m.yaml", {}, 33.95},
+      {"retnet-385m.yaml", {}, 39.16},
       {"hgrn2-385m.yaml", {"model.memory.recompute=true"}, 10.57},
       {"hgrn2-385m.yaml", {"model.memory.recompute_elementwise=false"}, 45.26},
       {"hgrn2-385m.yaml", {"model.memory.recompute_gates=false"}, 35.91},
