@@ -1,8 +1,8 @@
 // cpu_math.h: what the CPU ops' element loops need to vectorise: exp, expm1 and log1p, and HGRN_VECTOR_CLONES.
-// exp, expm1 and log1p: fp64 calls the C library. fp32 is evaluated in
-// fp64 with no branches, tables or calls, so a loop over it vectorises, and rounded once to fp32: the result is the
-// correctly rounded value except where the exact one lies within ~1e-12 (relative) of a rounding boundary, as
-// accurate as the C library's expf (which is not correctly rounded either) and several times faster in a loop.
+// exp, expm1 and log1p: fp64 calls the C library. fp32 is evaluated in fp64 with no branches, tables or calls, so
+// that a loop over it vectorises, and rounded once to fp32: the result is the correctly rounded value except where
+// the exact one lies within ~1e-12 (relative) of a rounding boundary, at least as accurate as the C library's fp32
+// functions (which are not correctly rounded either).
 #pragma once
 #include <bit>
 #include <cmath>
@@ -10,8 +10,9 @@
 
 // On a function of element loops: also compiled for AVX-512 and AVX2 machines, the version picked when the program
 // loads, the baseline build's (x86-64-v2) elsewhere. Only for loops whose every result is computed by the same
-// operations whatever the vector width — no reductions across the vectorised index — so that every machine gets
-// the same bits (the build has -ffp-contract=off: no fused multiply-adds where the CPU offers them).
+// operations whatever the vector width — no reduction whose order the compiler picks (omp simd reduction); sums in
+// explicit lanes are fine — so that every machine gets the same bits (the build has -ffp-contract=off: no fused
+// multiply-adds where the CPU offers them).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define HGRN_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
