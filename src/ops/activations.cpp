@@ -6,26 +6,27 @@
 #include <cmath>
 
 #include "kernels/activations.h"  // SwigluRows, the layout both devices' kernels take
+#include "ops/cpu_math.h"
 #include "ops/cpu_parallel.h"
 
 namespace hgrn {
 
-// The logistic sigmoid without overflow: exp is only ever taken of a non-positive number.
+// The logistic sigmoid without overflow: exp is only ever taken of a non-positive number. Written without a branch so
+// that element loops over it vectorise.
 template <typename T>
 static inline T stable_sigmoid(T x) {
-  if (x >= 0) return T(1) / (T(1) + std::exp(-x));
-  const T e = std::exp(x);
-  return e / (T(1) + e);
+  const T e = cpu_exp(-std::abs(x));
+  return (x >= T(0) ? T(1) : e) / (T(1) + e);
 }
 
 template <typename T>
-static void silu_forward_cpu(const T* x, T* y, int64_t n) {
+HGRN_VECTOR_CLONES static void silu_forward_cpu(const T* x, T* y, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * stable_sigmoid(x[i]);
 }
 
 template <typename T>
-static void silu_backward_cpu(const T* x, const T* dy, T* dx, int64_t n) {
+HGRN_VECTOR_CLONES static void silu_backward_cpu(const T* x, const T* dy, T* dx, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
   for (int64_t i = 0; i < n; ++i) {
     const T s = stable_sigmoid(x[i]);
@@ -46,7 +47,7 @@ static SwigluRows cpu_rows(const Tensor& gate, const Tensor* up, const Tensor* d
 }
 
 template <typename T>
-static void swiglu_forward_cpu(const T* gate, const T* up, T* y, const SwigluRows& d) {
+HGRN_VECTOR_CLONES static void swiglu_forward_cpu(const T* gate, const T* up, T* y, const SwigluRows& d) {
 #pragma omp parallel for schedule(static) if (d.rows * d.width >= kMinParallelElements)
   for (int64_t r = 0; r < d.rows; ++r) {
     const T* gr = gate + r * d.gate_stride;
@@ -58,24 +59,36 @@ static void swiglu_forward_cpu(const T* gate, const T* up, T* y, const SwigluRow
 
 // dgate and dup may each be null when that input needs no gradient; add_gate and add_up say whether each adds into
 // its buffer or overwrites it (as 0 + the gradient: the bits of adding into zeros). y (may be null, may be dy): the
-// forward's output again, written after dy's element was read.
+// forward's output again, written after dy's element was read. Each row goes in column blocks: σ(gate) once into a
+// block on the stack, then one loop per output, so that every loop vectorises.
 template <typename T>
-static void swiglu_backward_cpu(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y, bool add_gate,
-                                bool add_up, const SwigluRows& d) {
+HGRN_VECTOR_CLONES static void swiglu_backward_cpu(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y,
+                                                   bool add_gate, bool add_up, const SwigluRows& d) {
+  constexpr int64_t kBlock = 256;
 #pragma omp parallel for schedule(static) if (d.rows * d.width >= kMinParallelElements)
   for (int64_t r = 0; r < d.rows; ++r) {
-    const T* gr = gate + r * d.gate_stride;
-    const T* ur = up + r * d.up_stride;
-    const T* dyr = dy + r * d.width;
-    T* dgr = dgate ? dgate + r * d.dgate_stride : nullptr;
-    T* dur = dup ? dup + r * d.dup_stride : nullptr;
-    T* yr = y ? y + r * d.width : nullptr;
-    for (int64_t c = 0; c < d.width; ++c) {
-      const T s = stable_sigmoid(gr[c]);
-      const T dyc = dyr[c];
-      if (dgr) dgr[c] = (add_gate ? dgr[c] : T(0)) + dyc * ur[c] * s * (T(1) + gr[c] * (T(1) - s));
-      if (dur) dur[c] = (add_up ? dur[c] : T(0)) + dyc * gr[c] * s;
-      if (yr) yr[c] = gr[c] * s * ur[c];
+    for (int64_t c0 = 0; c0 < d.width; c0 += kBlock) {
+      const int64_t n = std::min(kBlock, d.width - c0);
+      const T* gr = gate + r * d.gate_stride + c0;
+      const T* ur = up + r * d.up_stride + c0;
+      const T* dyr = dy + r * d.width + c0;
+      T sig[kBlock];
+      for (int64_t c = 0; c < n; ++c) sig[c] = stable_sigmoid(gr[c]);
+      if (dgate) {
+        T* dgr = dgate + r * d.dgate_stride + c0;
+        for (int64_t c = 0; c < n; ++c) {
+          const T s = sig[c];
+          dgr[c] = (add_gate ? dgr[c] : T(0)) + dyr[c] * ur[c] * s * (T(1) + gr[c] * (T(1) - s));
+        }
+      }
+      if (dup) {
+        T* dur = dup + r * d.dup_stride + c0;
+        for (int64_t c = 0; c < n; ++c) dur[c] = (add_up ? dur[c] : T(0)) + dyr[c] * gr[c] * sig[c];
+      }
+      if (y) {
+        T* yr = y + r * d.width + c0;
+        for (int64_t c = 0; c < n; ++c) yr[c] = gr[c] * sig[c] * ur[c];
+      }
     }
   }
 }
@@ -192,13 +205,13 @@ Var silu(Tape& tape, const Var& x) {
 }
 
 template <typename T>
-static void sigmoid_forward_cpu(const T* x, T* y, int64_t n) {
+HGRN_VECTOR_CLONES static void sigmoid_forward_cpu(const T* x, T* y, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
   for (int64_t i = 0; i < n; ++i) y[i] = stable_sigmoid(x[i]);
 }
 
 template <typename T>
-static void sigmoid_backward_cpu(const T* y, const T* dy, T* dx, int64_t n) {
+HGRN_VECTOR_CLONES static void sigmoid_backward_cpu(const T* y, const T* dy, T* dx, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
   for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * y[i] * (T(1) - y[i]);
 }
@@ -245,17 +258,17 @@ Var sigmoid(Tape& tape, const Var& x) {
 // log σ(x) = min(x, 0) − log1p(e^{−|x|}): exp only of a non-positive number, no cancellation for large |x|.
 template <typename T>
 static inline T stable_log_sigmoid(T x) {
-  return std::min(x, T(0)) - std::log1p(std::exp(-std::abs(x)));
+  return (T(0) < x ? T(0) : x) - cpu_log1p(cpu_exp(-std::abs(x)));  // std::min(x, 0) as a select
 }
 
 template <typename T>
-static void log_sigmoid_forward_cpu(const T* x, T* y, T divisor, int64_t n) {
+HGRN_VECTOR_CLONES static void log_sigmoid_forward_cpu(const T* x, T* y, T divisor, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
   for (int64_t i = 0; i < n; ++i) y[i] = stable_log_sigmoid(x[i]) / divisor;
 }
 
 template <typename T>
-static void log_sigmoid_backward_cpu(const T* x, const T* dy, T* dx, T divisor, int64_t n) {
+HGRN_VECTOR_CLONES static void log_sigmoid_backward_cpu(const T* x, const T* dy, T* dx, T divisor, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
   for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * stable_sigmoid(-x[i]) / divisor;
 }

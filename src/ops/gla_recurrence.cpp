@@ -17,8 +17,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "ops/cpu_math.h"
 #include "ops/elementwise.h"
 #include "ops/sequence_resets.h"
 
@@ -148,7 +150,8 @@ template <typename T>
 struct HeadScratch {
   // The head's rows: [T][K], [T][K], [T][V], [T][K] (g, which the chunk form turns into its chunk-local cumsum G).
   std::vector<T> q, k, v, gate;
-  std::vector<T> step_decay, start_decay, exit_decay;  // Chunk: the decay tables of chunk_decays, [T][K] each
+  std::vector<T> step_decay;  // [T][K]: Naive: naive_decays' table; Chunk: with the next two, chunk_decays' tables
+  std::vector<T> start_decay, exit_decay;
   std::vector<T> output;                               // [T][V]
   std::vector<T> states;  // Naive backward: S_0..S_T; Chunk: S^(0)..S^(NT)
   std::vector<T> scores;  // Chunk forward without a backward to come: A of one chunk, [BT][BT]
@@ -181,12 +184,12 @@ struct HeadScratch {
       dg.resize(T_ * K);
       d_state.resize(KV);
     }
+    step_decay.resize(T_ * K);
     if (mode == RecurrenceMode::Naive) {
       if (backward) states.resize((T_ + 1) * KV);
       return;
     }
     const int64_t BT = layout.max_rows(), BC = std::min(layout.sub_chunk_size, BT);
-    step_decay.resize(T_ * K);
     start_decay.resize(T_ * K);
     exit_decay.resize(T_ * K);
     states.resize((layout.num_chunks + 1) * KV);
@@ -208,7 +211,7 @@ struct HeadScratch {
 };
 
 // One head's rows as contiguous row-major blocks, starting at some row (the chunk form passes a chunk's first row).
-// Naive form: G holds g itself and the decay tables are null. Chunk form: G holds the chunk-local cumsum and the
+// Naive form: G holds g itself, step_decay that of naive_decays and the other tables are null. Chunk form: G holds the chunk-local cumsum and the
 // decay tables are those of chunk_decays.
 template <typename T>
 struct HeadRows {
@@ -216,7 +219,7 @@ struct HeadRows {
   const T* k;            // [n][K]
   const T* v;            // [n][V]
   const T* G;            // [n][K]
-  const T* step_decay;   // [n][K] e^{g_t}
+  const T* step_decay;   // [n][K] e^{g_t} (Naive: 0 at a reset step)
   const T* start_decay;  // [n][K] e^{G_t}
   const T* exit_decay;   // [n][K] e^{G_L − G_t}
   int64_t K, V;
@@ -270,26 +273,70 @@ class ChunkSegments {
 // ---------------------------------------------------------------------------------------------------------------------
 // Naive form.
 
-// Runs the recurrence over one head's `time` rows. `state` holds S_0 on entry and S_T on exit. When `history` is given
-// it receives S_0..S_T ((T+1)·K·V values), which the backward needs for the gate gradient.
+// The step decays e^{g_t} of one head's `time` rows into step_decay, 0 at a reset step (the state restarts there).
 template <typename T>
-void naive_forward_head(const HeadRows<T>& x, int64_t time, T scale, T* state, T* out, T* history) {
-  const int64_t K = x.K, V = x.V;
-  if (history) std::copy_n(state, K * V, history);
+HGRN_VECTOR_CLONES void naive_decays(const T* g, const int32_t* resets, int64_t time, int64_t K, T* step_decay) {
+  for (int64_t i = 0; i < time * K; ++i) step_decay[i] = cpu_exp(g[i]);
+  if (resets)
+    for (int64_t t = 0; t < time; ++t)
+      if (resets[t] != 0) std::fill_n(step_decay + t * K, K, T(0));
+}
+
+// The step-by-step form's inner loops run over the value index j in blocks of kLanes, as GCC vector-extension lanes:
+// every lane operation is one IEEE operation per element, so the machine's vector width cannot change a result, and
+// a sum over j (dot products) goes lane by lane in block order, then adds the lanes in a fixed tree. A remainder of
+// V mod kLanes columns is done one element at a time into the same lanes.
+constexpr int64_t kLanes = 8;
+template <typename T>
+struct LanesOf {
+  typedef T type __attribute__((vector_size(kLanes * sizeof(T))));
+};
+
+template <typename T, typename Lanes>
+inline T sum_lanes(const Lanes& lane) {
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+// Runs the recurrence over one head's `time` rows (x.step_decay: naive_decays'). `state` holds S_0 on entry and S_T
+// on exit. When `history` is given it receives S_0..S_T ((T+1)·K·V values), which the backward needs for the gate
+// gradient; each step then writes its state there directly. Per step and block of columns, o's block accumulates over
+// the key channels in order, in registers.
+template <typename T>
+HGRN_VECTOR_CLONES void naive_forward_head(const HeadRows<T>& x, int64_t time, T scale, T* state, T* out,
+                                           T* history) {
+  using Lanes = typename LanesOf<T>::type;
+  const int64_t K = x.K, V = x.V, KV = K * V, blocked = V - V % kLanes;
+  if (history) std::copy_n(state, KV, history);
   for (int64_t t = 0; t < time; ++t) {
     const T* v_t = x.v + t * V;
-    const bool restart = x.resets_at(t);
-    for (int64_t c = 0; c < K; ++c) {
-      const T decay = restart ? T(0) : std::exp(x.G[t * K + c]);
-      const T key = x.k[t * K + c];
-      T* state_row = state + c * V;
-      for (int64_t j = 0; j < V; ++j) state_row[j] = decay * state_row[j] + key * v_t[j];
-    }
+    const T* prev = history ? history + t * KV : state;  // next is prev itself without a history: read, then written
+    T* next = history ? history + (t + 1) * KV : state;
+    const T* decay = x.step_decay + t * K;
+    const T* key = x.k + t * K;
+    const T* query = x.q + t * K;
     T* o_t = out + t * V;
-    std::fill_n(o_t, V, T(0));
-    for (int64_t c = 0; c < K; ++c) axpy(scale * x.q[t * K + c], state + c * V, o_t, V);
-    if (history) std::copy_n(state, K * V, history + (t + 1) * K * V);
+    for (int64_t j0 = 0; j0 < blocked; j0 += kLanes) {
+      Lanes v_block, o_block = {};
+      std::memcpy(&v_block, v_t + j0, sizeof v_block);
+      for (int64_t c = 0; c < K; ++c) {
+        Lanes s_block;
+        std::memcpy(&s_block, prev + c * V + j0, sizeof s_block);
+        s_block = decay[c] * s_block + key[c] * v_block;
+        std::memcpy(next + c * V + j0, &s_block, sizeof s_block);
+        o_block += (scale * query[c]) * s_block;
+      }
+      std::memcpy(o_t + j0, &o_block, sizeof o_block);
+    }
+    for (int64_t j = blocked; j < V; ++j) {
+      T o = 0;
+      for (int64_t c = 0; c < K; ++c) {
+        next[c * V + j] = decay[c] * prev[c * V + j] + key[c] * v_t[j];
+        o += (scale * query[c]) * next[c * V + j];
+      }
+      o_t[j] = o;
+    }
   }
+  if (history) std::copy_n(history + time * KV, KV, state);
 }
 
 // Reverse-time backward of the recurrence for one head. `d_state` holds dL/dS_T on entry and dL/dS_0 on exit;
@@ -297,29 +344,55 @@ void naive_forward_head(const HeadRows<T>& x, int64_t time, T scale, T* state, T
 //   o_t = s·q_t S_t                          ⇒ dS_t += s·q_tᵀ dO_t,  dq_t = s·dO_t S_tᵀ
 //   S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t  ⇒ dk_t = dS_t v_tᵀ,  dv_t = k_t dS_t,
 //                                              dg_t = e^{g_t} ⊙ rowsum(S_{t−1} ⊙ dS_t),  dS_{t−1} = Diag(e^{g_t}) dS_t.
+// One pass over each key channel's row of the states does all of these (at a reset step the decay is 0: dg_t = 0
+// and dS_{t−1} = 0).
 template <typename T>
-void naive_backward_head(const HeadRows<T>& x, int64_t time, T scale, const T* history, const T* d_out, T* d_state,
-                         T* dq, T* dk, T* dv, T* dg) {
-  const int64_t K = x.K, V = x.V, KV = K * V;
+HGRN_VECTOR_CLONES void naive_backward_head(const HeadRows<T>& x, int64_t time, T scale, const T* history,
+                                            const T* d_out, T* d_state, T* dq, T* dk, T* dv, T* dg) {
+  using Lanes = typename LanesOf<T>::type;
+  const int64_t K = x.K, V = x.V, KV = K * V, blocked = V - V % kLanes;
   for (int64_t t = time - 1; t >= 0; --t) {
     const T* state_t = history + (t + 1) * KV;
     const T* state_prev = history + t * KV;
     const T* d_out_t = d_out + t * V;
     const T* v_t = x.v + t * V;
-    for (int64_t c = 0; c < K; ++c) {
-      dq[t * K + c] = scale * dot(d_out_t, state_t + c * V, V);
-      axpy(scale * x.q[t * K + c], d_out_t, d_state + c * V, V);
-    }
     T* dv_t = dv + t * V;
     std::fill_n(dv_t, V, T(0));
-    const bool restart = x.resets_at(t);  // the decay is 0 there: dg_t = 0 and dS_{t−1} = 0
     for (int64_t c = 0; c < K; ++c) {
-      T* d_state_row = d_state + c * V;
-      const T decay = restart ? T(0) : std::exp(x.G[t * K + c]);
-      dk[t * K + c] = dot(d_state_row, v_t, V);
-      axpy(x.k[t * K + c], d_state_row, dv_t, V);
-      dg[t * K + c] = decay * dot(state_prev + c * V, d_state_row, V);
-      for (int64_t j = 0; j < V; ++j) d_state_row[j] *= decay;
+      const T decay = x.step_decay[t * K + c], key = x.k[t * K + c], query = scale * x.q[t * K + c];
+      const T* s_row = state_t + c * V;
+      const T* prev_row = state_prev + c * V;
+      T* ds_row = d_state + c * V;
+      Lanes dq_lanes = {}, dk_lanes = {}, dg_lanes = {};
+      for (int64_t j0 = 0; j0 < blocked; j0 += kLanes) {
+        Lanes o, s_block, p, v_block, ds, dv_block;
+        std::memcpy(&o, d_out_t + j0, sizeof o);
+        std::memcpy(&s_block, s_row + j0, sizeof s_block);
+        std::memcpy(&p, prev_row + j0, sizeof p);
+        std::memcpy(&v_block, v_t + j0, sizeof v_block);
+        std::memcpy(&ds, ds_row + j0, sizeof ds);
+        std::memcpy(&dv_block, dv_t + j0, sizeof dv_block);
+        dq_lanes += o * s_block;
+        ds = ds + query * o;
+        dk_lanes += ds * v_block;
+        dv_block += key * ds;
+        dg_lanes += p * ds;
+        ds = decay * ds;
+        std::memcpy(ds_row + j0, &ds, sizeof ds);
+        std::memcpy(dv_t + j0, &dv_block, sizeof dv_block);
+      }
+      for (int64_t j = blocked; j < V; ++j) {
+        const int64_t lane = j - blocked;
+        dq_lanes[lane] += d_out_t[j] * s_row[j];
+        const T ds = ds_row[j] + query * d_out_t[j];
+        dk_lanes[lane] += ds * v_t[j];
+        dv_t[j] += key * ds;
+        dg_lanes[lane] += prev_row[j] * ds;
+        ds_row[j] = decay * ds;
+      }
+      dq[t * K + c] = scale * sum_lanes<T>(dq_lanes);
+      dk[t * K + c] = sum_lanes<T>(dk_lanes);
+      dg[t * K + c] = decay * sum_lanes<T>(dg_lanes);
     }
   }
 }
@@ -763,11 +836,13 @@ void gla_forward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& l
       gather_head_inputs(io, d, b, h, s);
       T* state = io.final_state + pair * KV;  // starts as S_0, ends as S_T
       pair_state_or_zero(io.initial_state, pair, d, state);
-      if (mode == RecurrenceMode::Naive)
+      if (mode == RecurrenceMode::Naive) {
+        naive_decays(s.gate.data(), s.resets, d.time, d.key_dim, s.step_decay.data());
         naive_forward_head(head_rows(s, d), d.time, scale, state, s.output.data(), static_cast<T*>(nullptr));
-      else
+      } else {
         chunk_forward_head(s, d, layout, scale, state,
                            io.saved_scores ? io.saved_scores + pair * scores_per_pair : static_cast<T*>(nullptr));
+      }
       scatter_head(s.output.data(), d, b, h, V, io.output);
     }
   }
@@ -794,6 +869,7 @@ void gla_backward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& 
       pair_state_or_zero(io.initial_state, pair, d, initial.data());
 
       if (mode == RecurrenceMode::Naive) {
+        naive_decays(s.gate.data(), s.resets, d.time, d.key_dim, s.step_decay.data());
         const HeadRows<T> x = head_rows(s, d);
         naive_forward_head(x, d.time, scale, initial.data(), s.output.data(), s.states.data());
         naive_backward_head(x, d.time, scale, s.states.data(), s.d_output.data(), s.d_state.data(), s.dq.data(),

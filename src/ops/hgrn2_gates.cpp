@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ops/activations.h"
+#include "ops/cpu_math.h"
 #include "ops/cpu_parallel.h"
 #include "ops/elementwise.h"
 #ifdef HGRN_WITH_CUDA
@@ -30,6 +31,12 @@
 #endif
 
 namespace hgrn {
+
+// std::min(x, 0) as a select, which element loops vectorise (std::min's reference they do not).
+template <typename T>
+static inline T min_zero(T x) {
+  return T(0) < x ? T(0) : x;
+}
 
 // log σ(x) and log σ(−x) = log(1 − σ(x)), as min(±x, 0) − log1p(exp(−|x|)): exp is only taken of a non-positive
 // number, and the two share the one transcendental term.
@@ -39,8 +46,8 @@ struct LogSigmoidPair {
 };
 template <typename T>
 static inline LogSigmoidPair<T> log_sigmoid_pair(T x) {
-  const T tail = std::log1p(std::exp(-std::abs(x)));
-  return {std::min(x, T(0)) - tail, std::min(-x, T(0)) - tail};
+  const T tail = cpu_log1p(cpu_exp(-std::abs(x)));
+  return {min_zero(x) - tail, min_zero(-x) - tail};
 }
 
 // log1p(−γ) per channel, shared by every row.
@@ -51,12 +58,12 @@ static std::vector<T> log_one_minus(const T* gamma_row, int64_t width) {
   return out;
 }
 
-// log(exp(a) + exp(b)) for a, b ≤ 0, either possibly −inf.
+// log(exp(a) + exp(b)) for a, b ≤ 0, either possibly −inf. Without a branch (selects), for vectorised loops.
 template <typename T>
 static inline T log_add_exp(T a, T b) {
-  const T hi = std::max(a, b), lo = std::min(a, b);
-  if (hi == -std::numeric_limits<T>::infinity()) return hi;
-  return hi + std::log1p(std::exp(lo - hi));
+  const T hi = a < b ? b : a, lo = b < a ? b : a;  // std::max(a, b), std::min(a, b)
+  const T sum = hi + cpu_log1p(cpu_exp(lo - hi));
+  return hi > -std::numeric_limits<T>::infinity() ? sum : hi;
 }
 
 // ---- lower bound ----------------------------------------------------------------------------------------------
@@ -151,6 +158,29 @@ Var lower_bound_transform(Tape& tape, const Var& lower_bounds) {
 
 // ---- forget gate ----------------------------------------------------------------------------------------------
 
+// One row of the forget gate without a bound: log σ(f̂).
+template <typename T>
+HGRN_VECTOR_CLONES static void forget_gate_forward_row(const T* fr, T* gr, int64_t width) {
+  for (int64_t c = 0; c < width; ++c) gr[c] = log_sigmoid_pair(fr[c]).of_x;
+}
+
+// One row with a bound: every element takes both forms and the bound-free one (γ = 0), then selects (no branch: the
+// loop vectorises).
+template <typename T>
+HGRN_VECTOR_CLONES static void bounded_forget_gate_forward_row(const T* fr, const T* gamma_row, const T* log_gamma,
+                                                               const T* log_one_minus_gamma, T* gr, int64_t width) {
+  for (int64_t c = 0; c < width; ++c) {
+    const T x = fr[c], gamma = gamma_row[c], log_gm = log_gamma[c], log_1m_gm = log_one_minus_gamma[c];
+    const T tail = cpu_exp(-std::abs(x));  // σ(x), σ(−x) and log σ(x) all follow from e^−|x| without overflow
+    const T log_sig = min_zero(x) - cpu_log1p(tail);
+    const T sigmoid_neg = (x >= 0 ? tail : T(1)) / (T(1) + tail);  // σ(−f̂), to relative precision
+    const T u = (T(1) - gamma) * sigmoid_neg;                        // 1 − λ
+    const T near_one = cpu_log1p(-u), far = log_add_exp(log_gm, log_1m_gm + log_sig);
+    const T bounded = u < T(0.5) ? (near_one < log_gm ? log_gm : near_one) : far;  // std::max(near_one, log γ)
+    gr[c] = gamma != T(0) ? bounded : log_sig;
+  }
+}
+
 template <typename T>
 static void forget_gate_forward_cpu(const T* f_hat, const T* gamma_row, T* g, int64_t rows, int64_t width) {
   std::vector<T> log_gamma, log_one_minus_gamma;
@@ -161,26 +191,33 @@ static void forget_gate_forward_cpu(const T* f_hat, const T* gamma_row, T* g, in
   }
 #pragma omp parallel for schedule(static) if (rows * width >= kMinParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
-    const T* fr = f_hat + r * width;
-    T* gr = g + r * width;
-    for (int64_t c = 0; c < width; ++c) {
-      const T x = fr[c];
-      const T tail = std::exp(-std::abs(x));  // σ(x), σ(−x) and log σ(x) all follow from e^−|x| without overflow
-      if (!gamma_row || gamma_row[c] == T(0)) {
-        gr[c] = std::min(x, T(0)) - std::log1p(tail);
-        continue;
-      }
-      const T sigmoid_neg = x >= 0 ? tail / (T(1) + tail) : T(1) / (T(1) + tail);  // σ(−f̂), to relative precision
-      const T u = (T(1) - gamma_row[c]) * sigmoid_neg;                               // 1 − λ
-      const T log_gm = log_gamma[static_cast<size_t>(c)];
-      if (u < T(0.5)) {
-        gr[c] = std::max(std::log1p(-u), log_gm);
-      } else {
-        const T log_sig = std::min(x, T(0)) - std::log1p(tail);
-        gr[c] = log_add_exp(log_gm, log_one_minus_gamma[static_cast<size_t>(c)] + log_sig);
-      }
-    }
+    if (gamma_row)
+      bounded_forget_gate_forward_row(f_hat + r * width, gamma_row, log_gamma.data(), log_one_minus_gamma.data(),
+                                      g + r * width, width);
+    else
+      forget_gate_forward_row(f_hat + r * width, g + r * width, width);
   }
+}
+
+// One row of forget_gate_backward_cpu (the arguments offset to that row) with a bound, for one combination of the
+// gradients wanted (a loop without branches).
+template <bool kWithDf, bool kWithDgamma, typename T>
+HGRN_VECTOR_CLONES static void bounded_forget_gate_backward_row(const T* fr, const T* log_one_minus_gamma, const T* gr,
+                                                                const T* dgr, T* dfr, T* dgamma_block, int64_t width) {
+  for (int64_t c = 0; c < width; ++c) {
+    const LogSigmoidPair<T> ls = log_sigmoid_pair(fr[c]);
+    if constexpr (kWithDf) {
+      const T log_scaled_sigmoid = log_one_minus_gamma[c] + ls.of_x;  // log((1 − γ)·σ(f̂))
+      dfr[c] += dgr[c] * cpu_exp(log_scaled_sigmoid - gr[c] + ls.of_minus_x);
+    }
+    if constexpr (kWithDgamma) dgamma_block[c] += dgr[c] * cpu_exp(ls.of_minus_x - gr[c]);
+  }
+}
+
+// The same without a bound: ∂g/∂f̂ = σ(−f̂).
+template <typename T>
+HGRN_VECTOR_CLONES static void forget_gate_backward_row(const T* fr, const T* dgr, T* dfr, int64_t width) {
+  for (int64_t c = 0; c < width; ++c) dfr[c] += dgr[c] * cpu_exp(log_sigmoid_pair(fr[c]).of_minus_x);
 }
 
 // df_hat (may be null) and dgamma_row (may be null; null also when there is no bound) are accumulated into. γ's
@@ -189,21 +226,18 @@ template <typename T>
 static void forget_gate_backward_cpu(const T* f_hat, const T* gamma_row, const T* g, const T* dg, T* df_hat,
                                      T* dgamma_row, int64_t rows, int64_t width) {
   const std::vector<T> log_one_minus_gamma = gamma_row ? log_one_minus(gamma_row, width) : std::vector<T>();
+  const T* log_1m_gm = log_one_minus_gamma.data();
   reduce_rows_in_fixed_blocks(rows, width, dgamma_row, [&](int64_t r, T* dgamma_block) {
-    const T* fr = f_hat + r * width;
-    const T* gr = g + r * width;
-    const T* dgr = dg + r * width;
-    for (int64_t c = 0; c < width; ++c) {
-      const LogSigmoidPair<T> ls = log_sigmoid_pair(fr[c]);
-      if (!gamma_row) {
-        if (df_hat) df_hat[r * width + c] += dgr[c] * std::exp(ls.of_minus_x);
-        continue;
-      }
-      if (df_hat) {
-        const T log_scaled_sigmoid = log_one_minus_gamma[static_cast<size_t>(c)] + ls.of_x;  // log((1 − γ)·σ(f̂))
-        df_hat[r * width + c] += dgr[c] * std::exp(log_scaled_sigmoid - gr[c] + ls.of_minus_x);
-      }
-      if (dgamma_block) dgamma_block[c] += dgr[c] * std::exp(ls.of_minus_x - gr[c]);
+    const T *fr = f_hat + r * width, *gr = g + r * width, *dgr = dg + r * width;
+    T* dfr = df_hat ? df_hat + r * width : nullptr;
+    if (!gamma_row) {
+      if (dfr) forget_gate_backward_row(fr, dgr, dfr, width);
+    } else if (dfr && dgamma_block) {
+      bounded_forget_gate_backward_row<true, true>(fr, log_1m_gm, gr, dgr, dfr, dgamma_block, width);
+    } else if (dfr) {
+      bounded_forget_gate_backward_row<true, false>(fr, log_1m_gm, gr, dgr, dfr, dgamma_block, width);
+    } else if (dgamma_block) {
+      bounded_forget_gate_backward_row<false, true>(fr, log_1m_gm, gr, dgr, dfr, dgamma_block, width);
     }
   });
 }
@@ -359,15 +393,15 @@ Var hgrn2_forget_gate(Tape& tape, const Var& f_hat, const Var& gamma, int64_t la
 // ---- input gate -----------------------------------------------------------------------------------------------
 
 template <typename T>
-static void input_gate_forward_cpu(const T* g, T* k, int64_t n) {
+HGRN_VECTOR_CLONES static void input_gate_forward_cpu(const T* g, T* k, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
-  for (int64_t i = 0; i < n; ++i) k[i] = -std::expm1(g[i]);
+  for (int64_t i = 0; i < n; ++i) k[i] = -cpu_expm1(g[i]);
 }
 
 template <typename T>
-static void input_gate_backward_cpu(const T* g, const T* dk, T* dg, int64_t n) {
+HGRN_VECTOR_CLONES static void input_gate_backward_cpu(const T* g, const T* dk, T* dg, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
-  for (int64_t i = 0; i < n; ++i) dg[i] -= std::exp(g[i]) * dk[i];
+  for (int64_t i = 0; i < n; ++i) dg[i] -= cpu_exp(g[i]) * dk[i];
 }
 
 Var input_gate_from_forget(Tape& tape, const Var& g) {
