@@ -46,7 +46,7 @@ struct MixerStep {
   Var h;                                     // the residual stream [B, 1, D]
 };
 
-// What a layer's fused decoding step (below) is made with, once per decoding session (models/fused_decoder.h).
+// What a layer's fused decoding step (below) is made with, once per generation (models/fused_decoder.h).
 struct FusedStepSetup {
   int64_t layer = 0;                          // ℓ
   int64_t num_layers = 0;                     // L
