@@ -167,44 +167,18 @@ class RetNetFamily final : public ModelFamily {
     return cost;
   }
 
-  // Per layer, kept for the backward: the fused projection's output (q̂, k̂, v, ĝ: 2Fk + 2Fv), the rotated q and k
-  // (activation dtype) unless recomputed, the recurrence's output o (Fv) and scores A (H·64 per token on the GPU),
-  // RMSNorm(o) and the gated product (Fv each) only without recompute_elementwise, and the final state; on the GPU the
-  // per-chunk states (H·K·V per 64 tokens) in the first keep_recurrence_states layers. The backward adds o's and the
-  // projection's gradients, the broadcast decays (fp32, Fk a token, made again in the backward), the fp32 gradients
-  // of the states and scores, and whatever was not kept.
+  // The fused projection's output (q̂, k̂, v, ĝ: 2Fk + 2Fv); the rotated q and k and no gate kept, but the decays
+  // broadcast per key channel (fp32, made again) in the GPU backward; RMSNorm(o) and the gated product made from o.
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     const HeadLayout h = head_layout(c, kRetNetDefaults);
-    const ModelMemoryConfig& knobs = c.memory;
-    const double T = static_cast<double>(seq_len), b = static_cast<double>(target.bytes_per_activation);
-    const double H = static_cast<double>(h.heads), Fk = static_cast<double>(h.keys());
-    const double Fv = static_cast<double>(h.values());
-    const double state = Fk * static_cast<double>(h.value_dim);
-    const double chunk = target.gpu ? 64.0 : static_cast<double>(gla_chunk_size(seq_len));
-    const double chunks = std::ceil(T / chunk);
-    const double fp32 = target.gpu ? 4.0 : b;  // the final state: fp32 on the GPU, the one dtype on the CPU
-    const double projections = b * (2.0 * Fk + 2.0 * Fv) * T, output = b * Fv * T;
-    const double final_state = fp32 * state;
-    const double rotated = 2.0 * b * Fk * T;
-    const double scores = b * H * chunks * chunk * chunk;
-    const double chunk_states = target.gpu ? b * chunks * state : 0.0;
-    const double decays = target.gpu ? 4.0 * Fk * T : 0.0;
-    const bool rotated_recomputed = recomputes_gates(knobs, layer, c.num_hidden_layers);
-    const bool states_kept = target.gpu && layer < knobs.keep_recurrence_states;
-    const double gradients = output + projections + decays +
-                             (target.gpu ? 4.0 * chunks * (state + H * chunk * chunk) : b * 3.0 * Fk * T);
-    MixerMemory memory;
-    if (knobs.recompute) {  // the replay keeps everything, the per-chunk states made again included
-      memory.replayed = projections + rotated + scores + chunk_states + 3.0 * output + final_state;
-      memory.backward = gradients;
-      return memory;
-    }
-    memory.states = final_state + (states_kept ? chunk_states : 0.0);
-    memory.activations = projections + (rotated_recomputed ? 0.0 : rotated) + scores + output +
-                         (knobs.recompute_elementwise ? 0.0 : 2.0 * output);
-    memory.backward = gradients + (states_kept ? 0.0 : chunk_states) + (rotated_recomputed ? rotated : 0.0);
-    return memory;
+    const double Fk = static_cast<double>(h.keys()), Fv = static_cast<double>(h.values());
+    GlaMixerTensors tensors{h.heads, h.key_dim, h.value_dim};
+    tensors.projection_width = 2.0 * Fk + 2.0 * Fv;
+    tensors.key_wide_gate = false;
+    tensors.gate_backward_bytes = target.gpu ? 4.0 : 0.0;
+    tensors.normed_outputs = 2;
+    return gla_mixer_memory(c, tensors, layer, seq_len, target);
   }
 
   std::string signature(const ModelConfig& m) const override {
