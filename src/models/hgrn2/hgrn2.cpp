@@ -50,11 +50,8 @@ class Hgrn2Mixer final : public TokenMixer {
       TraceLayer trace(tape, "gates");
       gates = make_gates(tape);
     }
-    // As fla: the step-by-step form for short sequences (T <= 64, also in training), else the configured mode.
-    // Both compute the same function; the choice is about speed.
-    const int64_t seq_len = call.x->value.size(1);
     const RecurrenceMode mode =
-        config_.attn_mode == "chunk" && seq_len > 64 ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
+        uses_chunk_form(config_, call.x->value.size(1)) ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
     GlaOutputs r;
     {
       TraceLayer trace(tape, "recurrence");
