@@ -4,10 +4,12 @@
 #include "models/cost.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/checked_math.h"
 #include "models/params.h"
 #include "models/registry.h"
+#include "models/token_mixer.h"
 #include "ops/linear_cross_entropy.h"
 
 namespace hgrn {
@@ -26,6 +28,45 @@ int64_t gla_chunk_size(int64_t seq_len) {
 // Element-wise work (gates, exponentials, the decay of S) is O(H·K) per token and left out.
 double gla_recurrence_flops_per_token(double H, double K, double V, double C) {
   return 2.0 * H * K * V * 2.0 + 2.0 * C * H * (K + V);
+}
+
+// Per layer, kept for the backward: the projections' outputs, q and k (activation dtype) and any key-wide gate unless
+// recomputed, the recurrence's output o (H·V) and scores A (H·C per token), the tensors made from o only without
+// recompute_elementwise, and the final state; on the GPU the per-chunk states (H·K·V per 64 tokens) in the first
+// keep_recurrence_states layers. The backward adds o's and the projections' gradients, the gate's share, the fp32
+// gradients of the states and scores on the GPU (three key-wide gradients on the CPU), and whatever was not kept.
+MixerMemory gla_mixer_memory(const ModelConfig& c, const GlaMixerTensors& tensors, int64_t layer, int64_t seq_len,
+                             const MemoryTarget& target) {
+  const ModelMemoryConfig& knobs = c.memory;
+  const double T = static_cast<double>(seq_len), b = static_cast<double>(target.bytes_per_activation);
+  const double H = static_cast<double>(tensors.heads), Fk = H * static_cast<double>(tensors.key_dim);
+  const double Fv = H * static_cast<double>(tensors.value_dim);
+  const double state = Fk * static_cast<double>(tensors.value_dim);
+  const double chunk = target.gpu ? 64.0 : static_cast<double>(gla_chunk_size(seq_len));
+  const double chunks = std::ceil(T / chunk);
+  const double fp32 = target.gpu ? 4.0 : b;  // the gate and the final state: fp32 on the GPU, the one dtype on the CPU
+  const double projections = b * tensors.projection_width * T, output = b * Fv * T;
+  const double final_state = fp32 * state;
+  const double gates = (2.0 * b + (tensors.key_wide_gate ? fp32 : 0.0)) * Fk * T;
+  const double scores = b * H * chunks * chunk * chunk;
+  const double chunk_states = target.gpu ? b * chunks * state : 0.0;
+  const double normed = static_cast<double>(tensors.normed_outputs) * output;
+  const bool gates_recomputed = recomputes_gates(knobs, layer, c.num_hidden_layers);
+  const bool states_kept = target.gpu && layer < knobs.keep_recurrence_states;
+  const double gradients = output + projections + tensors.gate_backward_bytes * Fk * T +
+                           (target.gpu ? 4.0 * chunks * (state + H * chunk * chunk) : b * 3.0 * Fk * T);
+  MixerMemory memory;
+  if (knobs.recompute) {  // the replay keeps everything, the per-chunk states made again included
+    memory.replayed = projections + gates + scores + chunk_states +
+                      static_cast<double>(1 + tensors.normed_outputs) * output + final_state;
+    memory.backward = gradients;
+    return memory;
+  }
+  memory.states = final_state + (states_kept ? chunk_states : 0.0);
+  memory.activations = projections + (gates_recomputed ? 0.0 : gates) + scores + output +
+                       (knobs.recompute_elementwise ? 0.0 : normed);
+  memory.backward = gradients + (states_kept ? 0.0 : chunk_states) + (gates_recomputed ? gates : 0.0);
+  return memory;
 }
 
 namespace {

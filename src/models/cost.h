@@ -27,6 +27,18 @@ double gla_recurrence_flops_per_token(double H, double K, double V, double C);
 
 ModelCost model_cost(const ModelConfig& config, int64_t seq_len);
 
+// What a token mixer on the chunkwise GLA recurrence (HGRN2, GLA, RetNet) keeps around it that differs by member.
+struct GlaMixerTensors {
+  int64_t heads = 0, key_dim = 0, value_dim = 0;  // H, K and V per head
+  double projection_width = 0;     // elements per token kept from the input projections (outputs and copies)
+  bool key_wide_gate = false;      // a gate per key channel (fp32 on the GPU), made and recomputed with q and k
+  double gate_backward_bytes = 0;  // bytes per key channel and token that the backward adds for the gate
+  int64_t normed_outputs = 1;      // value-wide tensors made from o, kept only without recompute_elementwise
+};
+// ModelFamily::mixer_memory of such a mixer (cost.cpp lists what it counts).
+MixerMemory gla_mixer_memory(const ModelConfig& config, const GlaMixerTensors& tensors, int64_t layer,
+                             int64_t seq_len, const MemoryTarget& target);
+
 // The peak memory of one training step (forward, backward, update) of a micro-batch, in bytes, on the path the step
 // runs (models/registry.h: MemoryTarget), under the config's model.memory knobs: what is persistent, plus what the
 // forward keeps for the backward, plus the largest transient around the start of the backward, where the peak lies.

@@ -1,4 +1,4 @@
-// linear_attention.cpp: GLA's and RetNet's shared head layout and gated output (linear_attention.h).
+// linear_attention.cpp: GLA's and RetNet's shared head layout, parameters and gated output (linear_attention.h).
 #include "models/linear_attention.h"
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "io/hf_config_reader.h"
 #include "kernels/rotary_embedding.h"
@@ -72,6 +73,8 @@ double HeadLayout::recurrence_flops_per_token(int64_t seq_len) const {
                                         static_cast<double>(value_dim), static_cast<double>(gla_chunk_size(seq_len)));
 }
 
+double HeadLayout::query_scale() const { return 1.0 / std::sqrt(static_cast<double>(key_dim)); }
+
 HeadLayout head_layout(const ModelConfig& c, const HeadDefaults& d) {
   const LayoutProblem bad = layout_problem(c, d, /*rotary_keys=*/false);
   HGRN_CHECK(bad.problem.empty(), "model.", bad.field, ": ", bad.problem);
@@ -86,6 +89,33 @@ void validate_head_layout(const ModelConfig& c, const HeadDefaults& d, bool rota
                           const ConfigChecker& checker) {
   const LayoutProblem bad = layout_problem(c, d, rotary_keys);
   if (!bad.problem.empty()) checker.fail_key("model." + bad.field, bad.problem);
+}
+
+std::vector<std::string> linear_attention_keys() {
+  return {"model.num_heads", "model.expand_k", "model.expand_v", "model.memory.keep_recurrence_states"};
+}
+
+std::string linear_attention_signature(const std::string& type, const ModelConfig& m, const HeadDefaults& d) {
+  const HeadLayout h = head_layout(m, d);
+  return detail::concat(type, " L=", m.num_hidden_layers, " D=", m.hidden_size, " H=", h.heads, " K=", h.key_dim,
+                        " V=", h.value_dim, " I=", m.mlp_size(), " vocab=", m.vocab_size,
+                        " tied=", m.tie_word_embeddings);
+}
+
+std::vector<ParamSpec> linear_attention_param_specs(const ModelConfig& c, const HeadDefaults& d,
+                                                    const std::vector<ParamSpec>& gate) {
+  const HeadLayout h = head_layout(c, d);
+  const int64_t D = c.hidden_size, Fk = h.keys(), Fv = h.values();
+  std::vector<ParamSpec> specs = {
+      {"q_proj.weight", {Fk, D}, ParamGroup::Mixer, ParamInit::Normal},
+      {"k_proj.weight", {Fk, D}, ParamGroup::Mixer, ParamInit::Normal, true},
+      {"v_proj.weight", {Fv, D}, ParamGroup::Mixer, ParamInit::Normal, true},
+      {"g_proj.weight", {Fv, D}, ParamGroup::Mixer, ParamInit::Normal, true},
+  };
+  specs.insert(specs.end(), gate.begin(), gate.end());
+  specs.push_back({"o_proj.weight", {D, Fv}, ParamGroup::Mixer, ParamInit::Normal});
+  specs.push_back({"g_norm_swish_gate.weight", {h.value_dim}, ParamGroup::Norm, ParamInit::Ones});
+  return specs;
 }
 
 void write_head_layout(const ModelConfig& c, const HeadDefaults& d, nlohmann::json& out) {

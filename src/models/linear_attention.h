@@ -1,12 +1,16 @@
 // linear_attention.h: what GLA and RetNet (models/gla/, models/retnet/) share: fla's head layout (num_heads heads,
-// keys hidden_size · expand_k and values hidden_size · expand_v wide in all) with its checks and config.json fields,
-// and the mixer's output, o_proj(RMSNorm_per_head(o) ⊙ silu(g)) (fla's FusedRMSNormGated, then o_proj).
+// keys hidden_size · expand_k and values hidden_size · expand_v wide in all) with its checks, config keys, config.json
+// fields and signature, the layer's parameters around the member's own, and the mixer's output,
+// o_proj(RMSNorm_per_head(o) ⊙ silu(g)) (fla's FusedRMSNormGated, then o_proj).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "core/autograd.h"
+#include "models/params.h"
 
 namespace hgrn {
 
@@ -24,6 +28,7 @@ struct HeadLayout {
   int64_t values() const { return heads * value_dim; }
   // The GLA recurrence's FLOPs per token at this sequence length (gla_recurrence_flops_per_token, its chunk size).
   double recurrence_flops_per_token(int64_t seq_len) const;
+  double query_scale() const;  // K^-1/2, as fla's chunk_gla and chunk_retention scale q
 };
 
 // The layout of a config that validate_head_layout accepted.
@@ -33,6 +38,15 @@ HeadLayout head_layout(const ModelConfig& config, const HeadDefaults& defaults);
 // heads up to 256 wide).
 void validate_head_layout(const ModelConfig& config, const HeadDefaults& defaults, bool rotary_keys,
                           const ConfigChecker& checker);
+// ModelFamily::own_keys of these members: the layout's keys and keep_recurrence_states.
+std::vector<std::string> linear_attention_keys();
+// ModelFamily::signature: the member's type and shapes.
+std::string linear_attention_signature(const std::string& type, const ModelConfig& config,
+                                       const HeadDefaults& defaults);
+// ModelFamily::mixer_param_specs: q_proj, k_proj, v_proj and g_proj (adjacent: one GEMM), then the member's own
+// `gate` parameters, o_proj and g_norm_swish_gate.
+std::vector<ParamSpec> linear_attention_param_specs(const ModelConfig& config, const HeadDefaults& defaults,
+                                                    const std::vector<ParamSpec>& gate);
 // config.json: num_heads, expand_k, expand_v (resolved) and num_kv_heads (null: no grouped keys), as fla's configs.
 void write_head_layout(const ModelConfig& config, const HeadDefaults& defaults, nlohmann::json& out);
 // Reads them back, refusing what hgrn's mixers do not have (grouped keys, a feature map, no output gate), layouts

@@ -10,6 +10,10 @@ std::unique_ptr<FusedMixerStep> TokenMixer::make_fused_step(const FusedStepSetup
   throw Error(fused_step_refusal());
 }
 
+bool uses_chunk_form(const ModelConfig& config, int64_t seq_len) {
+  return config.attn_mode == "chunk" && seq_len > 64;
+}
+
 bool recomputes_gates(const ModelMemoryConfig& memory, int64_t layer, int64_t num_layers) {
   return memory.recompute_elementwise &&
          (memory.recompute_gates || layer >= num_layers - memory.recompute_gates_layers);

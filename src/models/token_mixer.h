@@ -89,6 +89,9 @@ class TokenMixer {
   virtual std::unique_ptr<FusedMixerStep> make_fused_step(const FusedStepSetup& setup) const;
 };
 
+// As fla: a mixer's chunk form only under attn_mode chunk and for sequences longer than 64 tokens, the step-by-step
+// form otherwise (also in training). Both compute the same function; the choice is about speed.
+bool uses_chunk_form(const ModelConfig& config, int64_t seq_len);
 // Whether layer `layer` of `num_layers` recomputes its gates in the backward (recompute_elementwise, with
 // recompute_gates or among the last recompute_gates_layers) instead of keeping them.
 bool recomputes_gates(const ModelMemoryConfig& memory, int64_t layer, int64_t num_layers);

@@ -1,7 +1,6 @@
 // gla.cpp: GLA (fla's GLAForCausalLM; Yang et al., "Gated Linear Attention Transformers with Hardware-Efficient
 // Training", ICML 2024): its token mixer, gated linear attention with a data-dependent low-rank forget gate per key
 // channel, on the chunkwise recurrence HGRN2 runs (ops/gla_recurrence.h), and its description.
-#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "core/trace.h"
@@ -47,15 +46,13 @@ class GlaMixer final : public TokenMixer {
       TraceLayer trace(tape, "gates");
       g = make_gates(tape);
     }
-    // As fla: the step-by-step form for short sequences (T <= 64, also in training), else the configured mode.
-    const int64_t seq_len = call.x->value.size(1);
     const RecurrenceMode mode =
-        config_.attn_mode == "chunk" && seq_len > 64 ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
+        uses_chunk_form(config_, call.x->value.size(1)) ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
     GlaOutputs r;
     {
       TraceLayer trace(tape, "recurrence");
-      r = gla_recurrence(tape, g.q, g.k, p.v, g.gate, call.state ? *call.state : nullptr, layout_.heads, scale(), mode,
-                         /*chunk_size=*/0, /*gates=*/nullptr,
+      r = gla_recurrence(tape, g.q, g.k, p.v, g.gate, call.state ? *call.state : nullptr, layout_.heads,
+                         layout_.query_scale(), mode, /*chunk_size=*/0, /*gates=*/nullptr,
                          /*keep_states=*/call.layer < memory.keep_recurrence_states, call.resets);
     }
     if (call.state) *call.state = r.final_state;
@@ -73,8 +70,8 @@ class GlaMixer final : public TokenMixer {
     const std::vector<Var>& w = *call.weights;
     const Projections p = project(tape, w, call.x);
     const Gates g = gates(tape, w, p);
-    const GlaOutputs r = gla_recurrence(tape, g.q, g.k, p.v, g.gate, state.as_initial_state(), layout_.heads, scale(),
-                                        RecurrenceMode::Naive);
+    const GlaOutputs r = gla_recurrence(tape, g.q, g.k, p.v, g.gate, state.as_initial_state(), layout_.heads,
+                                        layout_.query_scale(), RecurrenceMode::Naive);
     state.tensor = r.final_state->value;
     return gated_head_norm_output(tape, r.output, p.g, w[8], w[7], layout_.value_dim, config_.norm_eps,
                                   ModelMemoryConfig{}, call.h);
@@ -103,8 +100,6 @@ class GlaMixer final : public TokenMixer {
             log_sigmoid(tape, logits, kGateLogitNormalizer, gate_dtype)};
   }
 
-  double scale() const { return 1.0 / std::sqrt(static_cast<double>(layout_.key_dim)); }  // chunk_gla's K^-1/2
-
   ModelConfig config_;
   HeadLayout layout_;
 };
@@ -114,9 +109,7 @@ class GlaFamily final : public ModelFamily {
   std::string type() const override { return "gla"; }
   std::string display_name() const override { return "GLA"; }
   std::string hf_architecture() const override { return "GLAForCausalLM"; }
-  std::vector<std::string> own_keys() const override {
-    return {"model.num_heads", "model.expand_k", "model.expand_v", "model.memory.keep_recurrence_states"};
-  }
+  std::vector<std::string> own_keys() const override { return linear_attention_keys(); }
 
   void validate(const ModelConfig& m, const ConfigChecker& checker) const override {
     validate_head_layout(m, kGlaDefaults, /*rotary_keys=*/false, checker);
@@ -132,19 +125,14 @@ class GlaFamily final : public ModelFamily {
   int64_t gate_width(const ModelConfig& c) const override { return head_layout(c, kGlaDefaults).keys(); }
 
   std::vector<ParamSpec> mixer_param_specs(const ModelConfig& c) const override {
-    const HeadLayout h = head_layout(c, kGlaDefaults);
-    const int64_t D = c.hidden_size, Fk = h.keys(), Fv = h.values();
-    return {
-        {"q_proj.weight", {Fk, D}, ParamGroup::Mixer, ParamInit::Normal},
-        {"k_proj.weight", {Fk, D}, ParamGroup::Mixer, ParamInit::Normal, true},
-        {"v_proj.weight", {Fv, D}, ParamGroup::Mixer, ParamInit::Normal, true},
-        {"g_proj.weight", {Fv, D}, ParamGroup::Mixer, ParamInit::Normal, true},
-        {"gk_proj.0.weight", {kGateLowRankDim, D}, ParamGroup::Mixer, ParamInit::Normal, true},
-        {"gk_proj.1.weight", {Fk, kGateLowRankDim}, ParamGroup::Mixer, ParamInit::Normal},
-        {"gk_proj.1.bias", {Fk}, ParamGroup::MixerVector, ParamInit::Zeros},
-        {"o_proj.weight", {D, Fv}, ParamGroup::Mixer, ParamInit::Normal},
-        {"g_norm_swish_gate.weight", {h.value_dim}, ParamGroup::Norm, ParamInit::Ones},
-    };
+    const int64_t D = c.hidden_size, Fk = head_layout(c, kGlaDefaults).keys();
+    return linear_attention_param_specs(
+        c, kGlaDefaults,
+        {
+            {"gk_proj.0.weight", {kGateLowRankDim, D}, ParamGroup::Mixer, ParamInit::Normal, true},
+            {"gk_proj.1.weight", {Fk, kGateLowRankDim}, ParamGroup::Mixer, ParamInit::Normal},
+            {"gk_proj.1.bias", {Fk}, ParamGroup::MixerVector, ParamInit::Zeros},
+        });
   }
 
   std::unique_ptr<TokenMixer> make_mixer(const ModelConfig& c) const override {
@@ -160,50 +148,24 @@ class GlaFamily final : public ModelFamily {
     return cost;
   }
 
-  // Per layer, kept for the backward: the fused projection's output (q̂, k̂, v, ĝ and u: 2Fk + 2Fv + 16), u's copy
-  // for the second gate GEMM, the gate's logits (Fk), the gates q, k (activation dtype) and gk (fp32 on the GPU)
-  // unless recomputed, the recurrence's output o (Fv) and scores A (H·64 per token on the GPU), RMSNorm(o) and the
-  // gated product (Fv each) only without recompute_elementwise, and the final state; on the GPU the per-chunk
-  // states (H·K·V per 64 tokens) in the first keep_recurrence_states layers. The backward adds o's and the
-  // projection's gradients, the gate's, the fp32 gradients of the states and scores, and whatever was not kept.
+  // The fused projection's output (q̂, k̂, v, ĝ and u: 2Fk + 2Fv + 16), u's copy for the second gate GEMM and the
+  // gate's logits (Fk); the forget gate gk next to q and k, and its gradient (fp32 on the GPU) in the backward;
+  // RMSNorm(o) and the gated product made from o.
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     const HeadLayout h = head_layout(c, kGlaDefaults);
-    const ModelMemoryConfig& knobs = c.memory;
-    const double T = static_cast<double>(seq_len), b = static_cast<double>(target.bytes_per_activation);
-    const double H = static_cast<double>(h.heads), Fk = static_cast<double>(h.keys());
-    const double Fv = static_cast<double>(h.values()), r = static_cast<double>(kGateLowRankDim);
-    const double state = Fk * static_cast<double>(h.value_dim);
-    const double chunk = target.gpu ? 64.0 : static_cast<double>(gla_chunk_size(seq_len));
-    const double chunks = std::ceil(T / chunk);
-    const double fp32 = target.gpu ? 4.0 : b;  // gk and the final state: fp32 on the GPU, the one dtype on the CPU
-    const double projections = b * (2.0 * Fk + 2.0 * Fv + 2.0 * r + Fk) * T, output = b * Fv * T;
-    const double final_state = fp32 * state;
-    const double gates = (2.0 * b + fp32) * Fk * T;
-    const double scores = b * H * chunks * chunk * chunk;
-    const double chunk_states = target.gpu ? b * chunks * state : 0.0;
-    const bool gates_recomputed = recomputes_gates(knobs, layer, c.num_hidden_layers);
-    const bool states_kept = target.gpu && layer < knobs.keep_recurrence_states;
-    const double gradients = output + projections + fp32 * Fk * T +
-                             (target.gpu ? 4.0 * chunks * (state + H * chunk * chunk) : b * 3.0 * Fk * T);
-    MixerMemory memory;
-    if (knobs.recompute) {  // the replay keeps everything, the per-chunk states made again included
-      memory.replayed = projections + gates + scores + chunk_states + 3.0 * output + final_state;
-      memory.backward = gradients;
-      return memory;
-    }
-    memory.states = final_state + (states_kept ? chunk_states : 0.0);
-    memory.activations = projections + (gates_recomputed ? 0.0 : gates) + scores + output +
-                         (knobs.recompute_elementwise ? 0.0 : 2.0 * output);
-    memory.backward = gradients + (states_kept ? 0.0 : chunk_states) + (gates_recomputed ? gates : 0.0);
-    return memory;
+    const double Fk = static_cast<double>(h.keys()), Fv = static_cast<double>(h.values());
+    const double r = static_cast<double>(kGateLowRankDim);
+    GlaMixerTensors tensors{h.heads, h.key_dim, h.value_dim};
+    tensors.projection_width = 2.0 * Fk + 2.0 * Fv + 2.0 * r + Fk;
+    tensors.key_wide_gate = true;
+    tensors.gate_backward_bytes = target.gpu ? 4.0 : static_cast<double>(target.bytes_per_activation);
+    tensors.normed_outputs = 2;
+    return gla_mixer_memory(c, tensors, layer, seq_len, target);
   }
 
   std::string signature(const ModelConfig& m) const override {
-    const HeadLayout h = head_layout(m, kGlaDefaults);
-    return detail::concat("gla L=", m.num_hidden_layers, " D=", m.hidden_size, " H=", h.heads, " K=", h.key_dim,
-                          " V=", h.value_dim, " I=", m.mlp_size(), " vocab=", m.vocab_size,
-                          " tied=", m.tie_word_embeddings);
+    return linear_attention_signature(type(), m, kGlaDefaults);
   }
 
   void write_hf_config(const ModelConfig& m, nlohmann::json& c) const override {

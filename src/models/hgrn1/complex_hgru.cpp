@@ -47,9 +47,7 @@ class ComplexHgruMixer final : public TokenMixer {
       x_re = swiglu(tape, cr, one_minus_lambda);  // (1 − λ) Re c
       x_im = swiglu(tape, ci, one_minus_lambda);  // (1 − λ) Im c
     }
-    // As the real HGRU: the step-by-step form for short sequences, else the configured mode (the same function).
-    const int64_t seq_len = call.x->value.size(1);
-    const ScanMode mode = config_.attn_mode == "chunk" && seq_len > 64 ? ScanMode::Chunk : ScanMode::Sequential;
+    const ScanMode mode = uses_chunk_form(config_, call.x->value.size(1)) ? ScanMode::Chunk : ScanMode::Sequential;
     ComplexGatedScanOutputs r;
     {
       TraceLayer trace(tape, "recurrence");

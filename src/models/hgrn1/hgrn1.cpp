@@ -48,9 +48,7 @@ class Hgrn1Mixer final : public TokenMixer {
     }
     const Var gamma = call.gamma;
     const Var initial_state = call.state ? *call.state : nullptr;
-    // As fla: the step-by-step form for short sequences, else the configured mode (the same function).
-    const int64_t seq_len = call.x->value.size(1);
-    const ScanMode mode = config_.attn_mode == "chunk" && seq_len > 64 ? ScanMode::Chunk : ScanMode::Sequential;
+    const ScanMode mode = uses_chunk_form(config_, call.x->value.size(1)) ? ScanMode::Chunk : ScanMode::Sequential;
     GatedScanOutputs r;
     if (call.x->value.device() == Device::CUDA) {
       // One op from î and f̂ to o: the gates are computed where the scan reads î and f̂ and recomputed in its backward,

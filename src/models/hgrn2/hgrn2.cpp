@@ -50,11 +50,8 @@ class Hgrn2Mixer final : public TokenMixer {
       TraceLayer trace(tape, "gates");
       gates = make_gates(tape);
     }
-    // As fla: the step-by-step form for short sequences (T <= 64, also in training), else the configured mode.
-    // Both compute the same function; the choice is about speed.
-    const int64_t seq_len = call.x->value.size(1);
     const RecurrenceMode mode =
-        config_.attn_mode == "chunk" && seq_len > 64 ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
+        uses_chunk_form(config_, call.x->value.size(1)) ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
     GlaOutputs r;
     {
       TraceLayer trace(tape, "recurrence");
@@ -215,39 +212,17 @@ class Hgrn2Family final : public ModelFamily {
     return cost;
   }
 
-  // Per layer, kept for the backward: the q/f/i projection's output q̂, f̂, i (2F + D), the gates q, k (activation
-  // dtype) and g (fp32 on the GPU) unless recomputed, the recurrence's output o (D) and scores A (H·64 per token on
-  // the GPU), g_norm(o) (D) only without recompute_elementwise, and the final state; on the GPU the per-chunk states
-  // (H·K·V per 64 tokens) in the first keep_recurrence_states layers. The GPU backward adds o's and the projection's
-  // gradients, the fp32 gradients of the states and scores, and whatever was not kept (states, gates).
+  // The q/f/i projection's output q̂, f̂, i (2F + D); the forget gate g next to q and k, with no backward share of
+  // its own (the recurrence's backward does the gates'); g_norm(o) made from o.
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
-    const ModelMemoryConfig& knobs = c.memory;
-    const double T = static_cast<double>(seq_len), b = static_cast<double>(target.bytes_per_activation);
-    const double D = static_cast<double>(c.hidden_size), H = static_cast<double>(c.heads());
-    const double F = H * static_cast<double>(c.key_dim()), state = F * static_cast<double>(c.value_dim());
-    const double chunk = target.gpu ? 64.0 : static_cast<double>(gla_chunk_size(seq_len));
-    const double chunks = std::ceil(T / chunk);
-    const double fp32 = target.gpu ? 4.0 : b;  // g and the final state: fp32 on the GPU, the one dtype on the CPU
-    const double projections = b * (2.0 * F + D) * T, output = b * D * T, final_state = fp32 * state;
-    const double gates = (2.0 * b + fp32) * F * T;
-    const double scores = b * H * chunks * chunk * chunk;
-    const double chunk_states = target.gpu ? b * chunks * state : 0.0;
-    const bool gates_recomputed = recomputes_gates(knobs, layer, c.num_hidden_layers);
-    const bool states_kept = target.gpu && layer < knobs.keep_recurrence_states;
-    MixerMemory memory;
-    const double gradients = output + projections + (target.gpu ? 4.0 * chunks * (state + H * chunk * chunk)
-                                                                : b * 3.0 * F * T);
-    if (knobs.recompute) {  // the replay keeps everything, the per-chunk states made again included
-      memory.replayed = projections + gates + scores + chunk_states + 2.0 * output + final_state;
-      memory.backward = gradients;
-      return memory;
-    }
-    memory.states = final_state + (states_kept ? chunk_states : 0.0);
-    memory.activations = projections + (gates_recomputed ? 0.0 : gates) + scores + output +
-                         (knobs.recompute_elementwise ? 0.0 : output);
-    memory.backward = gradients + (states_kept ? 0.0 : chunk_states) + (gates_recomputed ? gates : 0.0);
-    return memory;
+    const double D = static_cast<double>(c.hidden_size), F = static_cast<double>(c.heads() * c.key_dim());
+    GlaMixerTensors tensors{c.heads(), c.key_dim(), c.value_dim()};
+    tensors.projection_width = 2.0 * F + D;
+    tensors.key_wide_gate = true;
+    tensors.gate_backward_bytes = 0.0;
+    tensors.normed_outputs = 1;
+    return gla_mixer_memory(c, tensors, layer, seq_len, target);
   }
 
   std::string signature(const ModelConfig& m) const override {

@@ -59,14 +59,12 @@ class RetNetMixer final : public TokenMixer {
       std::tie(q, k) = make_rotated(tape);
     }
     const int64_t seq_len = call.x->value.size(1);
-    // As fla: the step-by-step form for short sequences (T <= 64, also in training), else the configured mode.
-    const RecurrenceMode mode =
-        config_.attn_mode == "chunk" && seq_len > 64 ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
+    const RecurrenceMode mode = uses_chunk_form(config_, seq_len) ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
     GlaOutputs r;
     {
       TraceLayer trace(tape, "recurrence");
       r = gla_recurrence(tape, q, k, qkvg[2], decays(q->value), call.state ? *call.state : nullptr, layout_.heads,
-                         scale(), mode, /*chunk_size=*/0, /*gates=*/nullptr,
+                         layout_.query_scale(), mode, /*chunk_size=*/0, /*gates=*/nullptr,
                          /*keep_states=*/call.layer < memory.keep_recurrence_states, call.resets);
     }
     if (call.state) *call.state = rotary_state_shift(tape, r.final_state, -seq_len);
@@ -87,15 +85,13 @@ class RetNetMixer final : public TokenMixer {
     const std::vector<Var> qkvg = linear_columns(tape, call.x, {w[0], w[1], w[2], w[3]});
     const Var q = rotary_embedding(tape, qkvg[0], layout_.heads, 0), k = rotary_embedding(tape, qkvg[1], layout_.heads, 0);
     const GlaOutputs r = gla_recurrence(tape, q, k, qkvg[2], decays(q->value), state.as_initial_state(), layout_.heads,
-                                        scale(), RecurrenceMode::Naive);
+                                        layout_.query_scale(), RecurrenceMode::Naive);
     state.tensor = rotary_state_shift(tape, r.final_state, -1)->value;
     return gated_head_norm_output(tape, r.output, qkvg[3], w[5], w[4], layout_.value_dim, config_.norm_eps,
                                   ModelMemoryConfig{}, call.h);
   }
 
  private:
-  double scale() const { return 1.0 / std::sqrt(static_cast<double>(layout_.key_dim)); }  // chunk_retention's K^-1/2
-
   // The heads' log decays [H] where the recurrence reads its gates for q: fp32 on the GPU, q's dtype on the CPU.
   // Made once per device and dtype (a constant: no copy to the GPU per layer and step).
   Var decays(const Tensor& q) const {
@@ -122,9 +118,7 @@ class RetNetFamily final : public ModelFamily {
   std::string type() const override { return "retnet"; }
   std::string display_name() const override { return "RetNet"; }
   std::string hf_architecture() const override { return "RetNetForCausalLM"; }
-  std::vector<std::string> own_keys() const override {
-    return {"model.num_heads", "model.expand_k", "model.expand_v", "model.memory.keep_recurrence_states"};
-  }
+  std::vector<std::string> own_keys() const override { return linear_attention_keys(); }
   int64_t default_hidden_ratio() const override { return kRetNetHiddenRatio; }
 
   void validate(const ModelConfig& m, const ConfigChecker& checker) const override {
@@ -141,16 +135,7 @@ class RetNetFamily final : public ModelFamily {
   int64_t gate_width(const ModelConfig& c) const override { return head_layout(c, kRetNetDefaults).keys(); }
 
   std::vector<ParamSpec> mixer_param_specs(const ModelConfig& c) const override {
-    const HeadLayout h = head_layout(c, kRetNetDefaults);
-    const int64_t D = c.hidden_size, Fk = h.keys(), Fv = h.values();
-    return {
-        {"q_proj.weight", {Fk, D}, ParamGroup::Mixer, ParamInit::Normal},
-        {"k_proj.weight", {Fk, D}, ParamGroup::Mixer, ParamInit::Normal, true},
-        {"v_proj.weight", {Fv, D}, ParamGroup::Mixer, ParamInit::Normal, true},
-        {"g_proj.weight", {Fv, D}, ParamGroup::Mixer, ParamInit::Normal, true},
-        {"o_proj.weight", {D, Fv}, ParamGroup::Mixer, ParamInit::Normal},
-        {"g_norm_swish_gate.weight", {h.value_dim}, ParamGroup::Norm, ParamInit::Ones},
-    };
+    return linear_attention_param_specs(c, kRetNetDefaults, /*gate=*/{});
   }
 
   std::unique_ptr<TokenMixer> make_mixer(const ModelConfig& c) const override {
@@ -167,51 +152,22 @@ class RetNetFamily final : public ModelFamily {
     return cost;
   }
 
-  // Per layer, kept for the backward: the fused projection's output (q̂, k̂, v, ĝ: 2Fk + 2Fv), the rotated q and k
-  // (activation dtype) unless recomputed, the recurrence's output o (Fv) and scores A (H·64 per token on the GPU),
-  // RMSNorm(o) and the gated product (Fv each) only without recompute_elementwise, and the final state; on the GPU the
-  // per-chunk states (H·K·V per 64 tokens) in the first keep_recurrence_states layers. The backward adds o's and the
-  // projection's gradients, the broadcast decays (fp32, Fk a token, made again in the backward), the fp32 gradients
-  // of the states and scores, and whatever was not kept.
+  // The fused projection's output (q̂, k̂, v, ĝ: 2Fk + 2Fv); the rotated q and k and no gate kept, but the decays
+  // broadcast per key channel (fp32, made again) in the GPU backward; RMSNorm(o) and the gated product made from o.
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     const HeadLayout h = head_layout(c, kRetNetDefaults);
-    const ModelMemoryConfig& knobs = c.memory;
-    const double T = static_cast<double>(seq_len), b = static_cast<double>(target.bytes_per_activation);
-    const double H = static_cast<double>(h.heads), Fk = static_cast<double>(h.keys());
-    const double Fv = static_cast<double>(h.values());
-    const double state = Fk * static_cast<double>(h.value_dim);
-    const double chunk = target.gpu ? 64.0 : static_cast<double>(gla_chunk_size(seq_len));
-    const double chunks = std::ceil(T / chunk);
-    const double fp32 = target.gpu ? 4.0 : b;  // the final state: fp32 on the GPU, the one dtype on the CPU
-    const double projections = b * (2.0 * Fk + 2.0 * Fv) * T, output = b * Fv * T;
-    const double final_state = fp32 * state;
-    const double rotated = 2.0 * b * Fk * T;
-    const double scores = b * H * chunks * chunk * chunk;
-    const double chunk_states = target.gpu ? b * chunks * state : 0.0;
-    const double decays = target.gpu ? 4.0 * Fk * T : 0.0;
-    const bool rotated_recomputed = recomputes_gates(knobs, layer, c.num_hidden_layers);
-    const bool states_kept = target.gpu && layer < knobs.keep_recurrence_states;
-    const double gradients = output + projections + decays +
-                             (target.gpu ? 4.0 * chunks * (state + H * chunk * chunk) : b * 3.0 * Fk * T);
-    MixerMemory memory;
-    if (knobs.recompute) {  // the replay keeps everything, the per-chunk states made again included
-      memory.replayed = projections + rotated + scores + chunk_states + 3.0 * output + final_state;
-      memory.backward = gradients;
-      return memory;
-    }
-    memory.states = final_state + (states_kept ? chunk_states : 0.0);
-    memory.activations = projections + (rotated_recomputed ? 0.0 : rotated) + scores + output +
-                         (knobs.recompute_elementwise ? 0.0 : 2.0 * output);
-    memory.backward = gradients + (states_kept ? 0.0 : chunk_states) + (rotated_recomputed ? rotated : 0.0);
-    return memory;
+    const double Fk = static_cast<double>(h.keys()), Fv = static_cast<double>(h.values());
+    GlaMixerTensors tensors{h.heads, h.key_dim, h.value_dim};
+    tensors.projection_width = 2.0 * Fk + 2.0 * Fv;
+    tensors.key_wide_gate = false;
+    tensors.gate_backward_bytes = target.gpu ? 4.0 : 0.0;
+    tensors.normed_outputs = 2;
+    return gla_mixer_memory(c, tensors, layer, seq_len, target);
   }
 
   std::string signature(const ModelConfig& m) const override {
-    const HeadLayout h = head_layout(m, kRetNetDefaults);
-    return detail::concat("retnet L=", m.num_hidden_layers, " D=", m.hidden_size, " H=", h.heads, " K=", h.key_dim,
-                          " V=", h.value_dim, " I=", m.mlp_size(), " vocab=", m.vocab_size,
-                          " tied=", m.tie_word_embeddings);
+    return linear_attention_signature(type(), m, kRetNetDefaults);
   }
 
   void write_hf_config(const ModelConfig& m, nlohmann::json& c) const override {
