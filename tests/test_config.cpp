@@ -373,6 +373,44 @@ TEST(ConfigErrors, MqarNumKeysOutOfRange) {
   EXPECT_NO_THROW(parse_config(with_value("data.mqar.num_keys", "119").text, kSource));
 }
 
+// The MQAR layout keys given with --set: the message names the --set, the key and what was expected.
+void expect_mqar_setting_rejected(const std::vector<std::string>& overrides, const std::string& key,
+                                  const std::string& expected) {
+  const std::string message = error_of(base_yaml(), overrides);
+  EXPECT_NE(message.find("--set '" + overrides.back() + "': " + key + ": "), std::string::npos) << message;
+  EXPECT_NE(message.find(expected), std::string::npos) << message;
+}
+
+TEST(ConfigErrors, MqarLayoutKeys) {
+  expect_mqar_setting_rejected({"data.mqar.query_placement=powerlaw"}, "data.mqar.query_placement",
+                               "expected one of uniform | power_law, got 'powerlaw' (did you mean power_law?)");
+  expect_mqar_setting_rejected({"data.mqar.query_placement=power_law", "data.mqar.power_a=0"}, "data.mqar.power_a",
+                               "expected a number in (0.0, 1.0], got 0.0");
+  expect_mqar_setting_rejected({"data.mqar.query_placement=power_law", "data.mqar.power_a=1.5"},
+                               "data.mqar.power_a", "expected a number in (0.0, 1.0], got 1.5");
+  expect_mqar_setting_rejected({"data.mqar.power_a=0.5"}, "data.mqar.power_a",
+                               "applies only with data.mqar.query_placement = power_law");
+  expect_mqar_setting_rejected({"data.mqar.filler=noise"}, "data.mqar.filler", "expected one of zero | random");
+  expect_mqar_setting_rejected({"data.mqar.num_train_sequences=-1"}, "data.mqar.num_train_sequences",
+                               "expected 0 or a positive integer, got -1");
+  expect_mqar_setting_rejected({"data.mqar.num_train_sequences=4294967296"}, "data.mqar.num_train_sequences",
+                               "at most 2147483648 sequences");
+  const Config zoology = parse_config(base_yaml(), kSource,
+                                      {"data.mqar.query_placement=power_law", "data.mqar.power_a=1",
+                                       "data.mqar.filler=random", "data.mqar.num_train_sequences=100000"});
+  EXPECT_EQ(zoology.data.mqar.query_placement, "power_law");
+  EXPECT_EQ(zoology.data.mqar.power_a, 1.0);
+  EXPECT_EQ(zoology.data.mqar.filler, "random");
+  EXPECT_EQ(zoology.data.mqar.num_train_sequences, 100000);
+  EXPECT_EQ(parse_config(config_to_yaml(zoology), kSource), zoology);
+  // The defaults: hgrn's layout, as before these keys existed; power_a at its default is taken with uniform.
+  const Config plain = parse_config(base_yaml(), kSource, {"data.mqar.power_a=0.01"});
+  EXPECT_EQ(plain.data.mqar.power_a, 0.01);
+  EXPECT_EQ(plain.data.mqar.query_placement, "uniform");
+  EXPECT_EQ(plain.data.mqar.filler, "zero");
+  EXPECT_EQ(plain.data.mqar.num_train_sequences, 0);
+}
+
 TEST(ConfigErrors, DocumentResetsNeedDocuments) {
   // MQAR has no EOS token, so no document starts: the key is refused there, and taken with token shards.
   expect_rejected("data.reset_state_at_document", "true", "expected false with data.task = mqar");

@@ -126,6 +126,10 @@ std::vector<Field> config_fields(Config& c) {
       {"data.reset_state_at_document", &d.reset_state_at_document},
       {"data.mqar.num_kv_pairs", &d.mqar.num_kv_pairs},
       {"data.mqar.num_keys", &d.mqar.num_keys},
+      {"data.mqar.query_placement", &d.mqar.query_placement},
+      {"data.mqar.power_a", &d.mqar.power_a},
+      {"data.mqar.filler", &d.mqar.filler},
+      {"data.mqar.num_train_sequences", &d.mqar.num_train_sequences},
       {"training.device", &t.device},
       {"training.precision", &t.precision},
       {"training.seed", &t.seed},
@@ -640,6 +644,17 @@ void ConfigReader::validate() {
                    std::to_string(pairs) + ", " + std::to_string(m.vocab_size - 1 - pairs) +
                    "] so that each sequence finds enough distinct keys and values, got " +
                    std::to_string(d.mqar.num_keys));
+    require_one_of("data.mqar.query_placement", d.mqar.query_placement, {"uniform", "power_law"});
+    require_in("data.mqar.power_a", d.mqar.power_a, 0, true, 1, false);
+    if (d.mqar.query_placement != "power_law" && !at_default("data.mqar.power_a"))
+      fail_key("data.mqar.power_a", "applies only with data.mqar.query_placement = power_law (this config's is " +
+                                        d.mqar.query_placement + "): set that too, or leave power_a out");
+    require_one_of("data.mqar.filler", d.mqar.filler, {"zero", "random"});
+    require_non_negative("data.mqar.num_train_sequences", d.mqar.num_train_sequences);
+    if (d.mqar.num_train_sequences > kMqarMaxTrainSequences)
+      fail_key("data.mqar.num_train_sequences", "expected 0 (fresh sequences) or at most " +
+                                                    std::to_string(kMqarMaxTrainSequences) + " sequences, got " +
+                                                    std::to_string(d.mqar.num_train_sequences));
   }
   if (d.stateful) {
     if (d.task != "tokens")

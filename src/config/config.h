@@ -64,9 +64,17 @@ struct ModelConfig {
 
 // The synthetic Multi-Query Associative Recall task (HGRN2 paper, section 4.1; Zoology's MQAR): a sequence of
 // key-value pairs, then queries of those keys; the model must emit each queried key's value.
+// The largest data.mqar.num_train_sequences: a fixed set's sequence numbers fit 32 bits.
+constexpr int64_t kMqarMaxTrainSequences = int64_t{1} << 31;
+
 struct MqarConfig {
   int64_t num_kv_pairs = 8;
   int64_t num_keys = 0;    // 0: (vocab_size - 1) / 2 token ids for keys, the rest for values (token 0 = noise)
+  std::string query_placement = "uniform";  // uniform (hgrn's layout) | power_law (Zoology's; data/mqar.h)
+  double power_a = 0.01;   // power_law: a query's gap g after the pairs has weight (g + 1)^(power_a - 1)
+  std::string filler = "zero";  // zero: token 0 | random: uniform over the whole vocabulary (Zoology's default)
+  int64_t num_train_sequences = 0;  // training only: > 0 cycles over this many fixed sequences, reshuffled each
+                                    // epoch (Zoology's fixed training set); 0: a fresh sequence every draw
 
   bool operator==(const MqarConfig&) const = default;
 };

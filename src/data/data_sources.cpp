@@ -66,7 +66,11 @@ std::unique_ptr<BatchSource> make_training_source(const Config& config, uint64_t
 
 std::unique_ptr<BatchSource> make_evaluation_source(const Config& config, uint64_t seed) {
   const DataConfig& d = config.data;
-  if (d.task == "mqar") return std::make_unique<MqarGenerator>(d.mqar, config.model.vocab_size, d.seq_len, seed);
+  if (d.task == "mqar") {
+    MqarConfig held_out = d.mqar;
+    held_out.num_train_sequences = 0;  // a fixed set is the training data's; held-out sequences are fresh draws
+    return std::make_unique<MqarGenerator>(held_out, config.model.vocab_size, d.seq_len, seed);
+  }
   if (d.valid_data.empty()) return nullptr;
   WindowSamplerOptions options;
   options.seq_len = d.seq_len;

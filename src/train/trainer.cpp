@@ -18,6 +18,7 @@
 #include "core/trace.h"
 #include "dist/world.h"
 #include "data/data_sources.h"
+#include "data/mqar.h"
 #include "data/token_streams.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
@@ -315,7 +316,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
   const std::optional<double> chance = chance_accuracy(config);
   if (config.data.task == "mqar")
     log << "data: MQAR, " << config.data.mqar.num_kv_pairs << " key-value pairs in " << config.data.seq_len
-        << " tokens; chance accuracy " << *chance << "\n";
+        << " tokens, " << mqar_layout_summary(config.data.mqar) << "; chance accuracy " << *chance << "\n";
   else if (const auto* streams = dynamic_cast<const StreamWindowSampler*>(train_data.get()))
     log << "data: " << streams->layout().streams << " contiguous streams of " << streams->layout().length
         << " tokens from " << config.data.train_data << " (data.stateful: each row carries its recurrent state over "
