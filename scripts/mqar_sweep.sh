@@ -16,6 +16,9 @@
 # SEQS ("64 128 256 512"), LRS ("5e-4 1e-3 5e-3"), STEPS (3000), EVAL_BATCHES (16), EVALS (evaluations per run, 1: at
 # the end), CHECKPOINTS (checkpoints per run, 1: at the end), GPUS (the visible GPUs; 0 = CPU), JOBS_PER_GPU (1: a
 # second run on one GPU does not add throughput), HGRN (build/hgrn).
+# The sequence layout (docs/mqar.md): PLACEMENT (uniform, hgrn's; power_law, Zoology's), POWER_A (0.01, with
+# power_law), FILLER (zero; random), TRAIN_SEQUENCES (0: fresh sequences; 100000: Zoology's fixed training set).
+# Zoology's layout: PLACEMENT=power_law TRAIN_SEQUENCES=100000; use another OUT_DIR than a uniform sweep's.
 # A run already finished in OUT_DIR is not trained again and an interrupted one continues from its last checkpoint
 # (checkpoint.resume: auto), so the script can be re-run to fill in cells. The costliest runs start first.
 # Progress: one line per finished run with the running count and an ETA.
@@ -33,6 +36,15 @@ eval_batches=${EVAL_BATCHES:-16}
 evals=${EVALS:-1}
 checkpoints=${CHECKPOINTS:-1}
 jobs_per_gpu=${JOBS_PER_GPU:-1}
+placement=${PLACEMENT:-uniform}
+power_a=${POWER_A:-0.01}
+filler=${FILLER:-zero}
+train_sequences=${TRAIN_SEQUENCES:-0}
+# The layout keys only where they differ from the defaults, so a uniform sweep's runs keep their configs.
+layout=()
+[ "$placement" = uniform ] || layout+=(--set data.mqar.query_placement="$placement" --set data.mqar.power_a="$power_a")
+[ "$filler" = zero ] || layout+=(--set data.mqar.filler="$filler")
+[ "$train_sequences" = 0 ] || layout+=(--set data.mqar.num_train_sequences="$train_sequences")
 if [ -z "${GPUS:-}" ]; then
   GPUS=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || echo 0)
 fi
@@ -53,7 +65,9 @@ for t in $(descending "$seqs"); do
 done
 total=${#jobs[@]}
 slots=$(( GPUS > 0 ? GPUS * jobs_per_gpu : 1 ))
-echo "mqar_sweep: $total runs ($models; D in $dims; T in $seqs; lr in $lrs; $steps steps) on" \
+echo "mqar_sweep: $total runs ($models; D in $dims; T in $seqs; lr in $lrs; $steps steps;" \
+     "placement $placement, filler $filler, $([ "$train_sequences" = 0 ] && echo "fresh sequences" ||
+       echo "$train_sequences fixed sequences")) on" \
      "$([ "$GPUS" -gt 0 ] && echo "$GPUS GPU(s), $jobs_per_gpu at a time each" || echo "the CPU") into $out"
 
 run_one() {  # model d t lr slot
@@ -69,6 +83,7 @@ run_one() {  # model d t lr slot
   env "${env[@]}" "$hgrn" train --config configs/mqar-tiny.yaml \
     --set model.type="$model" --set model.hidden_size="$d" "${shape[@]}" \
     --set model.vocab_size=8192 --set data.seq_len="$t" --set data.mqar.num_kv_pairs="$(kv_pairs "$t")" \
+    ${layout[@]+"${layout[@]}"} \
     --set training.device="$device" --set training.precision="$precision" \
     --set training.micro_batch_size="$(batch "$t")" --set training.lr="$lr" --set training.max_steps="$steps" \
     --set training.warmup_steps=$((steps / 20)) \

@@ -163,7 +163,8 @@ void MqarGenerator::generate_sequence(uint64_t index, int32_t* inputs, int32_t* 
   // Keys and values are never token 0, so the filler is exactly what still holds it.
   if (random_filler_)
     for (int64_t t = 2 * P; t < T; ++t)
-      if (inputs[t] == kMqarFillerToken) inputs[t] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab_size_)));
+      if (inputs[t] == kMqarFillerToken)
+        inputs[t] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab_size_)));
 }
 
 TokenBatch MqarGenerator::next_batch(int64_t batch_size) {
