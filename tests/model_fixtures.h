@@ -1,6 +1,8 @@
 // model_fixtures.h: what the whole-model tests share: the tiny model of every member, random token ids and the
 // next-token loss over every position.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
 
@@ -36,6 +38,14 @@ inline std::vector<std::string> model_variants() {
   std::vector<std::string> v = model_type_names();
   v.push_back("hgrn-complex");
   return v;
+}
+
+// A variant's name as a gtest parameter name ("hgrn-complex" -> "hgrn_complex").
+inline std::string variant_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  for (char& ch : name)
+    if (ch == '-') ch = '_';
+  return name;
 }
 
 // The variants that may run on the GPU (a member whose ModelFamily::cuda_refusal is not empty trains on the CPU
@@ -77,6 +87,13 @@ void set_knob(DecoderLM& model, Knob ModelMemoryConfig::*knob, Value value) {
   ModelMemoryConfig memory = model.memory();
   memory.*knob = static_cast<Knob>(value);
   model.set_memory(memory);
+}
+
+// The model's parameters as variables, in parameter order.
+inline std::vector<Var> parameter_vars(const CausalLM& model) {
+  std::vector<Var> vars;
+  for (const auto& [spec, var] : model.parameters()) vars.push_back(var);
+  return vars;
 }
 
 // Loss of the model over every position (targets: the next token, last position ignored), on the model's device.

@@ -146,12 +146,7 @@ TEST_P(FusedDecodingOfEveryModelType, GenerationGivesTheOpByOpTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, FusedDecodingOfEveryModelType, ::testing::ValuesIn(testing::model_variants()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+                         testing::variant_test_name);
 
 TEST(FusedDecoding, RefusesWhatDoesNotFit) {
   const ModelConfig c = tiny_config("hgrn2");

@@ -403,12 +403,7 @@ TEST_P(FusedDecodingCuda, MemoryStaysFlatInTheGeneratedLength) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, FusedDecodingCuda, ::testing::ValuesIn(testing::gpu_model_variants()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+                         testing::variant_test_name);
 
 }  // namespace
 }  // namespace hgrn

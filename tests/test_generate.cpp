@@ -111,12 +111,7 @@ TEST_P(GenerationOfEveryModelType, GreedyDecodingTakesTheArgmaxOfTheForwardAndRe
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GenerationOfEveryModelType, ::testing::ValuesIn(model_variants()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+                         testing::variant_test_name);
 
 TEST(Generation, SeededSamplingRepeatsAndEachSequenceKeepsItsOwnStream) {
   ModelConfig c = tiny_config("hgrn2");

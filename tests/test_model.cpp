@@ -26,16 +26,11 @@ using testing::tiny_config;
 using testing::set_knob;
 using testing::model_loss;
 using testing::token_ids;
+using testing::parameter_vars;
 
 // Layer 0's first token-mixer weight (the HGRN members' q_proj or i_proj, GLA's and RetNet's q_proj).
 std::string first_mixer_weight(const ModelConfig& c) {
   return "model.layers.0.attn." + model_family(c.type).mixer_param_specs(c).front().name;
-}
-
-std::vector<Var> parameter_vars(const DecoderLM& model) {
-  std::vector<Var> vars;
-  for (const auto& [spec, var] : model.parameters()) vars.push_back(var);
-  return vars;
 }
 
 TEST_P(EveryModelType, EveryParameterGradientMatchesFiniteDifferences) {
@@ -330,11 +325,6 @@ TEST_P(EveryModelType, CarriedStateEqualsOneLongSequence) {
 namespace hgrn {
 namespace {
 INSTANTIATE_TEST_SUITE_P(Models, EveryModelType, ::testing::ValuesIn(model_variants()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+                         testing::variant_test_name);
 }  // namespace
 }  // namespace hgrn

@@ -26,6 +26,7 @@ namespace {
 using testing::model_variants;
 using testing::randomise_lower_bounds;
 using testing::tiny_config;
+using testing::parameter_vars;
 
 class ModelResets : public ::testing::TestWithParam<std::string> {};
 
@@ -34,12 +35,6 @@ class ModelResets : public ::testing::TestWithParam<std::string> {};
 // long one, and one document only.
 const testing::ResetRows kDocumentStarts{{0, 9, 10, 64, 71}, {0, 1, 2, 3, 60, 79}, {0}};
 constexpr int64_t kWindow = 80;
-
-std::vector<Var> parameter_vars(const CausalLM& model) {
-  std::vector<Var> vars;
-  for (const auto& [spec, var] : model.parameters()) vars.push_back(var);
-  return vars;
-}
 
 // Logits and every parameter gradient of L = <logits, cotangent>, over the whole batch with the resets (packed), or
 // over each document alone (one by one, the gradients summed over the documents).
@@ -221,12 +216,7 @@ TEST_P(ModelResets, GpuPackedWindowMatchesTheCpuReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelResets, ::testing::ValuesIn(model_variants()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+                         testing::variant_test_name);
 
 }  // namespace
 }  // namespace hgrn

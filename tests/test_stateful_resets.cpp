@@ -69,12 +69,7 @@ TEST_P(StatefulResets, WindowsWithCarriedStatesEqualOneForwardOverTheStream) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, StatefulResets, ::testing::ValuesIn(testing::model_variants()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+                         testing::variant_test_name);
 
 TEST(StatefulResets, TrainingRunsWithBoth) {
   const ScratchDir dir;

@@ -150,12 +150,7 @@ TEST_P(StatefulWindows, EqualOneLongForwardOverTheirConcatenation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, StatefulWindows, ::testing::ValuesIn(testing::model_variants()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+                         testing::variant_test_name);
 
 // ---- training, checkpoints and resume ----
 
@@ -246,12 +241,7 @@ TEST_P(StatefulResume, StoppedAndResumedEqualsUninterruptedBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, StatefulResume, ::testing::ValuesIn(testing::model_variants()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+                         testing::variant_test_name);
 
 // training_step starts each micro-batch from the states it carried: the same rows from zero states give the same
 // first step (every stream starts at zero) and other losses from the second step on.
