@@ -1,15 +1,12 @@
 #!/usr/bin/env bash
 # gpu_bench.sh: the GPU benchmarks of docs/benchmarks.md, on a machine with an NVIDIA GPU: the HGRU2 recurrence at
 # the peer's shape, then whole training steps of the three peer-sized configs (hgrn bench), each also as JSON.
-# Usage: scripts/gpu_bench.sh [OUTPUT_DIR]   (default build-gpu/bench; builds build-gpu/ like gpu_tests.sh)
+# Usage: scripts/gpu_bench.sh [OUTPUT_DIR]   (default build-gpu/bench; builds build-gpu/hgrn if missing: scripts/gpu_build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build-gpu/bench}
 mkdir -p "$out"
-if [ ! -x build-gpu/hgrn ]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHGRN_CUDA=ON ${HGRN_CMAKE_ARGS:-}
-  cmake --build build-gpu -j"$(nproc)" --target hgrn
-fi
+scripts/gpu_build.sh
 {
   echo "commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true

@@ -5,7 +5,7 @@
 # show its memory flat in the generated length; last a table of prefill and decode tokens/s, per-token latency, peak
 # memory and the ratios the targets are stated in (docs/benchmarks.md). Needs torch (with CUDA) and transformers; fla
 # and the peer's Triton cache come as scripts/peer_env.sh describes (FLA_WHEELS, PEER_CACHE_IN, PEER_CACHE_OUT,
-# TRITON_CACHE_DIR). Builds build-gpu/ like gpu_tests.sh when it is missing.
+# TRITON_CACHE_DIR). Builds build-gpu/hgrn when it is missing (scripts/gpu_build.sh).
 # Usage: scripts/gpu_generate_side_by_side.sh [OUTPUT_DIR]   (default build-gpu/generate-side-by-side)
 #   MODELS="hgrn2-385m hgrn2-1b" (or hgrn1-385m, ...)  BATCHES="1 64"  PROMPT=512  NEW_TOKENS=256  LONG_TOKENS=8192
 #   (0: no long run)  RUNS=3 (timed generations per side)  PEER_MASKS="none" (add "ones" to also time the peer with
@@ -15,10 +15,7 @@ cd "$(dirname "$0")/.."
 out=${1:-build-gpu/generate-side-by-side}
 mkdir -p "$out"
 source scripts/peer_env.sh
-if [ ! -x build-gpu/hgrn ]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHGRN_CUDA=ON ${HGRN_CMAKE_ARGS:-}
-  cmake --build build-gpu -j"$(nproc)" --target hgrn
-fi
+scripts/gpu_build.sh
 {
   echo "commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true

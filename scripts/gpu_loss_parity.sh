@@ -24,10 +24,7 @@ config=configs/$model.yaml
 mkdir -p "$out"
 source scripts/peer_env.sh
 read -r layers hidden batch model_type <<<"$(peer_shape "$model")"
-if [ ! -x build-gpu/hgrn ]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHGRN_CUDA=ON ${HGRN_CMAKE_ARGS:-}
-  cmake --build build-gpu -j"$(nproc)" --target hgrn
-fi
+scripts/gpu_build.sh
 value() { awk -v key="$1:" '$1 == key { print $2; exit }' "$config"; }  # a top-level training key of the config
 lr=$(value lr)
 min_lr_ratio=$(value min_lr_ratio)

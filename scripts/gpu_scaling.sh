@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_scaling.sh: data-parallel scaling of whole training steps on one multi-GPU node: `hgrn bench` of a config
 # at 1, 2, 4, ... GPUs (mpirun, one process per GPU, the same micro-batch per GPU), plain and with ZeRO-1, and the
-# efficiency tokens/s(N) / (N x tokens/s(1)). Builds build-gpu/ like gpu_tests.sh when it is missing.
+# efficiency tokens/s(N) / (N x tokens/s(1)). Builds build-gpu/hgrn when it is missing (scripts/gpu_build.sh).
 # Usage: scripts/gpu_scaling.sh [OUTPUT_DIR] [CONFIG]   (defaults build-gpu/scaling, configs/hgrn2-385m.yaml)
 #   SCALING_GPUS="1 2 4"  BENCH_WARMUP=3  BENCH_STEPS=10  override the GPU counts and step counts.
 set -euo pipefail
@@ -9,10 +9,7 @@ cd "$(dirname "$0")/.."
 out=${1:-build-gpu/scaling}
 config=${2:-configs/hgrn2-385m.yaml}
 mkdir -p "$out"
-if [ ! -x build-gpu/hgrn ]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHGRN_CUDA=ON ${HGRN_CMAKE_ARGS:-}
-  cmake --build build-gpu -j"$(nproc)" --target hgrn
-fi
+scripts/gpu_build.sh
 gpus=$(nvidia-smi --list-gpus | wc -l)
 counts=${SCALING_GPUS:-$(for n in 1 2 4 8; do if [ "$n" -le "$gpus" ]; then echo "$n"; fi; done)}
 root_flag=$([ "$(id -u)" -eq 0 ] && echo --allow-run-as-root || true)

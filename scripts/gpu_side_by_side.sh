@@ -2,8 +2,8 @@
 # gpu_side_by_side.sh: hgrn and the peer (PyTorch + flash-linear-attention) on the same GPU in one run, for the
 # peer-baseline configs (hgrn2-*, hgrn1-* against fla's HGRN, gla-385m and retnet-385m against fla's GLA and RetNet): `hgrn bench` and tools/peer_bench.py (amp-bf16 and pure-bf16), then a table of tokens/s,
 # peak memory and the ratios. Needs torch (with CUDA) and transformers; fla and the peer's Triton cache come as
-# scripts/peer_env.sh describes (FLA_WHEELS, PEER_CACHE_IN, PEER_CACHE_OUT, TRITON_CACHE_DIR). Builds build-gpu/ like
-# gpu_tests.sh when it is missing.
+# scripts/peer_env.sh describes (FLA_WHEELS, PEER_CACHE_IN, PEER_CACHE_OUT, TRITON_CACHE_DIR). Builds build-gpu/hgrn
+# when it is missing (scripts/gpu_build.sh).
 # Usage: scripts/gpu_side_by_side.sh [OUTPUT_DIR]   (default build-gpu/side-by-side)
 #   MODELS="hgrn2-150m hgrn2-385m hgrn2-1b" (or hgrn1-150m, hgrn1-385m, hgrn1-1b, gla-385m, retnet-385m)  PEER_MODES="amp-bf16 pure-bf16"  BENCH_WARMUP=5 BENCH_STEPS=20 (hgrn)
 #   ROUNDS=1: with more, each model's peer and hgrn runs repeat back to back (round r's files in OUTPUT_DIR/rR), and
@@ -19,10 +19,7 @@ cd "$(dirname "$0")/.."
 out=${1:-build-gpu/side-by-side}
 mkdir -p "$out"
 source scripts/peer_env.sh
-if [ ! -x build-gpu/hgrn ]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHGRN_CUDA=ON ${HGRN_CMAKE_ARGS:-}
-  cmake --build build-gpu -j"$(nproc)" --target hgrn
-fi
+scripts/gpu_build.sh
 {
   echo "commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
