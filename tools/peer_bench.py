@@ -20,8 +20,8 @@ import json
 import time
 
 import torch
-from fla.models import (GLAConfig, GLAForCausalLM, HGRN2Config, HGRN2ForCausalLM, HGRNConfig, HGRNForCausalLM,
-                        RetNetConfig, RetNetForCausalLM)
+
+from peer_models import fla_model
 
 
 def main():
@@ -39,19 +39,7 @@ def main():
     a = p.parse_args()
 
     torch.manual_seed(0)
-    if a.model == "hgrn":
-        config = HGRNConfig(hidden_size=a.hidden, num_hidden_layers=a.layers, expand_ratio=1, vocab_size=a.vocab,
-                            fuse_cross_entropy=True, fuse_norm=True, fuse_swiglu=True)
-        model = HGRNForCausalLM(config).cuda()
-    elif a.model in ("gla", "retnet"):
-        config_class, model_class = {"gla": (GLAConfig, GLAForCausalLM), "retnet": (RetNetConfig, RetNetForCausalLM)}[a.model]
-        config = config_class(hidden_size=a.hidden, num_hidden_layers=a.layers, vocab_size=a.vocab,
-                              fuse_cross_entropy=True, fuse_norm=True, fuse_swiglu=True)
-        model = model_class(config).cuda()
-    else:
-        config = HGRN2Config(hidden_size=a.hidden, num_hidden_layers=a.layers, expand_ratio=128, vocab_size=a.vocab,
-                             fuse_cross_entropy=True, fuse_norm=True, fuse_swiglu=True)
-        model = HGRN2ForCausalLM(config).cuda()
+    model = fla_model(a.model, a.layers, a.hidden, a.vocab).cuda()
     pure = a.mode == "pure-bf16"
     if pure:
         model = model.to(torch.bfloat16)

@@ -33,19 +33,13 @@ import time
 
 import torch
 import transformers
-from fla.models import HGRN2Config, HGRN2ForCausalLM, HGRNConfig, HGRNForCausalLM
+
+from peer_models import fla_model
 
 
 def make_model(a):
     torch.manual_seed(0)
-    if a.model == "hgrn":
-        config = HGRNConfig(hidden_size=a.hidden, num_hidden_layers=a.layers, expand_ratio=1, vocab_size=a.vocab,
-                            fuse_norm=True, fuse_swiglu=True)
-        model = HGRNForCausalLM(config)
-    else:
-        config = HGRN2Config(hidden_size=a.hidden, num_hidden_layers=a.layers, expand_ratio=128, vocab_size=a.vocab,
-                             fuse_norm=True, fuse_swiglu=True)
-        model = HGRN2ForCausalLM(config)
+    model = fla_model(a.model, a.layers, a.hidden, a.vocab)
     model = model.to(device="cuda", dtype=torch.bfloat16).eval()
     if a.attention_mask == "none":
         prepare = model.prepare_inputs_for_generation

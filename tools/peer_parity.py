@@ -26,19 +26,7 @@ import sys
 
 import numpy as np
 
-
-def fla_model(model_type, layers, hidden, vocab):
-    """A freshly initialised fla model of peer_bench.py's config for model_type."""
-    import fla.models as m
-    fused = dict(hidden_size=hidden, num_hidden_layers=layers, vocab_size=vocab, fuse_cross_entropy=True,
-                 fuse_norm=True, fuse_swiglu=True)
-    if model_type == "hgrn2":
-        return m.HGRN2ForCausalLM(m.HGRN2Config(expand_ratio=128, **fused))
-    if model_type == "hgrn":
-        return m.HGRNForCausalLM(m.HGRNConfig(expand_ratio=1, **fused))
-    if model_type == "gla":
-        return m.GLAForCausalLM(m.GLAConfig(**fused))
-    return m.RetNetForCausalLM(m.RetNetConfig(**fused))
+from peer_models import fla_model
 
 
 def cmd_init(a):
