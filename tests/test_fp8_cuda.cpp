@@ -90,7 +90,6 @@ std::vector<float> normal_values(std::mt19937_64& gen, int64_t n, float stddev) 
   for (float& v : x) v = normal(gen);
   return x;
 }
-#endif
 
 // The fp32 inputs of the cast sweep: 2^20 bit patterns spread over all 2^32 (pattern i·2^12 plus a pseudo-random low
 // part, so that the dropped mantissa bits are not always zero), and every edge of both formats: each midpoint between
@@ -127,6 +126,7 @@ std::vector<float> sweep_inputs() {
     x.push_back(std::bit_cast<float>(bits));
   return x;
 }
+#endif
 
 // The device cast is the instruction fp8_from_float mirrors: equal code for code on the sweep, at scale 1 (the plain
 // conversion) and at scales that move values across the range (the product rounded to fp32 first, as fp8_quantize
@@ -235,7 +235,9 @@ TEST(Fp8CastCuda, TransposedCastMatchesTheReference) {
           cuda_fp8_quantize_transpose(input.buffer.as<void>(), dtype, s.rows, s.cols, device_scale.as<float>(), format,
                                       with_out ? out.as<uint8_t>() : nullptr, out_t.as<uint8_t>(), amax.as<float>());
           EXPECT_EQ(first_mismatch(out_t.to_host<uint8_t>(), want_t), -1) << "transposed codes";
-          if (with_out) EXPECT_EQ(first_mismatch(out.to_host<uint8_t>(), want), -1) << "codes";
+          if (with_out) {
+            EXPECT_EQ(first_mismatch(out.to_host<uint8_t>(), want), -1) << "codes";
+          }
           EXPECT_EQ(amax.to_host<float>()[0], fp8_amax(input.values.data(), n));
         }
       }
