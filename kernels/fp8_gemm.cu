@@ -82,8 +82,9 @@ void check_fp8_gemm(const std::string& what, int64_t m, int64_t n, int64_t k, co
   HGRN_CHECK(aligned16(a.codes) && aligned16(b.codes) && aligned16(c), problem,
              ": the operands and the output must start 16-byte aligned");
   const cudaDeviceProp& props = cuda_device_properties();
-  HGRN_CHECK(props.major * 10 + props.minor >= 89, problem, ": FP8 tensor cores need compute capability 8.9 or newer (Ada, Hopper); ",
-             props.name, " is sm_", props.major, props.minor);
+  HGRN_CHECK(props.major * 10 + props.minor >= 89, problem,
+             ": FP8 tensor cores need compute capability 8.9 or newer (Ada, Hopper); ", props.name, " is sm_",
+             props.major, props.minor);
 }
 
 void fp8_gemm(const std::string& what, int64_t m, int64_t n, int64_t k, const Fp8Matrix& a, int64_t lda,

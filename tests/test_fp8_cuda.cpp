@@ -561,8 +561,9 @@ TEST(Fp8GemmCuda, RefusesShapesCublasLtCannotTake) {
   // The layer's sizes, each in turn not a multiple of 16.
   expect_refused([&] { cuda_fp8_linear_gemm(Fp8LinearGemm::Forward, 100, 64, 32, e4m3, e4m3, 0, out, DType::F32, 0); },
                  {"fp8 linear forward", "rows 100, in_features 64, out_features 32", "multiples of 16"});
-  expect_refused([&] { cuda_fp8_linear_gemm(Fp8LinearGemm::InputGrad, 64, 40, 32, e5m2, e4m3, 0, out, DType::BF16, 0); },
-                 {"fp8 linear input gradient", "in_features 40", "multiples of 16"});
+  expect_refused(
+      [&] { cuda_fp8_linear_gemm(Fp8LinearGemm::InputGrad, 64, 40, 32, e5m2, e4m3, 0, out, DType::BF16, 0); },
+      {"fp8 linear input gradient", "in_features 40", "multiples of 16"});
   expect_refused(
       [&] { cuda_fp8_linear_gemm(Fp8LinearGemm::WeightGrad, 64, 48, 24, e5m2, e4m3, 1, out, DType::F32, 0); },
       {"fp8 linear weight gradient", "out_features 24", "multiples of 16"});
@@ -586,7 +587,9 @@ TEST(Fp8GemmCuda, RefusesShapesCublasLtCannotTake) {
       },
       {"16-byte aligned"});
   expect_refused(
-      [&] { cuda_fp8_gemm(32, 32, 32, {nullptr, Fp8Format::E4M3, scale}, 32, e4m3, 32, 0, out, 32, DType::F32, false); },
+      [&] {
+        cuda_fp8_gemm(32, 32, 32, {nullptr, Fp8Format::E4M3, scale}, 32, e4m3, 32, 0, out, 32, DType::F32, false);
+      },
       {"null"});
 #endif
 }
