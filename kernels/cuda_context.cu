@@ -49,6 +49,20 @@ void* cublaslt_workspace(size_t* bytes) {
 }
 const cudaDeviceProp& cuda_device_properties() { return context().props; }
 
+int cublaslt_algorithms(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                        cublasLtMatrixLayout_t c, int requested, cublasLtMatmulHeuristicResult_t* results) {
+  size_t workspace_bytes = 0;
+  cublaslt_workspace(&workspace_bytes);
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                    sizeof workspace_bytes));
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), op, a, b, c, c, pref, requested, results, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  return found;
+}
+
 // Nothing to wait for before the first GPU use (and on a CPU-only run no CUDA context is ever created).
 void device_synchronize() {
   if (context_created) CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));

@@ -16,6 +16,10 @@ cudaStream_t cuda_stream();            // all hgrn kernels, copies and GEMMs run
 cublasLtHandle_t cublaslt_handle();
 void* cublaslt_workspace(size_t* bytes);  // a fixed scratch buffer for cuBLASLt (allocated once)
 const cudaDeviceProp& cuda_device_properties();
+// cuBLASLt's heuristic for a described matmul (D laid out as C) that fits the workspace: up to `requested`
+// algorithms into results, best first; returns how many.
+int cublaslt_algorithms(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                        cublasLtMatrixLayout_t c, int requested, cublasLtMatmulHeuristicResult_t* results);
 
 // Blocks a 1-D grid of `threads`-thread blocks covering n items (capped so that huge n uses grid-stride loops).
 inline unsigned grid_for(long long n, int threads) {

@@ -107,17 +107,8 @@ Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int6
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, trans_a ? m : k, trans_a ? k : m, lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, n, m, ldc));
 
-  size_t workspace_bytes = 0;
-  cublaslt_workspace(&workspace_bytes);
-  cublasLtMatmulPreference_t pref;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                                    sizeof workspace_bytes));
   cublasLtMatmulHeuristicResult_t results[8] = {};
-  int found = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.op, p.a, p.b, p.c, p.c, pref, autotune ? 8 : 1,
-                                              results, &found));
-  cublasLtMatmulPreferenceDestroy(pref);
+  const int found = cublaslt_algorithms(p.op, p.a, p.b, p.c, autotune ? 8 : 1, results);
   HGRN_CHECK(found > 0, "cuBLASLt has no algorithm for a ", m, "x", n, "x", k, " GEMM (", dtype_name(ab_dtype), " -> ",
              dtype_name(c_dtype), ", accumulate ", accumulate, ")");
   p.algo = results[0].algo;

@@ -1,0 +1,187 @@
+// fp8.cu: the scaled FP8 casts with their amax and the delayed-scaling update on the GPU (fp8.h). The cast is CUDA's
+// __nv_cvt_float_to_fp8 with __NV_SATFINITE (on sm_89+ the cvt.rn.satfinite instruction), which ops/fp8.cpp's
+// fp8_from_float mirrors bit for bit.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+#include "cuda_check.h"
+#include "cuda_context.h"
+#include "dtype_cuda.cuh"
+#include "elementwise.cuh"
+#include "fp8.h"
+
+namespace hgrn {
+namespace {
+
+__nv_fp8_interpretation_t cuda_format(Fp8Format format) {
+  return format == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
+}
+
+__device__ __forceinline__ uint8_t fp8_code(float x, __nv_fp8_interpretation_t format) {
+  return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, format);
+}
+
+// Folds the block's largest |x| (each thread's `local`, built with fmaxf so that NaNs are skipped) into *amax with
+// one atomic per block. Non-negative floats order as their int bits, so an integer atomicMax is the float max.
+// Every thread of the block must call it.
+__device__ void fold_block_amax(float local, float* amax) {
+  __shared__ float warp_max[32];
+  const int thread = threadIdx.y * blockDim.x + threadIdx.x;
+  const int warps = (blockDim.x * blockDim.y + 31) / 32;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, offset));
+  if (thread % 32 == 0) warp_max[thread / 32] = local;
+  __syncthreads();
+  if (thread == 0) {
+    float block_max = 0.0f;
+    for (int w = 0; w < warps; ++w) block_max = fmaxf(block_max, warp_max[w]);
+    if (block_max > 0.0f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(block_max));
+  }
+}
+
+// Blocks for a cast that folds an amax: enough to fill the GPU, few enough that the atomics stay cheap.
+unsigned amax_grid(long long work_items, int threads) {
+  const long long cap = 16LL * cuda_device_properties().multiProcessorCount;
+  return static_cast<unsigned>(std::min<long long>(grid_for(work_items, threads), cap));
+}
+
+template <int V, typename T>
+__global__ void fp8_quantize_kernel(const T* x, long long packs, const float* scale, __nv_fp8_interpretation_t format,
+                                    uint8_t* out, float* amax) {
+  const float s = *scale;
+  float local = 0.0f;
+  HGRN_FOR_EACH_PACK(i, packs) {
+    float v[V];
+    load_pack<V>(x, i, v);
+    Pack<uint8_t, V> codes;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      local = fmaxf(local, fabsf(v[k]));
+      codes.v[k] = fp8_code(v[k] * s, format);
+    }
+    reinterpret_cast<Pack<uint8_t, V>*>(out)[i] = codes;
+  }
+  if (amax) fold_block_amax(local, amax);
+}
+
+// A 32 x 32 tile of x per step, 32 x 8 threads: the codes go to `out` as they are read and, through shared memory,
+// to out_t with the tile transposed, so both stores run along rows. Blocks stride over the row tiles (blockIdx.x);
+// blockIdx.y is the column tile.
+constexpr int kTile = 32, kTileRows = 8;
+
+template <typename T>
+__global__ void fp8_quantize_transpose_kernel(const T* x, long long rows, long long cols, const float* scale,
+                                              __nv_fp8_interpretation_t format, uint8_t* out, uint8_t* out_t,
+                                              float* amax) {
+  __shared__ uint8_t tile[kTile][kTile + 4];  // rows 36 bytes apart: a column read hits 32 different banks
+  const float s = *scale;
+  float local = 0.0f;
+  const long long c0 = static_cast<long long>(blockIdx.y) * kTile;
+  const long long row_tiles = (rows + kTile - 1) / kTile;
+  for (long long row_tile = blockIdx.x; row_tile < row_tiles; row_tile += gridDim.x) {
+    const long long r0 = row_tile * kTile;
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const long long r = r0 + j, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) {
+        const float v = load_f(x[r * cols + c]);
+        local = fmaxf(local, fabsf(v));
+        const uint8_t code = fp8_code(v * s, format);
+        if (out) out[r * cols + c] = code;
+        tile[j][threadIdx.x] = code;
+      }
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const long long c = c0 + j, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) out_t[c * rows + r] = tile[threadIdx.x][j];
+    }
+    __syncthreads();  // the tile is rewritten by the next step
+  }
+  if (amax) fold_block_amax(local, amax);
+}
+
+// fp8_record_amax then fp8_update_scale (ops/fp8.cpp), rule for rule, one tensor a thread. scaled_max is
+// fp8_max · 2^-margin, computed on the host as the CPU reference computes it.
+__global__ void fp8_update_scales_kernel(float* amax_history, long long history_length, long long* positions,
+                                         float* scales, float* step_amax, long long tensors, float scaled_max) {
+  const long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (t >= tensors) return;
+  float* history = amax_history + t * history_length;
+  long long position = positions[t];
+  if (step_amax) {
+    history[position] = fmaxf(history[position], step_amax[t]);
+    step_amax[t] = 0.0f;
+  }
+  if (history[position] == 0.0f) return;
+  float amax = 0.0f;
+  for (long long i = 0; i < history_length; ++i) amax = fmaxf(amax, history[i]);
+  position = (position + 1) % history_length;
+  positions[t] = position;
+  history[position] = 0.0f;
+  float scale = scales[t];
+  if (isfinite(amax) && amax > 0.0f) scale = scaled_max / amax;  // IEEE division (no fast-math in device code)
+  if (isinf(scale)) scale = FLT_MAX;
+  scales[t] = scale;
+}
+
+void check_cast_arguments(const char* what, const void* x, DType x_dtype, const float* scale, const void* out) {
+  HGRN_CHECK(x_dtype == DType::F32 || x_dtype == DType::BF16, what, ": the input must be fp32 or bf16, got ",
+             dtype_name(x_dtype));
+  HGRN_CHECK(x && scale && out, what, ": null input, scale or output pointer");
+}
+
+}  // namespace
+
+void cuda_fp8_quantize(const void* x, DType x_dtype, int64_t n, const float* scale, Fp8Format format, uint8_t* out,
+                       float* amax) {
+  HGRN_CHECK(n >= 0, "cuda_fp8_quantize: negative element count ", n);
+  if (n == 0) return;
+  check_cast_arguments("cuda_fp8_quantize", x, x_dtype, scale, out);
+  HGRN_CUDA_DISPATCH_ACT(x_dtype, "cuda_fp8_quantize", [&] {
+    const act_t* input = static_cast<const act_t*>(x);
+    launch_packed<act_t>(n, {x, out}, [&](auto vec, int64_t first, int64_t packs) {
+      constexpr int V = decltype(vec)::value;
+      fp8_quantize_kernel<V, act_t><<<amax_grid(packs, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
+          input + first, packs, scale, cuda_format(format), out + first, amax);
+      CUDA_CHECK_LAUNCH("fp8_quantize");
+    });
+  });
+}
+
+void cuda_fp8_quantize_transpose(const void* x, DType x_dtype, int64_t rows, int64_t cols, const float* scale,
+                                 Fp8Format format, uint8_t* out, uint8_t* out_t, float* amax) {
+  HGRN_CHECK(rows >= 0 && cols >= 0, "cuda_fp8_quantize_transpose: negative shape [", rows, ", ", cols, "]");
+  if (rows == 0 || cols == 0) return;
+  check_cast_arguments("cuda_fp8_quantize_transpose", x, x_dtype, scale, out_t);
+  const long long col_tiles = (cols + kTile - 1) / kTile, row_tiles = (rows + kTile - 1) / kTile;
+  HGRN_CHECK(col_tiles <= 65535, "cuda_fp8_quantize_transpose: ", cols, " columns exceed ", 65535 * kTile);
+  // About 16 blocks an SM in all, however the tiles split between rows and columns.
+  const long long row_blocks =
+      std::clamp<long long>(16LL * cuda_device_properties().multiProcessorCount / col_tiles, 1, row_tiles);
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles)), block(kTile, kTileRows);
+  HGRN_CUDA_DISPATCH_ACT(x_dtype, "cuda_fp8_quantize_transpose", [&] {
+    fp8_quantize_transpose_kernel<act_t><<<grid, block, 0, cuda_stream()>>>(
+        static_cast<const act_t*>(x), rows, cols, scale, cuda_format(format), out, out_t, amax);
+    CUDA_CHECK_LAUNCH("fp8_quantize_transpose");
+  });
+}
+
+void cuda_fp8_update_scales(float* amax_history, int64_t history_length, int64_t* positions, float* scales,
+                            float* step_amax, int64_t tensors, Fp8Format format, int margin) {
+  HGRN_CHECK(history_length >= 1, "fp8 amax history length: expected >= 1, got ", history_length);
+  HGRN_CHECK(margin >= 0, "fp8 scaling margin: expected >= 0, got ", margin);
+  HGRN_CHECK(tensors >= 0, "cuda_fp8_update_scales: negative tensor count ", tensors);
+  if (tensors == 0) return;
+  HGRN_CHECK(amax_history && positions && scales, "cuda_fp8_update_scales: null history, positions or scales");
+  const float scaled_max = fp8_max_finite(format) * std::ldexp(1.0f, -margin);
+  constexpr int threads = 128;
+  fp8_update_scales_kernel<<<grid_for(tensors, threads), threads, 0, cuda_stream()>>>(
+      amax_history, history_length, reinterpret_cast<long long*>(positions), scales, step_amax, tensors, scaled_max);
+  CUDA_CHECK_LAUNCH("fp8_update_scales");
+}
+
+}  // namespace hgrn
