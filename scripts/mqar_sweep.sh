@@ -14,7 +14,8 @@
 # schedule, 5% warm-up and no weight decay (as configs/mqar-tiny.yaml, the base of every run). A cell's accuracy is the held-out accuracy of its best learning rate at the end of training.
 # Environment: MODELS ("hgrn2 hgrn"; MODELS="hgrn2 hgrn gla retnet" for the four), DIMS ("64 128 256 512"),
 # SEQS ("64 128 256 512"), LRS ("5e-4 1e-3 5e-3"), STEPS (3000), EVAL_BATCHES (16), EVALS (evaluations per run, 1: at
-# the end), CHECKPOINTS (checkpoints per run, 1: at the end), GPUS (the visible GPUs; 0 = CPU), JOBS_PER_GPU (1: a
+# the end), CHECKPOINTS (checkpoints per run, 1: at the end), GPUS (how many GPUs; 0 = CPU; the runs go to the GPUs that
+# CUDA_VISIBLE_DEVICES lists, else to GPUs 0 .. GPUS-1), JOBS_PER_GPU (1: a
 # second run on one GPU does not add throughput), HGRN (build/hgrn).
 # The sequence layout (docs/mqar.md): PLACEMENT (uniform, hgrn's; power_law, Zoology's), POWER_A (0.01, with
 # power_law), FILLER (zero; random), TRAIN_SEQUENCES (0: fresh sequences; 100000: Zoology's fixed training set).
@@ -45,9 +46,12 @@ layout=()
 [ "$placement" = uniform ] || layout+=(--set data.mqar.query_placement="$placement" --set data.mqar.power_a="$power_a")
 [ "$filler" = zero ] || layout+=(--set data.mqar.filler="$filler")
 [ "$train_sequences" = 0 ] || layout+=(--set data.mqar.num_train_sequences="$train_sequences")
+gpu_ids=()
+[ -z "${CUDA_VISIBLE_DEVICES:-}" ] || IFS=, read -ra gpu_ids <<< "$CUDA_VISIBLE_DEVICES"
 if [ -z "${GPUS:-}" ]; then
-  GPUS=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || echo 0)
+  if [ ${#gpu_ids[@]} -gt 0 ]; then GPUS=${#gpu_ids[@]}; else GPUS=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || echo 0); fi
 fi
+[ ${#gpu_ids[@]} -ge "$GPUS" ] || gpu_ids=($(seq 0 $((GPUS - 1))))
 [ -x "$hgrn" ] || { echo "mqar_sweep: $hgrn not found: build first (scripts/setup.sh) or set HGRN" >&2; exit 1; }
 mkdir -p "$out/logs"
 
@@ -79,7 +83,7 @@ run_one() {  # model d t lr slot
     gla | retnet) shape=(--set model.expand_ratio=null --set model.num_heads=$(( d > 64 ? d / 64 : 1 ))) ;;
   esac
   local env=()
-  if [ "$GPUS" -gt 0 ]; then device=cuda; precision=bf16; env=(CUDA_VISIBLE_DEVICES=$((slot % GPUS))); fi
+  if [ "$GPUS" -gt 0 ]; then device=cuda; precision=bf16; env=(CUDA_VISIBLE_DEVICES="${gpu_ids[$((slot % GPUS))]}"); fi
   env "${env[@]}" "$hgrn" train --config configs/mqar-tiny.yaml \
     --set model.type="$model" --set model.hidden_size="$d" "${shape[@]}" \
     --set model.vocab_size=8192 --set data.seq_len="$t" --set data.mqar.num_kv_pairs="$(kv_pairs "$t")" \
