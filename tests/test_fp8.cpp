@@ -249,6 +249,9 @@ TEST(Fp8Quantize, ScalesThenRoundsAndAmaxSkipsNan) {
   const std::vector<float> with_inf = {1.0f, -kInf, nan};
   EXPECT_EQ(fp8_amax(with_inf.data(), 3), kInf);
   EXPECT_EQ(fp8_amax(with_nan.data(), 0), 0.0f);
+  const std::vector<float> with_signalling_nan = {std::bit_cast<float>(0x7F800001u), 3.0f,
+                                                  std::bit_cast<float>(0xFF800001u)};
+  EXPECT_EQ(fp8_amax(with_signalling_nan.data(), 3), 3.0f);
 }
 
 // Quantising with the scale delayed scaling gives (fp8_max / amax) and dequantising with its inverse loses at most

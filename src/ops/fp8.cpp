@@ -84,7 +84,11 @@ void fp8_quantize(const float* x, int64_t n, float scale, Fp8Format format, uint
 
 float fp8_amax(const float* x, int64_t n) {
   float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  // Not std::fmax: the C library's returns NaN for a signalling NaN, the device's skips it.
+  for (int64_t i = 0; i < n; ++i) {
+    const float magnitude = std::fabs(x[i]);
+    if (magnitude > amax) amax = magnitude;
+  }
   return amax;
 }
 

@@ -28,8 +28,8 @@ float fp8_to_float(uint8_t code, Fp8Format format);
 // out[i] = fp8_from_float(x[i] * scale): the product rounded to fp32 first, as a GPU kernel computes it.
 void fp8_quantize(const float* x, int64_t n, float scale, Fp8Format format, uint8_t* out);
 
-// max |x[i]| with fmaxf's rule (a NaN element is skipped, an infinity is kept): the amax a cast kernel reports; the
-// order of the reduction then cannot change the result. 0 for n = 0.
+// max |x[i]| with the GPU's fmaxf rule (every NaN element skipped, signalling ones too; an infinity kept): the amax a
+// cast kernel reports; the order of the reduction then cannot change the result. 0 for n = 0.
 float fp8_amax(const float* x, int64_t n);
 
 // Delayed scaling of one tensor: the scale used at a step comes from the amaxes of earlier steps. The state is flat
