@@ -2006,9 +2006,13 @@ void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) 
                       "hgru2_gates_dgamma_reduce");
 }
 
-// g[row · H·K + h·K + c] = decays[h] over rows = B·T.
-__global__ void expand_head_decays_kernel(const float* decays, float* g, long long total, int key_dim, int heads) {
-  HGRN_FOR_EACH_PACK(e, total) g[e] = decays[e / key_dim % heads];
+// g[row · H·K + h·K + c] = decays[h] over rows = B·T: a thread owns a column (its head found once) and writes it down
+// the rows; a write-only stream at the memory's speed, with no division per element.
+__global__ void expand_head_decays_kernel(const float* decays, float* g, long long rows, int row_width, int key_dim) {
+  const int column = blockIdx.x * blockDim.x + threadIdx.x;
+  if (column >= row_width) return;
+  const float decay = decays[column / key_dim];
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) g[r * row_width + column] = decay;
 }
 
 }  // namespace
@@ -2039,10 +2043,14 @@ void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args)
 }
 
 void gla_cuda_expand_head_decays(const GlaCudaShape& shape, const float* decays, float* g) {
-  const long long total = shape.batch * shape.time * shape.heads * shape.key_dim;
-  if (total == 0) return;
-  expand_head_decays_kernel<<<grid_for(total, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
-      decays, g, total, static_cast<int>(shape.key_dim), static_cast<int>(shape.heads));
+  const long long rows = shape.batch * shape.time, row_width = shape.heads * shape.key_dim;
+  if (rows == 0 || row_width == 0) return;
+  HGRN_CHECK(row_width < (1LL << 31), "gla_expand_head_decays: ", row_width, " gates a step: fewer than 2^31");
+  constexpr int kThreads = 256;
+  const dim3 grid(static_cast<unsigned>((row_width + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(std::min<long long>(rows, 4096)));
+  expand_head_decays_kernel<<<grid, kThreads, 0, cuda_stream()>>>(decays, g, rows, static_cast<int>(row_width),
+                                                                  static_cast<int>(shape.key_dim));
   CUDA_CHECK_LAUNCH("gla_expand_head_decays");
 }
 
