@@ -128,6 +128,11 @@ __global__ void fp8_update_scales_kernel(float* amax_history, long long history_
   scales[t] = scale;
 }
 
+__global__ void fp8_scale_inverses_kernel(const float* scales, float* inverses, long long n) {
+  const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (i < n) inverses[i] = 1.0f / scales[i];  // IEEE division, as fp8_scale_inverse
+}
+
 void check_cast_arguments(const char* what, const void* x, DType x_dtype, const float* scale, const void* out) {
   HGRN_CHECK(x_dtype == DType::F32 || x_dtype == DType::BF16, what, ": the input must be fp32 or bf16, got ",
              dtype_name(x_dtype));
@@ -182,6 +187,13 @@ void cuda_fp8_update_scales(float* amax_history, int64_t history_length, int64_t
   fp8_update_scales_kernel<<<grid_for(tensors, threads), threads, 0, cuda_stream()>>>(
       amax_history, history_length, reinterpret_cast<long long*>(positions), scales, step_amax, tensors, scaled_max);
   CUDA_CHECK_LAUNCH("fp8_update_scales");
+}
+
+void cuda_fp8_scale_inverses(const float* scales, float* inverses, int64_t n) {
+  if (n <= 0) return;
+  constexpr int threads = 128;
+  fp8_scale_inverses_kernel<<<grid_for(n, threads), threads, 0, cuda_stream()>>>(scales, inverses, n);
+  CUDA_CHECK_LAUNCH("fp8_scale_inverses");
 }
 
 }  // namespace hgrn

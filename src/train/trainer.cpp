@@ -121,10 +121,22 @@ uint64_t evaluation_data_seed(uint64_t seed) { return stream_seed(seed, kEvalDat
 
 DType activation_dtype(const std::string& precision, Device device) {
   if (precision == "fp32") return DType::F32;
-  HGRN_CHECK(device == Device::CUDA, "training.precision is bf16, but training runs on the CPU (no GPU found): "
-                                     "bf16 training needs a GPU; set training.precision: fp32");
+  HGRN_CHECK(device == Device::CUDA, "training.precision is ", precision,
+             ", but training runs on the CPU (no GPU found): ", precision,
+             " training needs a GPU; set training.precision: fp32");
   return DType::BF16;
 }
+
+namespace {
+// training.precision fp8: the model's projections on FP8 tensor cores; the LM head (and the embeddings where tied
+// to it) stay in bf16, as Transformer Engine's recipes keep the output layer.
+std::unique_ptr<Fp8LinearScope> fp8_linear_scope(const CausalLM& model) {
+  std::vector<Var> excluded;
+  for (const auto& [spec, param] : model.parameters())
+    if (param->name == "lm_head.weight" || param->name == "model.embeddings.weight") excluded.push_back(param);
+  return std::make_unique<Fp8LinearScope>(Fp8Recipe{}, static_cast<int64_t>(model.parameters().size()), excluded);
+}
+}  // namespace
 
 namespace {
 std::unique_ptr<CausalLM> make_model(const Config& config, uint64_t init_seed, Device device,
@@ -154,6 +166,7 @@ TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device de
     const TrainingConfig tc = resolve_batch_for_world(config.training, world().size);
     carried_states = std::make_unique<CarriedStates>(model, tc.micro_batch_size, tc.grad_accum_steps);
   }
+  if (config.training.precision == "fp8") fp8 = fp8_linear_scope(model);
 }
 
 StepResult training_step(TrainingModel& setup, BatchSource& data, const TrainingConfig& tc, double lr) {
@@ -206,6 +219,7 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
     if (!dp) read_losses();
     r.grad_norm = grad_norm();
   }
+  fp8_end_step();  // the step's amaxes into the histories, new scales for the next step (no-op without fp8)
   if (dp && dp->zero1()) {
     TraceRange trace("weight all-gather");
     dp->finish_update();
@@ -286,6 +300,9 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
     check_checkpoint_model(*resumed, model_signature(config.model), *resume_path);
     config_changes_on_resume =
         check_resume_config(resumed->config_yaml, *resume_path, config, options.allow_config_change, log);
+    if (config.training.precision == "fp8")
+      log << "note: checkpoints do not hold the FP8 scaling states yet: the resumed run's scales start again from "
+             "1 and adapt over its first steps (the run is not bit for bit the uninterrupted one)\n";
   }
   std::optional<MetricsFile> metrics;
   if (w.is_root()) {

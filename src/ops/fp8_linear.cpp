@@ -1,0 +1,224 @@
+// fp8_linear.cpp: see fp8_linear.h. The scaling states of all weights live in one set of device arrays, so that the
+// end-of-step update is two kernel launches (one per format) and two for the inverses, whatever the layer count.
+#include "ops/fp8_linear.h"
+
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ops/fp8.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/cuda_context.h"
+#include "kernels/fp8.h"
+#endif
+
+namespace hgrn {
+namespace {
+
+// A weight's tensors: input and weight in E4M3 (slots 2s, 2s + 1 of the E4M3 arrays), output gradient in E5M2
+// (slot s of the E5M2 arrays).
+enum class Role { Input = 0, Weight = 1, OutputGradient = 2 };
+
+// One format's states, laid out as cuda_fp8_update_scales reads them.
+struct FormatStates {
+  Fp8Format format = Fp8Format::E4M3;
+  Tensor history, positions, scales, step_amax, inverses;
+
+  void allocate(Fp8Format f, int64_t tensors, int64_t history_length) {
+    format = f;
+    history = Tensor::zeros({tensors * history_length}, DType::F32, Device::CUDA);
+    positions = Tensor::zeros({tensors}, DType::I64, Device::CUDA);
+    scales = Tensor::full({tensors}, 1.0, DType::F32, Device::CUDA);
+    step_amax = Tensor::zeros({tensors}, DType::F32, Device::CUDA);
+    inverses = Tensor::full({tensors}, 1.0, DType::F32, Device::CUDA);
+  }
+};
+
+struct Scope {
+  Fp8Recipe recipe;
+  int64_t capacity = 0, used = 0;
+  std::unordered_set<const Variable*> excluded;
+  std::unordered_map<const Variable*, int64_t> slot;
+  FormatStates e4m3, e5m2;
+};
+
+Scope* active_scope = nullptr;
+
+struct TensorState {
+  float* scale;
+  float* step_amax;
+  const float* inverse;
+};
+
+int64_t slot_of(const Var& weight) {
+  Scope& s = *active_scope;
+  const auto found = s.slot.find(weight.get());
+  if (found != s.slot.end()) return found->second;
+  HGRN_CHECK(s.used < s.capacity, "fp8 linear: more than ", s.capacity, " weights need scaling states");
+  s.slot.emplace(weight.get(), s.used);
+  return s.used++;
+}
+
+TensorState state_of(const Var& weight, Role role) {
+  HGRN_CHECK(active_scope, "fp8 linear: no Fp8LinearScope is active");
+  const int64_t s = slot_of(weight);
+  FormatStates& f = role == Role::OutputGradient ? active_scope->e5m2 : active_scope->e4m3;
+  const int64_t i = role == Role::OutputGradient ? s : 2 * s + static_cast<int64_t>(role);
+  return {f.scales.data<float>() + i, f.step_amax.data<float>() + i, f.inverses.data<float>() + i};
+}
+
+// FP8 codes held in an I32 tensor (a Tensor has no byte dtype): four codes an element, 16-byte aligned storage.
+Tensor fp8_codes(int64_t count) { return Tensor::empty({(count + 3) / 4}, DType::I32, Device::CUDA); }
+uint8_t* codes_of(const Tensor& t) { return static_cast<uint8_t*>(t.raw_data()); }
+
+// The casts read dense rows: a row-strided view (a column block) is copied first.
+Tensor dense(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor copy = Tensor::empty(t.shape(), t.dtype(), t.device());
+  copy.copy_from(t);
+  return copy;
+}
+
+}  // namespace
+
+Fp8LinearScope::Fp8LinearScope(const Fp8Recipe& recipe, int64_t max_weights, const std::vector<Var>& excluded) {
+  HGRN_CHECK(!active_scope, "fp8 linear: a second Fp8LinearScope while one is active");
+  HGRN_CHECK(recipe.history_length >= 1 && recipe.margin >= 0, "fp8 linear: amax history length ",
+             recipe.history_length, " and margin ", recipe.margin, ": expected >= 1 and >= 0");
+#ifndef HGRN_WITH_CUDA
+  throw Error("fp8 linear layers need the CUDA backend: this hgrn was built without it");
+#else
+  const cudaDeviceProp& gpu = cuda_device_properties();
+  HGRN_CHECK(gpu.major * 10 + gpu.minor >= 89, "training.precision: fp8 needs FP8 tensor cores (compute capability "
+             "8.9 or newer: Ada, Hopper); this GPU, ", gpu.name, ", has ", gpu.major, ".", gpu.minor,
+             ": set training.precision to bf16");
+  auto scope = std::make_unique<Scope>();
+  scope->recipe = recipe;
+  scope->capacity = max_weights;
+  for (const Var& v : excluded)
+    if (v) scope->excluded.insert(v.get());
+  scope->e4m3.allocate(Fp8Format::E4M3, 2 * max_weights, recipe.history_length);
+  scope->e5m2.allocate(Fp8Format::E5M2, max_weights, recipe.history_length);
+  active_scope = scope.release();
+#endif
+}
+
+Fp8LinearScope::~Fp8LinearScope() {
+  delete active_scope;
+  active_scope = nullptr;
+}
+
+bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w) {
+  if (!active_scope || active_scope->excluded.count(weight.get())) return false;
+  if (x.device() != Device::CUDA || x.dtype() != DType::BF16 || w.dtype() != DType::F32 || w.dim() != 2) return false;
+  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / (in ? in : 1);
+  return x.dim() >= 1 && x.size(-1) == in && w.device() == Device::CUDA && in % 16 == 0 && out % 16 == 0 && rows % 16 == 0 && rows > 0 && x.is_contiguous() && w.is_contiguous();
+}
+
+#ifdef HGRN_WITH_CUDA
+Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual) {
+  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+  const TensorState xs = state_of(weight, Role::Input), ws = state_of(weight, Role::Weight);
+  const Tensor xq = fp8_codes(rows * in), wq = fp8_codes(out * in);
+  cuda_fp8_quantize(x.raw_data(), x.dtype(), rows * in, xs.scale, Fp8Format::E4M3, codes_of(xq), xs.step_amax);
+  cuda_fp8_quantize(w.raw_data(), w.dtype(), out * in, ws.scale, Fp8Format::E4M3, codes_of(wq), ws.step_amax);
+  Shape shape = x.shape();
+  shape.back() = out;
+  Tensor y = Tensor::empty(shape, DType::BF16, Device::CUDA);
+  if (residual) y.copy_from(*residual);  // the GEMM adds beta·C in place
+  // Fast accumulation in the forward only, as Transformer Engine: the backward's sums are longer and smaller.
+  cuda_fp8_linear_gemm(Fp8LinearGemm::Forward, rows, in, out, {codes_of(xq), Fp8Format::E4M3, xs.inverse},
+                       {codes_of(wq), Fp8Format::E4M3, ws.inverse}, residual ? 1.0f : 0.0f, y.raw_data(), DType::BF16,
+                       /*fast_accumulation=*/true);
+  return y;
+}
+
+Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy_in) {
+  const Tensor dy = dense(dy_in);
+  Fp8OutputGradient g;
+  g.width = dy.size(-1);
+  g.rows = dy.numel() / g.width;
+  const TensorState s = state_of(weight, Role::OutputGradient);
+  g.codes = fp8_codes(g.rows * g.width);
+  g.codes_transposed = fp8_codes(g.rows * g.width);
+  cuda_fp8_quantize_transpose(dy.raw_data(), dy.dtype(), g.rows, g.width, s.scale, Fp8Format::E5M2, codes_of(g.codes),
+                              codes_of(g.codes_transposed), s.step_amax);
+  return g;
+}
+
+void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, const Tensor& w, float beta,
+                               Tensor& dx) {
+  const int64_t in = w.size(1), out = w.size(0);
+  HGRN_CHECK(out == dy.width && dx.is_contiguous() && dx.dtype() == DType::BF16 && dx.numel() == dy.rows * in,
+             "fp8 linear: the input gradient ", shape_str(dx.shape()), " does not fit ", dy.rows, " rows of ", in);
+  const TensorState gs = state_of(weight, Role::OutputGradient), ws = state_of(weight, Role::Weight);
+  const Tensor wq_t = fp8_codes(out * in);  // Wᵀ [in, out], with the forward's scale (scales move at step ends)
+  cuda_fp8_quantize_transpose(w.raw_data(), w.dtype(), out, in, ws.scale, Fp8Format::E4M3, nullptr, codes_of(wq_t),
+                              nullptr);
+  cuda_fp8_linear_gemm(Fp8LinearGemm::InputGrad, dy.rows, in, out, {codes_of(dy.codes), Fp8Format::E5M2, gs.inverse},
+                       {codes_of(wq_t), Fp8Format::E4M3, ws.inverse}, beta, dx.raw_data(), DType::BF16, false);
+}
+
+void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, int64_t first_column,
+                                const Tensor& x, float beta, Tensor& dw) {
+  const int64_t n = dw.size(0), in = dw.size(1), rows = dy.rows;
+  HGRN_CHECK(dw.dtype() == DType::F32 && dw.is_contiguous() && first_column >= 0 && first_column + n <= dy.width &&
+                 x.numel() == rows * in,
+             "fp8 linear: the weight gradient ", shape_str(dw.shape()), " does not fit columns ", first_column, "..",
+             first_column + n, " of ", dy.width, " and the input ", shape_str(x.shape()));
+  const Tensor xc = dense(x);
+  const TensorState gs = state_of(weight, Role::OutputGradient), xs = state_of(weight, Role::Input);
+  const Tensor xq_t = fp8_codes(rows * in);  // Xᵀ [in, rows]
+  cuda_fp8_quantize_transpose(xc.raw_data(), xc.dtype(), rows, in, xs.scale, Fp8Format::E4M3, nullptr,
+                              codes_of(xq_t), nullptr);
+  // dy's columns [first, first + n) are rows of its transpose: an offset of first · rows codes (rows % 16 == 0).
+  cuda_fp8_gemm(n, in, rows, {codes_of(dy.codes_transposed) + first_column * rows, Fp8Format::E5M2, gs.inverse}, rows,
+                {codes_of(xq_t), Fp8Format::E4M3, xs.inverse}, rows, beta, dw.raw_data(), in, DType::F32, false);
+}
+
+void fp8_end_step() {
+  if (!active_scope || active_scope->used == 0) return;
+  Scope& s = *active_scope;
+  for (FormatStates* f : {&s.e4m3, &s.e5m2}) {
+    const int64_t tensors = f == &s.e4m3 ? 2 * s.used : s.used;
+    cuda_fp8_update_scales(f->history.data<float>(), s.recipe.history_length, f->positions.data<int64_t>(),
+                           f->scales.data<float>(), f->step_amax.data<float>(), tensors, f->format, s.recipe.margin);
+    cuda_fp8_scale_inverses(f->scales.data<float>(), f->inverses.data<float>(), tensors);
+  }
+}
+
+Fp8ScalingSnapshot fp8_scaling_snapshot(const Var& weight) {
+  Fp8ScalingSnapshot out;
+  if (!active_scope || !active_scope->slot.count(weight.get())) return out;
+  const Scope& s = *active_scope;
+  const int64_t slot = s.slot.at(weight.get()), h = s.recipe.history_length;
+  const Tensor e4_scales = s.e4m3.scales.to(Device::CPU), e4_amax = s.e4m3.step_amax.to(Device::CPU),
+               e5_scales = s.e5m2.scales.to(Device::CPU), e5_amax = s.e5m2.step_amax.to(Device::CPU),
+               e4_history = s.e4m3.history.to(Device::CPU), e5_history = s.e5m2.history.to(Device::CPU),
+               e4_positions = s.e4m3.positions.to(Device::CPU), e5_positions = s.e5m2.positions.to(Device::CPU);
+  for (int role = 0; role < 3; ++role) {
+    const bool e5 = role == 2;
+    const int64_t i = e5 ? slot : 2 * slot + role;
+    out.scales.push_back((e5 ? e5_scales : e4_scales).data<float>()[i]);
+    out.step_amax.push_back((e5 ? e5_amax : e4_amax).data<float>()[i]);
+    out.positions.push_back((e5 ? e5_positions : e4_positions).data<int64_t>()[i]);
+    const float* history = (e5 ? e5_history : e4_history).data<float>() + i * h;
+    out.amax_history.insert(out.amax_history.end(), history, history + h);
+  }
+  return out;
+}
+#else
+static Error no_cuda() { return Error("fp8 linear layers need the CUDA backend: this hgrn was built without it"); }
+Tensor fp8_linear_forward(const Var&, const Tensor&, const Tensor&, const Tensor*) { throw no_cuda(); }
+Fp8OutputGradient fp8_output_gradient(const Var&, const Tensor&) { throw no_cuda(); }
+void fp8_linear_input_gradient(const Var&, const Fp8OutputGradient&, const Tensor&, float, Tensor&) {
+  throw no_cuda();
+}
+void fp8_linear_weight_gradient(const Var&, const Fp8OutputGradient&, int64_t, const Tensor&, float, Tensor&) {
+  throw no_cuda();
+}
+void fp8_end_step() {}
+Fp8ScalingSnapshot fp8_scaling_snapshot(const Var&) { return {}; }
+#endif
+
+}  // namespace hgrn
