@@ -128,9 +128,9 @@ __global__ void fp8_update_scales_kernel(float* amax_history, long long history_
   scales[t] = scale;
 }
 
-__global__ void fp8_scale_inverses_kernel(const float* scales, float* inverses, long long n) {
+__global__ void fp8_scale_inverses_kernel(const float* scales, float* inverses, long long n, long long stride) {
   const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
-  if (i < n) inverses[i] = 1.0f / scales[i];  // IEEE division, as fp8_scale_inverse
+  if (i < n) inverses[i * stride] = 1.0f / scales[i];  // IEEE division, as fp8_scale_inverse
 }
 
 void check_cast_arguments(const char* what, const void* x, DType x_dtype, const float* scale, const void* out) {
@@ -189,10 +189,11 @@ void cuda_fp8_update_scales(float* amax_history, int64_t history_length, int64_t
   CUDA_CHECK_LAUNCH("fp8_update_scales");
 }
 
-void cuda_fp8_scale_inverses(const float* scales, float* inverses, int64_t n) {
+void cuda_fp8_scale_inverses(const float* scales, float* inverses, int64_t n, int64_t stride) {
   if (n <= 0) return;
+  HGRN_CHECK(stride >= 1, "cuda_fp8_scale_inverses: stride ", stride, ": expected >= 1");
   constexpr int threads = 128;
-  fp8_scale_inverses_kernel<<<grid_for(n, threads), threads, 0, cuda_stream()>>>(scales, inverses, n);
+  fp8_scale_inverses_kernel<<<grid_for(n, threads), threads, 0, cuda_stream()>>>(scales, inverses, n, stride);
   CUDA_CHECK_LAUNCH("fp8_scale_inverses");
 }
 

@@ -19,6 +19,10 @@ namespace {
 // (slot s of the E5M2 arrays).
 enum class Role { Input = 0, Weight = 1, OutputGradient = 2 };
 
+// The GEMMs' dequantising factors sit 16 bytes apart: cuBLASLt refuses (status NOT_SUPPORTED) scale pointers that are
+// not 16-byte aligned.
+constexpr int64_t kInverseStride = 4;
+
 // One format's states, laid out as cuda_fp8_update_scales reads them.
 struct FormatStates {
   Fp8Format format = Fp8Format::E4M3;
@@ -30,7 +34,7 @@ struct FormatStates {
     positions = Tensor::zeros({tensors}, DType::I64, Device::CUDA);
     scales = Tensor::full({tensors}, 1.0, DType::F32, Device::CUDA);
     step_amax = Tensor::zeros({tensors}, DType::F32, Device::CUDA);
-    inverses = Tensor::full({tensors}, 1.0, DType::F32, Device::CUDA);
+    inverses = Tensor::full({tensors * kInverseStride}, 1.0, DType::F32, Device::CUDA);
   }
 };
 
@@ -64,7 +68,7 @@ TensorState state_of(const Var& weight, Role role) {
   const int64_t s = slot_of(weight);
   FormatStates& f = role == Role::OutputGradient ? active_scope->e5m2 : active_scope->e4m3;
   const int64_t i = role == Role::OutputGradient ? s : 2 * s + static_cast<int64_t>(role);
-  return {f.scales.data<float>() + i, f.step_amax.data<float>() + i, f.inverses.data<float>() + i};
+  return {f.scales.data<float>() + i, f.step_amax.data<float>() + i, f.inverses.data<float>() + i * kInverseStride};
 }
 
 // FP8 codes held in an I32 tensor (a Tensor has no byte dtype): four codes an element, 16-byte aligned storage.
@@ -183,7 +187,7 @@ void fp8_end_step() {
     const int64_t tensors = f == &s.e4m3 ? 2 * s.used : s.used;
     cuda_fp8_update_scales(f->history.data<float>(), s.recipe.history_length, f->positions.data<int64_t>(),
                            f->scales.data<float>(), f->step_amax.data<float>(), tensors, f->format, s.recipe.margin);
-    cuda_fp8_scale_inverses(f->scales.data<float>(), f->inverses.data<float>(), tensors);
+    cuda_fp8_scale_inverses(f->scales.data<float>(), f->inverses.data<float>(), tensors, kInverseStride);
   }
 }
 
