@@ -81,6 +81,8 @@ void check_fp8_gemm(const std::string& what, int64_t m, int64_t n, int64_t k, co
              ": null operand, output or scale pointer");
   HGRN_CHECK(aligned16(a.codes) && aligned16(b.codes) && aligned16(c), problem,
              ": the operands and the output must start 16-byte aligned");
+  HGRN_CHECK(aligned16(a.scale_inverse) && aligned16(b.scale_inverse), problem,
+             ": the scale pointers must be 16-byte aligned (cuBLASLt answers NOT_SUPPORTED otherwise)");
   const cudaDeviceProp& props = cuda_device_properties();
   HGRN_CHECK(props.major * 10 + props.minor >= 89, problem,
              ": FP8 tensor cores need compute capability 8.9 or newer (Ada, Hopper); ", props.name, " is sm_",

@@ -591,6 +591,13 @@ TEST(Fp8GemmCuda, RefusesShapesCublasLtCannotTake) {
         cuda_fp8_gemm(32, 32, 32, {nullptr, Fp8Format::E4M3, scale}, 32, e4m3, 32, 0, out, 32, DType::F32, false);
       },
       {"null"});
+  const float* scale_off16 = reinterpret_cast<const float*>(address(0x1004));
+  expect_refused(
+      [&] {
+        cuda_fp8_gemm(32, 32, 32, e4m3, 32, {address(0x10000), Fp8Format::E4M3, scale_off16}, 32, 0, out, 32,
+                      DType::F32, false);
+      },
+      {"scale pointers must be 16-byte aligned"});
 #endif
 }
 
