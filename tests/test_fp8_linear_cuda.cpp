@@ -2,7 +2,8 @@
 // arithmetic (ops/fp8.h): linear with a residual, linear_columns over adjacent weights and swiglu_linear, forward and
 // both gradients, over three steps so that the delayed-scaling update moves the scales between them (the recorded
 // amaxes and the new scales equal the CPU reference bit for bit); a short FP8 training run that tracks the bf16 run
-// of the same config and learns; the refusal of fp8 on the CPU. GPU tests skip without a GPU or FP8 tensor cores.
+// of the same config and learns; bitwise resume with the scaling states from the checkpoint; the refusal of fp8 on
+// the CPU. GPU tests skip without a GPU or FP8 tensor cores.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +24,8 @@
 #endif
 
 namespace hgrn {
+void expect_bitwise_resume(const std::string& device, const std::string& precision);  // test_training.cpp
+
 namespace {
 
 using testing::expect_close;
@@ -256,6 +259,12 @@ TEST(Fp8TrainingCuda, RunTracksTheBf16RunAndLearns) {
   EXPECT_LT(fp8.final_loss, 1.0);
   EXPECT_GT(fp8.eval_accuracy, 4 * fp8.chance_accuracy);
   EXPECT_NEAR(fp8.final_loss, bf16.final_loss, 0.25);
+}
+
+// The scaling states travel in the checkpoint: a resumed FP8 run continues bit for bit.
+TEST(Fp8TrainingCuda, ResumeContinuesBitwiseIdentically) {
+  HGRN_SKIP_WITHOUT_FP8();
+  expect_bitwise_resume("cuda", "fp8");
 }
 
 TEST(Fp8Training, IsRefusedOnTheCpu) {

@@ -191,6 +191,77 @@ void fp8_end_step() {
   }
 }
 
+// The arrays of one format in a checkpoint: "<format>_<field>", the first `tensors` states of each.
+static const char* const kSavedFields[] = {"history", "positions", "scales"};
+
+static Tensor& field_of(FormatStates& f, const std::string& field) {
+  return field == "history" ? f.history : field == "positions" ? f.positions : f.scales;
+}
+
+std::vector<std::pair<std::string, Tensor>> fp8_scaling_save(const std::vector<Var>& params) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (!active_scope) return out;
+  Scope& s = *active_scope;
+  std::unordered_map<const Variable*, int64_t> index;
+  for (size_t i = 0; i < params.size(); ++i) index.emplace(params[i].get(), static_cast<int64_t>(i));
+  Tensor owners = Tensor::empty({s.used}, DType::I64);
+  for (const auto& [weight, slot] : s.slot) {
+    const auto found = index.find(weight);
+    HGRN_CHECK(found != index.end(), "fp8 scaling: a weight with a scaling state is not among the model's parameters");
+    owners.data<int64_t>()[slot] = found->second;
+  }
+  out.emplace_back("slot_params", owners);
+  for (FormatStates* f : {&s.e4m3, &s.e5m2}) {
+    const int64_t tensors = f == &s.e4m3 ? 2 * s.used : s.used;
+    for (const char* field : kSavedFields) {
+      const int64_t per_tensor = std::string(field) == "history" ? s.recipe.history_length : 1;
+      out.emplace_back(detail::concat(fp8_format_name(f->format), "_", field),
+                       field_of(*f, field).rows(0, tensors * per_tensor).to(Device::CPU));
+    }
+  }
+  return out;
+}
+
+void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>& saved, const std::vector<Var>& params,
+                         const std::string& source) {
+  HGRN_CHECK(active_scope, "fp8 scaling: restoring from ", source, " needs an active Fp8LinearScope");
+  Scope& s = *active_scope;
+  const auto find = [&](const std::string& name) -> const Tensor& {
+    for (const auto& [n, t] : saved)
+      if (n == name) return t;
+    throw Error(detail::concat(source, ": the FP8 scaling states lack '", name, "'"));
+  };
+  const Tensor& owners = find("slot_params");
+  HGRN_CHECK(owners.dtype() == DType::I64 && owners.dim() == 1 && owners.size(0) <= s.capacity, source,
+             ": the FP8 scaling states' slot_params is ", dtype_name(owners.dtype()), " ", shape_str(owners.shape()),
+             ": expected int64 [at most ", s.capacity, "]");
+  const int64_t used = owners.size(0);
+  s.slot.clear();
+  for (int64_t i = 0; i < used; ++i) {
+    const int64_t p = owners.data<int64_t>()[i];
+    HGRN_CHECK(p >= 0 && p < static_cast<int64_t>(params.size()), source, ": FP8 scaling state ", i,
+               " belongs to parameter ", p, ", but the model has ", params.size());
+    s.slot.emplace(params[p].get(), i);
+  }
+  s.used = used;
+  for (FormatStates* f : {&s.e4m3, &s.e5m2}) {
+    const int64_t tensors = f == &s.e4m3 ? 2 * used : used;
+    for (const char* field : kSavedFields) {
+      const std::string name = detail::concat(fp8_format_name(f->format), "_", field);
+      const int64_t per_tensor = std::string(field) == "history" ? s.recipe.history_length : 1;
+      const Tensor& t = find(name);
+      Tensor& target = field_of(*f, field);
+      HGRN_CHECK(t.dtype() == target.dtype() && t.dim() == 1 && t.size(0) == tensors * per_tensor, source,
+                 ": the FP8 scaling array ", name, " is ", dtype_name(t.dtype()), " ", shape_str(t.shape()),
+                 ": expected ", dtype_name(target.dtype()), " [", tensors * per_tensor, "] (", tensors,
+                 " tensors; amax history ", s.recipe.history_length, ")");
+      target.rows(0, tensors * per_tensor).copy_from(t.to(Device::CUDA));
+    }
+    f->step_amax.zero();
+    cuda_fp8_scale_inverses(f->scales.data<float>(), f->inverses.data<float>(), tensors, kInverseStride);
+  }
+}
+
 Fp8ScalingSnapshot fp8_scaling_snapshot(const Var& weight) {
   Fp8ScalingSnapshot out;
   if (!active_scope || !active_scope->slot.count(weight.get())) return out;
@@ -222,6 +293,11 @@ void fp8_linear_weight_gradient(const Var&, const Fp8OutputGradient&, int64_t, c
   throw no_cuda();
 }
 void fp8_end_step() {}
+std::vector<std::pair<std::string, Tensor>> fp8_scaling_save(const std::vector<Var>&) { return {}; }
+void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>&, const std::vector<Var>&,
+                         const std::string&) {
+  throw no_cuda();
+}
 Fp8ScalingSnapshot fp8_scaling_snapshot(const Var&) { return {}; }
 #endif
 

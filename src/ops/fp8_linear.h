@@ -56,6 +56,14 @@ void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, 
 // (fp8_update_scale's rule on the GPU). Nothing without an active scope.
 void fp8_end_step();
 
+// The scaling states as named CPU arrays for a checkpoint, and back. "slot_params" (int64) names each state's owner
+// by its index in `params` (the model's parameters, in order); then per format its histories, ring positions and
+// scales. Empty without an active scope. Restoring (before the first step) gives each weight its saved state;
+// anything that does not fit the scope (history length, a parameter index) is an Error naming `source`.
+std::vector<std::pair<std::string, Tensor>> fp8_scaling_save(const std::vector<Var>& params);
+void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>& saved, const std::vector<Var>& params,
+                         const std::string& source);
+
 // The scaling state of `weight` as the host sees it, for tests and checkpoints: per tensor (input, weight, output
 // gradient) its scale, and the amax recorded so far this step. Empty where the weight has none yet.
 struct Fp8ScalingSnapshot {

@@ -131,14 +131,16 @@ namespace {
 // training.precision fp8: the model's projections on FP8 tensor cores; the LM head (and the embeddings where tied
 // to it) stay in bf16, as Transformer Engine's recipes keep the output layer.
 std::unique_ptr<Fp8LinearScope> fp8_linear_scope(const CausalLM& model) {
+  // Each rank's input and gradient amaxes would set its own scales; until they are reduced across ranks (as
+  // Transformer Engine does), one process only.
+  HGRN_CHECK(world().size == 1, "training.precision fp8 runs on one GPU for now (", world().size,
+             " ranks): the ranks' amaxes are not yet reduced to shared scales; use bf16 for data parallelism");
   std::vector<Var> excluded;
   for (const auto& [spec, param] : model.parameters())
     if (param->name == "lm_head.weight" || param->name == "model.embeddings.weight") excluded.push_back(param);
   return std::make_unique<Fp8LinearScope>(Fp8Recipe{}, static_cast<int64_t>(model.parameters().size()), excluded);
 }
-}  // namespace
 
-namespace {
 std::unique_ptr<CausalLM> make_model(const Config& config, uint64_t init_seed, Device device,
                                      DType activation_dtype) {
   Rng init_rng(init_seed);
@@ -148,6 +150,13 @@ std::unique_ptr<CausalLM> make_model(const Config& config, uint64_t init_seed, D
   set_gemm_autotune(device == Device::CUDA && !config.training.deterministic);
 #endif
   return model;
+}
+
+// The model's parameters in order (the indices fp8_scaling_save records).
+std::vector<Var> parameter_vars(const CausalLM& model) {
+  std::vector<Var> vars;
+  for (const auto& [spec, param] : model.parameters()) vars.push_back(param);
+  return vars;
 }
 }  // namespace
 
@@ -300,9 +309,6 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
     check_checkpoint_model(*resumed, model_signature(config.model), *resume_path);
     config_changes_on_resume =
         check_resume_config(resumed->config_yaml, *resume_path, config, options.allow_config_change, log);
-    if (config.training.precision == "fp8")
-      log << "note: checkpoints do not hold the FP8 scaling states yet: the resumed run's scales start again from "
-             "1 and adapt over its first steps (the run is not bit for bit the uninterrupted one)\n";
   }
   std::optional<MetricsFile> metrics;
   if (w.is_root()) {
@@ -362,6 +368,11 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
     optimizer.load_state(std::move(state.adam_m), std::move(state.adam_v), state.adam_step);
     train_data->set_cursor(state.data_cursor);
     if (setup->carried_states) setup->carried_states->restore(state.recurrent_states, path);
+    if (setup->fp8) {
+      HGRN_CHECK(!state.fp8_scaling.empty(), "checkpoint ", path, " holds no FP8 scaling states (/fp8_scaling): it "
+                 "was not written by a training.precision fp8 run; resume it with the precision it was trained in");
+      fp8_scaling_restore(state.fp8_scaling, parameter_vars(model), path);
+    }
     start_step = state.step;
     tokens_seen = state.tokens_seen;
     log << "resumed from " << path << " at step " << start_step << "\n";
@@ -388,9 +399,10 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
     std::vector<Tensor> recurrent_states;  // every rank's, on rank 0
     if (setup->carried_states) recurrent_states = setup->carried_states->gather();
     if (!w.is_root()) return;
-    const std::string path = save_checkpoint(
-        checkpoint_dir, capture_state(model, std::move(adam_m), std::move(adam_v), optimizer, *train_data, config,
-                                      steps_done, tokens_seen, std::move(recurrent_states)));
+    TrainingState state = capture_state(model, std::move(adam_m), std::move(adam_v), optimizer, *train_data, config,
+                                        steps_done, tokens_seen, std::move(recurrent_states));
+    if (setup->fp8) state.fp8_scaling = fp8_scaling_save(parameter_vars(model));
+    const std::string path = save_checkpoint(checkpoint_dir, state);
     prune_checkpoints(checkpoint_dir, config.checkpoint.keep_last, config.checkpoint.keep_every);
     log << "checkpoint " << path << std::endl;
   };
