@@ -180,11 +180,12 @@ void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, 
                 {codes_of(xq_t), Fp8Format::E4M3, xs.inverse}, rows, beta, dw.raw_data(), in, DType::F32, false);
 }
 
-void fp8_end_step() {
+void fp8_end_step(const std::function<void(float*, int64_t)>& reduce_max) {
   if (!active_scope || active_scope->used == 0) return;
   Scope& s = *active_scope;
   for (FormatStates* f : {&s.e4m3, &s.e5m2}) {
     const int64_t tensors = f == &s.e4m3 ? 2 * s.used : s.used;
+    if (reduce_max) reduce_max(f->step_amax.data<float>(), tensors);
     cuda_fp8_update_scales(f->history.data<float>(), s.recipe.history_length, f->positions.data<int64_t>(),
                            f->scales.data<float>(), f->step_amax.data<float>(), tensors, f->format, s.recipe.margin);
     cuda_fp8_scale_inverses(f->scales.data<float>(), f->inverses.data<float>(), tensors, kInverseStride);
@@ -292,7 +293,7 @@ void fp8_linear_input_gradient(const Var&, const Fp8OutputGradient&, const Tenso
 void fp8_linear_weight_gradient(const Var&, const Fp8OutputGradient&, int64_t, const Tensor&, float, Tensor&) {
   throw no_cuda();
 }
-void fp8_end_step() {}
+void fp8_end_step(const std::function<void(float*, int64_t)>&) {}
 std::vector<std::pair<std::string, Tensor>> fp8_scaling_save(const std::vector<Var>&) { return {}; }
 void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>&, const std::vector<Var>&,
                          const std::string&) {

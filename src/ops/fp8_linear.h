@@ -7,6 +7,7 @@
 // that are multiples of 16 (cuBLASLt's FP8 kernels); anything else runs as in bf16.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,8 +54,9 @@ void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, 
                                 const Tensor& x, float beta, Tensor& dw);
 
 // End of a training step: each tensor's amax of the step goes into its history and its scale is updated
-// (fp8_update_scale's rule on the GPU). Nothing without an active scope.
-void fp8_end_step();
+// (fp8_update_scale's rule on the GPU). Nothing without an active scope. With several ranks, reduce_max(data, count)
+// first makes each step amax the maximum over the ranks (in place), so that every rank derives the same scales.
+void fp8_end_step(const std::function<void(float*, int64_t)>& reduce_max = nullptr);
 
 // The scaling states as named CPU arrays for a checkpoint, and back. "slot_params" (int64) names each state's owner
 // by its index in `params` (the model's parameters, in order); then per format its histories, ring positions and

@@ -131,10 +131,6 @@ namespace {
 // training.precision fp8: the model's projections on FP8 tensor cores; the LM head (and the embeddings where tied
 // to it) stay in bf16, as Transformer Engine's recipes keep the output layer.
 std::unique_ptr<Fp8LinearScope> fp8_linear_scope(const CausalLM& model) {
-  // Each rank's input and gradient amaxes would set its own scales; until they are reduced across ranks (as
-  // Transformer Engine does), one process only.
-  HGRN_CHECK(world().size == 1, "training.precision fp8 runs on one GPU for now (", world().size,
-             " ranks): the ranks' amaxes are not yet reduced to shared scales; use bf16 for data parallelism");
   std::vector<Var> excluded;
   for (const auto& [spec, param] : model.parameters())
     if (param->name == "lm_head.weight" || param->name == "model.embeddings.weight") excluded.push_back(param);
@@ -228,7 +224,12 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
     if (!dp) read_losses();
     r.grad_norm = grad_norm();
   }
-  fp8_end_step();  // the step's amaxes into the histories, new scales for the next step (no-op without fp8)
+  // The step's amaxes (the maximum over the ranks) into the histories, new scales for the next step (no-op without
+  // fp8).
+  if (dp)
+    fp8_end_step([dp](float* amax, int64_t count) { dp->all_reduce_max(amax, count, "fp8 amax reduction"); });
+  else
+    fp8_end_step();
   if (dp && dp->zero1()) {
     TraceRange trace("weight all-gather");
     dp->finish_update();
