@@ -6,6 +6,8 @@
 # when it is missing (scripts/gpu_build.sh).
 # Usage: scripts/gpu_side_by_side.sh [OUTPUT_DIR]   (default build-gpu/side-by-side)
 #   MODELS="hgrn2-150m hgrn2-385m hgrn2-1b" (or hgrn1-150m, hgrn1-385m, hgrn1-1b, gla-385m, retnet-385m)  PEER_MODES="amp-bf16 pure-bf16"  BENCH_WARMUP=5 BENCH_STEPS=20 (hgrn)
+#   PEER_MODES may add float8-amp (torchao's float8 training; its wheel beside fla's), which the table sets beside
+#   hgrn as its own column and ratio; HGRN_SET="training.precision=fp8" passes --set options to hgrn's bench.
 #   ROUNDS=1: with more, each model's peer and hgrn runs repeat back to back (round r's files in OUTPUT_DIR/rR), and
 #   the table adds a row per model over all rounds (each side's mean tokens/s): the machine's state moves either side
 #   by 1-2% from one run to the next, as much as a target's margin, and alternating spreads that over both.
@@ -37,7 +39,9 @@ for model in ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b}; do
         --json "$dir/peer-$model-$mode.json" > "$dir/peer-$model-$mode.txt" 2>&1 ||
         { echo "peer $model $mode failed:"; tail -5 "$dir/peer-$model-$mode.txt"; }
     done
-    ./build-gpu/hgrn bench --config "configs/$model.yaml" --warmup "${BENCH_WARMUP:-5}" --steps "${BENCH_STEPS:-20}" \
+    hgrn_set=()
+    for option in ${HGRN_SET:-}; do hgrn_set+=(--set "$option"); done
+    ./build-gpu/hgrn bench --config "configs/$model.yaml" ${hgrn_set[@]+"${hgrn_set[@]}"} --warmup "${BENCH_WARMUP:-5}" --steps "${BENCH_STEPS:-20}" \
       --json "$dir/hgrn-$model.json" > "$dir/hgrn-$model.txt" 2>&1 || { echo "hgrn $model failed:"; tail -5 "$dir/hgrn-$model.txt"; }
   done
 done
@@ -54,24 +58,27 @@ def mean(xs):
 # ratio uses hgrn's mean step, the like-for-like one (a slow step or two under the power cap lowers it). With several
 # rounds, the last row of a model takes each figure's mean over the rounds that produced it.
 print("| model | round | peer amp-bf16 tok/s | peer pure-bf16 tok/s | hgrn tok/s (median step) | hgrn / best peer | "
-      "hgrn / best peer, hgrn's mean step | peer amp GiB | hgrn GiB | hgrn / peer amp memory | hgrn MFU |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
-def row(m, label, amp, pure, h_median, h_mean, amp_gib, h_gib, mfu):
+      "hgrn / best peer, hgrn's mean step | peer amp GiB | hgrn GiB | hgrn / peer amp memory | hgrn MFU | "
+      "peer float8-amp tok/s | hgrn / peer float8, hgrn's mean step |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+def row(m, label, amp, pure, h_median, h_mean, amp_gib, h_gib, mfu, float8):
     best = max((x for x in (amp, pure) if not math.isnan(x)), default=float("nan"))
     fmt = lambda x, spec, unit="": "-" if math.isnan(x) else format(x, spec) + unit
     print(f"| {m} | {label} | {fmt(amp, '.0f')} | {fmt(pure, '.0f')} | {fmt(h_median, '.0f')} | "
           f"{fmt(h_median / best, '.2f', 'x')} | {fmt(h_mean / best, '.3f', 'x')} | {fmt(amp_gib, '.1f')} | "
-          f"{fmt(h_gib, '.1f')} | {fmt(h_gib / amp_gib, '.2f', 'x')} | {fmt(mfu, '.3f')} |")
+          f"{fmt(h_gib, '.1f')} | {fmt(h_gib / amp_gib, '.2f', 'x')} | {fmt(mfu, '.3f')} | {fmt(float8, '.0f')} | "
+          f"{fmt(h_mean / float8, '.3f', 'x')} |")
 nan = float("nan")
 for m in models:
     figures = []
     for i, d in enumerate(dirs):
         amp, pure, h = load(d, f"peer-{m}-amp-bf16"), load(d, f"peer-{m}-pure-bf16"), load(d, f"hgrn-{m}")
+        float8 = load(d, f"peer-{m}-float8-amp")
         get = lambda r, k: r[k] if r and k in r else nan
         f = [get(amp, "tokens_per_s"), get(pure, "tokens_per_s"), get(h, "tokens_per_s"), get(h, "tokens_per_s_mean"),
-             get(amp, "peak_memory_gib"), get(h, "peak_memory_gib"), get(h, "mfu")]
+             get(amp, "peak_memory_gib"), get(h, "peak_memory_gib"), get(h, "mfu"), get(float8, "tokens_per_s")]
         figures.append(f)
         row(m, str(i + 1), *f)
     if len(dirs) > 1:
-        row(m, "all", *[mean([f[k] for f in figures if not math.isnan(f[k])]) for k in range(7)])
+        row(m, "all", *[mean([f[k] for f in figures if not math.isnan(f[k])]) for k in range(8)])
 PY

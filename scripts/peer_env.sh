@@ -1,9 +1,9 @@
 # peer_env.sh: the peer's environment for the scripts that run it beside hgrn (gpu_side_by_side.sh,
 # gpu_loss_parity.sh), sourced from the repository root: fla from wheels and the Triton cache.
-# - fla: an installed one, else the wheels in FLA_WHEELS (default .whl: flash_linear_attention, fla_core and einops,
-#   e.g. fetched on a machine with PyPI by
-#     python3 -m pip download --no-deps --only-binary=:all: flash-linear-attention fla-core einops -d .whl),
-#   installed into a private directory put on PYTHONPATH.
+# - fla: an installed one, else the wheels in FLA_WHEELS (default .whl: flash_linear_attention, fla_core and einops;
+#   torchao too for tools/peer_bench.py's float8-amp mode), e.g. fetched on a machine with PyPI by
+#     python3 -m pip download --no-deps --only-binary=:all: flash-linear-attention fla-core einops torchao -d .whl
+#   and installed into a private directory put on PYTHONPATH.
 # - The Triton cache: fla compiles and autotunes its Triton kernels on first use (350-400 s on a fresh H200 for the
 #   three peer-baseline configs; the next runs of a config 25 s). PEER_CACHE_IN=DIR unpacks
 #   DIR/triton-cache.tgz.part-* before the peer runs; PEER_CACHE_OUT=DIR packs the cache's cubins and json files

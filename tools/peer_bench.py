@@ -10,10 +10,14 @@ RetNetConfig with the same fields but expand_ratio, all else fla's default (GLA:
 hidden_ratio 4; RetNet: 8 heads, expand_k 1, expand_v 2, hidden_ratio 2; chunk mode for sequences past 64 tokens). Step: forward with labels = input_ids, backward,
 clip_grad_norm_(1.0), fused AdamW(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1), zero_grad; random token ids fixed
 for the run. amp-bf16: fp32 parameters under torch.autocast(bfloat16); pure-bf16: parameters and optimiser state in
-bf16. 5 warm-up steps, then the mean of 20 timed steps (host clock after cuda.synchronize()); peak memory =
+bf16; float8-amp: amp-bf16 with torchao's float8 training (convert_to_float8_training, its default recipe: per-tensor
+current scaling) on every nn.Linear but the LM head whose sizes are multiples of 16, run eagerly like the other
+modes (fla's fused SwiGLU calls down_proj's weight directly, so that GEMM stays bf16); needs torchao (its wheel in
+FLA_WHEELS, scripts/peer_env.sh). 5 warm-up steps, then the mean of 20 timed steps (host clock after cuda.synchronize()); peak memory =
 torch.cuda.max_memory_allocated() over the timed steps.
 
-Usage: peer_bench.py [--model hgrn2|hgrn|gla|retnet] --layers 26 --hidden 1024 --batch 16 --seq 2048 --mode amp-bf16 [--json FILE]
+Usage: peer_bench.py [--model hgrn2|hgrn|gla|retnet] --layers 26 --hidden 1024 --batch 16 --seq 2048
+                     --mode amp-bf16|pure-bf16|float8-amp [--json FILE]
 """
 import argparse
 import json
@@ -32,7 +36,7 @@ def main():
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=50304)
-    p.add_argument("--mode", choices=["amp-bf16", "pure-bf16"], default="amp-bf16")
+    p.add_argument("--mode", choices=["amp-bf16", "pure-bf16", "float8-amp"], default="amp-bf16")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--json", help="also write the result here")
@@ -43,6 +47,15 @@ def main():
     pure = a.mode == "pure-bf16"
     if pure:
         model = model.to(torch.bfloat16)
+    if a.mode == "float8-amp":
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(
+            model,
+            module_filter_fn=lambda module, fqn: fqn != "lm_head"
+            and module.in_features % 16 == 0
+            and module.out_features % 16 == 0,
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     ids = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda")
 
