@@ -1,5 +1,6 @@
-// test_fp8_linear_cuda.cpp: FP8 linear layers (ops/fp8_linear.h) against the CPU reference of the quantised
-// arithmetic (ops/fp8.h): linear with a residual, linear_columns over adjacent weights and swiglu_linear, forward and
+// test_fp8_linear_cuda.cpp: FP8 linear layers (ops/fp8_linear.h), on the GPU and on the CPU path, against the
+// reference of the quantised arithmetic (ops/fp8.h): linear with a residual, linear_columns over adjacent weights and
+// swiglu_linear, forward and
 // both gradients, over three steps so that the delayed-scaling update moves the scales between them (the recorded
 // amaxes and the new scales equal the CPU reference bit for bit); a short FP8 training run that tracks the bf16 run
 // of the same config and learns; bitwise resume with the scaling states from the checkpoint; the refusal of fp8 on
@@ -7,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <vector>
 
@@ -87,8 +89,15 @@ Tensor transposed(const Tensor& a) {
 }
 
 // Tolerances: the GPU sums exact FP8 products in fp32 in its own order (and with fast accumulation in the forward);
-// outputs and dx are rounded to bf16 (2^-9 relative), dW stays fp32.
+// outputs and dx are rounded to bf16 (2^-9 relative), dW stays fp32. The CPU sums them in fp32 too, and its
+// activations are fp32.
 constexpr double kBf16Tol = 1e-2, kFp32Tol = 1e-4;
+double activation_tol(Device device) { return device == Device::CUDA ? kBf16Tol : kFp32Tol; }
+DType activation(Device device) { return device == Device::CUDA ? DType::BF16 : DType::F32; }
+// A host tensor on `device` in `dtype` (the CPU keeps it where it is).
+Tensor on(const Tensor& host, DType dtype, Device device) {
+  return device == Device::CUDA ? to_gpu(host, dtype) : host.to(dtype);
+}
 
 // The host's delayed scaling of one weight's three tensors, the reference of what the GPU states must hold.
 struct ReferenceScaling {
@@ -116,26 +125,27 @@ void expect_state(const Var& owner, const ReferenceScaling& ref, float x_amax, f
   EXPECT_EQ(s.step_amax[2], dy_amax);
 }
 
-TEST(Fp8LinearCuda, LinearWithResidualMatchesTheQuantisedReferenceOverThreeSteps) {
-  HGRN_SKIP_WITHOUT_FP8();
+void check_linear_over_three_steps(Device device) {
   const int64_t rows = 48, in = 32, out = 80, history = 2;
-  Fp8LinearScope scope(Fp8Recipe{history, 0}, 1, {});
+  const DType act = activation(device);
+  const double tol = activation_tol(device);
+  Fp8LinearScope scope(Fp8Recipe{history, 0}, 1, {}, device);
   Rng rng(11);
   const Tensor w = random_tensor(rng, {out, in}, 0.1, DType::F32);
-  const Var wg = make_var(to_gpu(w, DType::F32), true);
+  const Var wg = make_var(on(w, DType::F32, device), true);
   ReferenceScaling ref(history);
   for (int step = 0; step < 3; ++step) {
     SCOPED_TRACE(::testing::Message() << "step " << step);
     // Each step's inputs at another magnitude, so that the scales move and their inverses are exercised.
     const double magnitude = step == 1 ? 40.0 : 0.5;
-    const Tensor x = round_through(random_tensor(rng, {rows, in}, magnitude), DType::BF16);
-    const Tensor dy = round_through(random_tensor(rng, {rows, out}, 1e-3 * magnitude), DType::BF16);
-    const Tensor r = round_through(random_tensor(rng, {rows, out}), DType::BF16);
+    const Tensor x = round_through(random_tensor(rng, {rows, in}, magnitude), act);
+    const Tensor dy = round_through(random_tensor(rng, {rows, out}, 1e-3 * magnitude), act);
+    const Tensor r = round_through(random_tensor(rng, {rows, out}), act);
     wg->grad = Tensor();
     Tape tape;
-    const Var xg = make_var(to_gpu(x, DType::BF16), true), rg = make_var(to_gpu(r, DType::BF16), true);
+    const Var xg = make_var(on(x, act, device), true), rg = make_var(on(r, act, device), true);
     const Var y = linear(tape, xg, wg, rg);
-    tape.backward(y, to_gpu(dy, DType::BF16));
+    tape.backward(y, on(dy, act, device));
 
     expect_state(wg, ref, host_amax(x), host_amax(w), host_amax(dy));
     const Tensor xq = dequantised(x, ref.input.scale, Fp8Format::E4M3),
@@ -144,9 +154,9 @@ TEST(Fp8LinearCuda, LinearWithResidualMatchesTheQuantisedReferenceOverThreeSteps
     Tensor y_want = matmul(xq, wq, true);
     const Tensor r64 = r.to(DType::F64);
     for (int64_t i = 0; i < y_want.numel(); ++i) y_want.data<double>()[i] += r64.item(i);
-    expect_close(y->value, y_want, kBf16Tol, kBf16Tol * host_amax(y_want), "y");
+    expect_close(y->value, y_want, tol, tol * host_amax(y_want), "y");
     const Tensor dx_want = matmul(dyq, wq, false);
-    expect_close(xg->grad, dx_want, kBf16Tol, kBf16Tol * host_amax(dx_want), "dx");
+    expect_close(xg->grad, dx_want, tol, tol * host_amax(dx_want), "dx");
     const Tensor dw_want = matmul(transposed(dyq), xq, false);
     expect_close(wg->grad, dw_want, kFp32Tol, kFp32Tol * host_amax(dw_want), "dW");
     expect_close(rg->grad, dy.to(DType::F64), 0, 0, "d residual");
@@ -160,24 +170,34 @@ TEST(Fp8LinearCuda, LinearWithResidualMatchesTheQuantisedReferenceOverThreeSteps
   EXPECT_NE(ref.input.scale, 1.0f);  // the scales moved, so the later steps checked them
 }
 
-TEST(Fp8LinearCuda, ColumnsAndSwigluMatchTheQuantisedReference) {
+TEST(Fp8Linear, LinearWithResidualMatchesTheQuantisedReferenceOverThreeSteps) {
+  check_linear_over_three_steps(Device::CPU);
+}
+
+TEST(Fp8LinearCuda, LinearWithResidualMatchesTheQuantisedReferenceOverThreeSteps) {
   HGRN_SKIP_WITHOUT_FP8();
+  check_linear_over_three_steps(Device::CUDA);
+}
+
+void check_columns_and_swiglu(Device device) {
   const int64_t rows = 32, in = 48, hidden = 64, out = 32;
-  Fp8LinearScope scope(Fp8Recipe{4, 0}, 3, {});
+  const DType act = activation(device);
+  const double tol = activation_tol(device);
+  Fp8LinearScope scope(Fp8Recipe{4, 0}, 3, {}, device);
   Rng rng(5);
   // gate and up adjacent in one buffer, as the model allocates them; both read as one FP8 matrix.
   const Tensor w_gate_up = random_tensor(rng, {2 * hidden, in}, 0.1, DType::F32),
                w_down = random_tensor(rng, {out, hidden}, 0.1, DType::F32);
-  const Tensor gate_up_gpu = to_gpu(w_gate_up, DType::F32);
+  const Tensor gate_up_gpu = on(w_gate_up, DType::F32, device);
   const Var gate_w = make_var(gate_up_gpu.rows(0, hidden), true), up_w = make_var(gate_up_gpu.rows(hidden, hidden), true);
-  const Var down_w = make_var(to_gpu(w_down, DType::F32), true);
-  const Tensor x = round_through(random_tensor(rng, {rows, in}), DType::BF16);
-  const Tensor dy = round_through(random_tensor(rng, {rows, out}, 1e-2), DType::BF16);
+  const Var down_w = make_var(on(w_down, DType::F32, device), true);
+  const Tensor x = round_through(random_tensor(rng, {rows, in}), act);
+  const Tensor dy = round_through(random_tensor(rng, {rows, out}, 1e-2), act);
   Tape tape;
-  const Var xg = make_var(to_gpu(x, DType::BF16), true);
+  const Var xg = make_var(on(x, act, device), true);
   const std::vector<Var> gu = linear_columns(tape, xg, {gate_w, up_w});
   const Var y = swiglu_linear(tape, gu[0], gu[1], down_w, /*keep_hidden=*/false);
-  tape.backward(y, to_gpu(dy, DType::BF16));
+  tape.backward(y, on(dy, act, device));
 
   // Scales are 1 in the first step: the reference quantises x, the weights and dy as they are. The gate/up output
   // and the hidden activation are the GPU's own (bf16) values, quantised as it quantised them.
@@ -185,7 +205,7 @@ TEST(Fp8LinearCuda, ColumnsAndSwigluMatchTheQuantisedReference) {
   const Tensor gate_up_want = matmul(xq, wq, true);
   const Tensor gate_up_got = to_host_f64(testing::concat_columns({gu[0]->value.to(Device::CPU).clone(),
                                                                    gu[1]->value.to(Device::CPU).clone()}));
-  expect_close(gate_up_got, gate_up_want, kBf16Tol, kBf16Tol * host_amax(gate_up_want), "gate/up");
+  expect_close(gate_up_got, gate_up_want, tol, tol * host_amax(gate_up_want), "gate/up");
   // hidden = silu(gate)·up from the GPU's gate and up, rounded to bf16 as the GPU stores it.
   Tensor h = Tensor::empty({rows, hidden}, DType::F64);
   for (int64_t i = 0; i < rows; ++i)
@@ -193,16 +213,16 @@ TEST(Fp8LinearCuda, ColumnsAndSwigluMatchTheQuantisedReference) {
       const double g = gate_up_got.item(i * 2 * hidden + j), u = gate_up_got.item(i * 2 * hidden + hidden + j);
       h.data<double>()[i * hidden + j] = g / (1 + std::exp(-g)) * u;
     }
-  h = round_through(h, DType::BF16);
+  h = round_through(h, act);
   const Fp8ScalingSnapshot down = fp8_scaling_snapshot(down_w);
   ASSERT_EQ(down.scales.size(), 3u);
   EXPECT_NEAR(down.step_amax[0], host_amax(h), 1e-2 * host_amax(h));  // h: the GPU's up to an ulp
   const Tensor hq = dequantised(h, 1.0f, Fp8Format::E4M3), wdq = dequantised(w_down, 1.0f, Fp8Format::E4M3),
                dyq = dequantised(dy, 1.0f, Fp8Format::E5M2);
   const Tensor y_want = matmul(hq, wdq, true);
-  expect_close(y->value, y_want, 2 * kBf16Tol, 2 * kBf16Tol * host_amax(y_want), "y");
+  expect_close(y->value, y_want, 2 * tol, 2 * tol * host_amax(y_want), "y");
   const Tensor dw_down_want = matmul(transposed(dyq), hq, false);
-  expect_close(down_w->grad, dw_down_want, kBf16Tol, kBf16Tol * host_amax(dw_down_want), "dW down");
+  expect_close(down_w->grad, dw_down_want, tol, tol * host_amax(dw_down_want), "dW down");
   // The gate/up block's gradients through the reference chain: dhidden = dy·W_down, SwiGLU's backward on the GPU's
   // gate and up, rounded to bf16 and quantised to E5M2 at scale 1. Values near an E5M2 rounding boundary may round
   // the other way from the GPU's (its dhidden sums in another order), so 5% here: a wrong layout is off by O(1).
@@ -215,7 +235,7 @@ TEST(Fp8LinearCuda, ColumnsAndSwigluMatchTheQuantisedReference) {
       d_gate_up.data<double>()[i * 2 * hidden + j] = d * u * sig * (1 + g * (1 - sig));
       d_gate_up.data<double>()[i * 2 * hidden + hidden + j] = d * g * sig;
     }
-  const Tensor dq = dequantised(round_through(d_gate_up, DType::BF16), 1.0f, Fp8Format::E5M2);
+  const Tensor dq = dequantised(round_through(d_gate_up, act), 1.0f, Fp8Format::E5M2);
   const Tensor dx_want = matmul(dq, wq, false), dw_want = matmul(transposed(dq), xq, false);
   expect_close(xg->grad, dx_want, 5e-2, 5e-2 * host_amax(dx_want), "dx");
   Tensor dw_both = Tensor::empty({2 * hidden, in}, DType::F64);
@@ -230,6 +250,66 @@ TEST(Fp8LinearCuda, ColumnsAndSwigluMatchTheQuantisedReference) {
   EXPECT_EQ(block.step_amax[0], host_amax(x));
   EXPECT_EQ(block.step_amax[1], host_amax(w_gate_up));
   EXPECT_FALSE(fp8_scaling_snapshot(up_w).scales.size());  // the block has one state, the first weight's
+}
+
+TEST(Fp8Linear, ColumnsAndSwigluMatchTheQuantisedReference) { check_columns_and_swiglu(Device::CPU); }
+
+TEST(Fp8LinearCuda, ColumnsAndSwigluMatchTheQuantisedReference) {
+  HGRN_SKIP_WITHOUT_FP8();
+  check_columns_and_swiglu(Device::CUDA);
+}
+
+// The scaling states leave through fp8_scaling_save and come back through fp8_scaling_restore into a fresh scope: the
+// same scales, histories and ring positions per weight, and the same forward bits; a history of another length is
+// refused naming the source. On the CPU path.
+TEST(Fp8Linear, ScalingStatesSaveAndRestore) {
+  const int64_t rows = 16, in = 16, out = 32, history = 3;
+  Rng rng(3);
+  const Var w1 = make_var(random_tensor(rng, {out, in}, 0.1, DType::F32), true);
+  const Var w2 = make_var(random_tensor(rng, {in, out}, 0.1, DType::F32), true);
+  const std::vector<Var> params = {w2, w1};  // slots follow first use (w1 first), indices this order
+  const Tensor x = random_tensor(rng, {rows, in}, 1.0, DType::F32), dy = random_tensor(rng, {rows, in}, 1e-2, DType::F32);
+  const auto forward = [&](Tape& tape) { return linear(tape, linear(tape, make_var(x.clone(), true), w1), w2); };
+  std::vector<std::pair<std::string, Tensor>> saved;
+  Fp8ScalingSnapshot before1, before2;
+  Tensor y_before;
+  {
+    Fp8LinearScope scope(Fp8Recipe{history, 0}, 2, {}, Device::CPU);
+    for (int step = 0; step < 4; ++step) {
+      Tape tape;
+      tape.backward(forward(tape), dy.clone());
+      fp8_end_step();
+    }
+    saved = fp8_scaling_save(params);
+    before1 = fp8_scaling_snapshot(w1);
+    before2 = fp8_scaling_snapshot(w2);
+    Tape tape;
+    y_before = forward(tape)->value.clone();
+  }
+  ASSERT_EQ(before1.scales.size(), 3u);
+  EXPECT_NE(before1.scales[0], 1.0f);  // four steps moved the scales
+  {
+    Fp8LinearScope scope(Fp8Recipe{history, 0}, 2, {}, Device::CPU);
+    fp8_scaling_restore(saved, params, "saved.h5");
+    for (const auto& [weight, before] : {std::pair{w1, before1}, std::pair{w2, before2}}) {
+      const Fp8ScalingSnapshot after = fp8_scaling_snapshot(weight);
+      EXPECT_EQ(after.scales, before.scales);
+      EXPECT_EQ(after.amax_history, before.amax_history);
+      EXPECT_EQ(after.positions, before.positions);
+      EXPECT_EQ(after.step_amax, (std::vector<float>{0, 0, 0}));
+    }
+    Tape tape;
+    const Tensor y_after = forward(tape)->value;
+    EXPECT_EQ(std::memcmp(y_after.raw_data(), y_before.raw_data(), y_before.nbytes()), 0);
+  }
+  Fp8LinearScope longer(Fp8Recipe{history + 1, 0}, 2, {}, Device::CPU);
+  try {
+    fp8_scaling_restore(saved, params, "saved.h5");
+    ADD_FAILURE() << "a history of another length was restored";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("saved.h5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("amax history 4"), std::string::npos) << e.what();
+  }
 }
 
 TrainingSummary mqar_run(const std::string& precision) {

@@ -1,7 +1,9 @@
-// fp8_linear.cpp: see fp8_linear.h. The scaling states of all weights live in one set of device arrays, so that the
-// end-of-step update is two kernel launches (one per format) and two for the inverses, whatever the layer count.
+// fp8_linear.cpp: see fp8_linear.h. The scaling states of all weights live in one set of arrays on the scope's
+// device, so that the end-of-step update is two kernel launches (one per format) and two for the inverses, whatever
+// the layer count. The CPU path is the reference arithmetic of ops/fp8.h on fp32 activations, for tests.
 #include "ops/fp8_linear.h"
 
+#include <algorithm>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
@@ -28,18 +30,19 @@ struct FormatStates {
   Fp8Format format = Fp8Format::E4M3;
   Tensor history, positions, scales, step_amax, inverses;
 
-  void allocate(Fp8Format f, int64_t tensors, int64_t history_length) {
+  void allocate(Fp8Format f, int64_t tensors, int64_t history_length, Device device) {
     format = f;
-    history = Tensor::zeros({tensors * history_length}, DType::F32, Device::CUDA);
-    positions = Tensor::zeros({tensors}, DType::I64, Device::CUDA);
-    scales = Tensor::full({tensors}, 1.0, DType::F32, Device::CUDA);
-    step_amax = Tensor::zeros({tensors}, DType::F32, Device::CUDA);
-    inverses = Tensor::full({tensors * kInverseStride}, 1.0, DType::F32, Device::CUDA);
+    history = Tensor::zeros({tensors * history_length}, DType::F32, device);
+    positions = Tensor::zeros({tensors}, DType::I64, device);
+    scales = Tensor::full({tensors}, 1.0, DType::F32, device);
+    step_amax = Tensor::zeros({tensors}, DType::F32, device);
+    inverses = Tensor::full({tensors * kInverseStride}, 1.0, DType::F32, device);
   }
 };
 
 struct Scope {
   Fp8Recipe recipe;
+  Device device = Device::CUDA;
   int64_t capacity = 0, used = 0;
   std::unordered_set<const Variable*> excluded;
   std::unordered_map<const Variable*, int64_t> slot;
@@ -72,7 +75,7 @@ TensorState state_of(const Var& weight, Role role) {
 }
 
 // FP8 codes held in an I32 tensor (a Tensor has no byte dtype): four codes an element, 16-byte aligned storage.
-Tensor fp8_codes(int64_t count) { return Tensor::empty({(count + 3) / 4}, DType::I32, Device::CUDA); }
+Tensor fp8_codes(int64_t count) { return Tensor::empty({(count + 3) / 4}, DType::I32, active_scope->device); }
 uint8_t* codes_of(const Tensor& t) { return static_cast<uint8_t*>(t.raw_data()); }
 
 // The casts read dense rows: a row-strided view (a column block) is copied first.
@@ -83,28 +86,115 @@ Tensor dense(const Tensor& t) {
   return copy;
 }
 
+// The activation dtype of the scope's device: bf16 on the GPU, fp32 on the CPU.
+DType activation_dtype_of(Device device) { return device == Device::CUDA ? DType::BF16 : DType::F32; }
+
+// codes = fp8(x · *scale) for a dense x seen as [rows, cols] (out, out_t: row-major and transposed codes, either
+// null); *amax (or null) becomes max(*amax, amax of x).
+void cast(const Tensor& x, int64_t rows, int64_t cols, const float* scale, Fp8Format format, uint8_t* out,
+          uint8_t* out_t, float* amax) {
+  if (x.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    if (out_t)
+      cuda_fp8_quantize_transpose(x.raw_data(), x.dtype(), rows, cols, scale, format, out, out_t, amax);
+    else
+      cuda_fp8_quantize(x.raw_data(), x.dtype(), rows * cols, scale, format, out, amax);
+    return;
+#endif
+  }
+  const float* v = x.data<float>();
+  if (out) fp8_quantize(v, rows * cols, *scale, format, out);
+  if (out_t)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out_t[c * rows + r] = fp8_from_float(v[r * cols + c] * *scale, format);
+  if (amax) *amax = std::max(*amax, fp8_amax(v, rows * cols));
+}
+
+struct Operand {
+  const uint8_t* codes;
+  Fp8Format format;
+  const float* scale_inverse;
+};
+
+// c = a.scale_inverse · b.scale_inverse · A·Bᵀ + beta·c, A [m, k] (lda), B [n, k] (ldb), c of `c_dtype` (ldc).
+void gemm(int64_t m, int64_t n, int64_t k, const Operand& a, int64_t lda, const Operand& b, int64_t ldb, float beta,
+          void* c, int64_t ldc, DType c_dtype, bool fast_accumulation) {
+  if (active_scope->device == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_fp8_gemm(m, n, k, {a.codes, a.format, a.scale_inverse}, lda, {b.codes, b.format, b.scale_inverse}, ldb, beta,
+                  c, ldc, c_dtype, fast_accumulation);
+    return;
+#endif
+  }
+  HGRN_CHECK(c_dtype == DType::F32, "fp8 linear on the CPU: the output must be fp32");
+  fp8_gemm_cpu(false, true, m, n, k, a.codes, lda, a.format, *a.scale_inverse, b.codes, ldb, b.format,
+               *b.scale_inverse, beta, static_cast<float*>(c), ldc);
+}
+
+// The GEMM factors 1 / scale of the first `tensors` states.
+void refresh_inverses(FormatStates& f, int64_t tensors) {
+  if (f.scales.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_fp8_scale_inverses(f.scales.data<float>(), f.inverses.data<float>(), tensors, kInverseStride);
+    return;
+#endif
+  }
+  for (int64_t t = 0; t < tensors; ++t)
+    f.inverses.data<float>()[t * kInverseStride] = fp8_scale_inverse(f.scales.data<float>()[t]);
+}
+
+// The end-of-step update of `tensors` states of one format, and their GEMM factors.
+void update_scales(FormatStates& f, int64_t tensors, const Fp8Recipe& recipe) {
+  if (f.history.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_fp8_update_scales(f.history.data<float>(), recipe.history_length, f.positions.data<int64_t>(),
+                           f.scales.data<float>(), f.step_amax.data<float>(), tensors, f.format, recipe.margin);
+    refresh_inverses(f, tensors);
+    return;
+#endif
+  }
+  for (int64_t t = 0; t < tensors; ++t) {
+    float* history = f.history.data<float>() + t * recipe.history_length;
+    Fp8ScalingState state;
+    state.amax_history.assign(history, history + recipe.history_length);
+    state.position = f.positions.data<int64_t>()[t];
+    state.scale = f.scales.data<float>()[t];
+    fp8_record_amax(state, f.step_amax.data<float>()[t]);
+    f.step_amax.data<float>()[t] = 0.0f;
+    fp8_update_scale(state, f.format, recipe.margin);
+    std::copy(state.amax_history.begin(), state.amax_history.end(), history);
+    f.positions.data<int64_t>()[t] = state.position;
+    f.scales.data<float>()[t] = state.scale;
+  }
+  refresh_inverses(f, tensors);
+}
+
 }  // namespace
 
-Fp8LinearScope::Fp8LinearScope(const Fp8Recipe& recipe, int64_t max_weights, const std::vector<Var>& excluded) {
+Fp8LinearScope::Fp8LinearScope(const Fp8Recipe& recipe, int64_t max_weights, const std::vector<Var>& excluded,
+                               Device device) {
   HGRN_CHECK(!active_scope, "fp8 linear: a second Fp8LinearScope while one is active");
   HGRN_CHECK(recipe.history_length >= 1 && recipe.margin >= 0, "fp8 linear: amax history length ",
              recipe.history_length, " and margin ", recipe.margin, ": expected >= 1 and >= 0");
+  if (device == Device::CUDA) {
 #ifndef HGRN_WITH_CUDA
-  throw Error("fp8 linear layers need the CUDA backend: this hgrn was built without it");
+    throw Error("fp8 linear layers on the GPU need the CUDA backend: this hgrn was built without it");
 #else
-  const cudaDeviceProp& gpu = cuda_device_properties();
-  HGRN_CHECK(gpu.major * 10 + gpu.minor >= 89, "training.precision: fp8 needs FP8 tensor cores (compute capability "
-             "8.9 or newer: Ada, Hopper); this GPU, ", gpu.name, ", has ", gpu.major, ".", gpu.minor,
-             ": set training.precision to bf16");
+    const cudaDeviceProp& gpu = cuda_device_properties();
+    HGRN_CHECK(gpu.major * 10 + gpu.minor >= 89, "training.precision: fp8 needs FP8 tensor cores (compute "
+               "capability 8.9 or newer: Ada, Hopper); this GPU, ", gpu.name, ", has ", gpu.major, ".", gpu.minor,
+               ": set training.precision to bf16");
+#endif
+  }
   auto scope = std::make_unique<Scope>();
   scope->recipe = recipe;
+  scope->device = device;
   scope->capacity = max_weights;
   for (const Var& v : excluded)
     if (v) scope->excluded.insert(v.get());
-  scope->e4m3.allocate(Fp8Format::E4M3, 2 * max_weights, recipe.history_length);
-  scope->e5m2.allocate(Fp8Format::E5M2, max_weights, recipe.history_length);
+  scope->e4m3.allocate(Fp8Format::E4M3, 2 * max_weights, recipe.history_length, device);
+  scope->e5m2.allocate(Fp8Format::E5M2, max_weights, recipe.history_length, device);
   active_scope = scope.release();
-#endif
 }
 
 Fp8LinearScope::~Fp8LinearScope() {
@@ -112,28 +202,32 @@ Fp8LinearScope::~Fp8LinearScope() {
   active_scope = nullptr;
 }
 
+bool fp8_linear_active() { return active_scope != nullptr; }
+
 bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w) {
   if (!active_scope || active_scope->excluded.count(weight.get())) return false;
-  if (x.device() != Device::CUDA || x.dtype() != DType::BF16 || w.dtype() != DType::F32 || w.dim() != 2) return false;
+  const Device device = active_scope->device;
+  if (x.device() != device || w.device() != device || x.dtype() != activation_dtype_of(device) ||
+      w.dtype() != DType::F32 || w.dim() != 2 || x.dim() < 1)
+    return false;
   const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / (in ? in : 1);
-  return x.dim() >= 1 && x.size(-1) == in && w.device() == Device::CUDA && in % 16 == 0 && out % 16 == 0 && rows % 16 == 0 && rows > 0 && x.is_contiguous() && w.is_contiguous();
+  return x.size(-1) == in && in % 16 == 0 && out % 16 == 0 && rows % 16 == 0 && rows > 0 && x.is_contiguous() &&
+         w.is_contiguous();
 }
 
-#ifdef HGRN_WITH_CUDA
 Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual) {
   const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
   const TensorState xs = state_of(weight, Role::Input), ws = state_of(weight, Role::Weight);
   const Tensor xq = fp8_codes(rows * in), wq = fp8_codes(out * in);
-  cuda_fp8_quantize(x.raw_data(), x.dtype(), rows * in, xs.scale, Fp8Format::E4M3, codes_of(xq), xs.step_amax);
-  cuda_fp8_quantize(w.raw_data(), w.dtype(), out * in, ws.scale, Fp8Format::E4M3, codes_of(wq), ws.step_amax);
+  cast(x, rows, in, xs.scale, Fp8Format::E4M3, codes_of(xq), nullptr, xs.step_amax);
+  cast(w, out, in, ws.scale, Fp8Format::E4M3, codes_of(wq), nullptr, ws.step_amax);
   Shape shape = x.shape();
   shape.back() = out;
-  Tensor y = Tensor::empty(shape, DType::BF16, Device::CUDA);
+  Tensor y = Tensor::empty(shape, x.dtype(), x.device());
   if (residual) y.copy_from(*residual);  // the GEMM adds beta·C in place
   // Fast accumulation in the forward only, as Transformer Engine: the backward's sums are longer and smaller.
-  cuda_fp8_linear_gemm(Fp8LinearGemm::Forward, rows, in, out, {codes_of(xq), Fp8Format::E4M3, xs.inverse},
-                       {codes_of(wq), Fp8Format::E4M3, ws.inverse}, residual ? 1.0f : 0.0f, y.raw_data(), DType::BF16,
-                       /*fast_accumulation=*/true);
+  gemm(rows, out, in, {codes_of(xq), Fp8Format::E4M3, xs.inverse}, in, {codes_of(wq), Fp8Format::E4M3, ws.inverse}, in,
+       residual ? 1.0f : 0.0f, y.raw_data(), out, y.dtype(), /*fast_accumulation=*/true);
   return y;
 }
 
@@ -145,22 +239,21 @@ Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy_in) {
   const TensorState s = state_of(weight, Role::OutputGradient);
   g.codes = fp8_codes(g.rows * g.width);
   g.codes_transposed = fp8_codes(g.rows * g.width);
-  cuda_fp8_quantize_transpose(dy.raw_data(), dy.dtype(), g.rows, g.width, s.scale, Fp8Format::E5M2, codes_of(g.codes),
-                              codes_of(g.codes_transposed), s.step_amax);
+  cast(dy, g.rows, g.width, s.scale, Fp8Format::E5M2, codes_of(g.codes), codes_of(g.codes_transposed), s.step_amax);
   return g;
 }
 
 void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, const Tensor& w, float beta,
                                Tensor& dx) {
   const int64_t in = w.size(1), out = w.size(0);
-  HGRN_CHECK(out == dy.width && dx.is_contiguous() && dx.dtype() == DType::BF16 && dx.numel() == dy.rows * in,
+  HGRN_CHECK(out == dy.width && dx.is_contiguous() && dx.dtype() == activation_dtype_of(active_scope->device) &&
+                 dx.numel() == dy.rows * in,
              "fp8 linear: the input gradient ", shape_str(dx.shape()), " does not fit ", dy.rows, " rows of ", in);
   const TensorState gs = state_of(weight, Role::OutputGradient), ws = state_of(weight, Role::Weight);
   const Tensor wq_t = fp8_codes(out * in);  // Wᵀ [in, out], with the forward's scale (scales move at step ends)
-  cuda_fp8_quantize_transpose(w.raw_data(), w.dtype(), out, in, ws.scale, Fp8Format::E4M3, nullptr, codes_of(wq_t),
-                              nullptr);
-  cuda_fp8_linear_gemm(Fp8LinearGemm::InputGrad, dy.rows, in, out, {codes_of(dy.codes), Fp8Format::E5M2, gs.inverse},
-                       {codes_of(wq_t), Fp8Format::E4M3, ws.inverse}, beta, dx.raw_data(), DType::BF16, false);
+  cast(w, out, in, ws.scale, Fp8Format::E4M3, nullptr, codes_of(wq_t), nullptr);
+  gemm(dy.rows, in, out, {codes_of(dy.codes), Fp8Format::E5M2, gs.inverse}, out,
+       {codes_of(wq_t), Fp8Format::E4M3, ws.inverse}, out, beta, dx.raw_data(), in, dx.dtype(), false);
 }
 
 void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, int64_t first_column,
@@ -173,11 +266,10 @@ void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, 
   const Tensor xc = dense(x);
   const TensorState gs = state_of(weight, Role::OutputGradient), xs = state_of(weight, Role::Input);
   const Tensor xq_t = fp8_codes(rows * in);  // Xᵀ [in, rows]
-  cuda_fp8_quantize_transpose(xc.raw_data(), xc.dtype(), rows, in, xs.scale, Fp8Format::E4M3, nullptr,
-                              codes_of(xq_t), nullptr);
+  cast(xc, rows, in, xs.scale, Fp8Format::E4M3, nullptr, codes_of(xq_t), nullptr);
   // dy's columns [first, first + n) are rows of its transpose: an offset of first · rows codes (rows % 16 == 0).
-  cuda_fp8_gemm(n, in, rows, {codes_of(dy.codes_transposed) + first_column * rows, Fp8Format::E5M2, gs.inverse}, rows,
-                {codes_of(xq_t), Fp8Format::E4M3, xs.inverse}, rows, beta, dw.raw_data(), in, DType::F32, false);
+  gemm(n, in, rows, {codes_of(dy.codes_transposed) + first_column * rows, Fp8Format::E5M2, gs.inverse}, rows,
+       {codes_of(xq_t), Fp8Format::E4M3, xs.inverse}, rows, beta, dw.raw_data(), in, DType::F32, false);
 }
 
 void fp8_end_step(const std::function<void(float*, int64_t)>& reduce_max) {
@@ -186,9 +278,7 @@ void fp8_end_step(const std::function<void(float*, int64_t)>& reduce_max) {
   for (FormatStates* f : {&s.e4m3, &s.e5m2}) {
     const int64_t tensors = f == &s.e4m3 ? 2 * s.used : s.used;
     if (reduce_max) reduce_max(f->step_amax.data<float>(), tensors);
-    cuda_fp8_update_scales(f->history.data<float>(), s.recipe.history_length, f->positions.data<int64_t>(),
-                           f->scales.data<float>(), f->step_amax.data<float>(), tensors, f->format, s.recipe.margin);
-    cuda_fp8_scale_inverses(f->scales.data<float>(), f->inverses.data<float>(), tensors, kInverseStride);
+    update_scales(*f, tensors, s.recipe);
   }
 }
 
@@ -256,10 +346,10 @@ void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>& save
                  ": the FP8 scaling array ", name, " is ", dtype_name(t.dtype()), " ", shape_str(t.shape()),
                  ": expected ", dtype_name(target.dtype()), " [", tensors * per_tensor, "] (", tensors,
                  " tensors; amax history ", s.recipe.history_length, ")");
-      target.rows(0, tensors * per_tensor).copy_from(t.to(Device::CUDA));
+      target.rows(0, tensors * per_tensor).copy_from(on_device(t, s.device));
     }
     f->step_amax.zero();
-    cuda_fp8_scale_inverses(f->scales.data<float>(), f->inverses.data<float>(), tensors, kInverseStride);
+    refresh_inverses(*f, tensors);
   }
 }
 
@@ -283,23 +373,5 @@ Fp8ScalingSnapshot fp8_scaling_snapshot(const Var& weight) {
   }
   return out;
 }
-#else
-static Error no_cuda() { return Error("fp8 linear layers need the CUDA backend: this hgrn was built without it"); }
-Tensor fp8_linear_forward(const Var&, const Tensor&, const Tensor&, const Tensor*) { throw no_cuda(); }
-Fp8OutputGradient fp8_output_gradient(const Var&, const Tensor&) { throw no_cuda(); }
-void fp8_linear_input_gradient(const Var&, const Fp8OutputGradient&, const Tensor&, float, Tensor&) {
-  throw no_cuda();
-}
-void fp8_linear_weight_gradient(const Var&, const Fp8OutputGradient&, int64_t, const Tensor&, float, Tensor&) {
-  throw no_cuda();
-}
-void fp8_end_step(const std::function<void(float*, int64_t)>&) {}
-std::vector<std::pair<std::string, Tensor>> fp8_scaling_save(const std::vector<Var>&) { return {}; }
-void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>&, const std::vector<Var>&,
-                         const std::string&) {
-  throw no_cuda();
-}
-Fp8ScalingSnapshot fp8_scaling_snapshot(const Var&) { return {}; }
-#endif
 
 }  // namespace hgrn

@@ -3,8 +3,8 @@
 // delayed scaling (ops/fp8.h: Transformer Engine's default recipe, the amax of the last history_length steps). The
 // outputs, the activations between layers, the fp32 master weights and their fp32 gradients stay as in bf16.
 // linear, linear_columns and swiglu_linear (ops/linear.h, ops/swiglu_linear.h) take this path while an
-// Fp8LinearScope is active, for a bf16 input on the GPU, an fp32 master weight not excluded (the LM head) and sizes
-// that are multiples of 16 (cuBLASLt's FP8 kernels); anything else runs as in bf16.
+// Fp8LinearScope is active, for an input of the scope's activation dtype on its device, an fp32 master weight not
+// excluded (the LM head) and sizes that are multiples of 16 (cuBLASLt's FP8 kernels); anything else runs as before.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -23,19 +23,25 @@ struct Fp8Recipe {
 // FP8 linear layers for the scope's lifetime (one training run or bench): the scaling states of up to
 // `max_weights` weights (one per weight, or per block of adjacent weights that linear_columns multiplies as one),
 // made on their first use. `excluded` weights (the LM head, tied embeddings) stay in bf16. One scope at a time.
+// On the GPU (bf16 activations; sm_89+) or on the CPU, where the reference arithmetic of ops/fp8.h runs on fp32
+// activations: the tests' check of everything around the GPU kernels (training refuses fp8 on the CPU).
 class Fp8LinearScope {
  public:
-  Fp8LinearScope(const Fp8Recipe& recipe, int64_t max_weights, const std::vector<Var>& excluded);
+  Fp8LinearScope(const Fp8Recipe& recipe, int64_t max_weights, const std::vector<Var>& excluded,
+                 Device device = Device::CUDA);
   ~Fp8LinearScope();
   Fp8LinearScope(const Fp8LinearScope&) = delete;
   Fp8LinearScope& operator=(const Fp8LinearScope&) = delete;
 };
 
+// Whether an Fp8LinearScope is active.
+bool fp8_linear_active();
+
 // Whether the GEMMs of `weight` (master block w [out, in], the value of one weight or the adjacent values of several)
 // with input x take the FP8 path.
 bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w);
 
-// y = x·Wᵀ, or residual + x·Wᵀ, a new bf16 tensor [..., out]: x and W cast to E4M3 with their scales (their amaxes
+// y = x·Wᵀ, or residual + x·Wᵀ, a new tensor [..., out] of x's dtype: x and W cast to E4M3 with their scales (their amaxes
 // recorded for this step), one FP8 GEMM with fp32 accumulation.
 Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual);
 
@@ -46,7 +52,7 @@ struct Fp8OutputGradient {
 };
 Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy);
 
-// dx = dy·W + beta·dx (dx bf16 [rows, in], contiguous).
+// dx = dy·W + beta·dx (dx [rows, in] of the activation dtype, contiguous).
 void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, const Tensor& w, float beta,
                                Tensor& dx);
 // dw = dy[:, first_column .. first_column + n)ᵀ·x + beta·dw, dw the fp32 gradient [n, in] (contiguous).

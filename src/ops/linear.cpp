@@ -281,7 +281,7 @@ static std::vector<Var> fp8_linear_columns(Tape& tape, const Var& x, const std::
 std::vector<Var> linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights) {
   HGRN_CHECK(x, "linear_columns: input is null");
   const Tensor& xv = x->value;
-  if (!weights.empty() && reads_bf16_copy(weights[0], xv)) {
+  if (!weights.empty() && fp8_linear_active()) {
     std::vector<Tensor> values;
     std::vector<int64_t> widths;
     bool weight_grads = false;
