@@ -199,9 +199,9 @@ TEST(Checkpoint, RoundTripKeepsTheFp8ScalingArrays) {
   Rng rng(9);
   TrainingState state = make_state(3);
   state.fp8_scaling.emplace_back("slot_params", Tensor::from_vector<int64_t>({4, 0, 2}, {3}));
-  state.fp8_scaling.emplace_back("E4M3_history", random_tensor(rng, {6 * 16}, DType::F32));
-  state.fp8_scaling.emplace_back("E4M3_positions", Tensor::from_vector<int64_t>({1, 2, 3, 4, 5, 15}, {6}));
-  state.fp8_scaling.emplace_back("E5M2_scales", random_tensor(rng, {3}, DType::F32));
+  state.fp8_scaling.emplace_back("forward_history", random_tensor(rng, {6 * 16}, DType::F32));
+  state.fp8_scaling.emplace_back("forward_positions", Tensor::from_vector<int64_t>({1, 2, 3, 4, 5, 15}, {6}));
+  state.fp8_scaling.emplace_back("gradient_scales", random_tensor(rng, {3}, DType::F32));
   expect_states_identical(state, load_checkpoint(save_checkpoint(dir.str(), state)));
   state.fp8_scaling.clear();
   EXPECT_TRUE(load_checkpoint(save_checkpoint(dir.str(), state)).fp8_scaling.empty());

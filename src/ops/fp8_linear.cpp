@@ -17,8 +17,8 @@
 namespace hgrn {
 namespace {
 
-// A weight's tensors: input and weight in E4M3 (slots 2s, 2s + 1 of the E4M3 arrays), output gradient in E5M2
-// (slot s of the E5M2 arrays).
+// A weight's tensors: input and weight in E4M3 (slots 2s, 2s + 1 of the forward arrays), output gradient in the
+// recipe's gradient format (slot s of the gradient arrays).
 enum class Role { Input = 0, Weight = 1, OutputGradient = 2 };
 
 // The GEMMs' dequantising factors sit 16 bytes apart: cuBLASLt refuses (status NOT_SUPPORTED) scale pointers that are
@@ -27,10 +27,12 @@ constexpr int64_t kInverseStride = 4;
 
 // One format's states, laid out as cuda_fp8_update_scales reads them.
 struct FormatStates {
+  std::string name;  // "forward" or "gradient": the arrays' names in checkpoints
   Fp8Format format = Fp8Format::E4M3;
   Tensor history, positions, scales, step_amax, inverses;
 
-  void allocate(Fp8Format f, int64_t tensors, int64_t history_length, Device device) {
+  void allocate(const std::string& what, Fp8Format f, int64_t tensors, int64_t history_length, Device device) {
+    name = what;
     format = f;
     history = Tensor::zeros({tensors * history_length}, DType::F32, device);
     positions = Tensor::zeros({tensors}, DType::I64, device);
@@ -46,7 +48,7 @@ struct Scope {
   int64_t capacity = 0, used = 0;
   std::unordered_set<const Variable*> excluded;
   std::unordered_map<const Variable*, int64_t> slot;
-  FormatStates e4m3, e5m2;
+  FormatStates forward, gradient;
 };
 
 Scope* active_scope = nullptr;
@@ -69,7 +71,7 @@ int64_t slot_of(const Var& weight) {
 TensorState state_of(const Var& weight, Role role) {
   HGRN_CHECK(active_scope, "fp8 linear: no Fp8LinearScope is active");
   const int64_t s = slot_of(weight);
-  FormatStates& f = role == Role::OutputGradient ? active_scope->e5m2 : active_scope->e4m3;
+  FormatStates& f = role == Role::OutputGradient ? active_scope->gradient : active_scope->forward;
   const int64_t i = role == Role::OutputGradient ? s : 2 * s + static_cast<int64_t>(role);
   return {f.scales.data<float>() + i, f.step_amax.data<float>() + i, f.inverses.data<float>() + i * kInverseStride};
 }
@@ -192,8 +194,8 @@ Fp8LinearScope::Fp8LinearScope(const Fp8Recipe& recipe, int64_t max_weights, con
   scope->capacity = max_weights;
   for (const Var& v : excluded)
     if (v) scope->excluded.insert(v.get());
-  scope->e4m3.allocate(Fp8Format::E4M3, 2 * max_weights, recipe.history_length, device);
-  scope->e5m2.allocate(Fp8Format::E5M2, max_weights, recipe.history_length, device);
+  scope->forward.allocate("forward", Fp8Format::E4M3, 2 * max_weights, recipe.history_length, device);
+  scope->gradient.allocate("gradient", recipe.gradient_format, max_weights, recipe.history_length, device);
   active_scope = scope.release();
 }
 
@@ -239,7 +241,8 @@ Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy_in) {
   const TensorState s = state_of(weight, Role::OutputGradient);
   g.codes = fp8_codes(g.rows * g.width);
   g.codes_transposed = fp8_codes(g.rows * g.width);
-  cast(dy, g.rows, g.width, s.scale, Fp8Format::E5M2, codes_of(g.codes), codes_of(g.codes_transposed), s.step_amax);
+  cast(dy, g.rows, g.width, s.scale, active_scope->recipe.gradient_format, codes_of(g.codes),
+       codes_of(g.codes_transposed), s.step_amax);
   return g;
 }
 
@@ -252,7 +255,7 @@ void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, c
   const TensorState gs = state_of(weight, Role::OutputGradient), ws = state_of(weight, Role::Weight);
   const Tensor wq_t = fp8_codes(out * in);  // Wᵀ [in, out], with the forward's scale (scales move at step ends)
   cast(w, out, in, ws.scale, Fp8Format::E4M3, nullptr, codes_of(wq_t), nullptr);
-  gemm(dy.rows, in, out, {codes_of(dy.codes), Fp8Format::E5M2, gs.inverse}, out,
+  gemm(dy.rows, in, out, {codes_of(dy.codes), active_scope->recipe.gradient_format, gs.inverse}, out,
        {codes_of(wq_t), Fp8Format::E4M3, ws.inverse}, out, beta, dx.raw_data(), in, dx.dtype(), false);
 }
 
@@ -268,21 +271,22 @@ void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, 
   const Tensor xq_t = fp8_codes(rows * in);  // Xᵀ [in, rows]
   cast(xc, rows, in, xs.scale, Fp8Format::E4M3, nullptr, codes_of(xq_t), nullptr);
   // dy's columns [first, first + n) are rows of its transpose: an offset of first · rows codes (rows % 16 == 0).
-  gemm(n, in, rows, {codes_of(dy.codes_transposed) + first_column * rows, Fp8Format::E5M2, gs.inverse}, rows,
+  gemm(n, in, rows,
+       {codes_of(dy.codes_transposed) + first_column * rows, active_scope->recipe.gradient_format, gs.inverse}, rows,
        {codes_of(xq_t), Fp8Format::E4M3, xs.inverse}, rows, beta, dw.raw_data(), in, DType::F32, false);
 }
 
 void fp8_end_step(const std::function<void(float*, int64_t)>& reduce_max) {
   if (!active_scope || active_scope->used == 0) return;
   Scope& s = *active_scope;
-  for (FormatStates* f : {&s.e4m3, &s.e5m2}) {
-    const int64_t tensors = f == &s.e4m3 ? 2 * s.used : s.used;
+  for (FormatStates* f : {&s.forward, &s.gradient}) {
+    const int64_t tensors = f == &s.forward ? 2 * s.used : s.used;
     if (reduce_max) reduce_max(f->step_amax.data<float>(), tensors);
     update_scales(*f, tensors, s.recipe);
   }
 }
 
-// The arrays of one format in a checkpoint: "<format>_<field>", the first `tensors` states of each.
+// The arrays in a checkpoint: "forward_<field>", "gradient_<field>", the first `tensors` states of each.
 static const char* const kSavedFields[] = {"history", "positions", "scales"};
 
 static Tensor& field_of(FormatStates& f, const std::string& field) {
@@ -302,11 +306,11 @@ std::vector<std::pair<std::string, Tensor>> fp8_scaling_save(const std::vector<V
     owners.data<int64_t>()[slot] = found->second;
   }
   out.emplace_back("slot_params", owners);
-  for (FormatStates* f : {&s.e4m3, &s.e5m2}) {
-    const int64_t tensors = f == &s.e4m3 ? 2 * s.used : s.used;
+  for (FormatStates* f : {&s.forward, &s.gradient}) {
+    const int64_t tensors = f == &s.forward ? 2 * s.used : s.used;
     for (const char* field : kSavedFields) {
       const int64_t per_tensor = std::string(field) == "history" ? s.recipe.history_length : 1;
-      out.emplace_back(detail::concat(fp8_format_name(f->format), "_", field),
+      out.emplace_back(f->name + "_" + field,
                        field_of(*f, field).rows(0, tensors * per_tensor).to(Device::CPU));
     }
   }
@@ -335,10 +339,10 @@ void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>& save
     s.slot.emplace(params[p].get(), i);
   }
   s.used = used;
-  for (FormatStates* f : {&s.e4m3, &s.e5m2}) {
-    const int64_t tensors = f == &s.e4m3 ? 2 * used : used;
+  for (FormatStates* f : {&s.forward, &s.gradient}) {
+    const int64_t tensors = f == &s.forward ? 2 * used : used;
     for (const char* field : kSavedFields) {
-      const std::string name = detail::concat(fp8_format_name(f->format), "_", field);
+      const std::string name = f->name + "_" + field;
       const int64_t per_tensor = std::string(field) == "history" ? s.recipe.history_length : 1;
       const Tensor& t = find(name);
       Tensor& target = field_of(*f, field);
@@ -358,10 +362,10 @@ Fp8ScalingSnapshot fp8_scaling_snapshot(const Var& weight) {
   if (!active_scope || !active_scope->slot.count(weight.get())) return out;
   const Scope& s = *active_scope;
   const int64_t slot = s.slot.at(weight.get()), h = s.recipe.history_length;
-  const Tensor e4_scales = s.e4m3.scales.to(Device::CPU), e4_amax = s.e4m3.step_amax.to(Device::CPU),
-               e5_scales = s.e5m2.scales.to(Device::CPU), e5_amax = s.e5m2.step_amax.to(Device::CPU),
-               e4_history = s.e4m3.history.to(Device::CPU), e5_history = s.e5m2.history.to(Device::CPU),
-               e4_positions = s.e4m3.positions.to(Device::CPU), e5_positions = s.e5m2.positions.to(Device::CPU);
+  const Tensor e4_scales = s.forward.scales.to(Device::CPU), e4_amax = s.forward.step_amax.to(Device::CPU),
+               e5_scales = s.gradient.scales.to(Device::CPU), e5_amax = s.gradient.step_amax.to(Device::CPU),
+               e4_history = s.forward.history.to(Device::CPU), e5_history = s.gradient.history.to(Device::CPU),
+               e4_positions = s.forward.positions.to(Device::CPU), e5_positions = s.gradient.positions.to(Device::CPU);
   for (int role = 0; role < 3; ++role) {
     const bool e5 = role == 2;
     const int64_t i = e5 ? slot : 2 * slot + role;

@@ -12,12 +12,15 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "ops/fp8.h"
 
 namespace hgrn {
 
 struct Fp8Recipe {
   int64_t history_length = 1024;  // amax history in steps (Transformer Engine's default)
   int margin = 0;                 // scale = fp8_max · 2^-margin / amax
+  // Output gradients in E5M2 (Transformer Engine's HYBRID format, the default) or E4M3 (its E4M3 format).
+  Fp8Format gradient_format = Fp8Format::E5M2;
 };
 
 // FP8 linear layers for the scope's lifetime (one training run or bench): the scaling states of up to
@@ -66,7 +69,7 @@ void fp8_end_step(const std::function<void(float*, int64_t)>& reduce_max = nullp
 
 // The scaling states as named CPU arrays for a checkpoint, and back. "slot_params" (int64) names each state's owner
 // by its index in `params` (the model's parameters, in order); then per format its histories, ring positions and
-// scales. Empty without an active scope. Restoring (before the first step) gives each weight its saved state;
+// scales ("forward_*": inputs and weights, "gradient_*": output gradients). Empty without an active scope. Restoring (before the first step) gives each weight its saved state;
 // anything that does not fit the scope (history length, a parameter index) is an Error naming `source`.
 std::vector<std::pair<std::string, Tensor>> fp8_scaling_save(const std::vector<Var>& params);
 void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>& saved, const std::vector<Var>& params,
