@@ -383,6 +383,27 @@ TEST_P(Fp8Members, RunThroughTheFp8PathNearTheirFp32Loss) {
 INSTANTIATE_TEST_SUITE_P(Members, Fp8Members, ::testing::ValuesIn(model_type_names()),
                          testing::variant_test_name);
 
+// A pause (in-training evaluation) runs the plain path and records no amax; the scope is back after it.
+TEST(Fp8Linear, PauseRunsThePlainPathAndRecordsNothing) {
+  Rng rng(4);
+  const Var w = make_var(random_tensor(rng, {16, 16}, 0.1, DType::F32), true);
+  const Tensor x = random_tensor(rng, {16, 16}, 1.0, DType::F32);
+  Fp8LinearScope scope(Fp8Recipe{}, 1, {}, Device::CPU);
+  {
+    const Fp8LinearPause pause;
+    EXPECT_FALSE(fp8_linear_active());
+    Tape tape;
+    const Tensor y = linear(tape, make_var(x.clone(), false), w)->value;
+    const Tensor want = matmul(x.to(DType::F64), w->value.to(DType::F64), true);
+    expect_close(y, want, 1e-6, 1e-5, "paused y");  // fp32, not FP8's few percent
+  }
+  EXPECT_TRUE(fp8_linear_active());
+  EXPECT_TRUE(fp8_scaling_snapshot(w).scales.empty());  // no state was made while paused
+  Tape tape;
+  linear(tape, make_var(x.clone(), false), w);
+  EXPECT_EQ(fp8_scaling_snapshot(w).step_amax.at(0), fp8_amax(x.data<float>(), x.numel()));
+}
+
 TrainingSummary mqar_run(const std::string& precision) {
   const testing::ScratchDir scratch;
   const Config config = parse_config(R"(

@@ -204,6 +204,9 @@ Fp8LinearScope::~Fp8LinearScope() {
   active_scope = nullptr;
 }
 
+Fp8LinearPause::Fp8LinearPause() : paused_(active_scope) { active_scope = nullptr; }
+Fp8LinearPause::~Fp8LinearPause() { active_scope = static_cast<Scope*>(paused_); }
+
 bool fp8_linear_active() { return active_scope != nullptr; }
 
 bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w) {

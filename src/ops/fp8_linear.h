@@ -37,6 +37,19 @@ class Fp8LinearScope {
   Fp8LinearScope& operator=(const Fp8LinearScope&) = delete;
 };
 
+// Suspends the active scope for its lifetime (evaluation during training: the model's bf16 forward, as `hgrn eval`
+// and the exports see it, and no amax recorded into the training's histories).
+class Fp8LinearPause {
+ public:
+  Fp8LinearPause();
+  ~Fp8LinearPause();
+  Fp8LinearPause(const Fp8LinearPause&) = delete;
+  Fp8LinearPause& operator=(const Fp8LinearPause&) = delete;
+
+ private:
+  void* paused_;
+};
+
 // Whether an Fp8LinearScope is active.
 bool fp8_linear_active();
 

@@ -487,6 +487,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
       interval_steps = 0;
     }
     if (eval_data && w.is_root() && ((tc.eval_interval > 0 && (step + 1) % tc.eval_interval == 0) || last)) {
+      const Fp8LinearPause bf16_evaluation;  // fp8: evaluated in bf16, as `hgrn eval` does, the amaxes untouched
       const EvalResult held_out = evaluate_batches(model, *eval_data, tc.eval_batches, tc.micro_batch_size);
       const double eval_loss = held_out.loss, eval_accuracy = held_out.accuracy;
       log << "eval  " << step + 1 << " | loss " << eval_loss << " | ppl " << std::exp(eval_loss) << " | accuracy "
