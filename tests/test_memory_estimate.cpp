@@ -74,6 +74,15 @@ TEST(MemoryEstimate, KnobsMoveItAsTheyMovedThePeak) {
   EXPECT_LT(estimate_gib("hgrn1-385m.yaml", {"model.memory.recompute=true"}), estimate_gib("hgrn1-385m.yaml"));
   EXPECT_GT(estimate_gib("hgrn1-385m.yaml", {"model.memory.recompute_elementwise=false"}),
             estimate_gib("hgrn1-385m.yaml"));
+  // Keeping the elementwise outputs in the first N layers lands in between, growing with N, all of them = off.
+  const auto keep = [](int layers) {
+    return estimate_gib("hgrn1-385m.yaml", {"model.memory.keep_elementwise_layers=" + std::to_string(layers)});
+  };
+  EXPECT_DOUBLE_EQ(keep(0), estimate_gib("hgrn1-385m.yaml"));
+  EXPECT_GT(keep(13), keep(0));
+  EXPECT_GT(keep(20), keep(13));
+  EXPECT_LT(keep(20), estimate_gib("hgrn1-385m.yaml", {"model.memory.recompute_elementwise=false"}));
+  EXPECT_DOUBLE_EQ(keep(26), estimate_gib("hgrn1-385m.yaml", {"model.memory.recompute_elementwise=false"}));
 }
 
 // The items add up, activations scale with the micro-batch, and fp32 activations cost more than bf16 ones.

@@ -56,20 +56,22 @@ TEST_P(EveryModelType, RecomputationGivesTheSameLossAndGradientsBitForBit) {
   // gates, norms and SwiGLU, model.memory.recompute_mlp_projections the MLP's gate and up GEMMs: the same ops on the same
   // inputs, so the same bits as keeping every activation. Passes: everything kept; elementwise recomputation (the
   // default); elementwise and MLP projections; MLP projections alone; all three; elementwise without the gates;
-  // elementwise with the gates kept but in the last layer (model.memory.recompute_gates_layers).
+  // elementwise with the gates kept but in the last layer (model.memory.recompute_gates_layers); elementwise but in
+  // the first layer (model.memory.keep_elementwise_layers).
   for (int64_t seq : {5, 66}) {
     Rng rng(8);
     DecoderLM model(tiny_config(GetParam()), rng, DType::F64);
     randomise_lower_bounds(model, rng);
     Tensor ids = token_ids(rng, 2, seq, tiny_config(GetParam()).vocab_size);
-    constexpr int kPasses = 7;
+    constexpr int kPasses = 8;
     std::vector<std::vector<double>> grads[kPasses];
     double losses[kPasses];
     for (int pass = 0; pass < kPasses; ++pass) {
       set_knob(model, &ModelMemoryConfig::recompute, pass == 4);
       set_knob(model, &ModelMemoryConfig::recompute_elementwise, pass == 1 || pass == 2 || pass == 4 || pass >= 5);
+      set_knob(model, &ModelMemoryConfig::keep_elementwise_layers, pass == 7 ? 1 : 0);
       set_knob(model, &ModelMemoryConfig::recompute_mlp_projections, pass >= 2 && pass <= 4);
-      set_knob(model, &ModelMemoryConfig::recompute_gates, pass < 5);
+      set_knob(model, &ModelMemoryConfig::recompute_gates, pass < 5 || pass == 7);
       set_knob(model, &ModelMemoryConfig::recompute_gates_layers, pass == 6 ? 1 : 0);
       for (const Var& v : parameter_vars(model)) v->grad = Tensor();
       Tape tape;

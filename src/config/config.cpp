@@ -112,6 +112,7 @@ std::vector<Field> config_fields(Config& c) {
       {"model.complex", &m.complex},
       {"model.memory.recompute", &m.memory.recompute},
       {"model.memory.recompute_elementwise", &m.memory.recompute_elementwise},
+      {"model.memory.keep_elementwise_layers", &m.memory.keep_elementwise_layers},
       {"model.memory.recompute_mlp_projections", &m.memory.recompute_mlp_projections},
       {"model.memory.recompute_gates", &m.memory.recompute_gates},
       {"model.memory.recompute_weight_copies", &m.memory.recompute_weight_copies},
@@ -606,6 +607,7 @@ void ConfigReader::validate() {
   require_positive("model.initializer_range", m.initializer_range);
   require_one_of("model.attn_mode", m.attn_mode, {"chunk", "fused_recurrent"});
   require_non_negative("model.memory.keep_recurrence_states", m.memory.keep_recurrence_states);
+  require_non_negative("model.memory.keep_elementwise_layers", m.memory.keep_elementwise_layers);
   require_non_negative("model.memory.recompute_gates_layers", m.memory.recompute_gates_layers);
   model_family(m.type).validate(m, *this);
 

@@ -22,6 +22,7 @@ struct ModelMemoryConfig {
   bool recompute = false;          // recompute each token mixer and MLP in the backward instead of keeping activations
   bool recompute_elementwise = true;  // recompute the gates', norms' and SwiGLU's outputs in the backward (cheap work)
                                       // instead of keeping them
+  int64_t keep_elementwise_layers = 0;  // with recompute_elementwise: the first N layers keep those outputs anyway
   bool recompute_mlp_projections = false;  // recompute the MLP's gate and up projections (its widest kept activations)
                                            // in the backward from the block's normalised input: two more GEMMs
   bool recompute_gates = true;     // with recompute_elementwise, also the gates' outputs (false keeps them)

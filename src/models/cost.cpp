@@ -37,7 +37,7 @@ double gla_recurrence_flops_per_token(double H, double K, double V, double C) {
 // gradients of the states and scores on the GPU (three key-wide gradients on the CPU), and whatever was not kept.
 MixerMemory gla_mixer_memory(const ModelConfig& c, const GlaMixerTensors& tensors, int64_t layer, int64_t seq_len,
                              const MemoryTarget& target) {
-  const ModelMemoryConfig& knobs = c.memory;
+  const ModelMemoryConfig knobs = layer_memory(c.memory, layer);
   const double T = static_cast<double>(seq_len), b = static_cast<double>(target.bytes_per_activation);
   const double H = static_cast<double>(tensors.heads), Fk = H * static_cast<double>(tensors.key_dim);
   const double Fv = H * static_cast<double>(tensors.value_dim);
@@ -174,7 +174,7 @@ TrainingMemory training_memory(const ModelConfig& config, int64_t micro_batch, i
     m.states += batch * mixer.states;
     m.activations += batch * mixer.activations + 2.0 * width + 2.0 * norm_stats;
     if (knobs.recompute) continue;
-    if (!knobs.recompute_elementwise) m.activations += 2.0 * width + mlp_width;
+    if (!layer_memory(knobs, l).recompute_elementwise) m.activations += 2.0 * width + mlp_width;
     if (!knobs.recompute_mlp_projections) m.activations += 2.0 * mlp_width;
   }
   m.activations += 2.0 * width + norm_stats;
@@ -218,7 +218,8 @@ TrainingMemory training_memory(const ModelConfig& config, int64_t micro_batch, i
       mixer_back += 3.0 * width + batch * last.replayed;
     else
       mixer_back -= width + (knobs.recompute_mlp_projections ? 0.0 : 2.0 * mlp_width) +
-                    (knobs.recompute_elementwise ? 0.0 : width + mlp_width);
+                    (layer_memory(knobs, config.num_hidden_layers - 1).recompute_elementwise ? 0.0
+                                                                                              : width + mlp_width);
     moments.push_back({"the last mixer's backward", head_gradient + new_gradient * (3.0 * D + 3.0 * D * I),
                        mixer_back});
   }

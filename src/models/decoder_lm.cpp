@@ -21,8 +21,15 @@
 
 namespace hgrn {
 
+void DecoderLM::set_memory(const ModelMemoryConfig& memory) {
+  memory_ = memory;
+  layer_memory_.clear();
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) layer_memory_.push_back(layer_memory(memory, l));
+}
+
 DecoderLM::DecoderLM(const ModelConfig& config, std::unique_ptr<TokenMixer> mixer, Rng& init_rng, DType dtype)
-    : config_(config), mixer_(std::move(mixer)), memory_(config.memory), activation_dtype_(dtype) {
+    : config_(config), mixer_(std::move(mixer)), activation_dtype_(dtype) {
+  set_memory(config.memory);
   const std::vector<ParamSpec> specs = model_param_specs(config);
   Tensor run;  // the buffer of a run of adjacent parameters (ParamSpec::adjacent_to_previous), and its next row
   int64_t run_row = 0;
@@ -155,7 +162,8 @@ Var DecoderLM::mlp(Tape& tape, int64_t l, const Var& x, const Var& h) const {
   TraceLayer trace(tape, "swiglu + down projection");
   // The MLP's widest activation, silu(gate) ⊙ up, is kept for the backward only without elementwise recomputation;
   // with it, the backward makes it again in the pass that reads gate and up for their gradients.
-  const Var out = swiglu_linear(tape, gate, up, p.down_proj, /*keep_hidden=*/!memory_.recompute_elementwise, /*residual=*/h);
+  const Var out = swiglu_linear(tape, gate, up, p.down_proj,
+                                /*keep_hidden=*/!layer_memory_[l].recompute_elementwise, /*residual=*/h);
   // gate and up themselves (2 x the MLP width per token), recomputed from x by the same GEMMs: recorded after the
   // op above, so in the backward they are back before its backward reads them. x is kept, or (an RMSNorm
   // output) recomputed by a step recorded after this one, which therefore runs first.
@@ -209,15 +217,15 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
     // h + TokenMixer(x). A carried state flows out of the token mixer, so that call is never recomputed.
     const auto token_mixer = [this, l, layer_resets](Tape& t, const Var& in_x, const Var& in_gamma, const Var& in_h,
                                                      Var* st) {
-      return mixer_->forward(t, MixerCall{l, config_.num_hidden_layers, &layers_[l].mixer, &memory_, in_x, in_gamma,
-                                          in_h, st, layer_resets});
+      return mixer_->forward(t, MixerCall{l, config_.num_hidden_layers, &layers_[l].mixer, &layer_memory_[l], in_x,
+                                          in_gamma, in_h, st, layer_resets});
     };
     const Var mixed = state ? token_mixer(tape, x, gamma, h, state)
                             : block({x, gamma, h}, [token_mixer](Tape& t, const std::vector<Var>& in) {
                                 return token_mixer(t, in[0], in[1], in[2], nullptr);
                               });
     // Each block's normalised input comes back from the residual stream for its projections' weight gradients.
-    free_norm_output(tape, memory_, x, h, p.attn_norm, config_.norm_eps, /*read_early=*/memory_.recompute);
+    free_norm_output(tape, layer_memory_[l], x, h, p.attn_norm, config_.norm_eps, /*read_early=*/memory_.recompute);
     h = mixed;
     {
       TraceLayer trace(tape, "rmsnorm");
@@ -225,7 +233,7 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
     }
     const Var mlp_out =
         block({x, h}, [this, l](Tape& t, const std::vector<Var>& in) { return mlp(t, l, in[0], in[1]); });
-    free_norm_output(tape, memory_, x, h, p.mlp_norm, config_.norm_eps,
+    free_norm_output(tape, layer_memory_[l], x, h, p.mlp_norm, config_.norm_eps,
                      /*read_early=*/memory_.recompute || memory_.recompute_mlp_projections);
     h = mlp_out;
     mark_gradients_ready(tape, l + 1 < config_.num_hidden_layers ? num_layers - static_cast<size_t>(l + 1) : 0);

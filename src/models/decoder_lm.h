@@ -39,7 +39,7 @@ class DecoderLM final : public CausalLM {
   void to_device(Device device, DType activation_dtype) override;
   Device device() const override { return device_; }
   DType activation_dtype() const override { return activation_dtype_; }
-  void set_memory(const ModelMemoryConfig& memory) override { memory_ = memory; }
+  void set_memory(const ModelMemoryConfig& memory) override;
   const ModelMemoryConfig& memory() const { return memory_; }
 
   // Groups: 0 is the lm_head (with the final norm), then one group per layer from the last to the first (its
@@ -71,6 +71,7 @@ class DecoderLM final : public CausalLM {
   ModelConfig config_;
   std::unique_ptr<TokenMixer> mixer_;
   ModelMemoryConfig memory_;
+  std::vector<ModelMemoryConfig> layer_memory_;  // layer_memory(memory_, l) for every layer l
   Device device_ = Device::CPU;
   DType activation_dtype_ = DType::F32;
   std::function<void(size_t)> gradient_ready_hook_;

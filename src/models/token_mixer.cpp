@@ -19,6 +19,12 @@ bool recomputes_gates(const ModelMemoryConfig& memory, int64_t layer, int64_t nu
          (memory.recompute_gates || layer >= num_layers - memory.recompute_gates_layers);
 }
 
+ModelMemoryConfig layer_memory(const ModelMemoryConfig& memory, int64_t layer) {
+  ModelMemoryConfig m = memory;
+  m.recompute_elementwise = memory.recompute_elementwise && layer >= memory.keep_elementwise_layers;
+  return m;
+}
+
 void recompute_in_backward(Tape& tape, const ModelMemoryConfig& memory, const std::vector<Var>& vars,
                            RematerializeFn values) {
   if (memory.recompute_elementwise) rematerialize(tape, vars, std::move(values));

@@ -95,6 +95,10 @@ bool uses_chunk_form(const ModelConfig& config, int64_t seq_len);
 // Whether layer `layer` of `num_layers` recomputes its gates in the backward (recompute_elementwise, with
 // recompute_gates or among the last recompute_gates_layers) instead of keeping them.
 bool recomputes_gates(const ModelMemoryConfig& memory, int64_t layer, int64_t num_layers);
+// The policy layer `layer` runs under: the model's, with recompute_elementwise off in the first
+// keep_elementwise_layers layers. The decoder hands each layer its own (MixerCall::memory); the memory estimate
+// counts each layer by it.
+ModelMemoryConfig layer_memory(const ModelMemoryConfig& memory, int64_t layer);
 // rematerialize(tape, vars, values) when memory.recompute_elementwise is on; else the values are kept.
 void recompute_in_backward(Tape& tape, const ModelMemoryConfig& memory, const std::vector<Var>& vars,
                            RematerializeFn values);

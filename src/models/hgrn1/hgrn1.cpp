@@ -200,7 +200,7 @@ class Hgrn1Family final : public ModelFamily {
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     if (c.complex) return complex_hgru_memory(c, seq_len, target);
-    const ModelMemoryConfig& knobs = c.memory;
+    const ModelMemoryConfig knobs = layer_memory(c.memory, layer);
     const double T = static_cast<double>(seq_len), b = static_cast<double>(target.bytes_per_activation);
     const double E = static_cast<double>(input_dim(c)), width = b * E * T;  // one E-wide activation
     const double fp32 = target.gpu ? 4.0 : b;
