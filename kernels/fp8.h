@@ -33,7 +33,7 @@ void cuda_fp8_update_scales(float* amax_history, int64_t history_length, int64_t
                             float* step_amax, int64_t tensors, Fp8Format format, int margin);
 
 // inverses[i · stride] = fp8_scale_inverse(scales[i]) (1 / scale in fp32) for n device floats: the factors the GEMMs
-// read. stride 4 puts each at a 16-byte boundary, as cuBLASLt's scale pointers need.
+// read, each `stride` floats apart (cuBLASLt's scale pointers need at least 16-byte alignment).
 void cuda_fp8_scale_inverses(const float* scales, float* inverses, int64_t n, int64_t stride);
 
 // An FP8 matrix on the GPU: its codes, their format and a device fp32 holding the dequantising factor 1 / scale

@@ -21,9 +21,9 @@ namespace {
 // recipe's gradient format (slot s of the gradient arrays).
 enum class Role { Input = 0, Weight = 1, OutputGradient = 2 };
 
-// The GEMMs' dequantising factors sit 16 bytes apart: cuBLASLt refuses (status NOT_SUPPORTED) scale pointers that are
-// not 16-byte aligned.
-constexpr int64_t kInverseStride = 4;
+// The GEMMs' dequantising factors sit 256 bytes apart: cuBLASLt refused (NOT_SUPPORTED) scale pointers 4 bytes apart,
+// and 256 bytes is the alignment its heuristic assumes for every other pointer of a matmul.
+constexpr int64_t kInverseStride = 64;
 
 // One format's states, laid out as cuda_fp8_update_scales reads them.
 struct FormatStates {
