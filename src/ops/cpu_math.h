@@ -4,6 +4,7 @@
 // the exact one lies within ~1e-12 (relative) of a rounding boundary, at least as accurate as the C library's fp32
 // functions (which are not correctly rounded either).
 #pragma once
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +28,16 @@ namespace cpu_math_detail {
 struct ExpParts {
   double scale, em1;
 };
+
+// c[0]·t^(N−1) + … + c[N−1] by Horner's rule, highest coefficient first (unrolled, so that the callers' element
+// loops still vectorise and cost what the written-out polynomial did).
+template <size_t N>
+__attribute__((always_inline)) inline double horner(const std::array<double, N>& c, double t) {
+  double p = c[0];
+#pragma GCC unroll 32
+  for (size_t i = 1; i < N; ++i) p = p * t + c[i];
+  return p;
+}
 __attribute__((always_inline)) inline ExpParts exp_parts(double x) {
   constexpr double kLog2e = 1.4426950408889634;
   constexpr double kLn2Hi = 6.93147180369123816490e-01;  // ln 2 with its low 32 bits zero: k·kLn2Hi is exact
@@ -39,18 +50,10 @@ __attribute__((always_inline)) inline ExpParts exp_parts(double x) {
   const double k = shifted - kRoundShift;
   const double r = (x - k * kLn2Hi) - k * kLn2Lo;
   // e^r − 1 = r·(1 + r/2! + … + r^10/11!): Taylor to r^11, truncation below 1e-13 relative on |r| <= ln2/2.
-  double p = 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  return {std::bit_cast<double>((k_bits + 1023) << 52), r * p};
+  constexpr std::array<double, 11> kTaylor = {1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0,
+                                              1.0 / 5040.0,     1.0 / 720.0,     1.0 / 120.0,    1.0 / 24.0,
+                                              1.0 / 6.0,        0.5,             1.0};
+  return {std::bit_cast<double>((k_bits + 1023) << 52), r * horner(kTaylor, r)};
 }
 
 }  // namespace cpu_math_detail
@@ -73,19 +76,10 @@ inline float cpu_expm1(float x) {
 // similar): 2·atanh(s), s = z / (2 + z) in [−1/3, 1/3], as its odd series to s^21 (truncation below 2e-12 relative).
 inline double cpu_log1p(double z) { return std::log1p(z); }
 inline float cpu_log1p(float z) {
-  const double s = static_cast<double>(z) / (2.0 + static_cast<double>(z)), s2 = s * s;
-  double p = 1.0 / 21.0;
-  p = p * s2 + 1.0 / 19.0;
-  p = p * s2 + 1.0 / 17.0;
-  p = p * s2 + 1.0 / 15.0;
-  p = p * s2 + 1.0 / 13.0;
-  p = p * s2 + 1.0 / 11.0;
-  p = p * s2 + 1.0 / 9.0;
-  p = p * s2 + 1.0 / 7.0;
-  p = p * s2 + 1.0 / 5.0;
-  p = p * s2 + 1.0 / 3.0;
-  p = p * s2 + 1.0;
-  return static_cast<float>(2.0 * s * p);
+  const double s = static_cast<double>(z) / (2.0 + static_cast<double>(z));
+  constexpr std::array<double, 11> kOddSeries = {1.0 / 21.0, 1.0 / 19.0, 1.0 / 17.0, 1.0 / 15.0, 1.0 / 13.0, 1.0 / 11.0,
+                                                 1.0 / 9.0,  1.0 / 7.0,  1.0 / 5.0,  1.0 / 3.0,  1.0};
+  return static_cast<float>(2.0 * s * cpu_math_detail::horner(kOddSeries, s * s));
 }
 
 }  // namespace hgrn
