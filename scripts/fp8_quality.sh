@@ -19,7 +19,7 @@ hgrn=${HGRN:-build/hgrn}
 read -ra gpus <<< "${GPUS:-0 1}"
 [ -x "$hgrn" ] || { echo "fp8_quality: $hgrn not found: build first (scripts/setup.sh) or set HGRN" >&2; exit 1; }
 for split in train valid test; do
-  [ -e "${data}_$split" ] ||
+  [ -e "${data}_$split.bin" ] ||
     { echo "fp8_quality: no ${data}_$split shard: prepare WikiText-2 as configs/wikitext2-gpt2.yaml says" >&2; exit 1; }
 done
 mkdir -p "$out"

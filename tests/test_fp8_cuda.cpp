@@ -207,8 +207,8 @@ TEST(Fp8CastCuda, AmaxSkipsNanAndFolds) {
 #endif
 }
 
-// The transposed cast on odd shapes (one tile, partial tiles, a single row or column, and one wide enough that blocks
-// stride over row tiles): out_t[c, r] and out[r, c] are fp8_quantize's code of x[r, c], the amax fp8_amax's.
+// The transposed cast on odd shapes (one tile, partial tiles, a single row or column, the packed path, and shapes with
+// more row tiles than blocks): out_t[c, r] and out[r, c] are fp8_quantize's code of x[r, c], the amax fp8_amax's.
 TEST(Fp8CastCuda, TransposedCastMatchesTheReference) {
   HGRN_SKIP_WITHOUT_GPU();
 #ifdef HGRN_WITH_CUDA
@@ -217,7 +217,11 @@ TEST(Fp8CastCuda, TransposedCastMatchesTheReference) {
   };
   std::mt19937_64 gen(11);
   for (Shape2 s : {Shape2{1, 1}, Shape2{1, 33}, Shape2{33, 1}, Shape2{32, 32}, Shape2{31, 65}, Shape2{100, 17},
-                   Shape2{257, 130}, Shape2{1500, 2048}}) {
+                   Shape2{257, 130}, Shape2{1500, 2048},
+                   // the packed path (cols % 8 == 0, rows % 16 == 0): whole and partial tiles
+                   Shape2{16, 8}, Shape2{64, 64}, Shape2{208, 136}, Shape2{2048, 1024},
+                   // more row tiles than blocks: blocks stride over them, packed and not
+                   Shape2{4352, 1024}, Shape2{4500, 1000}}) {
     for (DType dtype : {DType::F32, DType::BF16}) {
       for (Fp8Format format : kFormats) {
         for (bool with_out : {true, false}) {
