@@ -185,8 +185,8 @@ TEST(Fp8Linear, LinearWithResidualMatchesTheQuantisedReferenceOverThreeSteps) {
 TEST(Fp8Linear, EndOfStepScalesFollowTheReducedAmaxes) {
   Fp8LinearScope scope(Fp8Recipe{2, 0}, 1, {}, Device::CPU);
   Rng rng(17);
-  const Tensor w = random_tensor(rng, {32, 16}, 0.1, DType::F32), x = random_tensor(rng, {16, 16}, 2.0),
-               dy = random_tensor(rng, {16, 32}, 1e-3);
+  const Tensor w = random_tensor(rng, {32, 16}, 0.1, DType::F32), x = random_tensor(rng, {16, 16}, 2.0, DType::F32),
+               dy = random_tensor(rng, {16, 32}, 1e-3, DType::F32);
   const Var wg = make_var(w, true), xg = make_var(x, true);
   Tape tape;
   tape.backward(linear(tape, xg, wg), dy);
