@@ -538,6 +538,20 @@ TEST(Fp8GemmCuda, PaddedRowsAndEveryFormatPair) {
       for (int64_t r = 0; r < m; ++r)
         for (int64_t col = n; col < ldc; ++col)
           ASSERT_EQ(after[r * ldc + col], before[r * ldc + col]) << name << ": padding written at " << r << ", " << col;
+      // The addend read from another buffer (c_in): the same sums into the output, the addend left as it was.
+      const StartingOutput addend = starting_output(gen, out_dtype, m, ldc, ldc);
+      StartingOutput d = starting_output(gen, out_dtype, m, ldc, ldc);
+      std::vector<float> want_apart(static_cast<size_t>(m * n));
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t col = 0; col < n; ++col) want_apart[r * n + col] = addend.reference[r * ldc + col];
+      fp8_gemm_cpu(false, true, m, n, k, a.codes.data(), lda, a_format, a.scale_inverse, b.codes.data(), ldb, b_format,
+                   b.scale_inverse, 0.5f, want_apart.data(), n);
+      cuda_fp8_gemm(m, n, k, {a_codes.as<uint8_t>(), a_format, a_scale_inv.as<float>()}, lda,
+                    {b_codes.as<uint8_t>(), b_format, b_scale_inv.as<float>()}, ldb, 0.5f, d.device.as<void>(), ldc,
+                    out_dtype, false, addend.device.as<void>());
+      expect_gemm_close(output_values(d.device, out_dtype, m, n, ldc), want_apart, false, out_dtype,
+                        name + ", addend apart");
+      EXPECT_EQ(output_values(addend.device, out_dtype, m, ldc, ldc), addend.reference) << name << ": addend written";
     }
   }
 #endif

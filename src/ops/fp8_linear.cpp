@@ -4,6 +4,7 @@
 #include "ops/fp8_linear.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
@@ -118,17 +119,19 @@ struct Operand {
   const float* scale_inverse;
 };
 
-// c = a.scale_inverse · b.scale_inverse · A·Bᵀ + beta·c, A [m, k] (lda), B [n, k] (ldb), c of `c_dtype` (ldc).
+// c = a.scale_inverse · b.scale_inverse · A·Bᵀ + beta·c_in, A [m, k] (lda), B [n, k] (ldb), c of `c_dtype` (ldc);
+// c_in is c itself when null, else another buffer laid out as c.
 void gemm(int64_t m, int64_t n, int64_t k, const Operand& a, int64_t lda, const Operand& b, int64_t ldb, float beta,
-          void* c, int64_t ldc, DType c_dtype, bool fast_accumulation) {
+          void* c, int64_t ldc, DType c_dtype, bool fast_accumulation, const void* c_in = nullptr) {
   if (active_scope->device == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
     cuda_fp8_gemm(m, n, k, {a.codes, a.format, a.scale_inverse}, lda, {b.codes, b.format, b.scale_inverse}, ldb, beta,
-                  c, ldc, c_dtype, fast_accumulation);
+                  c, ldc, c_dtype, fast_accumulation, c_in);
     return;
 #endif
   }
   HGRN_CHECK(c_dtype == DType::F32, "fp8 linear on the CPU: the output must be fp32");
+  if (c_in && c_in != c) std::memcpy(c, c_in, static_cast<size_t>(m) * ldc * sizeof(float));
   fp8_gemm_cpu(false, true, m, n, k, a.codes, lda, a.format, *a.scale_inverse, b.codes, ldb, b.format,
                *b.scale_inverse, beta, static_cast<float*>(c), ldc);
 }
@@ -229,10 +232,15 @@ Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, c
   Shape shape = x.shape();
   shape.back() = out;
   Tensor y = Tensor::empty(shape, x.dtype(), x.device());
-  if (residual) y.copy_from(*residual);  // the GEMM adds beta·C in place
+  // The GEMM reads the residual as its addend where it is laid out as y; otherwise y starts as a copy of it.
+  const bool addend_apart = residual && residual->dtype() == y.dtype() && residual->is_contiguous() &&
+                            residual->numel() == y.numel() &&
+                            residual->device() == y.device();
+  if (residual && !addend_apart) y.copy_from(*residual);
   // Fast accumulation in the forward only, as Transformer Engine: the backward's sums are longer and smaller.
   gemm(rows, out, in, {codes_of(xq), Fp8Format::E4M3, xs.inverse}, in, {codes_of(wq), Fp8Format::E4M3, ws.inverse}, in,
-       residual ? 1.0f : 0.0f, y.raw_data(), out, y.dtype(), /*fast_accumulation=*/true);
+       residual ? 1.0f : 0.0f, y.raw_data(), out, y.dtype(), /*fast_accumulation=*/true,
+       addend_apart ? residual->raw_data() : nullptr);
   return y;
 }
 
