@@ -104,11 +104,24 @@ Tensor on(const Tensor& host, DType dtype, Device device) {
   return device == Device::CUDA ? to_gpu(host, dtype) : host.to(dtype);
 }
 
+// The scale a tensor's first cast takes (no history yet): the delayed rule applied to its own amax.
+float first_cast_scale(float amax, Fp8Format format) {
+  Fp8ScalingState s = fp8_scaling_state(1);
+  fp8_record_amax(s, amax);
+  fp8_update_scale(s, format, 0);
+  return s.scale;
+}
+
 // The host's delayed scaling of one weight's three tensors, the reference of what the GPU states must hold.
 struct ReferenceScaling {
   explicit ReferenceScaling(int64_t history)
       : input(fp8_scaling_state(history)), weight(fp8_scaling_state(history)), gradient(fp8_scaling_state(history)) {}
   Fp8ScalingState input, weight, gradient;
+  void first_casts(float x_amax, float w_amax, float dy_amax) {
+    input.scale = first_cast_scale(x_amax, Fp8Format::E4M3);
+    weight.scale = first_cast_scale(w_amax, Fp8Format::E4M3);
+    gradient.scale = first_cast_scale(dy_amax, Fp8Format::E5M2);
+  }
   void end_step(float x_amax, float w_amax, float dy_amax) {
     fp8_record_amax(input, x_amax);
     fp8_record_amax(weight, w_amax);
@@ -152,6 +165,7 @@ void check_linear_over_three_steps(Device device) {
     const Var y = linear(tape, xg, wg, rg);
     tape.backward(y, on(dy, act, device));
 
+    if (step == 0) ref.first_casts(host_amax(x), host_amax(w), host_amax(dy));
     expect_state(wg, ref, host_amax(x), host_amax(w), host_amax(dy));
     const Tensor xq = dequantised(x, ref.input.scale, Fp8Format::E4M3),
                  wq = dequantised(w, ref.weight.scale, Fp8Format::E4M3),
@@ -227,9 +241,18 @@ void check_columns_and_swiglu(Device device) {
   const Var y = swiglu_linear(tape, gu[0], gu[1], down_w, /*keep_hidden=*/false);
   tape.backward(y, on(dy, act, device));
 
-  // Scales are 1 in the first step: the reference quantises x, the weights and dy as they are. The gate/up output
-  // and the hidden activation are the GPU's own (bf16) values, quantised as it quantised them.
-  const Tensor xq = dequantised(x, 1.0f, Fp8Format::E4M3), wq = dequantised(w_gate_up, 1.0f, Fp8Format::E4M3);
+  // Each tensor's first cast scales by its own amax: checked where the reference knows the tensor exactly (x, the
+  // weights, dy); the hidden activation and the gate/up gradient are the GPU's own bf16 values, quantised with the
+  // scales it took from them.
+  const Fp8ScalingSnapshot block = fp8_scaling_snapshot(gate_w), down = fp8_scaling_snapshot(down_w);
+  ASSERT_EQ(block.scales.size(), 3u);
+  ASSERT_EQ(down.scales.size(), 3u);
+  EXPECT_EQ(block.scales[0], first_cast_scale(host_amax(x), Fp8Format::E4M3));
+  EXPECT_EQ(block.scales[1], first_cast_scale(host_amax(w_gate_up), Fp8Format::E4M3));
+  EXPECT_EQ(down.scales[1], first_cast_scale(host_amax(w_down), Fp8Format::E4M3));
+  EXPECT_EQ(down.scales[2], first_cast_scale(host_amax(dy), Fp8Format::E5M2));
+  const Tensor xq = dequantised(x, block.scales[0], Fp8Format::E4M3),
+               wq = dequantised(w_gate_up, block.scales[1], Fp8Format::E4M3);
   const Tensor gate_up_want = matmul(xq, wq, true);
   const Tensor gate_up_got = to_host_f64(testing::concat_columns({gu[0]->value.to(Device::CPU).clone(),
                                                                    gu[1]->value.to(Device::CPU).clone()}));
@@ -242,17 +265,17 @@ void check_columns_and_swiglu(Device device) {
       h.data<double>()[i * hidden + j] = g / (1 + std::exp(-g)) * u;
     }
   h = round_through(h, act);
-  const Fp8ScalingSnapshot down = fp8_scaling_snapshot(down_w);
-  ASSERT_EQ(down.scales.size(), 3u);
   EXPECT_NEAR(down.step_amax[0], host_amax(h), 1e-2 * host_amax(h));  // h: the GPU's up to an ulp
-  const Tensor hq = dequantised(h, 1.0f, Fp8Format::E4M3), wdq = dequantised(w_down, 1.0f, Fp8Format::E4M3),
-               dyq = dequantised(dy, 1.0f, Fp8Format::E5M2);
+  const Tensor hq = dequantised(h, down.scales[0], Fp8Format::E4M3),
+               wdq = dequantised(w_down, down.scales[1], Fp8Format::E4M3),
+               dyq = dequantised(dy, down.scales[2], Fp8Format::E5M2);
   const Tensor y_want = matmul(hq, wdq, true);
   expect_close(y->value, y_want, 2 * tol, 2 * tol * host_amax(y_want), "y");
   const Tensor dw_down_want = matmul(transposed(dyq), hq, false);
   expect_close(down_w->grad, dw_down_want, tol, tol * host_amax(dw_down_want), "dW down");
   // The gate/up block's gradients through the reference chain: dhidden = dy·W_down, SwiGLU's backward on the GPU's
-  // gate and up, rounded to bf16 and quantised to E5M2 at scale 1. Values near an E5M2 rounding boundary may round
+  // gate and up, rounded to bf16 and quantised to E5M2 at the block's gradient scale. Values near an E5M2 rounding
+  // boundary may round
   // the other way from the GPU's (its dhidden sums in another order), so 5% here: a wrong layout is off by O(1).
   const Tensor dh = matmul(dyq, wdq, false);
   Tensor d_gate_up = Tensor::empty({rows, 2 * hidden}, DType::F64);
@@ -263,7 +286,7 @@ void check_columns_and_swiglu(Device device) {
       d_gate_up.data<double>()[i * 2 * hidden + j] = d * u * sig * (1 + g * (1 - sig));
       d_gate_up.data<double>()[i * 2 * hidden + hidden + j] = d * g * sig;
     }
-  const Tensor dq = dequantised(round_through(d_gate_up, act), 1.0f, Fp8Format::E5M2);
+  const Tensor dq = dequantised(round_through(d_gate_up, act), block.scales[2], Fp8Format::E5M2);
   const Tensor dx_want = matmul(dq, wq, false), dw_want = matmul(transposed(dq), xq, false);
   expect_close(xg->grad, dx_want, 5e-2, 5e-2 * host_amax(dx_want), "dx");
   Tensor dw_both = Tensor::empty({2 * hidden, in}, DType::F64);
@@ -273,8 +296,6 @@ void check_columns_and_swiglu(Device device) {
     dw_both.data<double>()[hidden * in + i] = up_grad.item(i);
   }
   expect_close(dw_both, dw_want, 5e-2, 5e-2 * host_amax(dw_want), "dW gate/up");
-  const Fp8ScalingSnapshot block = fp8_scaling_snapshot(gate_w);
-  ASSERT_EQ(block.scales.size(), 3u);
   EXPECT_EQ(block.step_amax[0], host_amax(x));
   EXPECT_EQ(block.step_amax[1], host_amax(w_gate_up));
   EXPECT_FALSE(fp8_scaling_snapshot(up_w).scales.size());  // the block has one state, the first weight's
@@ -379,7 +400,7 @@ std::pair<double, double> fp8_member_errors(const std::string& type, Fp8Format g
   Fp8Recipe recipe;
   recipe.gradient_format = gradient_format;
   Fp8LinearScope scope(recipe, static_cast<int64_t>(params.size()), excluded, Device::CPU);
-  loss_and_grads();  // at scale 1: fills the histories
+  loss_and_grads();  // each tensor's first cast at its own amax's scale; fills the histories
   fp8_end_step();
   const auto [loss8, grads8] = loss_and_grads();
   int64_t in_fp8 = 0;
@@ -451,7 +472,8 @@ TEST(Fp8TrainingCuda, RunTracksTheBf16RunAndLearns) {
   HGRN_SKIP_WITHOUT_FP8();
   const TrainingSummary bf16 = mqar_run("bf16"), fp8 = mqar_run("fp8");
   ASSERT_EQ(fp8.step_losses.size(), bf16.step_losses.size());
-  // The first step runs at scale 1 (no history yet); after it the losses stay within 5% of bf16's for 20 steps.
+  // From the first step (each tensor's first cast scaled by its own amax) the losses stay within 5% of bf16's for 20
+  // steps.
   for (int s = 0; s < 20; ++s)
     EXPECT_NEAR(fp8.step_losses[s], bf16.step_losses[s], 0.05 * bf16.step_losses[s]) << "step " << s + 1;
   EXPECT_LT(fp8.final_loss, 1.0);

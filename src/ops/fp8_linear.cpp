@@ -31,10 +31,13 @@ struct FormatStates {
   std::string name;  // "forward" or "gradient": the arrays' names in checkpoints
   Fp8Format format = Fp8Format::E4M3;
   Tensor history, positions, scales, step_amax, inverses;
+  // Per tensor: whether it has a scale of its own yet (from its first cast, or a checkpoint's history), host-side.
+  std::vector<char> scaled;
 
   void allocate(const std::string& what, Fp8Format f, int64_t tensors, int64_t history_length, Device device) {
     name = what;
     format = f;
+    scaled.assign(static_cast<size_t>(tensors), 0);
     history = Tensor::zeros({tensors * history_length}, DType::F32, device);
     positions = Tensor::zeros({tensors}, DType::I64, device);
     scales = Tensor::full({tensors}, 1.0, DType::F32, device);
@@ -57,7 +60,9 @@ Scope* active_scope = nullptr;
 struct TensorState {
   float* scale;
   float* step_amax;
-  const float* inverse;
+  float* inverse;
+  FormatStates* states;
+  int64_t index;  // in states' arrays
 };
 
 int64_t slot_of(const Var& weight) {
@@ -74,7 +79,8 @@ TensorState state_of(const Var& weight, Role role) {
   const int64_t s = slot_of(weight);
   FormatStates& f = role == Role::OutputGradient ? active_scope->gradient : active_scope->forward;
   const int64_t i = role == Role::OutputGradient ? s : 2 * s + static_cast<int64_t>(role);
-  return {f.scales.data<float>() + i, f.step_amax.data<float>() + i, f.inverses.data<float>() + i * kInverseStride};
+  return {f.scales.data<float>() + i, f.step_amax.data<float>() + i, f.inverses.data<float>() + i * kInverseStride, &f,
+          i};
 }
 
 // FP8 codes held in an I32 tensor (a Tensor has no byte dtype): four codes an element, 16-byte aligned storage.
@@ -111,6 +117,34 @@ void cast(const Tensor& x, int64_t rows, int64_t cols, const float* scale, Fp8Fo
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) out_t[c * rows + r] = fp8_from_float(v[r * cols + c] * *scale, format);
   if (amax) *amax = std::max(*amax, fp8_amax(v, rows * cols));
+}
+
+// A tensor's first cast, with no amax history yet (a fresh run), takes its scale from the tensor itself (current
+// scaling, the delayed rule applied to its own amax) rather than 1: at scale 1 the first steps' output gradients fall
+// below E5M2's range. The history is left to the end of the step, as for every cast.
+void scale_on_first_cast(const TensorState& t, const Tensor& x) {
+  FormatStates& f = *t.states;
+  if (f.scaled[static_cast<size_t>(t.index)]) return;
+  f.scaled[static_cast<size_t>(t.index)] = 1;
+  const int margin = active_scope->recipe.margin;
+  if (x.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    Tensor amax = Tensor::zeros({1}, DType::F32, Device::CUDA), history = Tensor::zeros({1}, DType::F32, Device::CUDA),
+           position = Tensor::zeros({1}, DType::I64, Device::CUDA);
+    const Tensor codes = fp8_codes(x.numel());
+    cuda_fp8_quantize(x.raw_data(), x.dtype(), x.numel(), t.scale, f.format, codes_of(codes), amax.data<float>());
+    cuda_fp8_update_scales(history.data<float>(), 1, position.data<int64_t>(), t.scale, amax.data<float>(), 1, f.format,
+                           margin);
+    cuda_fp8_scale_inverses(t.scale, t.inverse, 1, kInverseStride);
+    return;
+#endif
+  }
+  Fp8ScalingState state = fp8_scaling_state(1);
+  state.scale = *t.scale;
+  fp8_record_amax(state, fp8_amax(x.data<float>(), x.numel()));
+  fp8_update_scale(state, f.format, margin);
+  *t.scale = state.scale;
+  *t.inverse = fp8_scale_inverse(state.scale);
 }
 
 struct Operand {
@@ -227,6 +261,8 @@ Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, c
   const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
   const TensorState xs = state_of(weight, Role::Input), ws = state_of(weight, Role::Weight);
   const Tensor xq = fp8_codes(rows * in), wq = fp8_codes(out * in);
+  scale_on_first_cast(xs, x);
+  scale_on_first_cast(ws, w);
   cast(x, rows, in, xs.scale, Fp8Format::E4M3, codes_of(xq), nullptr, xs.step_amax);
   cast(w, out, in, ws.scale, Fp8Format::E4M3, codes_of(wq), nullptr, ws.step_amax);
   Shape shape = x.shape();
@@ -250,6 +286,7 @@ Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy_in) {
   g.width = dy.size(-1);
   g.rows = dy.numel() / g.width;
   const TensorState s = state_of(weight, Role::OutputGradient);
+  scale_on_first_cast(s, dy);
   g.codes = fp8_codes(g.rows * g.width);
   g.codes_transposed = fp8_codes(g.rows * g.width);
   cast(dy, g.rows, g.width, s.scale, active_scope->recipe.gradient_format, codes_of(g.codes),
@@ -362,6 +399,13 @@ void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>& save
                  ": expected ", dtype_name(target.dtype()), " [", tensors * per_tensor, "] (", tensors,
                  " tensors; amax history ", s.recipe.history_length, ")");
       target.rows(0, tensors * per_tensor).copy_from(on_device(t, s.device));
+      if (std::string(field) == "history") {  // a tensor with an amax on record has its scale
+        const Tensor h = t.to(DType::F32);
+        for (int64_t i = 0; i < tensors; ++i)
+          f->scaled[static_cast<size_t>(i)] =
+              std::any_of(h.data<float>() + i * per_tensor, h.data<float>() + (i + 1) * per_tensor,
+                          [](float a) { return a != 0.0f; });
+      }
     }
     f->step_amax.zero();
     refresh_inverses(*f, tensors);
