@@ -194,22 +194,28 @@ TEST(Fp8Linear, LinearWithResidualMatchesTheQuantisedReferenceOverThreeSteps) {
   check_linear_over_three_steps(Device::CPU);
 }
 
-// With several ranks the step's amaxes go through a max-reduction before the scales move: the scales must follow
-// the reduced amaxes (here another rank's, four times this one's), both formats' arrays offered to the reduction.
-TEST(Fp8Linear, EndOfStepScalesFollowTheReducedAmaxes) {
+// With several ranks every amax a scale comes from goes through a max-reduction: the first casts' and the step's.
+// The scales must follow the reduced amaxes (here another rank's, four times this one's).
+TEST(Fp8Linear, ScalesFollowTheReducedAmaxes) {
   Fp8LinearScope scope(Fp8Recipe{2, 0}, 1, {}, Device::CPU);
+  std::vector<int64_t> offered;
+  fp8_set_amax_reduction([&](float* amax, int64_t n) {
+    offered.push_back(n);
+    for (int64_t i = 0; i < n; ++i) amax[i] *= 4;
+  });
   Rng rng(17);
   const Tensor w = random_tensor(rng, {32, 16}, 0.1, DType::F32), x = random_tensor(rng, {16, 16}, 2.0, DType::F32),
                dy = random_tensor(rng, {16, 32}, 1e-3, DType::F32);
   const Var wg = make_var(w, true), xg = make_var(x, true);
   Tape tape;
   tape.backward(linear(tape, xg, wg), dy);
-  std::vector<int64_t> offered;
-  fp8_end_step([&](float* amax, int64_t n) {
-    offered.push_back(n);
-    for (int64_t i = 0; i < n; ++i) amax[i] *= 4;
-  });
-  EXPECT_EQ(offered, (std::vector<int64_t>{2, 1})) << "input and weight, then the output gradient";
+  EXPECT_EQ(offered, (std::vector<int64_t>{1, 1, 1})) << "the first casts of x, W and dY";
+  EXPECT_EQ(fp8_scaling_snapshot(wg).scales,
+            (std::vector<float>{first_cast_scale(4 * host_amax(x), Fp8Format::E4M3),
+                                first_cast_scale(4 * host_amax(w), Fp8Format::E4M3),
+                                first_cast_scale(4 * host_amax(dy), Fp8Format::E5M2)}));
+  fp8_end_step();
+  EXPECT_EQ(offered, (std::vector<int64_t>{1, 1, 1, 2, 1})) << "then the step's: input and weight, output gradient";
   ReferenceScaling ref(2);
   ref.end_step(4 * host_amax(x), 4 * host_amax(w), 4 * host_amax(dy));
   const Fp8ScalingSnapshot s = fp8_scaling_snapshot(wg);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
@@ -53,6 +54,7 @@ struct Scope {
   std::unordered_set<const Variable*> excluded;
   std::unordered_map<const Variable*, int64_t> slot;
   FormatStates forward, gradient;
+  std::function<void(float*, int64_t)> reduce_max;  // over the ranks; null with one
 };
 
 Scope* active_scope = nullptr;
@@ -133,15 +135,18 @@ void scale_on_first_cast(const TensorState& t, const Tensor& x) {
            position = Tensor::zeros({1}, DType::I64, Device::CUDA);
     const Tensor codes = fp8_codes(x.numel());
     cuda_fp8_quantize(x.raw_data(), x.dtype(), x.numel(), t.scale, f.format, codes_of(codes), amax.data<float>());
+    if (active_scope->reduce_max) active_scope->reduce_max(amax.data<float>(), 1);
     cuda_fp8_update_scales(history.data<float>(), 1, position.data<int64_t>(), t.scale, amax.data<float>(), 1, f.format,
                            margin);
     cuda_fp8_scale_inverses(t.scale, t.inverse, 1, kInverseStride);
     return;
 #endif
   }
+  float amax = fp8_amax(x.data<float>(), x.numel());
+  if (active_scope->reduce_max) active_scope->reduce_max(&amax, 1);
   Fp8ScalingState state = fp8_scaling_state(1);
   state.scale = *t.scale;
-  fp8_record_amax(state, fp8_amax(x.data<float>(), x.numel()));
+  fp8_record_amax(state, amax);
   fp8_update_scale(state, f.format, margin);
   *t.scale = state.scale;
   *t.inverse = fp8_scale_inverse(state.scale);
@@ -324,12 +329,17 @@ void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, 
        {codes_of(xq_t), Fp8Format::E4M3, xs.inverse}, rows, beta, dw.raw_data(), in, DType::F32, false);
 }
 
-void fp8_end_step(const std::function<void(float*, int64_t)>& reduce_max) {
+void fp8_set_amax_reduction(const std::function<void(float*, int64_t)>& reduce_max) {
+  HGRN_CHECK(active_scope, "fp8 linear: an amax reduction needs an active Fp8LinearScope");
+  active_scope->reduce_max = reduce_max;
+}
+
+void fp8_end_step() {
   if (!active_scope || active_scope->used == 0) return;
   Scope& s = *active_scope;
   for (FormatStates* f : {&s.forward, &s.gradient}) {
     const int64_t tensors = f == &s.forward ? 2 * s.used : s.used;
-    if (reduce_max) reduce_max(f->step_amax.data<float>(), tensors);
+    if (s.reduce_max) s.reduce_max(f->step_amax.data<float>(), tensors);
     update_scales(*f, tensors, s.recipe);
   }
 }

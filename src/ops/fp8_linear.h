@@ -75,10 +75,14 @@ void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, c
 void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, int64_t first_column,
                                 const Tensor& x, float beta, Tensor& dw);
 
-// End of a training step: each tensor's amax of the step goes into its history and its scale is updated
-// (fp8_update_scale's rule on the GPU). Nothing without an active scope. With several ranks, reduce_max(data, count)
-// first makes each step amax the maximum over the ranks (in place), so that every rank derives the same scales.
-void fp8_end_step(const std::function<void(float*, int64_t)>& reduce_max = nullptr);
+// With several ranks: reduce_max(data, count) makes `count` amaxes (device floats) the maximum over the ranks, in
+// place. The active scope passes every amax its scales come from through it (each step's, and a tensor's first cast's),
+// so that every rank derives the same scales. Null (one rank) by default; a new scope starts without one.
+void fp8_set_amax_reduction(const std::function<void(float*, int64_t)>& reduce_max);
+
+// End of a training step: each tensor's amax of the step (reduced over the ranks) goes into its history and its scale
+// is updated (fp8_update_scale's rule on the GPU). Nothing without an active scope.
+void fp8_end_step();
 
 // The scaling states as named CPU arrays for a checkpoint, and back. "slot_params" (int64) names each state's owner
 // by its index in `params` (the model's parameters, in order); then per format its histories, ring positions and

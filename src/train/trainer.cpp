@@ -171,7 +171,12 @@ TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device de
     const TrainingConfig tc = resolve_batch_for_world(config.training, world().size);
     carried_states = std::make_unique<CarriedStates>(model, tc.micro_batch_size, tc.grad_accum_steps);
   }
-  if (config.training.precision == "fp8") fp8 = fp8_linear_scope(model);
+  if (config.training.precision == "fp8") {
+    fp8 = fp8_linear_scope(model);
+    // Several ranks: every amax a scale comes from is the maximum over the ranks, so that all derive the same scales.
+    if (DataParallel* dp = data_parallel.get())
+      fp8_set_amax_reduction([dp](float* amax, int64_t count) { dp->all_reduce_max(amax, count, "fp8 amax reduction"); });
+  }
 }
 
 StepResult training_step(TrainingModel& setup, BatchSource& data, const TrainingConfig& tc, double lr) {
@@ -226,10 +231,7 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
   }
   // The step's amaxes (the maximum over the ranks) into the histories, new scales for the next step (no-op without
   // fp8).
-  if (dp)
-    fp8_end_step([dp](float* amax, int64_t count) { dp->all_reduce_max(amax, count, "fp8 amax reduction"); });
-  else
-    fp8_end_step();
+  fp8_end_step();
   if (dp && dp->zero1()) {
     TraceRange trace("weight all-gather");
     dp->finish_update();
