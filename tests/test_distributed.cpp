@@ -462,9 +462,10 @@ std::string fp8_config(const testing::ScratchDir& dir) {
 TEST(DistributedCuda, Fp8TwoGpusTrainLikeOne) {
   SKIP_WITHOUT_GPUS(2);
   testing::ScratchDir dir;
-  // FP8 codes keep 3 mantissa bits: the other summation order flips some of them, and the first steps' moments
-  // (a few gradients each) show it most.
-  expect_ranks_train_like_one_process(dir, fp8_config(dir), 2, 2e-2, 5e-2, 1.5e-1);
+  // FP8 codes keep 3 mantissa bits (E4M3) or 2 (E5M2): the other summation order flips some of them, and this tiny
+  // model's moments after six steps (a few gradients each) moved by up to 0.31 on an H200. A rank's gradients left
+  // out of the reduction move them by O(1); the losses, weights and scales are held tighter.
+  expect_ranks_train_like_one_process(dir, fp8_config(dir), 2, 2e-2, 5e-2, 0.4);
 }
 
 TEST(DistributedCuda, Fp8TwoGpuRunResumesBitwise) {
