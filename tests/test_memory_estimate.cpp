@@ -43,6 +43,9 @@ const std::vector<MeasuredPeak>& measured_peaks() {
       {"hgrn2-385m.yaml", {"model.memory.recompute_weight_copies=true"}, 35.29},
       {"hgrn2-385m.yaml", {"model.memory.recompute_mlp_projections=true"}, 27.38},
       {"hgrn2-385m.yaml", {"model.memory.keep_recurrence_states=12"}, 34.16},
+      {"hgrn2-150m.yaml", {"training.precision=fp8"}, 15.51},
+      {"hgrn2-385m.yaml", {"training.precision=fp8"}, 35.47},
+      {"hgrn2-1b.yaml", {"training.precision=fp8"}, 29.99},
       {"hgrn1-385m.yaml", {"model.memory.recompute=true"}, 10.30},
       {"hgrn1-385m.yaml", {"model.memory.recompute_elementwise=false"}, 36.17},
   };
