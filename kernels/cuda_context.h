@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 
 #include "cuda_check.h"
 
@@ -21,10 +20,13 @@ const cudaDeviceProp& cuda_device_properties();
 // algorithms into results, best first; returns how many.
 int cublaslt_algorithms(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                         cublasLtMatrixLayout_t c, int requested, cublasLtMatmulHeuristicResult_t* results);
-// The index of the fastest of `found` candidates, each timed (best of 3 runs after a warm-up) by run(algo), which
-// returns false when the algorithm cannot run (gemm.cu; HGRN_GEMM_LOG=1 prints each candidate at `flops` per run).
-int cublaslt_fastest(const cublasLtMatmulHeuristicResult_t* results, int found, double flops,
-                     const std::function<bool(const cublasLtMatmulAlgo_t&)>& run);
+// The index of the fastest of `found` candidates for a described matmul (cuBLASLt's A, B and C = D layouts), each
+// timed (best of 3 runs after a warm-up) on the operands a_ptr, b_ptr into a scratch output of c_bytes, adding c_in
+// (read only) or the scratch itself when `accumulate` (gemm.cu; HGRN_GEMM_LOG=1 prints each candidate at `flops`).
+int cublaslt_fastest(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                     cublasLtMatrixLayout_t c, const cublasLtMatmulHeuristicResult_t* results, int found,
+                     const void* a_ptr, const void* b_ptr, const void* c_in, size_t c_bytes, bool accumulate,
+                     double flops);
 // Whether GEMMs time cuBLASLt's candidates (set_gemm_autotune, gemm.h) or take its first choice.
 bool gemm_autotune_enabled();
 

@@ -16,9 +16,6 @@
 
 namespace hgrn {
 
-void* cuda_alloc(size_t bytes);  // allocator.cu: the caching allocator
-void cuda_free(void* ptr);
-
 namespace {
 
 cudaDataType_t cuda_type(Fp8Format format) { return format == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
@@ -63,19 +60,11 @@ Fp8Plan make_plan(const std::string& what, int64_t m, int64_t n, int64_t k, cons
              fp8_format_name(a.format), " x ", fp8_format_name(b.format), " -> ", dtype_name(c_dtype), ", accumulate ",
              accumulate, ", fast accumulation ", fast_accumulation, ")");
   p.algo = results[0].algo;
-  if (found > 1) {
-    void* scratch = cuda_alloc(static_cast<size_t>(m) * ldc * dtype_size(c_dtype));
-    size_t workspace_bytes = 0;
-    void* workspace = cublaslt_workspace(&workspace_bytes);
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    const void* addend = c_in ? c_in : scratch;
-    p.algo = results[cublaslt_fastest(results, found, 2.0 * m * n * k, [&](const cublasLtMatmulAlgo_t& algo) {
-                       return cublasLtMatmul(cublaslt_handle(), p.op, &alpha, b.codes, p.a, a.codes, p.b, &beta, addend,
-                                             p.c, scratch, p.c, &algo, workspace, workspace_bytes,
-                                             cuda_stream()) == CUBLAS_STATUS_SUCCESS;
-                     })].algo;
-    cuda_free(scratch);
-  }
+  if (found > 1)  // cuBLASLt's A is our B
+    p.algo = results[cublaslt_fastest(p.op, p.a, p.b, p.c, results, found, b.codes, a.codes, c_in,
+                                      static_cast<size_t>(m) * ldc * dtype_size(c_dtype), accumulate,
+                                      2.0 * m * n * k)]
+                 .algo;
   return p;
 }
 

@@ -4,7 +4,6 @@
 // cached: a training step repeats the same few dozen GEMMs, and the heuristic query costs more than a small GEMM.
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -105,19 +104,11 @@ Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int6
                  trans_b ? "T" : "N", static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
                  dtype_name(ab_dtype), dtype_name(c_dtype),
                  c_in_ptr ? " (accumulate, addend apart)" : accumulate ? " (accumulate)" : "", found);
-  if (found > 1) {
-    void* scratch = cuda_alloc(static_cast<size_t>(m) * ldc * dtype_size(c_dtype));
-    size_t workspace_bytes = 0;
-    void* workspace = cublaslt_workspace(&workspace_bytes);
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    const void* addend = c_in_ptr ? c_in_ptr : scratch;  // an out-of-place addend is only read
-    p.algo = results[cublaslt_fastest(results, found, 2.0 * m * n * k, [&](const cublasLtMatmulAlgo_t& algo) {
-                       return cublasLtMatmul(cublaslt_handle(), p.op, &alpha, b_ptr, p.a, a_ptr, p.b, &beta, addend,
-                                             p.c, scratch, p.c, &algo, workspace, workspace_bytes,
-                                             cuda_stream()) == CUBLAS_STATUS_SUCCESS;
-                     })].algo;
-    cuda_free(scratch);
-  }
+  if (found > 1)
+    p.algo = results[cublaslt_fastest(p.op, p.a, p.b, p.c, results, found, b_ptr, a_ptr, c_in_ptr,
+                                      static_cast<size_t>(m) * ldc * dtype_size(c_dtype), accumulate,
+                                      2.0 * m * n * k)]
+                 .algo;
   return p;
 }
 }  // namespace
@@ -125,8 +116,19 @@ Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int6
 void set_gemm_autotune(bool enabled) { autotune = enabled; }
 bool gemm_autotune_enabled() { return autotune; }
 
-int cublaslt_fastest(const cublasLtMatmulHeuristicResult_t* results, int found, double flops,
-                     const std::function<bool(const cublasLtMatmulAlgo_t&)>& run) {
+int cublaslt_fastest(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                     cublasLtMatrixLayout_t c, const cublasLtMatmulHeuristicResult_t* results, int found,
+                     const void* a_ptr, const void* b_ptr, const void* c_in, size_t c_bytes, bool accumulate,
+                     double flops) {
+  void* scratch = cuda_alloc(c_bytes);
+  size_t workspace_bytes = 0;
+  void* workspace = cublaslt_workspace(&workspace_bytes);
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const void* addend = c_in ? c_in : scratch;  // an out-of-place addend is only read
+  const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(cublaslt_handle(), op, &alpha, a_ptr, a, b_ptr, b, &beta, addend, c, scratch, c, &algo,
+                          workspace, workspace_bytes, cuda_stream()) == CUBLAS_STATUS_SUCCESS;
+  };
   static const bool log = env_flag("HGRN_GEMM_LOG");
   float best = 1e30f;
   int chosen = 0;
@@ -139,6 +141,7 @@ int cublaslt_fastest(const cublasLtMatmulHeuristicResult_t* results, int found, 
     }
   }
   if (log) std::fprintf(stderr, "  chose candidate %d\n", chosen);
+  cuda_free(scratch);
   return chosen;
 }
 
