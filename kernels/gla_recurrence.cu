@@ -2006,13 +2006,26 @@ void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) 
                       "hgru2_gates_dgamma_reduce");
 }
 
-// g[row · H·K + h·K + c] = decays[h] over rows = B·T: a thread owns a column (its head found once) and writes it down
-// the rows; a write-only stream at the memory's speed, with no division per element.
-__global__ void expand_head_decays_kernel(const float* decays, float* g, long long rows, int row_width, int key_dim) {
+// g[row · H·K + h·K + c] = decays[row · decay_stride + h] over rows = B·T (decay_stride 0: [H], H: [B·T, H]): a thread
+// owns a column (its head found once) and writes it down the rows; a stream of writes at the memory's speed (the
+// decays read stay in cache), with no division per element.
+__global__ void expand_head_decays_kernel(const float* decays, long long decay_stride, float* g, long long rows,
+                                          int row_width, int key_dim) {
   const int column = blockIdx.x * blockDim.x + threadIdx.x;
   if (column >= row_width) return;
-  const float decay = decays[column / key_dim];
-  for (long long r = blockIdx.y; r < rows; r += gridDim.y) g[r * row_width + column] = decay;
+  const int head = column / key_dim;
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) g[r * row_width + column] = decays[r * decay_stride + head];
+}
+
+// dg[i] (+)= Σ_c dg_channels[i·K + c] for i < B·T·H: a thread per (row, head), its K channels in order.
+__global__ void sum_channel_gates_kernel(const float* dg_channels, float* dg, long long outputs, int key_dim,
+                                         bool accumulate) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= outputs) return;
+  const float* row = dg_channels + i * key_dim;
+  float sum = 0.0f;
+  for (int c = 0; c < key_dim; ++c) sum += row[c];
+  dg[i] = accumulate ? dg[i] + sum : sum;
 }
 
 }  // namespace
@@ -2042,16 +2055,27 @@ void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args)
   });
 }
 
-void gla_cuda_expand_head_decays(const GlaCudaShape& shape, const float* decays, float* g) {
+void gla_cuda_expand_head_decays(const GlaCudaShape& shape, const float* decays, bool per_step, float* g) {
   const long long rows = shape.batch * shape.time, row_width = shape.heads * shape.key_dim;
   if (rows == 0 || row_width == 0) return;
   HGRN_CHECK(row_width < (1LL << 31), "gla_expand_head_decays: ", row_width, " gates a step: fewer than 2^31");
   constexpr int kThreads = 256;
   const dim3 grid(static_cast<unsigned>((row_width + kThreads - 1) / kThreads),
                   static_cast<unsigned>(std::min<long long>(rows, 4096)));
-  expand_head_decays_kernel<<<grid, kThreads, 0, cuda_stream()>>>(decays, g, rows, static_cast<int>(row_width),
+  expand_head_decays_kernel<<<grid, kThreads, 0, cuda_stream()>>>(decays, per_step ? shape.heads : 0, g, rows,
+                                                                  static_cast<int>(row_width),
                                                                   static_cast<int>(shape.key_dim));
   CUDA_CHECK_LAUNCH("gla_expand_head_decays");
+}
+
+void gla_cuda_sum_channel_gates(const GlaCudaShape& shape, const float* dg_channels, float* dg, bool accumulate) {
+  const long long outputs = shape.batch * shape.time * shape.heads;
+  if (outputs == 0) return;
+  constexpr int kThreads = 256;
+  const unsigned blocks = static_cast<unsigned>((outputs + kThreads - 1) / kThreads);
+  sum_channel_gates_kernel<<<blocks, kThreads, 0, cuda_stream()>>>(dg_channels, dg, outputs,
+                                                                   static_cast<int>(shape.key_dim), accumulate);
+  CUDA_CHECK_LAUNCH("gla_sum_channel_gates");
 }
 
 void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& args) {

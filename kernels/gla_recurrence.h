@@ -47,9 +47,13 @@ struct GlaCudaForwardArgs {
 };
 void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args);
 
-// g [B, T, H·K] fp32 from one log decay per head, decays [H] fp32, broadcast over the steps and key channels: the
-// constant-decay case (RetNet) through the per-step gates' kernels.
-void gla_cuda_expand_head_decays(const GlaCudaShape& shape, const float* decays, float* g);
+// The scalar decays through the per-channel kernels (which have no scalar-decay mode yet): g [B, T, H·K] fp32 from
+// one log decay per head, decays [H] fp32 (per_step false: RetNet's constants) or [B, T, H] fp32 (per_step true),
+// broadcast over the key channels (and for [H], the steps).
+void gla_cuda_expand_head_decays(const GlaCudaShape& shape, const float* decays, bool per_step, float* g);
+// The gradient of such a [B, T, H] g from that of its broadcast: dg[r, h] (+)= Σ_c dg_channels[r, h·K + c], summed in
+// channel order; accumulate false overwrites dg.
+void gla_cuda_sum_channel_gates(const GlaCudaShape& shape, const float* dg_channels, float* dg, bool accumulate);
 
 // The HGRN2 gates' backward run in the epilogue of the kernel that forms dq, dk and dg (bwd_dqk), where the
 // recurrence's q, g and k are a layer's gates of q̂ and f̂ (kernels/hgrn2_gates.h: q = silu(q̂), g the lower-bounded

@@ -2,8 +2,9 @@
 // in fp64, computed from the very values the GPU sees (q, k, v, dO rounded through the activation dtype; g, S0, dS_T
 // through fp32): outputs and every gradient, for sequence lengths around the 64-step chunk (1, 15, 63, 64, 65, 200,
 // 2047), key/value widths that are not multiples of the 64-wide tiles, with and without initial state and final-state
-// gradient, fla's gate regimes and an extreme decay, in fp32 and bf16; plus accumulation into existing gradients,
-// partial gradient requests, bitwise determinism, and the dependent launches' wait for the state pass.
+// gradient, fla's gate regimes and an extreme decay, in fp32 and bf16, scalar decays ([H], [B, T, H]) against the CPU
+// reference's scalar-decay mode; plus accumulation into existing gradients, partial gradient requests, bitwise
+// determinism, and the dependent launches' wait for the state pass.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -248,10 +249,12 @@ TEST(GlaRecurrenceCuda, GateRegimes) {
 }
 
 // RetNet's constant decay per head (g [H], log(1 − 2^(−5−h)) as fla's chunk_retention): broadcast over the steps and
-// key channels on the GPU, against the CPU's reading of the same [H] decays. No gradient for g (a constant).
+// key channels on the GPU, against the CPU reference's scalar-decay mode on the same [H] decays. No gradient for g (a
+// constant). Odd K and V and lengths around the chunk as well as RetNet's own head sizes.
 TEST(GlaRecurrenceCuda, PerHeadDecaysMatchCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
-  const std::vector<Sizes> shapes{{2, 1, 3, 16, 32}, {2, 65, 4, 32, 64}, {1, 300, 8, 128, 256}};
+  const std::vector<Sizes> shapes{{2, 1, 3, 16, 32},  {2, 15, 3, 13, 21},  {2, 63, 2, 7, 9},       {2, 64, 5, 33, 65},
+                                  {2, 65, 4, 32, 64}, {1, 200, 5, 60, 40}, {1, 300, 8, 128, 256}};
   int variant = 0;
   for (const Sizes& s : shapes) {
     for (DType act : {DType::F32, DType::BF16}) {
@@ -269,6 +272,43 @@ TEST(GlaRecurrenceCuda, PerHeadDecaysMatchCpuReference) {
       expect_matches(got, want, tol_for(act), context);
     }
   }
+}
+
+// One log decay per head and step (g [B, T, H]): broadcast over the key channels on the GPU and its gradient summed
+// back over them, against the CPU reference's scalar-decay mode; fla's gate regimes, odd K and V, fp32 and bf16; then
+// the gradient added to an existing one, and asked for alone.
+TEST(GlaRecurrenceCuda, PerStepScalarDecaysMatchCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const std::vector<Sizes> shapes{{2, 1, 3, 13, 21}, {2, 65, 2, 7, 9}, {1, 200, 5, 60, 40}, {2, 130, 4, 128, 128}};
+  int variant = 0;
+  for (const Sizes& s : shapes) {
+    for (double c : {0.1, 1.0, 10.0}) {
+      for (DType act : {DType::F32, DType::BF16}) {
+        const std::string context = s.str() + " c=" + std::to_string(c) + " " + dtype_name(act) + " g [B, T, H]";
+        SCOPED_TRACE(context);
+        Rng rng(5000 + variant++);
+        Problem p = make_problem(rng, s, variant % 2 == 0, true, variant % 3 != 0);
+        p.g = make_gate(rng, {s.batch, s.time, s.heads}, c);
+        const bool strong_fp32 = act == DType::F32 && c < 1;
+        expect_gpu_matches_cpu(p, s.heads, act, 0.3, context, strong_fp32 ? &kFp32StrongDecayDg : nullptr);
+      }
+    }
+  }
+  const Sizes s{2, 100, 3, 33, 20};
+  Rng rng(5100);
+  Problem p = make_problem(rng, s, true, true, true);
+  p.g = make_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+  const Result want = run(rounded(p, DType::F32), s.heads, Device::CPU, DType::F64, 0.3);
+  Problem before = make_problem(rng, s, true, false, false);
+  before.g = random_tensor(rng, p.g.shape());
+  const Result got = run(p, s.heads, Device::CUDA, DType::F32, 0.3, Wants{}, &before);
+  Tensor want_dg = want.dg.clone();
+  const Tensor before_dg = round_through(before.g, DType::F32);
+  for (int64_t i = 0; i < want_dg.numel(); ++i) want_dg.set_item(i, want.dg.item(i) + before_dg.item(i));
+  testing::expect_close(got.dg, want_dg, kFp32.rel_rms, kFp32.max_rel * max_abs(want_dg), "dg added to another");
+  const Result alone = run(p, s.heads, Device::CUDA, DType::F32, 0.3, Wants{false, false, false, true, false});
+  EXPECT_FALSE(alone.dq.defined() || alone.dk.defined() || alone.dv.defined() || alone.ds0.defined());
+  testing::expect_close(alone.dg, want.dg, kFp32.rel_rms, kFp32.max_rel * max_abs(want.dg), "dg alone");
 }
 
 TEST(GlaRecurrenceCuda, DependentKernelsWaitForTheStatePass) {

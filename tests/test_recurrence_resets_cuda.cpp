@@ -1,12 +1,12 @@
 // test_recurrence_resets_cuda.cpp: the recurrences' per-token resets on the GPU (the 64-bit per-chunk masks of
 // kernels/sequence_resets.cu read by every chunked kernel) against the fp64 CPU reference with the same resets, on the
 // values the GPU sees (inputs rounded through their GPU dtypes): gated_scan, lower_bounded_gated_scan,
-// complex_gated_scan, gla_recurrence, and a layer's HGRN2 gates feeding gla_recurrence (the recurrence's backward then
-// runs the gates' backward in its epilogue). Outputs, final states and every gradient, fp32 and bf16, with and without
-// an initial state, over lengths around the 64-step chunk and several chunks, each batch holding every reset pattern
-// (none, at step 0, on 16- and 64-step boundaries and the last step, several in one chunk, every step, random).
-// Plus: all-zero flags give the bits of no flags, and the per-chunk masks themselves. Skipped (never passed) without a
-// GPU.
+// complex_gated_scan, gla_recurrence (per-channel and scalar decays), and a layer's HGRN2 gates feeding gla_recurrence
+// (the recurrence's backward then runs the gates' backward in its epilogue). Outputs, final states and every gradient,
+// fp32 and bf16, with and without an initial state, over lengths around the 64-step chunk and several chunks, each
+// batch holding every reset pattern (none, at step 0, on 16- and 64-step boundaries and the last step, several in one
+// chunk, every step, random). Plus: all-zero flags give the bits of no flags, and the per-chunk masks themselves.
+// Skipped (never passed) without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -152,6 +152,25 @@ std::vector<GpuRecurrence> recurrences(int64_t channels, int64_t heads, int64_t 
                    const Shape keys{B, T, H * K};
                    p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, H * V}),
                               log_gates(rng, keys)};
+                   if (with_initial) p.initial = random_tensor(rng, {B, H, K, V});
+                   p.d_output = random_tensor(rng, {B, T, H * V});
+                   p.d_final = random_tensor(rng, {B, H, K, V});
+                   return p;
+                 },
+                 [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&, const Tensor& r) {
+                   const int64_t chunk = s[0]->value.device() == Device::CUDA ? 0 : 64;
+                   const GlaOutputs o = gla_recurrence(t, s[0], s[1], s[2], s[3], s0, H, scale, RecurrenceMode::Chunk,
+                                                       chunk, nullptr, false, r);
+                   return std::pair{o.output, o.final_state};
+                 },
+                 [](DType act) { return std::vector<DType>{act, act, act, DType::F32}; }, gla_tolerances});
+  // The scalar-decay mode (g [B, T, H]), broadcast to the per-channel kernels on the GPU.
+  all.push_back({"gla_recurrence_scalar_decay",
+                 [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
+                   RecurrenceProblem p;
+                   const Shape keys{B, T, H * K};
+                   p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, H * V}),
+                              log_gates(rng, {B, T, H})};
                    if (with_initial) p.initial = random_tensor(rng, {B, H, K, V});
                    p.d_output = random_tensor(rng, {B, T, H * V});
                    p.d_final = random_tensor(rng, {B, H, K, V});

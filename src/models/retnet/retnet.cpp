@@ -1,7 +1,7 @@
 // retnet.cpp: RetNet (fla's RetNetForCausalLM; Sun et al., "Retentive Network: A Successor to Transformer for Large
 // Language Models", 2023): its token mixer, multi-scale retention — linear attention over rotary-embedded queries and
-// keys with a fixed decay per head — on the chunkwise recurrence HGRN2 and GLA run (ops/gla_recurrence.h, its
-// constant-decay case), and its description.
+// keys with a fixed decay per head — on the chunkwise recurrence HGRN2 and GLA run (ops/gla_recurrence.h, with one
+// constant log decay per head: its scalar-decay mode), and its description.
 #include <cmath>
 #include <map>
 #include <mutex>
