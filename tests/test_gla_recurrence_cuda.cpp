@@ -2,9 +2,9 @@
 // in fp64, computed from the very values the GPU sees (q, k, v, dO rounded through the activation dtype; g, S0, dS_T
 // through fp32): outputs and every gradient, for sequence lengths around the 64-step chunk (1, 15, 63, 64, 65, 200,
 // 2047), key/value widths that are not multiples of the 64-wide tiles, with and without initial state and final-state
-// gradient, fla's gate regimes and an extreme decay, in fp32 and bf16, scalar decays ([H], [B, T, H]) against the CPU
-// reference's scalar-decay mode; plus accumulation into existing gradients, partial gradient requests, bitwise
-// determinism, and the dependent launches' wait for the state pass.
+// gradient, fla's gate regimes and an extreme decay, in fp32 and bf16, scalar decays ([H], [B, T, H]: the kernels'
+// scalar-decay mode) against the CPU reference's; plus accumulation into existing gradients, partial gradient
+// requests, bitwise determinism, and the dependent launches' wait for the state pass.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -248,13 +248,15 @@ TEST(GlaRecurrenceCuda, GateRegimes) {
   }
 }
 
-// RetNet's constant decay per head (g [H], log(1 − 2^(−5−h)) as fla's chunk_retention): broadcast over the steps and
-// key channels on the GPU, against the CPU reference's scalar-decay mode on the same [H] decays. No gradient for g (a
-// constant). Odd K and V and lengths around the chunk as well as RetNet's own head sizes.
+// RetNet's constant decay per head (g [H], log(1 − 2^(−5−h)) as fla's chunk_retention): the kernels' scalar-decay
+// mode (g read as [H]) against the CPU reference's on the same [H] decays. No gradient for g (a constant). Odd K and V,
+// lengths around the chunk, K over several 64-wide tiles (200: a partial fourth) and RetNet's own head sizes.
+// Tolerances: the per-channel ones (tol_for): the scalar mode's products are no less exact (bf16: q kᵀ in bf16 with
+// fp32 sums, W k and Wᵀ q in TF32 as the per-channel intra blocks).
 TEST(GlaRecurrenceCuda, PerHeadDecaysMatchCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
-  const std::vector<Sizes> shapes{{2, 1, 3, 16, 32},  {2, 15, 3, 13, 21},  {2, 63, 2, 7, 9},       {2, 64, 5, 33, 65},
-                                  {2, 65, 4, 32, 64}, {1, 200, 5, 60, 40}, {1, 300, 8, 128, 256}};
+  const std::vector<Sizes> shapes{{2, 1, 3, 16, 32},  {2, 15, 3, 13, 21},  {2, 63, 2, 7, 9},      {2, 64, 5, 33, 65},
+                                  {2, 65, 4, 32, 64}, {1, 200, 5, 60, 40}, {1, 130, 2, 200, 72}, {1, 300, 8, 128, 256}};
   int variant = 0;
   for (const Sizes& s : shapes) {
     for (DType act : {DType::F32, DType::BF16}) {
@@ -274,12 +276,15 @@ TEST(GlaRecurrenceCuda, PerHeadDecaysMatchCpuReference) {
   }
 }
 
-// One log decay per head and step (g [B, T, H]): broadcast over the key channels on the GPU and its gradient summed
-// back over them, against the CPU reference's scalar-decay mode; fla's gate regimes, odd K and V, fp32 and bf16; then
-// the gradient added to an existing one, and asked for alone.
+// One log decay per head and step (g [B, T, H]): the kernels' scalar-decay mode (dg summed over each K-tile's channels
+// in bwd_dqk, then over the K-tiles where K > 64) against the CPU reference's; fla's gate regimes, odd K and V, K of
+// one, two and four (a partial) 64-wide tiles, fp32 and bf16 (tolerances as PerHeadDecaysMatchCpuReference); then the
+// gradient added to an existing one and asked for alone, with one K-tile and with two; then kept states and two runs
+// give the same bits.
 TEST(GlaRecurrenceCuda, PerStepScalarDecaysMatchCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
-  const std::vector<Sizes> shapes{{2, 1, 3, 13, 21}, {2, 65, 2, 7, 9}, {1, 200, 5, 60, 40}, {2, 130, 4, 128, 128}};
+  const std::vector<Sizes> shapes{{2, 1, 3, 13, 21},    {2, 65, 2, 7, 9},      {1, 200, 5, 60, 40},
+                                  {2, 130, 4, 128, 128}, {1, 130, 2, 200, 96}, {2, 64, 3, 64, 64}};
   int variant = 0;
   for (const Sizes& s : shapes) {
     for (double c : {0.1, 1.0, 10.0}) {
@@ -294,21 +299,44 @@ TEST(GlaRecurrenceCuda, PerStepScalarDecaysMatchCpuReference) {
       }
     }
   }
-  const Sizes s{2, 100, 3, 33, 20};
-  Rng rng(5100);
-  Problem p = make_problem(rng, s, true, true, true);
-  p.g = make_gate(rng, {s.batch, s.time, s.heads}, 1.0);
-  const Result want = run(rounded(p, DType::F32), s.heads, Device::CPU, DType::F64, 0.3);
-  Problem before = make_problem(rng, s, true, false, false);
-  before.g = random_tensor(rng, p.g.shape());
-  const Result got = run(p, s.heads, Device::CUDA, DType::F32, 0.3, Wants{}, &before);
-  Tensor want_dg = want.dg.clone();
-  const Tensor before_dg = round_through(before.g, DType::F32);
-  for (int64_t i = 0; i < want_dg.numel(); ++i) want_dg.set_item(i, want.dg.item(i) + before_dg.item(i));
-  testing::expect_close(got.dg, want_dg, kFp32.rel_rms, kFp32.max_rel * max_abs(want_dg), "dg added to another");
-  const Result alone = run(p, s.heads, Device::CUDA, DType::F32, 0.3, Wants{false, false, false, true, false});
-  EXPECT_FALSE(alone.dq.defined() || alone.dk.defined() || alone.dv.defined() || alone.ds0.defined());
-  testing::expect_close(alone.dg, want.dg, kFp32.rel_rms, kFp32.max_rel * max_abs(want.dg), "dg alone");
+  for (int64_t key : {33, 100}) {  // one K-tile (dg written by bwd_dqk) and two (summed after it)
+    SCOPED_TRACE("K=" + std::to_string(key));
+    const Sizes s{2, 100, 3, key, 20};
+    Rng rng(5100 + key);
+    Problem p = make_problem(rng, s, true, true, true);
+    p.g = make_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+    const Result want = run(rounded(p, DType::F32), s.heads, Device::CPU, DType::F64, 0.3);
+    Problem before = make_problem(rng, s, true, false, false);
+    before.g = random_tensor(rng, p.g.shape());
+    const Result got = run(p, s.heads, Device::CUDA, DType::F32, 0.3, Wants{}, &before);
+    Tensor want_dg = want.dg.clone();
+    const Tensor before_dg = round_through(before.g, DType::F32);
+    for (int64_t i = 0; i < want_dg.numel(); ++i) want_dg.set_item(i, want.dg.item(i) + before_dg.item(i));
+    testing::expect_close(got.dg, want_dg, kFp32.rel_rms, kFp32.max_rel * max_abs(want_dg), "dg added to another");
+    const Result alone = run(p, s.heads, Device::CUDA, DType::F32, 0.3, Wants{false, false, false, true, false});
+    EXPECT_FALSE(alone.dq.defined() || alone.dk.defined() || alone.dv.defined() || alone.ds0.defined());
+    testing::expect_close(alone.dg, want.dg, kFp32.rel_rms, kFp32.max_rel * max_abs(want.dg), "dg alone");
+  }
+  // Fixed-order sums and the forward's own state pass: kept or recomputed states, and a second run, give the same bits.
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(std::string("bits ") + dtype_name(act));
+    const Sizes s{2, 130, 2, 100, 72};
+    Rng rng(5200);
+    Problem p = make_problem(rng, s, true, true, true);
+    p.g = make_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+    const Result a = run(p, s.heads, Device::CUDA, act, 0.3);
+    const Result b = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, nullptr, RecurrenceMode::Chunk, -1, true);
+    const Result c = run(p, s.heads, Device::CUDA, act, 0.3);
+    for (const Result* other : {&b, &c}) {
+      const Tensor* xs[] = {&a.output, &a.final_state, &a.dq, &a.dk, &a.dv, &a.dg, &a.ds0};
+      const Tensor* ys[] = {&other->output, &other->final_state, &other->dq, &other->dk,
+                            &other->dv,     &other->dg,          &other->ds0};
+      for (int i = 0; i < 7; ++i) {
+        ASSERT_EQ(xs[i]->numel(), ys[i]->numel());
+        EXPECT_EQ(std::memcmp(xs[i]->raw_data(), ys[i]->raw_data(), xs[i]->nbytes()), 0) << "result " << i;
+      }
+    }
+  }
 }
 
 TEST(GlaRecurrenceCuda, DependentKernelsWaitForTheStatePass) {

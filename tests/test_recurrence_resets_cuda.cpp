@@ -164,7 +164,8 @@ std::vector<GpuRecurrence> recurrences(int64_t channels, int64_t heads, int64_t 
                    return std::pair{o.output, o.final_state};
                  },
                  [](DType act) { return std::vector<DType>{act, act, act, DType::F32}; }, gla_tolerances});
-  // The scalar-decay mode (g [B, T, H]), broadcast to the per-channel kernels on the GPU.
+  // The scalar-decay mode (g [B, T, H]): the kernels' scalar-decay builds on the GPU (dg summed per K-tile, then
+  // over the K-tiles where K > 64).
   all.push_back({"gla_recurrence_scalar_decay",
                  [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
                    RecurrenceProblem p;

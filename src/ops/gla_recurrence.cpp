@@ -989,13 +989,14 @@ GlaCudaShape cuda_shape(const HeadDims& d) {
   return s;
 }
 
-// The per-channel log gates the CUDA kernels read (they have no scalar-decay mode yet; the CPU reference has): g itself,
-// or a scalar g ([B, T, H] or [H]) broadcast over the key channels (and steps) into a buffer that lives for the call.
-Tensor cuda_step_gates(const Var& g, DecayKind decay, const GlaCudaShape& shape) {
-  if (decay == DecayKind::PerChannel) return g->value;
-  Tensor full = Tensor::empty({shape.batch, shape.time, shape.heads * shape.key_dim}, DType::F32, Device::CUDA);
-  gla_cuda_expand_head_decays(shape, g->value.data<float>(), decay == DecayKind::PerStep, full.data<float>());
-  return full;
+// g's shape as the CUDA kernels name it (they read every shape as it is: the scalar ones run their scalar-decay mode).
+GlaDecay cuda_decay(DecayKind decay) {
+  switch (decay) {
+    case DecayKind::PerChannel: return GlaDecay::PerChannel;
+    case DecayKind::PerStep: return GlaDecay::PerStep;
+    case DecayKind::PerHead: return GlaDecay::PerHead;
+  }
+  return GlaDecay::PerChannel;
 }
 
 // The CUDA backward: gradients of both outputs (either may be undefined) into the inputs that want one (+=). With
@@ -1031,8 +1032,8 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, D
   a.v = v->value.raw_data();
   a.v_stride = v->value.row_stride();
   a.act = q->value.dtype();
-  const Tensor step_gates = cuda_step_gates(g, decay, shape);
-  a.g = step_gates.data<float>();
+  a.g = g->value.data<float>();
+  a.decay = cuda_decay(decay);
   a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
   a.scale = static_cast<float>(scale);
   a.scores = saved_scores.raw_data();
@@ -1074,16 +1075,12 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, D
     a.dv = dv.raw_data();
     a.dv_stride = dv.row_stride();
   }
-  // A [B, T, H] g's gradient: the kernels write the broadcast gates' into scratch, summed over the channels below.
-  const bool sum_channels = decay == DecayKind::PerStep && wants_grad(g);
-  const Tensor dg_channels =
-      sum_channels ? Tensor::empty({dims.batch, dims.time, dims.heads * dims.key_dim}, DType::F32, device) : Tensor();
-  if (sum_channels) {
-    a.dg = dg_channels.data<float>();
-    a.accumulate_dg = false;
-  } else {
-    a.dg = wants_grad(g) && !fuse_gates ? grad_buffer_for_write(g, &a.accumulate_dg).data<float>() : nullptr;
-  }
+  a.dg = wants_grad(g) && !fuse_gates ? grad_buffer_for_write(g, &a.accumulate_dg).data<float>() : nullptr;
+  // A [B, T, H] g's gradient with several K-tiles: the kernel sums each tile's channels apart, then adds them up.
+  const int64_t dg_partials_elements = a.dg && decay == DecayKind::PerStep ? gla_cuda_dg_partials_elements(shape) : 0;
+  const Tensor dg_partials =
+      dg_partials_elements ? Tensor::empty({dg_partials_elements}, DType::F32, device) : Tensor();
+  a.dg_partials = dg_partials.defined() ? dg_partials.data<float>() : nullptr;
   a.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<float>() : nullptr;
   a.states = need_states ? states.raw_data() : nullptr;
   a.states_given = states_given;
@@ -1091,11 +1088,6 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, D
   a.d_states = d_states.data<float>();
   a.d_scores = d_scores.data<float>();
   gla_cuda_backward(shape, a);
-  if (sum_channels) {
-    bool accumulate = false;
-    const Tensor& dg = grad_buffer_for_write(g, &accumulate);
-    gla_cuda_sum_channel_gates(shape, dg_channels.data<float>(), dg.data<float>(), accumulate);
-  }
 }
 #endif
 
@@ -1189,8 +1181,8 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
     a.v = vv.raw_data();
     a.v_stride = vv.row_stride();
     a.act = dtype;
-    const Tensor step_gates = cuda_step_gates(g, decay, shape);
-    a.g = step_gates.data<float>();
+    a.g = g->value.data<float>();
+    a.decay = cuda_decay(decay);
     a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
     a.scale = static_cast<float>(scale);
     a.output = output.raw_data();

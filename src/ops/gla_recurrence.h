@@ -23,9 +23,8 @@ struct GlaOutputs {
 //  * [B, T, H*K]: per step and key channel (HGRN2, GLA);
 //  * [B, T, H]: a scalar decay per head and step, shared by the head's key channels (its gradient is [B, T, H]);
 //  * [H]: one constant log decay per head (RetNet's fixed decays; a constant: no gradient).
-// The scalar ones run the scalar-decay mode of the same forms on the CPU (the decay factors out of the intra-chunk
-// channel sums); on CUDA they are broadcast to per-channel gates for the per-channel kernels (and a [B, T, H] g's
-// gradient summed back over the channels).
+// The scalar ones run the scalar-decay mode of the same forms on the CPU and of the same kernels on CUDA (the decay
+// factors out of the intra-chunk channel sums: one q kᵀ product per chunk, one decay per pair).
 // initial_state: nullptr or [B, H, K, V]. On the CPU all tensors share one floating dtype (fp32 or fp64), and the state
 // is accumulated in that dtype (fp32 for fp32 inputs, as fla does).
 // On CUDA (kernels/gla_recurrence.h): q, k, v in the activation dtype (fp32 or bf16), g and initial_state fp32; the
