@@ -21,6 +21,9 @@ struct GlaOutputs {
 
 // q, k, g: [B, T, H*K]; v: [B, T, H*V] (head-major features: index h*K + c); g is the per-step log forget gate (<= 0),
 // or [H]: one constant log decay per head for every step and key channel (RetNet's fixed decays; no gradient).
+// q, k and v may be row-strided (column blocks of one fused projection's output: linear_columns): they are read in
+// place, and a column block's gradient is written into its columns of the projection's gradient; g and
+// initial_state are contiguous.
 // initial_state: nullptr or [B, H, K, V]. On the CPU all tensors share one floating dtype (fp32 or fp64), and the state
 // is accumulated in that dtype (fp32 for fp32 inputs, as fla does).
 // On CUDA (kernels/gla_recurrence.h): q, k, v in the activation dtype (fp32 or bf16), g and initial_state fp32; the
