@@ -50,6 +50,9 @@ class DataParallel {
   std::function<double(double)> grad_norm_total() const;
   // After the optimiser step, under ZeRO-1: every rank's updated share to all ranks. A no-op without ZeRO-1.
   void finish_update();
+  // data[0, count) on this process's device: the elementwise maximum over the ranks, on every rank, complete on
+  // return (the FP8 amaxes, so that every rank derives the same scales). `what` names the wait.
+  void all_reduce_max(float* data, int64_t count, const char* what);
   // For checkpoints under ZeRO-1 (a collective: every rank calls it): each parameter's whole first and second
   // moments on the CPU, on rank 0, assembled from every rank's share (the other ranks receive empty vectors).
   void gather_moments(const AdamW& optimizer, std::vector<Tensor>* first, std::vector<Tensor>* second) const;
