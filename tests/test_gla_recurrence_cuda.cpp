@@ -293,6 +293,56 @@ TEST(GlaRecurrenceCuda, RowStridedInputsAccumulateIntoExistingGradients) {
   }
 }
 
+// One column block passed as q and k, and as q, k and v (K = V), as the CPU form allows: its gradient is the sum of
+// theirs (against the CPU reference run with distinct tensors of the same values), k's and v's own columns get none.
+// The kernels write each gradient once, so the repeats take scratch of their own, added in afterwards.
+TEST(GlaRecurrenceCuda, OneBlockAsSeveralInputsGetsTheirGradientsSummed) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const Sizes s{2, 100, 3, 40, 40};
+  auto plus = [](const Tensor& a, const Tensor& b) {
+    Tensor r = a.clone();
+    for (int64_t i = 0; i < r.numel(); ++i) r.set_item(i, a.item(i) + b.item(i));
+    return r;
+  };
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (bool as_v : {false, true}) {
+      const std::string context = std::string(dtype_name(act)) + (as_v ? " one block as q, k and v" : " as q and k");
+      SCOPED_TRACE(context);
+      Rng rng(3600);
+      Problem p = make_problem(rng, s, true, true, true);
+      p.k = p.q;
+      if (as_v) p.v = p.q;
+      Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
+      want.dq = plus(want.dq, want.dk);
+      want.dk = Tensor();
+      if (as_v) want.dq = plus(want.dq, want.dv), want.dv = Tensor();
+
+      const QkvBlocks blocks(kQkvLayouts[0], p.q.size(-1), p.v.size(-1));
+      Tape tape;
+      Var parent = make_var(to_gpu(blocks.parents_of(p.q, p.k, p.v)[0], act), true, "qkv");
+      const std::vector<Var> qkv = blocks.split(tape, {parent});
+      Var g = make_var(to_gpu(p.g, DType::F32), true, "g");
+      Var s0 = make_var(to_gpu(p.s0, DType::F32), true, "s0");
+      GlaOutputs r = gla_recurrence(tape, qkv[0], qkv[0], as_v ? qkv[0] : qkv[2], g, s0, s.heads, 0.3,
+                                    RecurrenceMode::Chunk);
+      r.final_state->grad = to_gpu(p.d_final, DType::F32);
+      tape.backward(r.output, to_gpu(p.d_out, act));
+      ASSERT_TRUE(parent->grad.defined());
+      const std::vector<Tensor> grads{to_host_f64(parent->grad)};
+      const Result got{to_host_f64(r.output->value),
+                       to_host_f64(r.final_state->value),
+                       blocks.block(grads, 0).clone(),
+                       Tensor(),
+                       as_v ? Tensor() : blocks.block(grads, 2).clone(),
+                       to_host_f64(g->grad),
+                       to_host_f64(s0->grad)};
+      expect_matches(got, want, tol_for(act), context);
+      EXPECT_EQ(max_abs(blocks.block(grads, 1)), 0.0) << "k's own columns";
+      if (as_v) EXPECT_EQ(max_abs(blocks.block(grads, 2)), 0.0) << "v's own columns";
+    }
+  }
+}
+
 TEST(GlaRecurrenceCuda, GateRegimes) {
   HGRN_SKIP_WITHOUT_GPU();
   // fla's gate_logit_normalizer regimes: c = 0.1 (g ≈ −7 per step: strong decay), 1, 10 (g ≈ −0.07: long memory).

@@ -26,6 +26,7 @@
 #include "ops/sequence_resets.h"
 
 #ifdef HGRN_WITH_CUDA
+#include "kernels/elementwise.h"
 #include "kernels/gla_recurrence.h"
 #endif
 
@@ -959,6 +960,19 @@ Tensor cuda_step_gates(const Var& g, const GlaCudaShape& shape) {
   return full;
 }
 
+// dst += src on the GPU, one dtype and shape: src contiguous, dst row-strided (a column block's gradient goes through
+// a contiguous copy).
+void add_into_rows(Tensor& dst, const Tensor& src) {
+  if (dst.is_contiguous()) {
+    cuda_accumulate(dst.raw_data(), src.raw_data(), dst.numel(), dst.dtype());
+    return;
+  }
+  Tensor sum = Tensor::empty(dst.shape(), dst.dtype(), Device::CUDA);
+  sum.copy_from(dst);
+  cuda_accumulate(sum.raw_data(), src.raw_data(), sum.numel(), sum.dtype());
+  dst.copy_from(sum);
+}
+
 // The CUDA backward: gradients of both outputs (either may be undefined) into the inputs that want one (+=). With
 // `gates` (q, g and k are those gates), where this is the only gradient q, g and k get and q̂ and f̂ take fresh
 // ones, the gates' backward runs in the recurrence's (GlaGatesEpilogue): q̂'s, f̂'s and γ's gradients are written
@@ -1033,15 +1047,32 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, c
     a.dq = dq.raw_data();
     a.strides.dq = dq.row_stride();
   }
+  // One Var passed again as k or v (as q, or v as k) gets that gradient too: the kernels write each gradient once,
+  // having read all the old values first (dq and dk), or before dq and dk (dv, in bwd_dv), so one buffer as two of
+  // them would keep only one write, onto uninitialised memory where it is fresh. The repeat is written into scratch
+  // of its own (contiguous, fresh) and added into the Var's gradient after the kernels.
+  Tensor dk_repeat, dv_repeat;
   if (wants_grad(k) && !fuse_gates) {
-    const Tensor& dk = grad_buffer_for_write(k, &a.accumulate_dk, GradLayout::RowStrided);
-    a.dk = dk.raw_data();
-    a.strides.dk = dk.row_stride();
+    if (k == q) {
+      dk_repeat = Tensor::empty(k->value.shape(), a.act, device);
+      a.dk = dk_repeat.raw_data();
+      a.accumulate_dk = false;
+    } else {
+      const Tensor& dk = grad_buffer_for_write(k, &a.accumulate_dk, GradLayout::RowStrided);
+      a.dk = dk.raw_data();
+      a.strides.dk = dk.row_stride();
+    }
   }
   if (wants_grad(v)) {
-    const Tensor& dv = grad_buffer_for_write(v, &a.accumulate_dv, GradLayout::RowStrided);
-    a.dv = dv.raw_data();
-    a.strides.dv = dv.row_stride();
+    if ((v == q && a.dq) || (v == k && a.dk)) {
+      dv_repeat = Tensor::empty(v->value.shape(), a.act, device);
+      a.dv = dv_repeat.raw_data();
+      a.accumulate_dv = false;
+    } else {
+      const Tensor& dv = grad_buffer_for_write(v, &a.accumulate_dv, GradLayout::RowStrided);
+      a.dv = dv.raw_data();
+      a.strides.dv = dv.row_stride();
+    }
   }
   a.dg = wants_grad(g) && !fuse_gates ? grad_buffer_for_write(g, &a.accumulate_dg).data<float>() : nullptr;
   a.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<float>() : nullptr;
@@ -1051,6 +1082,8 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, c
   a.d_states = d_states.data<float>();
   a.d_scores = d_scores.data<float>();
   gla_cuda_backward(shape, a);
+  if (dk_repeat.defined()) add_into_rows(k->grad, dk_repeat);
+  if (dv_repeat.defined()) add_into_rows(v->grad, dv_repeat);
 }
 #endif
 
