@@ -230,11 +230,13 @@ TEST(GlaRecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
 // Layouts of q, k and v as column blocks of wider tensors, read in place: GLA's (side by side, more columns after;
 // rows of whole 16 bytes, for cp.async, where H·K and H·V are multiples of 8), the same from column 3 (no row
 // aligned), and one parent each, whose strides all differ (an input read, or a gradient written, with another's
-// stride shows), q's and k's rows aligned, v's not.
+// stride shows), q's and k's rows aligned, v's not; and one parent each at column 0 with odd strides (the first
+// row aligned, the next not: only the stride rules cp.async out).
 const QkvColumns kQkvLayouts[] = {
     {"side by side", true, {0, 0, 0}, {0, 0, 8}},
     {"side by side from column 3", true, {3, 0, 0}, {0, 0, 5}},
     {"one parent each", false, {8, 0, 3}, {8, 8, 5}},
+    {"one parent each, odd strides", false, {0, 0, 0}, {1, 3, 5}},
 };
 
 // q, k and v as column blocks (kQkvLayouts) against the CPU reading the same layout: odd lengths (a single step,
