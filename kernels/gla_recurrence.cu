@@ -116,12 +116,13 @@ struct Dims {
   int T, H, K, V, NT;  // NT = number of chunks
   int nk, nv;          // K-tiles, V-tiles
   int key_pad;         // nk·64
-  // Row strides of v and dv (H·V when contiguous; wider for a column block of a fused projection's output).
-  int v_stride, dv_stride;
+  // Row strides of q, k and v (GlaCudaRowStrides, resolved: H·K or H·V when contiguous); g, the output and its
+  // gradient are contiguous. The gradients' strides come with their pointers, in the kernels' parameters.
+  int q_stride, k_stride, v_stride;
 };
 
 // What a per-chunk block (fwd_output, bwd_dv, bwd_dqk) works on: chunk c (rows t0 .. t0+n) of head h of batch b
-// (pair = b·H + h), and the row strides of the [B, T, H·K] and [B, T, H·V] tensors.
+// (pair = b·H + h), and the row strides of the contiguous [B, T, H·K] and [B, T, H·V] tensors.
 struct ChunkBlock {
   int c, pair, b, h, t0, n;
   int64_t key_stride, value_stride;
@@ -136,7 +137,7 @@ __device__ ChunkBlock chunk_block(const Dims& d, int c, int pair) {
 __device__ __forceinline__ int64_t row_offset(const Dims& d, int b, int t, int h, int width) {
   return ((static_cast<int64_t>(b) * d.T + t) * d.H + h) * width;
 }
-// The same in a row-strided one (rows `stride` elements apart: v, dv).
+// The same in a row-strided one (rows `stride` elements apart: q, k, v and their gradients).
 __device__ __forceinline__ int64_t strided_row_offset(const Dims& d, int b, int t, int h, int width, int stride) {
   return static_cast<int64_t>(b * d.T + t) * stride + h * width;
 }
@@ -705,7 +706,7 @@ __device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, cons
 // a chunk holding one decays M to 0, and X keeps the rows that exit it (forward) or that it enters (reverse).
 // Scalar decays (kScalar): G is one column, so x's rows scale by one factor each and M by one e^{G_L} per chunk.
 struct StatePassParams {
-  const void* x;        // k or q
+  const void* x;        // k or q (rows d.k_stride or d.q_stride apart)
   const void* y;        // v or dO (null: zero)
   int64_t y_stride;     // y's row stride
   const float* g;
@@ -762,18 +763,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
   const int64_t state_off = static_cast<int64_t>(pair) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0;
   const int64_t key_stride = static_cast<int64_t>(d.H) * d.K;
   const bool g_async = async_copyable<float>(p.g, d.K, key_stride, kLdS);
-  const bool x_async = async_copyable<In>(x, d.K, key_stride, ldi);
+  const int x_stride = REVERSE ? d.q_stride : d.k_stride;
+  const bool x_async = async_copyable<In>(x, d.K, x_stride, ldi);
   const bool y_async = async_copyable<In>(y, d.V, p.y_stride, ldi);
   auto stage = [&](int step, int buf) {
     const int c = REVERSE ? d.NT - 1 - step : step;
     const int t0 = c * kChunk, n = min(kChunk, d.T - t0);
     const int64_t key_at = row_offset(d, b, t0, h, d.K) + k0,
+                  x_at = strided_row_offset(d, b, t0, h, d.K, x_stride) + k0,
                   value_at = strided_row_offset(d, b, t0, h, d.V, p.y_stride) + v0;
     if constexpr (kScalar)
       stage_scalar_gates(s.G + buf * s.kGSize, p.g, p.decay_stride, d, b, t0, n, h);
     else
       stage_tile(s.G + buf * s.kGSize, kLdS, p.g + key_at, key_stride, n, krows, g_async);
-    stage_tile(s.xs + buf * s.kInSize, ldi, x + key_at, key_stride, n, krows, x_async);
+    stage_tile(s.xs + buf * s.kInSize, ldi, x + x_at, x_stride, n, krows, x_async);
 #pragma unroll
     for (int vt = 0; vt < kVTiles; ++vt)
       stage_tile(s.ys + (buf * kVTiles + vt) * s.kInSize, ldi, y ? y + value_at + vt * kTile : y, p.y_stride, n,
@@ -1133,8 +1136,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   const ChunkBlock cb = chunk_block(d, blockIdx.x, blockIdx.y);
   const int c = cb.c, pair = cb.pair, b = cb.b, h = cb.h, t0 = cb.t0, n = cb.n;
   const int64_t key_stride = cb.key_stride, value_stride = cb.value_stride;
-  const In* q = static_cast<const In*>(p.q) + row_offset(d, b, t0, h, d.K);
-  const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
+  const In* q = static_cast<const In*>(p.q) + strided_row_offset(d, b, t0, h, d.K, d.q_stride);
+  const In* k = static_cast<const In*>(p.k) + strided_row_offset(d, b, t0, h, d.K, d.k_stride);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
   const uint64_t resets = kResets ? chunk_resets(p.reset_masks, d, b, c) : 0;
   const int entered = first_reset(resets);  // Q̄'s rows from here on are 0: S^(c) does not reach them
@@ -1142,12 +1145,12 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   if constexpr (kScalar) {
     // The K-tiles' q (into their columns of Qb) and k (into k_in) arrive by cp.async, the next one's during this
     // one's Q̄; g's column with the first.
-    const bool q_async = async_copyable<In>(q, d.K, key_stride, ldq);
-    const bool k_async = async_copyable<In>(k, d.K, key_stride, ldi);
+    const bool q_async = async_copyable<In>(q, d.K, d.q_stride, ldq);
+    const bool k_async = async_copyable<In>(k, d.K, d.k_stride, ldi);
     auto stage_key_tile = [&](int kt) {
       const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
-      stage_tile(s.Qb + k0, ldq, q + k0, key_stride, n, kcols, q_async);
-      stage_tile(s.k_in, ldi, k + k0, key_stride, n, kcols, k_async);
+      stage_tile(s.Qb + k0, ldq, q + k0, d.q_stride, n, kcols, q_async);
+      stage_tile(s.k_in, ldi, k + k0, d.k_stride, n, kcols, k_async);
       cp_async_commit();
     };
     stage_scalar_gates(s.G, p.g, p.decay_stride, d, b, t0, n, h);
@@ -1189,13 +1192,13 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
     // K-tile's copies are issued as soon as this tile's g_raw and k_in are consumed, so they land during its scores
     // (waited for at each tile's start, the copies held 7% of the kernel's stall samples; Nsight Compute, B=8).
     const bool g_async = async_copyable<float>(g, d.K, key_stride, kTile);
-    const bool q_async = async_copyable<In>(q, d.K, key_stride, ldq);
-    const bool k_async = async_copyable<In>(k, d.K, key_stride, ldi);
+    const bool q_async = async_copyable<In>(q, d.K, d.q_stride, ldq);
+    const bool k_async = async_copyable<In>(k, d.K, d.k_stride, ldi);
     auto stage_key_tile = [&](int kt) {
       const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
       stage_tile(s.g_raw, kTile, g + k0, key_stride, n, kcols, g_async);
-      stage_tile(s.Qb + k0, ldq, q + k0, key_stride, n, kcols, q_async);
-      stage_tile(s.k_in, ldi, k + k0, key_stride, n, kcols, k_async);
+      stage_tile(s.Qb + k0, ldq, q + k0, d.q_stride, n, kcols, q_async);
+      stage_tile(s.k_in, ldi, k + k0, d.k_stride, n, kcols, k_async);
       cp_async_commit();
     };
     stage_key_tile(0);
@@ -1280,14 +1283,19 @@ struct BwdDvParams {
   const void* d_output;  // null: zero
   const float* d_states;
   const void* scores;  // in the activation dtype
-  float scale;
-  int decay_stride;      // kScalar: g's row stride (stage_scalar_gates)
-  void* dv;              // null: not wanted
-  bool accumulate_dv;
+  void* dv;            // null: not wanted
   float* d_scores;
-  Dims d;
   const uint64_t* reset_masks;  // null: no resets
+  Dims d;
+  float scale;
+  int dv_stride;  // dv's row stride
+  bool accumulate_dv;
+  // kScalar: g is [B·T, H] (row stride H), else [H] (row stride 0). A flag, not the stride as in the other kernels'
+  // parameters: the int would take the struct past 128 bytes, the flag sits in accumulate_dv's padding.
+  bool decay_per_step;
 };
+// Within 128 bytes (hence bwd_dv's field order): past that, nvcc compiled the state pass and bwd_dv to other code.
+static_assert(sizeof(StatePassParams) <= 128 && sizeof(BwdDvParams) <= 128, "kernel parameters past 128 bytes");
 
 template <typename In>
 struct BwdDvSmem {
@@ -1324,7 +1332,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   const Dims& d = p.d;
   const int ldx = d.key_pad + TileLd<In>::pad;
   const auto [c, pair, b, h, t0, n, key_stride, value_stride] = chunk_block(d, blockIdx.x, blockIdx.y);
-  const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
+  const In* k = static_cast<const In*>(p.k) + strided_row_offset(d, b, t0, h, d.K, d.k_stride);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
 
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
@@ -1335,14 +1343,14 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   // Prologue: k (into X), g of every K-tile and A all go to shared memory by cp.async, waited for once (loads through
   // registers would wait out one memory latency per tile).
   const int ldg = d.key_pad + BwdDvSmem<In>::kGatePad;
-  const bool k_async = async_copyable<In>(k, d.K, key_stride, ldx);
+  const bool k_async = async_copyable<In>(k, d.K, d.k_stride, ldx);
   const bool g_async = async_copyable<float>(g, d.K, key_stride, ldg);
   for (int kt = 0; kt < d.nk; ++kt) {
     const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
-    stage_tile(s.X + k0, ldx, k + k0, key_stride, n, kcols, k_async);
+    stage_tile(s.X + k0, ldx, k + k0, d.k_stride, n, kcols, k_async);
     if constexpr (!kScalar) stage_tile(s.G + k0, ldg, g + k0, key_stride, n, kcols, g_async);
   }
-  if constexpr (kScalar) stage_scalar_gates(s.G, p.g, p.decay_stride, d, b, t0, n, h);
+  if constexpr (kScalar) stage_scalar_gates(s.G, p.g, p.decay_per_step ? d.H : 0, d, b, t0, n, h);
   stage_tile(s.Ain, ldi, scores, kChunk, kChunk, kChunk, async_copyable<In>(scores, kChunk, kChunk, ldi));
   cp_async_commit();
   cp_async_wait<0>();
@@ -1394,7 +1402,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   const float* d_state = p.d_states + chunk_index * d.K * d.V;
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
   const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
-  In* dv = p.dv ? static_cast<In*>(p.dv) + strided_row_offset(d, b, t0, h, d.V, d.dv_stride) : nullptr;
+  In* dv = p.dv ? static_cast<In*>(p.dv) + strided_row_offset(d, b, t0, h, d.V, p.dv_stride) : nullptr;
   // dO and v go straight to shared memory by cp.async, arriving during the state product (as in fwd_output).
   const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
   const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
@@ -1415,7 +1423,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
     if (dv) {  // through shared memory, as in fwd_output
       O.store_shared(s.O, ldc);
       __syncthreads();
-      store_tile(dv + v0, d.dv_stride, s.O, ldc, n, vcols, p.accumulate_dv);
+      store_tile(dv + v0, p.dv_stride, s.O, ldc, n, vcols, p.accumulate_dv);
     }
   }
   // dA, lower triangle (j <= i) with s, zeros above and across resets (from the row's segment start, as A): straight
@@ -1460,6 +1468,7 @@ struct BwdDqkParams {
   void* dq;
   void* dk;
   float* dg;
+  int dq_stride, dk_stride;  // dq's and dk's row strides (dg is contiguous)
   bool accumulate_dq, accumulate_dk, accumulate_dg;
   Dims d;
   GlaGatesEpilogue gates;  // q_hat set: the gates' gradients instead of dq, dk, dg (strides resolved: never 0)
@@ -1696,22 +1705,22 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   const int c = cb.c, pair = cb.pair, b = cb.b, h = cb.h, t0 = cb.t0, n = cb.n;
   const int64_t key_stride = cb.key_stride, value_stride = cb.value_stride;
   const int k0 = blockIdx.x * kTile, kcols = min(kTile, d.K - k0), last = n - 1;
-  const int64_t key_off = row_offset(d, b, t0, h, d.K) + k0;
+  const int64_t key_off = row_offset(d, b, t0, h, d.K) + k0;  // g's and dg's
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
   const uint64_t resets = kResets ? chunk_resets(p.reset_masks, d, b, c) : 0;
 
   // q, k and g go to shared memory by cp.async: they land while the inter products run (the first V-tile's wait
   // covers them), and nothing reads them before the gate cumsum after those products.
   {
-    const In* q = static_cast<const In*>(p.q) + key_off;
-    const In* k = static_cast<const In*>(p.k) + key_off;
+    const In* q = static_cast<const In*>(p.q) + strided_row_offset(d, b, t0, h, d.K, d.q_stride) + k0;
+    const In* k = static_cast<const In*>(p.k) + strided_row_offset(d, b, t0, h, d.K, d.k_stride) + k0;
     const float* g = p.g + key_off;
     if constexpr (kScalar)
       stage_scalar_gates(s.Gs, p.g, p.decay_stride, d, b, t0, n, h);
     else
       stage_tile(s.G, kLdB, g, key_stride, n, kcols, async_copyable<float>(g, d.K, key_stride, kLdB));
-    stage_tile(s.q, kLdB, q, key_stride, n, kcols, async_copyable<In>(q, d.K, key_stride, kLdB));
-    stage_tile(s.k, kLdB, k, key_stride, n, kcols, async_copyable<In>(k, d.K, key_stride, kLdB));
+    stage_tile(s.q, kLdB, q, d.q_stride, n, kcols, async_copyable<In>(q, d.K, d.q_stride, kLdB));
+    stage_tile(s.k, kLdB, k, d.k_stride, n, kcols, async_copyable<In>(k, d.K, d.k_stride, kLdB));
   }
 
   // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) (S_p as stored, in the
@@ -2036,11 +2045,12 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
       return;
     }
   }
-  const int64_t first = key_off + static_cast<int64_t>(r_lo) * key_stride + a;
-  In* dq = p.dq ? static_cast<In*>(p.dq) + first : nullptr;
-  In* dk = p.dk ? static_cast<In*>(p.dk) + first : nullptr;
-  float* dg = !kScalar && p.dg ? p.dg + first : nullptr;  // kScalar: written above
-  const int64_t row_stride = key_stride;  // a plain variable: lambdas capture no structured bindings before C++20
+  // Row r_lo's element of column a in each (dq and dk row-strided, dg contiguous), and their row strides.
+  In* dq = p.dq ? static_cast<In*>(p.dq) + strided_row_offset(d, b, t0 + r_lo, h, d.K, p.dq_stride) + k0 + a : nullptr;
+  In* dk = p.dk ? static_cast<In*>(p.dk) + strided_row_offset(d, b, t0 + r_lo, h, d.K, p.dk_stride) + k0 + a : nullptr;
+  // kScalar: dg was written above.
+  float* dg = !kScalar && p.dg ? p.dg + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
+  const int64_t dq_stride = p.dq_stride, dk_stride = p.dk_stride, dg_stride = key_stride;
   auto write_rows = [&](auto general_case) {
     constexpr bool kGeneral = decltype(general_case)::value;
 #pragma unroll
@@ -2050,11 +2060,10 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 #pragma unroll
         for (int u = 0; u < kSub / 2; ++u) {
           const int i = half + u;
-          const int64_t at = i * row_stride;
           const bool in = i < rows;
-          if (in && dq && p.accumulate_dq) old_q[u] = load_f(dq[at]);
-          if (in && dk && p.accumulate_dk) old_k[u] = load_f(dk[at]);
-          if (in && dg && p.accumulate_dg) old_g[u] = dg[at];
+          if (in && dq && p.accumulate_dq) old_q[u] = load_f(dq[i * dq_stride]);
+          if (in && dk && p.accumulate_dk) old_k[u] = load_f(dk[i * dk_stride]);
+          if (in && dg && p.accumulate_dg) old_g[u] = dg[i * dg_stride];
         }
       }
 #pragma unroll
@@ -2062,14 +2071,13 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
         const int i = half + u;
         if (kGeneral && i >= rows) break;
         const int r = r_lo + i;
-        const int64_t at = i * row_stride;
         // A whole segment can hold the chunk's last row only as its own last row.
         const RowGradients grads =
             row_gradients(s, r, a, (kGeneral || i == kSub - 1) && r == last,
                           kResets ? row_suffix(resets, r, r_hi, suffix) : suffix, old_q[u], old_k[u], old_g[u]);
-        if (!kGeneral || dq) dq[at] = store_f<In>(grads.dq);
-        if (!kGeneral || dk) dk[at] = store_f<In>(grads.dk);
-        if (!kScalar && (!kGeneral || dg)) dg[at] = grads.dg;
+        if (!kGeneral || dq) dq[i * dq_stride] = store_f<In>(grads.dq);
+        if (!kGeneral || dk) dk[i * dk_stride] = store_f<In>(grads.dk);
+        if (!kScalar && (!kGeneral || dg)) dg[i * dg_stride] = grads.dg;
       }
     }
   };
@@ -2083,8 +2091,15 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 // ---------------------------------------------------------------------------------------------------------------------
 // Host side.
 
-// v_stride, dv_stride: 0 = H·V (contiguous).
-Dims make_dims(const GlaCudaShape& shape, int64_t v_stride, int64_t dv_stride) {
+// A row stride as the kernels take it: 0 is the contiguous one, the row's width.
+int row_stride(int64_t stride, int64_t width, const char* name) {
+  if (!stride) stride = width;
+  HGRN_CHECK(stride >= width && stride <= 0x7fffffff, "gla_recurrence CUDA: ", name, "'s row stride ", stride,
+             " is narrower than its width ", width, " or too wide");
+  return static_cast<int>(stride);
+}
+
+Dims make_dims(const GlaCudaShape& shape, const GlaCudaRowStrides& strides) {
   HGRN_CHECK(shape.batch > 0 && shape.time > 0 && shape.heads > 0 && shape.key_dim > 0 && shape.value_dim > 0,
              "gla_recurrence CUDA: empty shape");
   HGRN_CHECK(shape.key_dim <= kMaxKey, "gla_recurrence CUDA: key dim ", shape.key_dim, " > ", kMaxKey, " is not supported");
@@ -2101,15 +2116,12 @@ Dims make_dims(const GlaCudaShape& shape, int64_t v_stride, int64_t dv_stride) {
   d.nk = (d.K + kTile - 1) / kTile;
   d.nv = (d.V + kTile - 1) / kTile;
   d.key_pad = d.nk * kTile;
-  const int64_t hv = static_cast<int64_t>(d.H) * d.V;
-  if (!v_stride) v_stride = hv;
-  if (!dv_stride) dv_stride = hv;
-  HGRN_CHECK(v_stride >= hv && dv_stride >= hv && std::max(v_stride, dv_stride) <= 0x7fffffff &&
-                 static_cast<int64_t>(shape.batch) * shape.time <= 0x7fffffff,
-             "gla_recurrence CUDA: v's row stride ", v_stride, " or dv's ", dv_stride, " is narrower than H·V = ", hv,
-             " or too wide, or B·T too large");
-  d.v_stride = static_cast<int>(v_stride);
-  d.dv_stride = static_cast<int>(dv_stride);
+  HGRN_CHECK(shape.batch * shape.time <= 0x7fffffff, "gla_recurrence CUDA: B·T ", shape.batch * shape.time,
+             " is too large");
+  const int64_t hk = static_cast<int64_t>(d.H) * d.K, hv = static_cast<int64_t>(d.H) * d.V;
+  d.q_stride = row_stride(strides.q, hk, "q");
+  d.k_stride = row_stride(strides.k, hk, "k");
+  d.v_stride = row_stride(strides.v, hv, "v");
   return d;
 }
 
@@ -2247,6 +2259,7 @@ template <typename In, bool kResets, bool kScalar>
 void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) {
   const Launcher<In, kResets, kScalar> launcher{d, pairs};
   const int ds = decay_stride(a.decay, d);
+  const int64_t key_width = static_cast<int64_t>(d.H) * d.K, value_width = static_cast<int64_t>(d.H) * d.V;
   const bool need_dqk = a.dq || a.dk || a.dg || a.gates.q_hat;
   if (need_dqk && !a.states_given) {  // S^(c), recomputed as the forward stored them: only dq, dk and dg read them
     const StatePassParams sp{a.k, a.v,     d.v_stride, a.g,  a.initial_state, a.states,     true,
@@ -2258,19 +2271,20 @@ void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) 
                             a.scale,    d,          a.reset_masks};
   launcher.template state_pass<true>(dsp);
   if (need_dqk || a.dv)
-    launcher.bwd_dv(BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.scale, ds, a.dv,
-                                a.accumulate_dv, a.d_scores, d, a.reset_masks});
+    launcher.bwd_dv(BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.dv, a.d_scores, a.reset_masks, d,
+                                a.scale, row_stride(a.strides.dv, value_width, "dv"), a.accumulate_dv,
+                                a.decay == GlaDecay::PerStep});
   if (!need_dqk) return;
   GlaGatesEpilogue gates = a.gates;
-  const int64_t key_width = static_cast<int64_t>(d.H) * d.K;
   for (int64_t* stride : {&gates.q_hat_stride, &gates.f_hat_stride, &gates.dq_hat_stride, &gates.df_hat_stride})
     if (!*stride) *stride = key_width;
   if (!gates.dgamma_row) gates.partials = nullptr;
   // kScalar with several K-tiles: each K-tile's share of dg apart, added up below.
   const bool dg_split = kScalar && a.dg && d.nk > 1;
   launcher.bwd_dqk(BwdDqkParams{a.q, a.k, a.v, a.g, a.d_output, a.states, a.d_states, a.d_scores, a.scale, ds, a.dq,
-                                a.dk, a.dg, a.accumulate_dq, a.accumulate_dk, a.accumulate_dg, d, gates, a.reset_masks,
-                                dg_split ? a.dg_partials : nullptr});
+                                a.dk, a.dg, row_stride(a.strides.dq, key_width, "dq"),
+                                row_stride(a.strides.dk, key_width, "dk"), a.accumulate_dq, a.accumulate_dk,
+                                a.accumulate_dg, d, gates, a.reset_masks, dg_split ? a.dg_partials : nullptr});
   if (dg_split) {
     const long long outputs = static_cast<long long>(pairs) * d.T;
     constexpr int kSumThreads = 256;
@@ -2303,7 +2317,7 @@ int64_t gla_cuda_dg_partials_elements(const GlaCudaShape& s) {
 }
 
 void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args) {
-  const Dims d = make_dims(shape, args.v_stride, 0);
+  const Dims d = make_dims(shape, args.strides);
   HGRN_CHECK(args.q && args.k && args.v && args.g && args.output && args.final_state && args.states,
              "gla_cuda_forward: missing tensor");
   const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
@@ -2317,7 +2331,7 @@ void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args)
 }
 
 void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& args) {
-  const Dims d = make_dims(shape, args.v_stride, args.dv_stride);
+  const Dims d = make_dims(shape, args.strides);
   HGRN_CHECK(args.q && args.k && args.v && args.g && args.scores && args.d_states && args.d_scores,
              "gla_cuda_backward: missing tensor");
   const bool scalar = args.decay != GlaDecay::PerChannel;

@@ -1,7 +1,7 @@
 // gla_recurrence.h: the HGRU2 (= gated linear attention) chunkwise recurrence on the GPU, forward and backward
 // (spec section 7): S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t, o_t = s·q_t S_t, per (batch, head), in chunks of 64 steps.
-// q, k: [B, T, H·K] and v: [B, T, H·V] (row-strided: rows v_stride elements apart) in the activation dtype (fp32
-// or bf16, all three the same); g fp32 (log forget gate, <= 0) in one of the GlaDecay shapes; states fp32
+// q, k: [B, T, H·K] and v: [B, T, H·V], row-strided (GlaCudaRowStrides), in the activation dtype (fp32 or bf16, all
+// three the same); g fp32 (log forget gate, <= 0, contiguous) in one of the GlaDecay shapes; states fp32
 // [B, H, K, V]; output [B, T, H·V] in the activation dtype. K <= 256, any V.
 // The caller provides the scratch buffers (sizes below), so that all memory goes through hgrn's allocator.
 #pragma once
@@ -31,11 +31,18 @@ enum class GlaDecay { PerChannel, PerStep, PerHead };
 // Floats of GlaCudaBackwardArgs::dg_partials: K-tiles·B·T·H where K > 64 (several 64-wide K-tiles), else 0.
 int64_t gla_cuda_dg_partials_elements(const GlaCudaShape& shape);
 
+// Elements between consecutive rows (one per batch and step) of q, k, v and their gradients, which may be column
+// blocks of a wider tensor (a fused projection's output, or its gradient); 0 = contiguous (H·K, or H·V for v, dv).
+struct GlaCudaRowStrides {
+  int64_t q = 0, k = 0, v = 0;
+  int64_t dq = 0, dk = 0, dv = 0;  // backward only
+};
+
 struct GlaCudaForwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  int64_t v_stride = 0;                 // elements between v's rows; 0 = H·V (contiguous)
+  GlaCudaRowStrides strides;            // q's, k's and v's
   DType act = DType::F32;               // dtype of q, k, v and output
   const float* g = nullptr;
   GlaDecay decay = GlaDecay::PerChannel;
@@ -81,7 +88,7 @@ struct GlaCudaBackwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  int64_t v_stride = 0, dv_stride = 0;  // elements between v's and dv's rows; 0 = H·V (contiguous)
+  GlaCudaRowStrides strides;  // of q, k, v and of dq, dk, dv
   DType act = DType::F32;
   const float* g = nullptr;
   GlaDecay decay = GlaDecay::PerChannel;  // the forward's; dg has g's shape (PerHead: none)

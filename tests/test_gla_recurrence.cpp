@@ -1,7 +1,8 @@
-// test_hgru2_recurrence.cpp: the HGRU2 recurrence (naive and chunkwise forms): hand-computed steps, chunk vs naive
+// test_gla_recurrence.cpp: the HGRU2 recurrence (naive and chunkwise forms): hand-computed steps, chunk vs naive
 // agreement in fp64 over sequence lengths with partial chunks, gate regimes in fp32 and fp64, chunk-size and
-// sequence-split invariance, fp64 finite-difference gradients of both forms, determinism and shape checks; the scalar
-// decays (g [B, T, H] and [H]) against the per-channel mode on broadcast gates, in fp32 and by finite differences.
+// sequence-split invariance, fp64 finite-difference gradients of both forms, q, k and v read row-strided (column
+// blocks, as GLA's fused projection holds them), determinism and shape checks; the scalar decays (g [B, T, H] and [H])
+// against the per-channel mode on broadcast gates, in fp32 and by finite differences, and row-strided.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -13,12 +14,15 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "hgru2_test_support.h"
 #include "ops/gla_recurrence.h"
 
 namespace hgrn {
 namespace {
 
 using testing::max_abs;
+using testing::QkvBlocks;
+using testing::QkvColumns;
 using testing::random_tensor;
 
 struct Sizes {
@@ -62,14 +66,14 @@ struct Result {
 };
 
 // Runs the recurrence in `dtype` and backpropagates L = <output, d_out> + <final_state, d_final> (either cotangent
-// may be undefined, which leaves that output without a gradient).
+// may be undefined, which leaves that output without a gradient). A g of [H] is a constant: no dg.
 Result run(const Inputs& in, int64_t heads, DType dtype, RecurrenceMode mode, int64_t chunk_size, const Tensor& d_out,
            const Tensor& d_final, double scale = 0.3) {
   Tape tape;
   Var q = make_var(in.q.to(dtype), true, "q");
   Var k = make_var(in.k.to(dtype), true, "k");
   Var v = make_var(in.v.to(dtype), true, "v");
-  Var g = make_var(in.g.to(dtype), true, "g");
+  Var g = make_var(in.g.to(dtype), in.g.dim() != 1, "g");
   Var s0 = in.s0.defined() ? make_var(in.s0.to(dtype), true, "s0") : nullptr;
   GlaOutputs r = gla_recurrence(tape, q, k, v, g, s0, heads, scale, mode, chunk_size);
   if (d_out.defined()) {
@@ -81,6 +85,38 @@ Result run(const Inputs& in, int64_t heads, DType dtype, RecurrenceMode mode, in
   auto f64 = [](const Var& x) { return x && x->grad.defined() ? x->grad.to(DType::F64) : Tensor(); };
   return {r.output->value.to(DType::F64), r.final_state->value.to(DType::F64), f64(q), f64(k), f64(v), f64(g),
           f64(s0)};
+}
+
+// Layouts of q, k and v as column blocks: GLA's (side by side, more columns after), the same from column 3, and one
+// parent each with strides and offsets that all differ, so that an input read or a gradient written with another's
+// stride or offset changes the result.
+const QkvColumns kQkvLayouts[] = {
+    {"fused", true, {0, 0, 0}, {0, 0, 9}},
+    {"fused_from_column_3", true, {3, 0, 0}, {0, 0, 4}},
+    {"one_parent_each", false, {1, 5, 3}, {4, 2, 6}},
+};
+
+// run() with q, k and v read in place as column blocks laid out as `layout` says (both cotangents given); their
+// gradients are taken from the parents' gradients, which must be 0 elsewhere.
+Result run_row_strided(const Inputs& in, int64_t heads, DType dtype, RecurrenceMode mode, int64_t chunk_size,
+                       const QkvColumns& layout, const Tensor& d_out, const Tensor& d_final) {
+  const QkvBlocks blocks(layout, in.q.size(-1), in.v.size(-1));
+  Tape tape;
+  std::vector<Var> parents;
+  for (const Tensor& p : blocks.parents_of(in.q, in.k, in.v)) parents.push_back(make_var(p.to(dtype), true, "qkv"));
+  const std::vector<Var> qkv = blocks.split(tape, parents);
+  Var g = make_var(in.g.to(dtype), in.g.dim() != 1, "g");  // [H]: a constant
+  Var s0 = in.s0.defined() ? make_var(in.s0.to(dtype), true, "s0") : nullptr;
+  GlaOutputs r = gla_recurrence(tape, qkv[0], qkv[1], qkv[2], g, s0, heads, 0.3, mode, chunk_size);
+  r.final_state->grad = d_final.to(dtype);
+  tape.backward(r.output, d_out.to(dtype));
+  std::vector<Tensor> grads;
+  for (const Var& p : parents) grads.push_back(p->grad.to(DType::F64));
+  blocks.expect_zero_outside_blocks(grads);
+  return {r.output->value.to(DType::F64), r.final_state->value.to(DType::F64), blocks.block(grads, 0).clone(),
+          blocks.block(grads, 1).clone(), blocks.block(grads, 2).clone(),
+          g->grad.defined() ? g->grad.to(DType::F64) : Tensor(),
+          s0 ? s0->grad.to(DType::F64) : Tensor()};
 }
 
 // max|x − ref| / max(1, max|ref|): relative to the reference's largest entry, so single near-zero entries do not blow
@@ -408,6 +444,83 @@ TEST(GlaRecurrence, ChunkIsBitwiseDeterministic) {
     EXPECT_EQ(p.value->to_double_vector(), p.reference->to_double_vector()) << p.name;
 }
 
+TEST(GlaRecurrence, RowStridedInputsGiveTheContiguousBits) {
+  // Reading q, k and v in place is addressing only: the same bits as from contiguous copies, for both forms and
+  // dtypes, several heads and partial chunks, with each gradient in its own columns (the others 0).
+  const Sizes s = with_time(kGeneralSizes, 70);
+  Rng rng(14);
+  const Inputs in = make_inputs(rng, s, true);
+  const Tensor d_out = random_tensor(rng, in.v.shape());
+  const Tensor d_final = random_tensor(rng, in.s0.shape());
+  for (const QkvColumns& layout : kQkvLayouts)
+    for (DType dtype : {DType::F64, DType::F32})
+      for (RecurrenceMode mode : {RecurrenceMode::Naive, RecurrenceMode::Chunk}) {
+        SCOPED_TRACE(std::string(layout.name) + " " + dtype_name(dtype) +
+                     (mode == RecurrenceMode::Chunk ? " chunk" : " naive"));
+        const Result dense = run(in, s.heads, dtype, mode, 16, d_out, d_final);
+        const Result strided = run_row_strided(in, s.heads, dtype, mode, 16, layout, d_out, d_final);
+        for (const NamedPair& p : pairs_of(strided, dense))
+          EXPECT_EQ(p.value->to_double_vector(), p.reference->to_double_vector()) << p.name;
+      }
+}
+
+TEST(GlaRecurrence, ScalarDecaysWithRowStridedInputsGiveTheContiguousBits) {
+  // The scalar-decay mode reads q, k and v (and writes their gradients) in place as the per-channel one does: the
+  // same bits as from contiguous copies, g [B, T, H] (with dg) and [H] (a constant), both forms and dtypes.
+  const Sizes s = with_time(kGeneralSizes, 70);
+  Rng rng(16);
+  Inputs in = make_inputs(rng, s, true);
+  const Tensor d_out = random_tensor(rng, in.v.shape());
+  const Tensor d_final = random_tensor(rng, in.s0.shape());
+  const Tensor per_step = log_sigmoid_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+  Tensor per_head = Tensor::empty({s.heads}, DType::F64);
+  for (int64_t h = 0; h < s.heads; ++h) per_head.set_item(h, -0.05 - 0.4 * static_cast<double>(h));
+  for (const Tensor& g : {per_step, per_head}) {
+    in.g = g;
+    for (const QkvColumns& layout : kQkvLayouts)
+      for (DType dtype : {DType::F64, DType::F32})
+        for (RecurrenceMode mode : {RecurrenceMode::Naive, RecurrenceMode::Chunk}) {
+          SCOPED_TRACE(std::string(g.dim() == 1 ? "g [H] " : "g [B, T, H] ") + layout.name + " " +
+                       dtype_name(dtype) + (mode == RecurrenceMode::Chunk ? " chunk" : " naive"));
+          const Result dense = run(in, s.heads, dtype, mode, 16, d_out, d_final);
+          const Result strided = run_row_strided(in, s.heads, dtype, mode, 16, layout, d_out, d_final);
+          for (const NamedPair& p : pairs_of(strided, dense)) {
+            ASSERT_EQ(p.value->defined(), p.reference->defined()) << p.name;
+            if (!p.reference->defined()) continue;  // dg of a constant g
+            EXPECT_EQ(p.value->to_double_vector(), p.reference->to_double_vector()) << p.name;
+          }
+          EXPECT_EQ(dense.dg.defined(), g.dim() != 1);
+        }
+  }
+}
+
+TEST(GlaRecurrence, OneRowStridedBlockAsQAndKGetsBothGradients) {
+  // The same column block passed as q and k: its gradient is asked for twice, the second adding to the first. The
+  // same bits as with one contiguous tensor passed twice; k's own columns stay without a gradient.
+  const Sizes s = with_time(kGeneralSizes, 40);
+  Rng rng(15);
+  const Inputs in = make_inputs(rng, s, false);
+  const Tensor d_out = random_tensor(rng, in.v.shape());
+  const QkvBlocks blocks(kQkvLayouts[0], in.q.size(-1), in.v.size(-1));
+  for (RecurrenceMode mode : {RecurrenceMode::Naive, RecurrenceMode::Chunk}) {
+    SCOPED_TRACE(mode == RecurrenceMode::Chunk ? "chunk" : "naive");
+    Tape dense_tape;
+    Var x = make_var(in.q.clone(), true, "x"), v = make_var(in.v.clone(), true, "v");
+    GlaOutputs dense = gla_recurrence(dense_tape, x, x, v, make_var(in.g), nullptr, s.heads, 0.3, mode);
+    dense_tape.backward(dense.output, d_out);
+
+    Tape tape;
+    Var parent = make_var(blocks.parents_of(in.q, in.k, in.v)[0], true, "qkv");
+    const std::vector<Var> qkv = blocks.split(tape, {parent});
+    GlaOutputs strided = gla_recurrence(tape, qkv[0], qkv[0], qkv[2], make_var(in.g), nullptr, s.heads, 0.3, mode);
+    tape.backward(strided.output, d_out);
+    EXPECT_EQ(strided.output->value.to_double_vector(), dense.output->value.to_double_vector());
+    EXPECT_EQ(blocks.block({parent->grad}, 0).clone().to_double_vector(), x->grad.to_double_vector());
+    EXPECT_EQ(blocks.block({parent->grad}, 2).clone().to_double_vector(), v->grad.to_double_vector());
+    EXPECT_EQ(max_abs(blocks.block({parent->grad}, 1)), 0.0);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------------
 // Finite-difference gradients (fp64).
 
@@ -472,6 +585,24 @@ TEST_P(Hgru2Gradients, LossOfOutputAndFinalStateMatchesFiniteDifferences) {
 TEST_P(Hgru2Gradients, SubChunkBlocksMatchFiniteDifferences) {
   expect_two_output_gradients_match(kSubChunkCase, GetParam(), gradcheck_vars(kSubChunkCase, 24), kFdStep,
                                     kFdTolerance);
+}
+
+TEST_P(Hgru2Gradients, RowStridedInputsMatchFiniteDifferences) {
+  // q, k and v as column blocks of one parent (from column 3): the gradient is the parent's, 0 in the spare columns.
+  const RecurrenceMode mode = GetParam();
+  const GradcheckCase& c = kSmallCase;
+  const QkvBlocks blocks(kQkvLayouts[1], c.sizes.heads * c.sizes.key_dim, c.sizes.heads * c.sizes.value_dim);
+  const std::vector<Var> in = gradcheck_vars(c, 25);
+  const std::vector<Tensor> parents = blocks.parents_of(in[0]->value, in[1]->value, in[2]->value);
+  ASSERT_EQ(parents.size(), 1u);
+  testing::expect_gradients_match_outputs(
+      [&](Tape& tape, const std::vector<Var>& x) {
+        const std::vector<Var> qkv = blocks.split(tape, {x[0]});
+        GlaOutputs r = gla_recurrence(tape, qkv[0], qkv[1], qkv[2], x[1], x[2], c.sizes.heads, 0.7, mode,
+                                      c.chunk_size);
+        return std::vector<Var>{r.output, r.final_state};
+      },
+      {make_var(parents[0], true, "qkv"), in[3], in[4]}, 77, kFdStep, kFdTolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(Hgru2, Hgru2Gradients, ::testing::Values(RecurrenceMode::Naive, RecurrenceMode::Chunk),

@@ -16,21 +16,23 @@
 // factors it out of the channel sum: A_ij = s·e^{G_i − G_j}·(q_i·k_j) and dq_i, dk_j from dA_ij·e^{G_i − G_j} (no
 // reference-point factors or diagonal-block decay tables); its gate gradient is the per-channel one summed over the
 // channels. Both modes compute the same function for a g broadcast over the channels, up to rounding.
-// Both forms work on one (batch, head) pair at a time, on contiguous copies of that head's rows, one OpenMP iteration
-// per pair with per-thread scratch. The pairs are independent and each is computed by the same sequential code, so the
+// Both forms work on one (batch, head) pair at a time, on contiguous copies of that head's rows (gathered from q, k and
+// v row-strided, in either decay mode: they may be column blocks of one projection's output), one OpenMP iteration per
+// pair with per-thread scratch. The pairs are independent and each is computed by the same sequential code, so the
 // result is the same bits for any number of threads.
 #include "ops/gla_recurrence.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cpu_math.h"
-#include "ops/elementwise.h"
 #include "ops/sequence_resets.h"
 
 #ifdef HGRN_WITH_CUDA
+#include "kernels/elementwise.h"
 #include "kernels/gla_recurrence.h"
 #endif
 
@@ -114,51 +116,59 @@ void transpose(const T* src, int64_t rows, int64_t cols, T* dst) {
     for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
+// A [B, T, H·width] tensor of a call: its rows (one per batch and step) lie `stride` elements apart, H·width when it
+// is contiguous, more for a column block of a wider tensor (a fused projection's output, or that one's gradient).
+template <typename P>
+struct Rows {
+  P* data = nullptr;  // null: absent
+  int64_t stride = 0;
+  // Head h's first element in batch b's first row (`width` per head).
+  P* head(const HeadDims& d, int64_t b, int64_t h, int64_t width) const {
+    return data + b * d.time * stride + h * width;
+  }
+};
+
+template <typename T>
+Rows<T> rows_of(const Tensor& t) {
+  return {t.data<std::remove_const_t<T>>(), t.row_stride()};
+}
+
 // Copies head h of batch b out of a [B, T, H·width] tensor into a contiguous [T, width] block.
 template <typename T>
-void gather_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
-  const int64_t row = d.heads * width;
-  const T* base = src + b * d.time * row + h * width;
-  for (int64_t t = 0; t < d.time; ++t) std::copy_n(base + t * row, width, dst + t * width);
+void gather_head(const Rows<const T>& src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
+  const T* base = src.head(d, b, h, width);
+  for (int64_t t = 0; t < d.time; ++t) std::copy_n(base + t * src.stride, width, dst + t * width);
 }
 
 // Writes a contiguous [T, width] block into head h of batch b of a [B, T, H·width] tensor.
 template <typename T>
-void scatter_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
-  const int64_t row = d.heads * width;
-  T* base = dst + b * d.time * row + h * width;
-  for (int64_t t = 0; t < d.time; ++t) std::copy_n(src + t * width, width, base + t * row);
+void scatter_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, const Rows<T>& dst) {
+  T* base = dst.head(d, b, h, width);
+  for (int64_t t = 0; t < d.time; ++t) std::copy_n(src + t * width, width, base + t * dst.stride);
 }
 
 // Adds a contiguous [T, width] block into head h of batch b of a [B, T, H·width] gradient (backward accumulates).
 template <typename T>
-void scatter_add_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
-  const int64_t row = d.heads * width;
-  T* base = dst + b * d.time * row + h * width;
-  for (int64_t t = 0; t < d.time; ++t) axpy(T(1), src + t * width, base + t * row, width);
+void scatter_add_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, const Rows<T>& dst) {
+  T* base = dst.head(d, b, h, width);
+  for (int64_t t = 0; t < d.time; ++t) axpy(T(1), src + t * width, base + t * dst.stride, width);
 }
 
 // The global tensors of one call (gradient pointers are null where no gradient is wanted or available).
 template <typename T>
 struct GlaIo {
-  const T* q = nullptr;
-  const T* k = nullptr;
-  const T* v = nullptr;
-  const T* g = nullptr;
+  Rows<const T> q, k, v, g;
   DecayKind decay = DecayKind::PerChannel;
   const T* initial_state = nullptr;  // null: S_0 = 0
   // Forward results. saved_scores (chunk form, only when a backward will run): every chunk's A, [B·H][per sequence].
-  T* output = nullptr;
+  Rows<T> output;
   T* final_state = nullptr;
   T* saved_scores = nullptr;
   // Backward inputs (null: that output's gradient is zero) and results (null: not wanted).
   const T* scores = nullptr;
-  const T* d_output = nullptr;
+  Rows<const T> d_output;
   const T* d_final_state = nullptr;
-  T* dq = nullptr;
-  T* dk = nullptr;
-  T* dv = nullptr;
-  T* dg = nullptr;
+  Rows<T> dq, dk, dv, dg;
   T* d_initial_state = nullptr;
   const int32_t* resets = nullptr;  // [B, T]; null: none
 };
@@ -873,7 +883,7 @@ void gather_head_inputs(const GlaIo<T>& io, const HeadDims& d, int64_t b, int64_
   switch (io.decay) {
     case DecayKind::PerChannel: gather_head(io.g, d, b, h, d.key_dim, s.gate.data()); break;
     case DecayKind::PerStep: gather_head(io.g, d, b, h, 1, s.gate.data()); break;
-    case DecayKind::PerHead: std::fill(s.gate.begin(), s.gate.end(), io.g[h]); break;
+    case DecayKind::PerHead: std::fill(s.gate.begin(), s.gate.end(), io.g.data[h]); break;
   }
   s.resets = io.resets ? io.resets + b * d.time : nullptr;
 }
@@ -929,7 +939,7 @@ void gla_backward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& 
     for (int64_t pair = 0; pair < d.pairs(); ++pair) {
       const int64_t b = pair / d.heads, h = pair % d.heads;
       gather_head_inputs(io, d, b, h, s);
-      if (io.d_output)
+      if (io.d_output.data)
         gather_head(io.d_output, d, b, h, V, s.d_output.data());
       else
         std::fill(s.d_output.begin(), s.d_output.end(), T(0));
@@ -946,10 +956,10 @@ void gla_backward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& 
         chunk_backward_head<kScalar>(s, d, layout, scale, initial.data(), io.scores + pair * scores_per_pair);
       }
 
-      if (io.dq) scatter_add_head(s.dq.data(), d, b, h, K, io.dq);
-      if (io.dk) scatter_add_head(s.dk.data(), d, b, h, K, io.dk);
-      if (io.dv) scatter_add_head(s.dv.data(), d, b, h, V, io.dv);
-      if (io.dg) scatter_add_head(s.dg.data(), d, b, h, kScalar ? 1 : K, io.dg);
+      if (io.dq.data) scatter_add_head(s.dq.data(), d, b, h, K, io.dq);
+      if (io.dk.data) scatter_add_head(s.dk.data(), d, b, h, K, io.dk);
+      if (io.dv.data) scatter_add_head(s.dv.data(), d, b, h, V, io.dv);
+      if (io.dg.data) scatter_add_head(s.dg.data(), d, b, h, kScalar ? 1 : K, io.dg);
       if (io.d_initial_state) axpy(T(1), s.d_state.data(), io.d_initial_state + pair * KV, KV);
     }
   }
@@ -960,16 +970,37 @@ template <typename T>
 GlaIo<T> io_with_inputs(const Var& q, const Var& k, const Var& v, const Var& g, DecayKind decay,
                         const Var& initial_state) {
   GlaIo<T> io;
-  io.q = q->value.data<T>();
-  io.k = k->value.data<T>();
-  io.v = v->value.data<T>();
-  io.g = g->value.data<T>();
+  io.q = rows_of<const T>(q->value);
+  io.k = rows_of<const T>(k->value);
+  io.v = rows_of<const T>(v->value);
+  io.g = rows_of<const T>(g->value);
   io.decay = decay;
   io.initial_state = initial_state ? initial_state->value.data<T>() : nullptr;
   return io;
 }
 
+// The gradient of an input read by rows (q, k, v, g) for the backward to add into: a column block of a fused
+// projection's output gets its place in the projection's gradient (row-strided), zeroed where it is new. Null rows
+// where x wants none.
+template <typename T>
+Rows<T> rows_gradient(const Var& x) {
+  if (!wants_grad(x)) return {};
+  bool accumulate = false;
+  Tensor& grad = grad_buffer_for_write(x, &accumulate, GradLayout::RowStrided);
+  if (!accumulate) grad.zero();
+  return rows_of<T>(grad);
+}
+
 #ifdef HGRN_WITH_CUDA
+// The row strides of q, k and v, which the kernels read in place (their gradients' are set by the backward).
+GlaCudaRowStrides input_strides(const Var& q, const Var& k, const Var& v) {
+  GlaCudaRowStrides s;
+  s.q = q->value.row_stride();
+  s.k = k->value.row_stride();
+  s.v = v->value.row_stride();
+  return s;
+}
+
 // The GPU backward forms the per-chunk states S^(c) only for dq, dk and dg: whether it reads them at all.
 bool backward_reads_states(const Var& q, const Var& k, const Var& g) {
   return wants_grad(q) || wants_grad(k) || wants_grad(g);
@@ -997,6 +1028,19 @@ GlaDecay cuda_decay(DecayKind decay) {
     case DecayKind::PerHead: return GlaDecay::PerHead;
   }
   return GlaDecay::PerChannel;
+}
+
+// dst += src on the GPU, one dtype and shape: src contiguous, dst row-strided (a column block's gradient goes through
+// a contiguous copy).
+void add_into_rows(Tensor& dst, const Tensor& src) {
+  if (dst.is_contiguous()) {
+    cuda_accumulate(dst.raw_data(), src.raw_data(), dst.numel(), dst.dtype());
+    return;
+  }
+  Tensor sum = Tensor::empty(dst.shape(), dst.dtype(), Device::CUDA);
+  sum.copy_from(dst);
+  cuda_accumulate(sum.raw_data(), src.raw_data(), sum.numel(), sum.dtype());
+  dst.copy_from(sum);
 }
 
 // The CUDA backward: gradients of both outputs (either may be undefined) into the inputs that want one (+=). With
@@ -1030,7 +1074,7 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, D
   a.q = q->value.raw_data();
   a.k = k->value.raw_data();
   a.v = v->value.raw_data();
-  a.v_stride = v->value.row_stride();
+  a.strides = input_strides(q, k, v);
   a.act = q->value.dtype();
   a.g = g->value.data<float>();
   a.decay = cuda_decay(decay);
@@ -1068,12 +1112,38 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, D
       e.partials = gate_partials.data<float>();
     }
   }
-  a.dq = wants_grad(q) && !fuse_gates ? grad_buffer_for_write(q, &a.accumulate_dq).raw_data() : nullptr;
-  a.dk = wants_grad(k) && !fuse_gates ? grad_buffer_for_write(k, &a.accumulate_dk).raw_data() : nullptr;
-  if (wants_grad(v)) {  // a column block of a split gets its place in the split's gradient (row-strided)
-    const Tensor& dv = grad_buffer_for_write(v, &a.accumulate_dv, GradLayout::RowStrided);
-    a.dv = dv.raw_data();
-    a.dv_stride = dv.row_stride();
+  // A column block of a split gets its place in the split's gradient (row-strided).
+  if (wants_grad(q) && !fuse_gates) {
+    const Tensor& dq = grad_buffer_for_write(q, &a.accumulate_dq, GradLayout::RowStrided);
+    a.dq = dq.raw_data();
+    a.strides.dq = dq.row_stride();
+  }
+  // One Var passed again as k or v (as q, or v as k) gets that gradient too: the kernels write each gradient once,
+  // having read all the old values first (dq and dk), or before dq and dk (dv, in bwd_dv), so one buffer as two of
+  // them would keep only one write, onto uninitialised memory where it is fresh. The repeat is written into scratch
+  // of its own (contiguous, fresh) and added into the Var's gradient after the kernels.
+  Tensor dk_repeat, dv_repeat;
+  if (wants_grad(k) && !fuse_gates) {
+    if (k == q) {
+      dk_repeat = Tensor::empty(k->value.shape(), a.act, device);
+      a.dk = dk_repeat.raw_data();
+      a.accumulate_dk = false;
+    } else {
+      const Tensor& dk = grad_buffer_for_write(k, &a.accumulate_dk, GradLayout::RowStrided);
+      a.dk = dk.raw_data();
+      a.strides.dk = dk.row_stride();
+    }
+  }
+  if (wants_grad(v)) {
+    if ((v == q && a.dq) || (v == k && a.dk)) {
+      dv_repeat = Tensor::empty(v->value.shape(), a.act, device);
+      a.dv = dv_repeat.raw_data();
+      a.accumulate_dv = false;
+    } else {
+      const Tensor& dv = grad_buffer_for_write(v, &a.accumulate_dv, GradLayout::RowStrided);
+      a.dv = dv.raw_data();
+      a.strides.dv = dv.row_stride();
+    }
   }
   a.dg = wants_grad(g) && !fuse_gates ? grad_buffer_for_write(g, &a.accumulate_dg).data<float>() : nullptr;
   // A [B, T, H] g's gradient with several K-tiles: the kernel sums each tile's channels apart, then adds them up.
@@ -1088,20 +1158,20 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, D
   a.d_states = d_states.data<float>();
   a.d_scores = d_scores.data<float>();
   gla_cuda_backward(shape, a);
+  if (dk_repeat.defined()) add_into_rows(k->grad, dk_repeat);
+  if (dv_repeat.defined()) add_into_rows(v->grad, dv_repeat);
 }
 #endif
 
 }  // namespace
 
-GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_in, const Var& g,
+GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
                               int64_t chunk_size, std::shared_ptr<const Hgrn2GatesOrigin> gates, bool keep_states,
                               const Tensor& resets) {
-  HGRN_CHECK(q && k && v_in && g, "gla_recurrence: q, k, v and g are required");
+  HGRN_CHECK(q && k && v && g, "gla_recurrence: q, k, v and g are required");
   HGRN_CHECK(!gates || (gates->q == q && gates->k == k && gates->g == g),
              "gla_recurrence: the gates' origin given is not that of these q, k and g");
-  // v may be row-strided (a column block of the fused q/f/i projection: linear_columns).
-  const Var v = contiguous_on_cpu(tape, v_in);
   const Tensor& qv = q->value;
   HGRN_CHECK(qv.dim() == 3, "gla_recurrence: q must be [B, T, H*K], got ", shape_str(qv.shape()));
   HGRN_CHECK(num_heads > 0, "gla_recurrence: num_heads must be positive, got ", num_heads);
@@ -1143,8 +1213,10 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
     if (!x) continue;
     HGRN_CHECK(x->value.device() == device, "gla_recurrence: inputs mix ", device_name(device), " and ",
                device_name(x->value.device()));
-    HGRN_CHECK(x == v ? x->value.is_row_strided() : x->value.is_contiguous(),
-               "gla_recurrence: inputs must be contiguous (v row-strided)");
+    // q, k and v may be column blocks of one fused projection's output (linear_columns), read in place.
+    const bool by_rows = x == q || x == k || x == v;
+    HGRN_CHECK(by_rows ? x->value.is_row_strided() : x->value.is_contiguous(),
+               "gla_recurrence: g and initial_state must be contiguous, q, k and v row-strided");
   }
   for (const Var& x : {k, v}) {
     HGRN_CHECK(x->value.dtype() == dtype, "gla_recurrence: inputs mix ", dtype_name(dtype), " and ",
@@ -1179,7 +1251,7 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
     a.q = qv.raw_data();
     a.k = k->value.raw_data();
     a.v = vv.raw_data();
-    a.v_stride = vv.row_stride();
+    a.strides = input_strides(q, k, v);
     a.act = dtype;
     a.g = g->value.data<float>();
     a.decay = cuda_decay(decay);
@@ -1202,7 +1274,7 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
       saved_scores = Tensor::empty({dims.pairs() * layout.scores_per_sequence()}, dtype);
     HGRN_DISPATCH_FLOAT(dtype, "gla_recurrence", [&] {
       GlaIo<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, decay, initial_state);
-      io.output = output.data<scalar_t>();
+      io.output = rows_of<scalar_t>(output);
       io.final_state = final_state.data<scalar_t>();
       io.saved_scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
       io.resets = resets.defined() ? resets.data<int32_t>() : nullptr;
@@ -1233,14 +1305,14 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
     HGRN_DISPATCH_FLOAT(q->value.dtype(), "gla_recurrence backward", [&] {
       GlaIo<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, decay, initial_state);
       io.scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
-      io.d_output = out->grad.defined() ? out->grad.data<scalar_t>() : nullptr;
+      if (out->grad.defined()) io.d_output = rows_of<const scalar_t>(out->grad);
       io.d_final_state = final_out->grad.defined() ? final_out->grad.data<scalar_t>() : nullptr;
       io.resets = resets.defined() ? resets.data<int32_t>() : nullptr;
       // Gradient buffers are allocated here, outside the parallel region (grad_buffer is not thread-safe).
-      io.dq = wants_grad(q) ? grad_buffer(q).data<scalar_t>() : nullptr;
-      io.dk = wants_grad(k) ? grad_buffer(k).data<scalar_t>() : nullptr;
-      io.dv = wants_grad(v) ? grad_buffer(v).data<scalar_t>() : nullptr;
-      io.dg = wants_grad(g) ? grad_buffer(g).data<scalar_t>() : nullptr;
+      io.dq = rows_gradient<scalar_t>(q);
+      io.dk = rows_gradient<scalar_t>(k);
+      io.dv = rows_gradient<scalar_t>(v);
+      io.dg = rows_gradient<scalar_t>(g);
       io.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<scalar_t>() : nullptr;
       if (decay == DecayKind::PerChannel)
         gla_backward_cpu<false>(io, dims, layout, mode, static_cast<scalar_t>(scale));
