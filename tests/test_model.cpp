@@ -1,7 +1,7 @@
 // test_model.cpp: the whole model of every family member (HGRN2, HGRN1, and HGRN1's complex-valued HGRU as
 // "hgrn-complex"): fp64 finite-difference gradients of every parameter (lower bounds included), layer 0 giving no
-// lower-bound gradient, chunkwise vs recurrent equality, carried states, recomputation, gradient groups, and the
-// parameter layouts.
+// lower-bound gradient, chunkwise vs recurrent equality, carried states, recomputation, gradient groups, the
+// forward asking for each group of parameters before reading it, and the parameter layouts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -134,6 +134,47 @@ TEST_P(EveryModelType, GradientReadyGroupsAreCompleteWhenReported) {
     eval.set_enabled(false);
     model.forward(eval, token_ids(rng, 1, 3, c.vocab_size));
     EXPECT_EQ(eval.size(), 0u) << "no markers without a hook or with the tape off";
+  }
+}
+
+// ZeRO-1 lets the weights' all-gather run on into the next forward, which must not read a group's parameters before
+// it has asked for the group. Every parameter is NaN until the hook restores its group: the loss must be the
+// untouched model's, bit for bit, and the groups asked for once each, from the last to the first.
+TEST_P(EveryModelType, ParametersNeededHookComesBeforeEveryRead) {
+  for (int variant = 0; variant < 4; ++variant) {
+    ModelConfig c = tiny_config(GetParam());
+    c.tie_word_embeddings = variant == 1;
+    c.num_hidden_layers = variant == 2 ? 1 : 3;
+    SCOPED_TRACE(detail::concat("tied ", c.tie_word_embeddings, ", layers ", c.num_hidden_layers, ", recompute ",
+                                variant == 3));
+    Rng rng(22);
+    DecoderLM model(c, rng, DType::F64);
+    set_knob(model, &ModelMemoryConfig::recompute, variant == 3);
+    randomise_lower_bounds(model, rng);
+    const Tensor ids = token_ids(rng, 2, 66, c.vocab_size);
+    double expected = 0;
+    {
+      Tape tape;
+      expected = model_loss(model, tape, ids)->value.item();
+    }
+    ASSERT_TRUE(std::isfinite(expected));
+    const std::vector<std::vector<Var>> groups = model.gradient_ready_groups();
+    std::map<const Variable*, Tensor> saved;
+    for (const auto& [spec, var] : model.parameters()) {
+      saved[var.get()] = var->value.clone();
+      var->value.fill(std::nan(""));
+    }
+    std::vector<size_t> asked;
+    model.set_parameters_needed_hook([&](size_t g) {
+      asked.push_back(g);
+      for (const Var& v : groups.at(g)) v->value.copy_from(saved.at(v.get()));
+    });
+    Tape tape;
+    const double loss = model_loss(model, tape, ids)->value.item();
+    model.set_parameters_needed_hook(nullptr);
+    EXPECT_EQ(loss, expected) << "a parameter was read before its group was asked for";
+    ASSERT_EQ(asked.size(), groups.size());
+    for (size_t i = 0; i < asked.size(); ++i) EXPECT_EQ(asked[i], groups.size() - 1 - i);
   }
 }
 

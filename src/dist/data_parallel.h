@@ -8,7 +8,9 @@
 //
 // ZeRO-1 (training.zero1): instead of an all-reduce, each bucket is reduce-scattered: rank r receives the summed
 // gradients of the r-th 1/N of every bucket, keeps the AdamW moments for that share only, updates that share of
-// the weights, and an all-gather brings every rank the whole updated weights. Deviation from the wording,
+// the weights, and an all-gather brings every rank the whole updated weights. The all-gathers are queued bucket by
+// bucket in the order the forward reads them, and the next forward waits for each bucket only where it first reads
+// it (CausalLM's parameters-needed hook), so that they overlap the forward. Deviation from the wording,
 // said here and in the README: the fp32 weights stay whole on every rank (the forward reads them directly, as
 // norm weights and lower bounds and as the source of the bf16 GEMM copies); the optimiser moments, 2/3 of the fp32
 // training state, are what is sharded.
@@ -48,8 +50,12 @@ class DataParallel {
   void finish_gradient_reduction();
   // For clip_grad_norm: under ZeRO-1 each rank measures its share; this adds them up (in rank order). Else null.
   std::function<double(double)> grad_norm_total() const;
-  // After the optimiser step, under ZeRO-1: every rank's updated share to all ranks. A no-op without ZeRO-1.
+  // After the optimiser step, under ZeRO-1: queues the all-gathers of every rank's updated share to all ranks and
+  // returns; the next forward waits for each bucket as it reaches it. A no-op without ZeRO-1.
   void finish_update();
+  // Blocks until finish_update's all-gathers are complete: before the weights are read other than by the model's
+  // forward (a checkpoint's copy to the host).
+  void wait_for_weights();
   // For checkpoints under ZeRO-1 (a collective: every rank calls it): each parameter's whole first and second
   // moments on the CPU, on rank 0, assembled from every rank's share (the other ranks receive empty vectors).
   void gather_moments(const AdamW& optimizer, std::vector<Tensor>* first, std::vector<Tensor>* second) const;
@@ -63,6 +69,7 @@ class DataParallel {
     size_t bucket = 0;
   };
   void on_gradients_ready(size_t group);
+  void on_parameters_needed(size_t group);
   // The range of each parameter (in params_ order) that `rank` updates under ZeRO-1.
   std::vector<ParamRef> params_of_rank(int rank) const;
 
@@ -75,6 +82,7 @@ class DataParallel {
   Tensor flat_params_, flat_grads_;
   bool reduce_ = false;
   std::vector<bool> queued_;
+  std::vector<bool> gathering_;  // per bucket: all-gather queued by finish_update, not yet waited for
 };
 
 }  // namespace hgrn

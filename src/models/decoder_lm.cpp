@@ -142,9 +142,8 @@ std::vector<std::vector<Var>> DecoderLM::gradient_ready_groups() const {
   return groups;
 }
 
-// The tape runs closures in reverse: a marker recorded before the ops that use a group's parameters runs after
-// all their backwards.
-void DecoderLM::mark_gradients_ready(Tape& tape, size_t group) const {
+void DecoderLM::begin_group(Tape& tape, size_t group) const {
+  if (parameters_needed_hook_) parameters_needed_hook_(group);
   if (gradient_ready_hook_) tape.record([hook = gradient_ready_hook_, group] { hook(group); });
 }
 
@@ -194,7 +193,7 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
   const Tensor ids = on_device(input_ids, device_);
   const Tensor layer_resets = resets.defined() ? on_device(resets, device_) : Tensor();  // every layer reads them
   const size_t num_layers = static_cast<size_t>(config_.num_hidden_layers);
-  mark_gradients_ready(tape, num_layers + 1);  // the embedding and lower bounds: complete last
+  begin_group(tape, num_layers + 1);  // the embedding and lower bounds: complete last
   Var h;
   {
     TraceLayer trace(tape, "embedding");
@@ -203,7 +202,7 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
   Var gamma = lower_bounded(config_) ? lower_bound_transform(tape, lower_bounds_) : nullptr;
   // A group's marker is recorded just before the norm that makes its first projections' input, so that it fires
   // after that norm's backward, where those projections' weight gradients may run (free_norm_output).
-  mark_gradients_ready(tape, num_layers);  // layer 0's group (or, without layers, the head's)
+  begin_group(tape, num_layers);  // layer 0's group (or, without layers, the head's)
   Var x = rmsnorm(tape, h, layers_.empty() ? final_norm_ : layers_[0].attn_norm, config_.norm_eps);
   // A block of the layer, run under recomputation when model.memory.recompute is on.
   auto block = [&](const std::vector<Var>& inputs, const RecomputedFn& f) {
@@ -236,7 +235,7 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
     free_norm_output(tape, layer_memory_[l], x, h, p.mlp_norm, config_.norm_eps,
                      /*read_early=*/memory_.recompute || memory_.recompute_mlp_projections);
     h = mlp_out;
-    mark_gradients_ready(tape, l + 1 < config_.num_hidden_layers ? num_layers - static_cast<size_t>(l + 1) : 0);
+    begin_group(tape, l + 1 < config_.num_hidden_layers ? num_layers - static_cast<size_t>(l + 1) : 0);
     {
       TraceLayer trace(tape, "rmsnorm");
       x = rmsnorm(tape, h, next_norm, config_.norm_eps);
