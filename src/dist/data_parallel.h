@@ -2,9 +2,10 @@
 // own share of the batch, and the gradients are summed across ranks before the update.
 //
 // The parameters and their gradients live in two flat fp32 buffers, laid out bucket by bucket: one bucket per
-// group of CausalLM::gradient_ready_groups(), in the order the backward completes them. During the backward of a
-// step's last micro-batch, each bucket's reduction is queued as soon as the model reports its gradients complete,
-// so that (between GPUs, on NCCL's own stream) it overlaps the backward of the layers before it.
+// group of CausalLM::gradient_ready_groups(). During the backward of a step's last micro-batch, each bucket's
+// reduction is queued as soon as the model reports its gradients complete, so that (between GPUs, on NCCL's own
+// stream) it overlaps the backward of the layers before it. The embedding's bucket, complete last, overlaps layer
+// 0's weight gradients, which the model runs after it while the hook is set (models/decoder_lm.h).
 //
 // ZeRO-1 (training.zero1): instead of an all-reduce, each bucket is reduce-scattered: rank r receives the summed
 // gradients of the r-th 1/N of every bucket, keeps the AdamW moments for that share only, updates that share of

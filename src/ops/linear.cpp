@@ -12,6 +12,8 @@
 // read from the residual), so the branch's output is never stored on its own, and the sum is rounded once.
 #include "ops/linear.h"
 
+#include <functional>
+
 #include "ops/elementwise.h"
 #include "ops/gemm_cpu.h"
 #include "ops/recompute.h"
@@ -120,7 +122,37 @@ void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor
   linear_gemm(false, false, rows, in, out_features, dy, out_features, w, in, beta, dx, in);
 }
 
+namespace {
+thread_local WeightGradientQueue* open_queue = nullptr;
+}  // namespace
+
+WeightGradientQueue::~WeightGradientQueue() {
+  if (open_queue == this) open_queue = nullptr;
+}
+
+void WeightGradientQueue::open() {
+  HGRN_CHECK(open_queue == nullptr, "WeightGradientQueue: another queue is open in this thread");
+  open_queue = this;
+}
+
+void WeightGradientQueue::run() {
+  if (open_queue == this) open_queue = nullptr;
+  std::vector<std::function<void()>> work = std::move(work_);
+  work_.clear();
+  for (std::function<void()>& w : work) {
+    w();
+    w = nullptr;  // its operands go back to the allocator now
+  }
+}
+
+bool WeightGradientQueue::defer(std::function<void()>&& work) {
+  if (!open_queue) return false;
+  open_queue->work_.push_back(std::move(work));
+  return true;
+}
+
 void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight) {
+  if (WeightGradientQueue::defer([dy, x, weight] { linear_weight_gradient(dy, x, weight); })) return;
   bool accumulate = false;
   Tensor& dw = grad_buffer_for_write(weight, &accumulate);
   const int64_t in = dw.size(1), out_features = dw.size(0), rows = dy.numel() / out_features;
@@ -193,6 +225,8 @@ void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Te
 // all accumulating, else one per weight.
 static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std::vector<Var>& weights,
                                     const std::vector<int64_t>& widths) {
+  if (WeightGradientQueue::defer([dy, x, weights, widths] { columns_weight_gradient(dy, x, weights, widths); }))
+    return;
   const int64_t in = x.size(-1), width = dy.size(-1), rows = dy.numel() / width;
   bool first_gradients = true;
   for (const Var& w : weights) first_gradients = first_gradients && wants_grad(w) && !w->grad.defined();
