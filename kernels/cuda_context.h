@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "cuda_check.h"
 
@@ -20,6 +21,12 @@ const cudaDeviceProp& cuda_device_properties();
 // algorithms into results, best first; returns how many.
 int cublaslt_algorithms(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                         cublasLtMatrixLayout_t c, int requested, cublasLtMatmulHeuristicResult_t* results);
+// The index of the fastest of `found` candidates, each timed (best of 3 runs after a warm-up) by run(algo), which
+// returns false when the algorithm cannot run (gemm.cu; HGRN_GEMM_LOG=1 prints each candidate at `flops` per run).
+int cublaslt_fastest(const cublasLtMatmulHeuristicResult_t* results, int found, double flops,
+                     const std::function<bool(const cublasLtMatmulAlgo_t&)>& run);
+// Whether GEMMs time cuBLASLt's candidates (set_gemm_autotune, gemm.h) or take its first choice.
+bool gemm_autotune_enabled();
 
 // Blocks a 1-D grid of `threads`-thread blocks covering n items (capped so that huge n uses grid-stride loops).
 inline unsigned grid_for(long long n, int threads) {

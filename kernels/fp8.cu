@@ -68,36 +68,66 @@ __global__ void fp8_quantize_kernel(const T* x, long long packs, const float* sc
   if (amax) fold_block_amax(local, amax);
 }
 
-// A 32 x 32 tile of x per step, 32 x 8 threads: the codes go to `out` as they are read and, through shared memory,
-// to out_t with the tile transposed, so both stores run along rows. Blocks stride over the row tiles (blockIdx.x);
-// blockIdx.y is the column tile.
-constexpr int kTile = 32, kTileRows = 8;
+// A 64 x 64 tile of x per step, 256 threads. Reading: each thread takes 8 adjacent elements of a row (one or two
+// 16-byte loads when kPacked), stores their codes to `out` along the row and to shared memory transposed. Writing:
+// each thread takes 16 adjacent codes of a tile column, one 16-byte store to a row of out_t. Blocks stride over the
+// row tiles (blockIdx.x); blockIdx.y is the column tile. kPacked needs cols % 8 == 0, rows % 16 == 0 and aligned
+// pointers; otherwise every element is moved on its own, with bounds.
+constexpr int kTile = 64, kTileThreads = 256, kReadWidth = 8, kWriteWidth = 16;
+constexpr int kTilePitch = kTile + 4;  // column-major rows 68 bytes apart: at most 2-way bank conflicts either way
 
-template <typename T>
-__global__ void fp8_quantize_transpose_kernel(const T* x, long long rows, long long cols, const float* scale,
-                                              __nv_fp8_interpretation_t format, uint8_t* out, uint8_t* out_t,
-                                              float* amax) {
-  __shared__ uint8_t tile[kTile][kTile + 4];  // rows 36 bytes apart: a column read hits 32 different banks
+template <bool kPacked, typename T>
+__global__ void __launch_bounds__(kTileThreads)
+    fp8_quantize_transpose_kernel(const T* x, long long rows, long long cols, const float* scale,
+                                  __nv_fp8_interpretation_t format, uint8_t* out, uint8_t* out_t, float* amax) {
+  __shared__ __align__(16) uint8_t tile_t[kTile][kTilePitch];  // tile_t[column][row]
   const float s = *scale;
   float local = 0.0f;
   const long long c0 = static_cast<long long>(blockIdx.y) * kTile;
   const long long row_tiles = (rows + kTile - 1) / kTile;
+  const int read_col = (threadIdx.x % (kTile / kReadWidth)) * kReadWidth, read_row = threadIdx.x / (kTile / kReadWidth);
+  constexpr int kReadRowsPerPass = kTileThreads / (kTile / kReadWidth);
+  const int write_col = threadIdx.x / (kTile / kWriteWidth), write_row = (threadIdx.x % (kTile / kWriteWidth)) * kWriteWidth;
   for (long long row_tile = blockIdx.x; row_tile < row_tiles; row_tile += gridDim.x) {
     const long long r0 = row_tile * kTile;
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
-      const long long r = r0 + j, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) {
-        const float v = load_f(x[r * cols + c]);
-        local = fmaxf(local, fabsf(v));
-        const uint8_t code = fp8_code(v * s, format);
-        if (out) out[r * cols + c] = code;
-        tile[j][threadIdx.x] = code;
+#pragma unroll
+    for (int pass = 0; pass < kTile / kReadRowsPerPass; ++pass) {
+      const int j = read_row + pass * kReadRowsPerPass;
+      const long long r = r0 + j, c = c0 + read_col;
+      float v[kReadWidth];
+      Pack<uint8_t, kReadWidth> codes;
+      if constexpr (kPacked) {
+        if (r >= rows || c >= cols) continue;
+        load_pack<kReadWidth>(x + r * cols + c, 0, v);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kReadWidth; ++k) v[k] = r < rows && c + k < cols ? load_f(x[r * cols + c + k]) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kReadWidth; ++k) {
+        local = fmaxf(local, fabsf(v[k]));
+        codes.v[k] = fp8_code(v[k] * s, format);
+        tile_t[read_col + k][j] = codes.v[k];
+      }
+      if constexpr (kPacked) {
+        if (out) *reinterpret_cast<Pack<uint8_t, kReadWidth>*>(out + r * cols + c) = codes;
+      } else if (out) {
+        for (int k = 0; k < kReadWidth; ++k)
+          if (r < rows && c + k < cols) out[r * cols + c + k] = codes.v[k];
       }
     }
     __syncthreads();
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
-      const long long c = c0 + j, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) out_t[c * rows + r] = tile[threadIdx.x][j];
+    const long long c = c0 + write_col, r = r0 + write_row;
+    if constexpr (kPacked) {
+      if (c < cols && r < rows) {
+        Pack<uint32_t, kWriteWidth / 4> words;
+#pragma unroll
+        for (int k = 0; k < kWriteWidth / 4; ++k)
+          words.v[k] = *reinterpret_cast<const uint32_t*>(&tile_t[write_col][write_row + 4 * k]);
+        *reinterpret_cast<Pack<uint32_t, kWriteWidth / 4>*>(out_t + c * rows + r) = words;
+      }
+    } else if (c < cols) {
+      for (int k = 0; k < kWriteWidth && r + k < rows; ++k) out_t[c * rows + r + k] = tile_t[write_col][write_row + k];
     }
     __syncthreads();  // the tile is rewritten by the next step
   }
@@ -126,6 +156,11 @@ __global__ void fp8_update_scales_kernel(float* amax_history, long long history_
   if (isfinite(amax) && amax > 0.0f) scale = scaled_max / amax;  // IEEE division (no fast-math in device code)
   if (isinf(scale)) scale = FLT_MAX;
   scales[t] = scale;
+}
+
+__global__ void fp8_scale_inverses_kernel(const float* scales, float* inverses, long long n, long long stride) {
+  const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (i < n) inverses[i * stride] = 1.0f / scales[i];  // IEEE division, as fp8_scale_inverse
 }
 
 void check_cast_arguments(const char* what, const void* x, DType x_dtype, const float* scale, const void* out) {
@@ -159,13 +194,17 @@ void cuda_fp8_quantize_transpose(const void* x, DType x_dtype, int64_t rows, int
   check_cast_arguments("cuda_fp8_quantize_transpose", x, x_dtype, scale, out_t);
   const long long col_tiles = (cols + kTile - 1) / kTile, row_tiles = (rows + kTile - 1) / kTile;
   HGRN_CHECK(col_tiles <= 65535, "cuda_fp8_quantize_transpose: ", cols, " columns exceed ", 65535 * kTile);
-  // About 16 blocks an SM in all, however the tiles split between rows and columns.
+  // About 8 blocks an SM in all (as many as fit), however the tiles split between rows and columns.
   const long long row_blocks =
-      std::clamp<long long>(16LL * cuda_device_properties().multiProcessorCount / col_tiles, 1, row_tiles);
-  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles)), block(kTile, kTileRows);
+      std::clamp<long long>(8LL * cuda_device_properties().multiProcessorCount / col_tiles, 1, row_tiles);
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles));
+  const auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   HGRN_CUDA_DISPATCH_ACT(x_dtype, "cuda_fp8_quantize_transpose", [&] {
-    fp8_quantize_transpose_kernel<act_t><<<grid, block, 0, cuda_stream()>>>(
-        static_cast<const act_t*>(x), rows, cols, scale, cuda_format(format), out, out_t, amax);
+    const bool packed = cols % kReadWidth == 0 && rows % kWriteWidth == 0 && aligned(x, sizeof(act_t) * kReadWidth) &&
+                        aligned(out, kReadWidth) && aligned(out_t, kWriteWidth);
+    const auto kernel = packed ? fp8_quantize_transpose_kernel<true, act_t> : fp8_quantize_transpose_kernel<false, act_t>;
+    kernel<<<grid, kTileThreads, 0, cuda_stream()>>>(static_cast<const act_t*>(x), rows, cols, scale,
+                                                     cuda_format(format), out, out_t, amax);
     CUDA_CHECK_LAUNCH("fp8_quantize_transpose");
   });
 }
@@ -182,6 +221,14 @@ void cuda_fp8_update_scales(float* amax_history, int64_t history_length, int64_t
   fp8_update_scales_kernel<<<grid_for(tensors, threads), threads, 0, cuda_stream()>>>(
       amax_history, history_length, reinterpret_cast<long long*>(positions), scales, step_amax, tensors, scaled_max);
   CUDA_CHECK_LAUNCH("fp8_update_scales");
+}
+
+void cuda_fp8_scale_inverses(const float* scales, float* inverses, int64_t n, int64_t stride) {
+  if (n <= 0) return;
+  HGRN_CHECK(stride >= 1, "cuda_fp8_scale_inverses: stride ", stride, ": expected >= 1");
+  constexpr int threads = 128;
+  fp8_scale_inverses_kernel<<<grid_for(n, threads), threads, 0, cuda_stream()>>>(scales, inverses, n, stride);
+  CUDA_CHECK_LAUNCH("fp8_scale_inverses");
 }
 
 }  // namespace hgrn

@@ -32,6 +32,10 @@ void cuda_fp8_quantize_transpose(const void* x, DType x_dtype, int64_t rows, int
 void cuda_fp8_update_scales(float* amax_history, int64_t history_length, int64_t* positions, float* scales,
                             float* step_amax, int64_t tensors, Fp8Format format, int margin);
 
+// inverses[i · stride] = fp8_scale_inverse(scales[i]) (1 / scale in fp32) for n device floats: the factors the GEMMs
+// read, each `stride` floats apart (cuBLASLt's scale pointers need at least 16-byte alignment).
+void cuda_fp8_scale_inverses(const float* scales, float* inverses, int64_t n, int64_t stride);
+
 // An FP8 matrix on the GPU: its codes, their format and a device fp32 holding the dequantising factor 1 / scale
 // (fp8_scale_inverse), which cuBLASLt multiplies the products by.
 struct Fp8Matrix {
@@ -40,15 +44,17 @@ struct Fp8Matrix {
   const float* scale_inverse = nullptr;
 };
 
-// C[m, n] = a_scale_inv · b_scale_inv · A · Bᵀ + beta · C in hgrn's row-major terms, A stored [m, k] (leading
+// C[m, n] = a_scale_inv · b_scale_inv · A · Bᵀ + beta · C_in in hgrn's row-major terms, A stored [m, k] (leading
 // dimension lda) and B stored [n, k] (ldb), both with k contiguous: fp8_gemm_cpu(false, true, ...) on the GPU. C is
 // fp32 or bf16 (leading dimension ldc); accumulation is fp32. fast_accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM):
 // the tensor cores' partial sums are never promoted to full fp32 along k; faster, less accurate (Transformer Engine
 // uses it for the forward GEMM only). This is the one layout cuBLASLt's FP8 kernels take ("TN" in its column-major
 // terms). Refused with an hgrn::Error naming the shapes: m, n or k not a positive multiple of 16, leading dimensions
 // or pointers not 16-byte aligned, E5M2 x E5M2, C neither fp32 nor bf16, a GPU older than sm_89 (Ada, Hopper).
+// C_in is c itself (in place) unless c_in is given: then it is read from there, laid out as C, and left unchanged.
 void cuda_fp8_gemm(int64_t m, int64_t n, int64_t k, const Fp8Matrix& a, int64_t lda, const Fp8Matrix& b, int64_t ldb,
-                   float beta, void* c, int64_t ldc, DType c_dtype, bool fast_accumulation);
+                   float beta, void* c, int64_t ldc, DType c_dtype, bool fast_accumulation,
+                   const void* c_in = nullptr);
 
 // The three GEMMs of a linear layer Y = X·Wᵀ (X [rows, in], W [out, in]), each as one cuda_fp8_gemm on dense
 // operands, with the operands it takes (a, b) and what it writes:

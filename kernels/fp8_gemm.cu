@@ -2,7 +2,8 @@
 // column-major terms: its A transposed, its B not, i.e. both operands with the reduced dimension k contiguous. In
 // hgrn's row-major terms that is C = A·Bᵀ with A [m, k] and B [n, k], computed as the column-major Cᵀ = B·Aᵀ (as in
 // gemm.cu): cuBLASLt's A is our B (transposed), its B our A. The algorithm of each problem is cuBLASLt's first
-// heuristic choice, cached, so that results repeat bit for bit.
+// heuristic choice, cached, so that results repeat bit for bit; with GEMM autotuning on (set_gemm_autotune, gemm.h)
+// the fastest of its candidates, timed on the first call's operands.
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -14,6 +15,10 @@
 #include "fp8.h"
 
 namespace hgrn {
+
+void* cuda_alloc(size_t bytes);  // allocator.cu: the caching allocator
+void cuda_free(void* ptr);
+
 namespace {
 
 cudaDataType_t cuda_type(Fp8Format format) { return format == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
@@ -24,8 +29,9 @@ struct Fp8Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// m, n, k, lda, ldb, ldc, our A's and B's formats, C's dtype, beta != 0, fast accumulation.
-using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool>;
+// m, n, k, lda, ldb, ldc, our A's and B's formats, C's dtype, beta != 0, fast accumulation, the addend read from
+// another buffer than the output.
+using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool, bool>;
 
 void set_scale_pointers(const Fp8Plan& p, const Fp8Matrix& a, const Fp8Matrix& b) {
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b.scale_inverse,
@@ -34,8 +40,9 @@ void set_scale_pointers(const Fp8Plan& p, const Fp8Matrix& a, const Fp8Matrix& b
                                               sizeof a.scale_inverse));
 }
 
+// c_in: the addend of an out-of-place GEMM (else null), which timing runs read as the real ones will.
 Fp8Plan make_plan(const std::string& what, int64_t m, int64_t n, int64_t k, const Fp8Matrix& a, int64_t lda,
-                  const Fp8Matrix& b, int64_t ldb, bool accumulate, int64_t ldc, DType c_dtype,
+                  const Fp8Matrix& b, int64_t ldb, bool accumulate, const void* c_in, int64_t ldc, DType c_dtype,
                   bool fast_accumulation) {
   Fp8Plan p;
   // The compute type cuBLASLt's FP8 kernels require; alpha, beta and the A/B scales are fp32.
@@ -50,12 +57,25 @@ Fp8Plan make_plan(const std::string& what, int64_t m, int64_t n, int64_t k, cons
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(b.format), k, n, ldb));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(a.format), k, m, lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, c_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF, n, m, ldc));
-  cublasLtMatmulHeuristicResult_t result{};
-  const int found = cublaslt_algorithms(p.op, p.a, p.b, p.c, 1, &result);
+  cublasLtMatmulHeuristicResult_t results[8] = {};
+  const int found = cublaslt_algorithms(p.op, p.a, p.b, p.c, gemm_autotune_enabled() ? 8 : 1, results);
   HGRN_CHECK(found > 0, what, ": cuBLASLt has no FP8 algorithm for m ", m, " n ", n, " k ", k, " (",
              fp8_format_name(a.format), " x ", fp8_format_name(b.format), " -> ", dtype_name(c_dtype), ", accumulate ",
              accumulate, ", fast accumulation ", fast_accumulation, ")");
-  p.algo = result.algo;
+  p.algo = results[0].algo;
+  if (found > 1) {
+    void* scratch = cuda_alloc(static_cast<size_t>(m) * ldc * dtype_size(c_dtype));
+    size_t workspace_bytes = 0;
+    void* workspace = cublaslt_workspace(&workspace_bytes);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const void* addend = c_in ? c_in : scratch;
+    p.algo = results[cublaslt_fastest(results, found, 2.0 * m * n * k, [&](const cublasLtMatmulAlgo_t& algo) {
+                       return cublasLtMatmul(cublaslt_handle(), p.op, &alpha, b.codes, p.a, a.codes, p.b, &beta, addend,
+                                             p.c, scratch, p.c, &algo, workspace, workspace_bytes,
+                                             cuda_stream()) == CUBLAS_STATUS_SUCCESS;
+                     })].algo;
+    cuda_free(scratch);
+  }
   return p;
 }
 
@@ -64,7 +84,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // Every constraint of cuBLASLt's FP8 kernels checked before any GPU call, so that a bad shape is a clear error and
 // not a cuBLAS status; `what` names the caller's GEMM.
 void check_fp8_gemm(const std::string& what, int64_t m, int64_t n, int64_t k, const Fp8Matrix& a, int64_t lda,
-                    const Fp8Matrix& b, int64_t ldb, const void* c, int64_t ldc, DType c_dtype) {
+                    const Fp8Matrix& b, int64_t ldb, const void* c, const void* c_in, int64_t ldc, DType c_dtype) {
   const std::string problem = detail::concat(what, " (m ", m, ", n ", n, ", k ", k, "; A ", fp8_format_name(a.format),
                                              " [m, k] lda ", lda, ", B ", fp8_format_name(b.format), " [n, k] ldb ",
                                              ldb, ", C ", dtype_name(c_dtype), " [m, n] ldc ", ldc, ")");
@@ -79,8 +99,10 @@ void check_fp8_gemm(const std::string& what, int64_t m, int64_t n, int64_t k, co
              ": E5M2 x E5M2 is not supported (cuBLASLt has no such kernel); one operand must be E4M3");
   HGRN_CHECK(a.codes && b.codes && c && a.scale_inverse && b.scale_inverse, problem,
              ": null operand, output or scale pointer");
-  HGRN_CHECK(aligned16(a.codes) && aligned16(b.codes) && aligned16(c), problem,
-             ": the operands and the output must start 16-byte aligned");
+  HGRN_CHECK(aligned16(a.codes) && aligned16(b.codes) && aligned16(c) && aligned16(c_in), problem,
+             ": the operands, the output and the addend must start 16-byte aligned");
+  HGRN_CHECK(aligned16(a.scale_inverse) && aligned16(b.scale_inverse), problem,
+             ": the scale pointers must be 16-byte aligned (cuBLASLt answers NOT_SUPPORTED otherwise)");
   const cudaDeviceProp& props = cuda_device_properties();
   HGRN_CHECK(props.major * 10 + props.minor >= 89, problem,
              ": FP8 tensor cores need compute capability 8.9 or newer (Ada, Hopper); ", props.name, " is sm_",
@@ -89,32 +111,36 @@ void check_fp8_gemm(const std::string& what, int64_t m, int64_t n, int64_t k, co
 
 void fp8_gemm(const std::string& what, int64_t m, int64_t n, int64_t k, const Fp8Matrix& a, int64_t lda,
               const Fp8Matrix& b, int64_t ldb, float beta, void* c, int64_t ldc, DType c_dtype,
-              bool fast_accumulation) {
-  check_fp8_gemm(what, m, n, k, a, lda, b, ldb, c, ldc, c_dtype);
+              bool fast_accumulation, const void* c_in) {
+  if (!c_in) c_in = c;
+  check_fp8_gemm(what, m, n, k, a, lda, b, ldb, c, c_in, ldc, c_dtype);
+  const bool apart = beta != 0.0f && c_in != c;
   static std::mutex mutex;
   static std::map<Fp8Key, Fp8Plan>* plans = new std::map<Fp8Key, Fp8Plan>();  // never destroyed, like the handle
   const Fp8Key key{m, n, k, lda, ldb, ldc, static_cast<int>(a.format), static_cast<int>(b.format),
-                   static_cast<int>(c_dtype), beta != 0.0f, fast_accumulation};
+                   static_cast<int>(c_dtype), beta != 0.0f, fast_accumulation, apart};
   // The scale pointers differ from call to call on one cached descriptor: set and enqueued under the lock.
   std::lock_guard<std::mutex> lock(mutex);
   auto it = plans->find(key);
   if (it == plans->end())
-    it = plans->emplace(key, make_plan(what, m, n, k, a, lda, b, ldb, beta != 0.0f, ldc, c_dtype, fast_accumulation))
+    it = plans
+             ->emplace(key, make_plan(what, m, n, k, a, lda, b, ldb, beta != 0.0f, apart ? c_in : nullptr, ldc, c_dtype,
+                                      fast_accumulation))
              .first;
   const Fp8Plan& plan = it->second;
   set_scale_pointers(plan, a, b);
   size_t workspace_bytes = 0;
   void* workspace = cublaslt_workspace(&workspace_bytes);
   const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan.op, &alpha, b.codes, plan.a, a.codes, plan.b, &beta, c, plan.c,
-                              c, plan.c, &plan.algo, workspace, workspace_bytes, cuda_stream()));
+  CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan.op, &alpha, b.codes, plan.a, a.codes, plan.b, &beta, c_in,
+                              plan.c, c, plan.c, &plan.algo, workspace, workspace_bytes, cuda_stream()));
 }
 
 }  // namespace
 
 void cuda_fp8_gemm(int64_t m, int64_t n, int64_t k, const Fp8Matrix& a, int64_t lda, const Fp8Matrix& b, int64_t ldb,
-                   float beta, void* c, int64_t ldc, DType c_dtype, bool fast_accumulation) {
-  fp8_gemm("cuda_fp8_gemm C = A·Bᵀ", m, n, k, a, lda, b, ldb, beta, c, ldc, c_dtype, fast_accumulation);
+                   float beta, void* c, int64_t ldc, DType c_dtype, bool fast_accumulation, const void* c_in) {
+  fp8_gemm("cuda_fp8_gemm C = A·Bᵀ", m, n, k, a, lda, b, ldb, beta, c, ldc, c_dtype, fast_accumulation, c_in);
 }
 
 void cuda_fp8_linear_gemm(Fp8LinearGemm gemm, int64_t rows, int64_t in_features, int64_t out_features,
@@ -139,7 +165,7 @@ void cuda_fp8_linear_gemm(Fp8LinearGemm gemm, int64_t rows, int64_t in_features,
       break;
   }
   // Dense operands: each row holds exactly k codes, and the output rows n values.
-  fp8_gemm(what, m, n, k, a, k, b, k, beta, out, n, out_dtype, fast_accumulation);
+  fp8_gemm(what, m, n, k, a, k, b, k, beta, out, n, out_dtype, fast_accumulation, nullptr);
 }
 
 }  // namespace hgrn

@@ -4,6 +4,7 @@
 // cached: a training step repeats the same few dozen GEMMs, and the heuristic query costs more than a small GEMM.
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -65,20 +66,6 @@ float best_time_ms(int reps, Launch&& launch) {
   return best;
 }
 
-// Times one algorithm (best of 3 runs after one warm-up) into a scratch output; the addend is the scratch itself, or
-// for an out-of-place GEMM the caller's c_in (only read).
-float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, const void* c_in,
-                void* c_scratch, float beta) {
-  size_t workspace_bytes = 0;
-  void* workspace = cublaslt_workspace(&workspace_bytes);
-  const float alpha = 1.0f;
-  const void* addend = c_in ? c_in : c_scratch;
-  return best_time_ms(4, [&] {
-    return cublasLtMatmul(cublaslt_handle(), p.op, &alpha, b, p.a, a, p.b, &beta, addend, p.c, c_scratch, p.c, &algo,
-                          workspace, workspace_bytes, cuda_stream()) == CUBLAS_STATUS_SUCCESS;
-  });
-}
-
 // HGRN_GEMM_LOG=1: one line per timed candidate (its tile and split-K configuration, time and rate), to see why a
 // shape runs slower in a step than its best algorithm could.
 void log_algo(const cublasLtMatmulAlgo_t& algo, int index, float ms, double flops) {
@@ -120,18 +107,15 @@ Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int6
                  c_in_ptr ? " (accumulate, addend apart)" : accumulate ? " (accumulate)" : "", found);
   if (found > 1) {
     void* scratch = cuda_alloc(static_cast<size_t>(m) * ldc * dtype_size(c_dtype));
-    float best = 1e30f;
-    int chosen = 0;
-    for (int i = 0; i < found; ++i) {
-      const float ms = time_algo(p, results[i].algo, a_ptr, b_ptr, c_in_ptr, scratch, accumulate ? 1.0f : 0.0f);
-      if (log) log_algo(results[i].algo, i, ms, 2.0 * m * n * k);
-      if (ms < best) {
-        best = ms;
-        chosen = i;
-      }
-    }
-    p.algo = results[chosen].algo;
-    if (log) std::fprintf(stderr, "  chose candidate %d\n", chosen);
+    size_t workspace_bytes = 0;
+    void* workspace = cublaslt_workspace(&workspace_bytes);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const void* addend = c_in_ptr ? c_in_ptr : scratch;  // an out-of-place addend is only read
+    p.algo = results[cublaslt_fastest(results, found, 2.0 * m * n * k, [&](const cublasLtMatmulAlgo_t& algo) {
+                       return cublasLtMatmul(cublaslt_handle(), p.op, &alpha, b_ptr, p.a, a_ptr, p.b, &beta, addend,
+                                             p.c, scratch, p.c, &algo, workspace, workspace_bytes,
+                                             cuda_stream()) == CUBLAS_STATUS_SUCCESS;
+                     })].algo;
     cuda_free(scratch);
   }
   return p;
@@ -139,6 +123,24 @@ Plan make_plan(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int6
 }  // namespace
 
 void set_gemm_autotune(bool enabled) { autotune = enabled; }
+bool gemm_autotune_enabled() { return autotune; }
+
+int cublaslt_fastest(const cublasLtMatmulHeuristicResult_t* results, int found, double flops,
+                     const std::function<bool(const cublasLtMatmulAlgo_t&)>& run) {
+  static const bool log = env_flag("HGRN_GEMM_LOG");
+  float best = 1e30f;
+  int chosen = 0;
+  for (int i = 0; i < found; ++i) {
+    const float ms = best_time_ms(4, [&] { return run(results[i].algo); });
+    if (log) log_algo(results[i].algo, i, ms, flops);
+    if (ms < best) {
+      best = ms;
+      chosen = i;
+    }
+  }
+  if (log) std::fprintf(stderr, "  chose candidate %d\n", chosen);
+  return chosen;
+}
 
 void cuda_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
                const void* b, int64_t ldb, DType ab_dtype, float beta, void* c, int64_t ldc, DType c_dtype,

@@ -88,6 +88,12 @@ void expect_states_identical(const TrainingState& expected, const TrainingState&
     EXPECT_TRUE(same_bits(actual.adam_m[i], expected.adam_m[i])) << "adam m of " << expected.params[i].first;
     EXPECT_TRUE(same_bits(actual.adam_v[i], expected.adam_v[i])) << "adam v of " << expected.params[i].first;
   }
+  ASSERT_EQ(actual.fp8_scaling.size(), expected.fp8_scaling.size());
+  for (size_t i = 0; i < expected.fp8_scaling.size(); ++i) {
+    EXPECT_EQ(actual.fp8_scaling[i].first, expected.fp8_scaling[i].first);
+    EXPECT_TRUE(same_bits(actual.fp8_scaling[i].second, expected.fp8_scaling[i].second))
+        << expected.fp8_scaling[i].first;
+  }
 }
 
 using testing::read_bytes;
@@ -184,6 +190,21 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   const std::string path = save_checkpoint(dir.str(), state);
   EXPECT_EQ(path, dir / "step_00000120.h5");
   expect_states_identical(state, load_checkpoint(path));
+}
+
+// The FP8 scaling arrays (training.precision fp8) come back in order and bit for bit; a checkpoint without them
+// loads with none.
+TEST(Checkpoint, RoundTripKeepsTheFp8ScalingArrays) {
+  ScratchDir dir;
+  Rng rng(9);
+  TrainingState state = make_state(3);
+  state.fp8_scaling.emplace_back("slot_params", Tensor::from_vector<int64_t>({4, 0, 2}, {3}));
+  state.fp8_scaling.emplace_back("forward_history", random_tensor(rng, {6 * 16}, DType::F32));
+  state.fp8_scaling.emplace_back("forward_positions", Tensor::from_vector<int64_t>({1, 2, 3, 4, 5, 15}, {6}));
+  state.fp8_scaling.emplace_back("gradient_scales", random_tensor(rng, {3}, DType::F32));
+  expect_states_identical(state, load_checkpoint(save_checkpoint(dir.str(), state)));
+  state.fp8_scaling.clear();
+  EXPECT_TRUE(load_checkpoint(save_checkpoint(dir.str(), state)).fp8_scaling.empty());
 }
 
 TEST(Checkpoint, RoundTripKeepsDtypesAndUnusualShapes) {

@@ -321,7 +321,7 @@ TEST(ConfigErrors, RatiosOutOfRange) {
 
 TEST(ConfigErrors, UnknownEnumValues) {
   expect_rejected("training.device", "cdua", "expected one of auto | cpu | cuda, got 'cdua' (did you mean cuda?)");
-  expect_rejected("training.precision", "fp16", "expected one of fp32 | bf16, got 'fp16'");
+  expect_rejected("training.precision", "fp16", "expected one of fp32 | bf16 | fp8, got 'fp16'");
   expect_rejected("training.schedule", "cosin", "expected one of cosine | linear | inverse_sqrt | constant | wsd");
   expect_rejected("model.attn_mode", "fused_chunk", "expected one of chunk | fused_recurrent");
   expect_rejected("data.task", "lm", "expected one of mqar | tokens, got 'lm'");

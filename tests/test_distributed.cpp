@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "hgrn_binary.h"
@@ -94,7 +95,9 @@ std::vector<double> losses(const std::string& run_dir) {
 // optimiser moments (relative weight_tolerance over each tensor): the gradients are summed in another order (the
 // ranks' partial sums, then the collective's), so they differ by rounding only.
 void expect_ranks_train_like_one_process(const testing::ScratchDir& dir, const std::string& config, int ranks,
-                                         double loss_tolerance, double weight_tolerance) {
+                                         double loss_tolerance, double weight_tolerance,
+                                         double moment_tolerance = -1) {
+  if (moment_tolerance < 0) moment_tolerance = weight_tolerance;
   auto one = run_hgrn({"train", "-c", config, "--set", "logging.run_dir=" + dir / "one"});
   ASSERT_EQ(one.status, 0) << one.err;
   const std::vector<double> a = losses(dir / "one");
@@ -127,9 +130,16 @@ void expect_ranks_train_like_one_process(const testing::ScratchDir& dir, const s
     for (size_t p = 0; p < ta.params.size(); ++p) {
       EXPECT_LE(relative_difference(ta.params[p].second, tb.params[p].second), weight_tolerance) << ta.params[p].first;
       // Under ZeRO-1 the moments were gathered from the ranks' shares: every element must be back in place.
-      EXPECT_LE(relative_difference(ta.adam_m[p], tb.adam_m[p]), weight_tolerance) << ta.params[p].first;
-      EXPECT_LE(relative_difference(ta.adam_v[p], tb.adam_v[p]), weight_tolerance) << ta.params[p].first;
+      EXPECT_LE(relative_difference(ta.adam_m[p], tb.adam_m[p]), moment_tolerance) << ta.params[p].first;
+      EXPECT_LE(relative_difference(ta.adam_v[p], tb.adam_v[p]), moment_tolerance) << ta.params[p].first;
     }
+    // FP8: the ranks' amaxes are reduced to their maximum, so rank 0's scales are the one process's up to the
+    // rounding of the values they were taken from (gradients summed in another order move by a few per cent).
+    ASSERT_EQ(tb.fp8_scaling.size(), ta.fp8_scaling.size());
+    for (size_t i = 0; i < ta.fp8_scaling.size(); ++i)
+      if (ta.fp8_scaling[i].first.find("scales") != std::string::npos)
+        EXPECT_LE(relative_difference(ta.fp8_scaling[i].second, tb.fp8_scaling[i].second), 5e-2)
+            << ta.fp8_scaling[i].first;
   }
 }
 
@@ -433,6 +443,35 @@ TEST(DistributedCuda, FourGpusTrainLikeOneWithAndWithoutZeroOne) {
   SKIP_WITHOUT_GPUS(4);
   testing::ScratchDir dir;
   expect_ranks_train_like_one_process(dir, write_config(dir, "cuda"), 4, 1e-4, 1e-3);
+}
+
+// training.precision fp8 over two GPUs: the ranks' amaxes reduced to shared scales, so the run resumes bit for bit
+// from rank 0's checkpoint and trains like one process (within FP8's rounding: a value near an E5M2 or E4M3 rounding
+// boundary may round the other way when its sum is formed in another order).
+std::string fp8_config(const testing::ScratchDir& dir) {
+  const std::string path = write_config(dir, "cuda");
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string device = "device: cuda,";
+  text.replace(text.find(device), device.size(), "device: cuda, precision: fp8,");
+  const std::string fp8_path = dir / "dp-cuda-fp8.yaml";
+  std::ofstream(fp8_path) << text;
+  return fp8_path;
+}
+
+TEST(DistributedCuda, Fp8TwoGpusTrainLikeOne) {
+  SKIP_WITHOUT_GPUS(2);
+  testing::ScratchDir dir;
+  // FP8 codes keep 3 mantissa bits (E4M3) or 2 (E5M2): the other summation order flips some of them, and this tiny
+  // model's moments after six steps (a few gradients each) moved by up to 0.31 on an H200. A rank's gradients left
+  // out of the reduction move them by O(1); the losses, weights and scales are held tighter.
+  expect_ranks_train_like_one_process(dir, fp8_config(dir), 2, 2e-2, 5e-2, 0.4);
+}
+
+TEST(DistributedCuda, Fp8TwoGpuRunResumesBitwise) {
+  SKIP_WITHOUT_GPUS(2);
+  testing::ScratchDir dir;
+  expect_multi_rank_resume_is_bitwise(dir, fp8_config(dir), 2, false);
 }
 
 TEST(DistributedCuda, TwoGpuRunResumesBitwise) {

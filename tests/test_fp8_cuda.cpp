@@ -207,8 +207,8 @@ TEST(Fp8CastCuda, AmaxSkipsNanAndFolds) {
 #endif
 }
 
-// The transposed cast on odd shapes (one tile, partial tiles, a single row or column, and one wide enough that blocks
-// stride over row tiles): out_t[c, r] and out[r, c] are fp8_quantize's code of x[r, c], the amax fp8_amax's.
+// The transposed cast on odd shapes (one tile, partial tiles, a single row or column, the packed path, and shapes with
+// more row tiles than blocks): out_t[c, r] and out[r, c] are fp8_quantize's code of x[r, c], the amax fp8_amax's.
 TEST(Fp8CastCuda, TransposedCastMatchesTheReference) {
   HGRN_SKIP_WITHOUT_GPU();
 #ifdef HGRN_WITH_CUDA
@@ -217,7 +217,11 @@ TEST(Fp8CastCuda, TransposedCastMatchesTheReference) {
   };
   std::mt19937_64 gen(11);
   for (Shape2 s : {Shape2{1, 1}, Shape2{1, 33}, Shape2{33, 1}, Shape2{32, 32}, Shape2{31, 65}, Shape2{100, 17},
-                   Shape2{257, 130}, Shape2{1500, 2048}}) {
+                   Shape2{257, 130}, Shape2{1500, 2048},
+                   // the packed path (cols % 8 == 0, rows % 16 == 0): whole and partial tiles
+                   Shape2{16, 8}, Shape2{64, 64}, Shape2{208, 136}, Shape2{2048, 1024},
+                   // more row tiles than blocks: blocks stride over them, packed and not
+                   Shape2{4352, 1024}, Shape2{4500, 1000}}) {
     for (DType dtype : {DType::F32, DType::BF16}) {
       for (Fp8Format format : kFormats) {
         for (bool with_out : {true, false}) {
@@ -534,6 +538,20 @@ TEST(Fp8GemmCuda, PaddedRowsAndEveryFormatPair) {
       for (int64_t r = 0; r < m; ++r)
         for (int64_t col = n; col < ldc; ++col)
           ASSERT_EQ(after[r * ldc + col], before[r * ldc + col]) << name << ": padding written at " << r << ", " << col;
+      // The addend read from another buffer (c_in): the same sums into the output, the addend left as it was.
+      const StartingOutput addend = starting_output(gen, out_dtype, m, ldc, ldc);
+      StartingOutput d = starting_output(gen, out_dtype, m, ldc, ldc);
+      std::vector<float> want_apart(static_cast<size_t>(m * n));
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t col = 0; col < n; ++col) want_apart[r * n + col] = addend.reference[r * ldc + col];
+      fp8_gemm_cpu(false, true, m, n, k, a.codes.data(), lda, a_format, a.scale_inverse, b.codes.data(), ldb, b_format,
+                   b.scale_inverse, 0.5f, want_apart.data(), n);
+      cuda_fp8_gemm(m, n, k, {a_codes.as<uint8_t>(), a_format, a_scale_inv.as<float>()}, lda,
+                    {b_codes.as<uint8_t>(), b_format, b_scale_inv.as<float>()}, ldb, 0.5f, d.device.as<void>(), ldc,
+                    out_dtype, false, addend.device.as<void>());
+      expect_gemm_close(output_values(d.device, out_dtype, m, n, ldc), want_apart, false, out_dtype,
+                        name + ", addend apart");
+      EXPECT_EQ(output_values(addend.device, out_dtype, m, ldc, ldc), addend.reference) << name << ": addend written";
     }
   }
 #endif
@@ -591,6 +609,13 @@ TEST(Fp8GemmCuda, RefusesShapesCublasLtCannotTake) {
         cuda_fp8_gemm(32, 32, 32, {nullptr, Fp8Format::E4M3, scale}, 32, e4m3, 32, 0, out, 32, DType::F32, false);
       },
       {"null"});
+  const float* scale_off16 = reinterpret_cast<const float*>(address(0x1004));
+  expect_refused(
+      [&] {
+        cuda_fp8_gemm(32, 32, 32, e4m3, 32, {address(0x10000), Fp8Format::E4M3, scale_off16}, 32, 0, out, 32,
+                      DType::F32, false);
+      },
+      {"scale pointers must be 16-byte aligned"});
 #endif
 }
 

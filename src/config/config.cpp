@@ -671,12 +671,13 @@ void ConfigReader::validate() {
 
   const TrainingConfig& t = config_.training;
   require_one_of("training.device", t.device, {"auto", "cpu", "cuda"});
-  require_one_of("training.precision", t.precision, {"fp32", "bf16"});
+  require_one_of("training.precision", t.precision, {"fp32", "bf16", "fp8"});
   if (const std::string why = model_family(m.type).cuda_refusal(m); !why.empty() && t.device == "cuda")
     fail_key("training.device", "expected cpu or auto: " + why + " (set training.device to cpu)");
-  if (t.precision == "bf16" && t.device == "cpu")
-    fail_key("training.precision", "expected fp32 with training.device = cpu: bf16 training needs a GPU "
-                                   "(set training.device to cuda or auto, or precision to fp32)");
+  if (t.precision != "fp32" && t.device == "cpu")
+    fail_key("training.precision", "expected fp32 with training.device = cpu: " + t.precision +
+                                       " training needs a GPU (set training.device to cuda or auto, or precision "
+                                       "to fp32)");
   require_positive("training.micro_batch_size", t.micro_batch_size);
   require_positive("training.grad_accum_steps", t.grad_accum_steps);
   require_non_negative("training.global_batch_size", t.global_batch_size);

@@ -17,6 +17,8 @@ class Collectives {
   virtual void after_compute() = 0;
   // data[0, count): the sum over all ranks, on every rank.
   virtual void all_reduce_sum(float* data, int64_t count) = 0;
+  // data[0, count): the elementwise maximum over all ranks, on every rank.
+  virtual void all_reduce_max(float* data, int64_t count) = 0;
   // data[0, size * count) in, each rank's share out: data[rank * count, (rank + 1) * count) becomes the sum over
   // all ranks of that range (the rest of data is left unspecified).
   virtual void reduce_scatter_sum(float* data, int64_t count) = 0;

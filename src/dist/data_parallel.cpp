@@ -163,6 +163,13 @@ void DataParallel::wait_for_weights() {
   std::fill(gathering_.begin(), gathering_.end(), false);
 }
 
+void DataParallel::all_reduce_max(float* data, int64_t count, const char* what) {
+  if (count <= 0) return;
+  collectives_->after_compute();
+  collectives_->all_reduce_max(data, count);
+  collectives_->wait(what);
+}
+
 void DataParallel::gather_moments(const AdamW& optimizer, std::vector<Tensor>* first,
                                   std::vector<Tensor>* second) const {
   HGRN_CHECK(options_.zero1, "DataParallel::gather_moments: without ZeRO-1 every rank holds the whole moments");

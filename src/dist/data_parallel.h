@@ -57,6 +57,9 @@ class DataParallel {
   // Blocks until finish_update's all-gathers are complete: before the weights are read other than by the model's
   // forward (a checkpoint's copy to the host).
   void wait_for_weights();
+  // data[0, count) on this process's device: the elementwise maximum over the ranks, on every rank, complete on
+  // return (the FP8 amaxes, so that every rank derives the same scales). `what` names the wait.
+  void all_reduce_max(float* data, int64_t count, const char* what);
   // For checkpoints under ZeRO-1 (a collective: every rank calls it): each parameter's whole first and second
   // moments on the CPU, on rank 0, assembled from every rank's share (the other ranks receive empty vectors).
   void gather_moments(const AdamW& optimizer, std::vector<Tensor>* first, std::vector<Tensor>* second) const;

@@ -26,6 +26,9 @@ class MpiCollectives : public Collectives {
   void all_reduce_sum(float* data, int64_t count) override {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
   }
+  void all_reduce_max(float* data, int64_t count) override {
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD));
+  }
   void reduce_scatter_sum(float* data, int64_t count) override {
     share_.resize(static_cast<size_t>(count));
     MPI_CHECK(MPI_Reduce_scatter_block(data, share_.data(), mpi_count(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));

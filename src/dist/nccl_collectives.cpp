@@ -65,6 +65,9 @@ class NcclCollectives : public Collectives {
   void all_reduce_sum(float* data, int64_t count) override {
     NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat, ncclSum, comm_, stream_));
   }
+  void all_reduce_max(float* data, int64_t count) override {
+    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat, ncclMax, comm_, stream_));
+  }
   // In place as NCCL defines it: the receive buffer is the rank's share of the send buffer.
   void reduce_scatter_sum(float* data, int64_t count) override {
     NCCL_CHECK(ncclReduceScatter(data, data + world().rank * count, static_cast<size_t>(count), ncclFloat, ncclSum,

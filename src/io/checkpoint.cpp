@@ -143,6 +143,9 @@ void check_state_is_writable(const TrainingState& state) {
   for (size_t l = 0; l < state.recurrent_states.size(); ++l)
     HGRN_CHECK(state.recurrent_states[l].defined(), "save_checkpoint: the recurrent state of layer ", l,
                " is an undefined tensor");
+  for (const auto& [name, array] : state.fp8_scaling)
+    HGRN_CHECK(array.defined() && array.device() == Device::CPU, "save_checkpoint: the FP8 scaling array '", name,
+               "' is undefined or not on the CPU");
   for (const std::string* text : {&state.config_yaml, &state.hgrn_version, &state.git_commit, &state.model_signature})
     HGRN_CHECK(text->find('\0') == std::string::npos,
                "save_checkpoint: text fields must not contain NUL bytes (HDF5 strings are NUL-padded)");
@@ -198,6 +201,12 @@ class CheckpointWriter {
       for (size_t l = 0; l < state.recurrent_states.size(); ++l)
         write_tensor(states.id(), "/recurrent_states/", recurrent_state_name(l), state.recurrent_states[l]);
       states.close();
+    }
+
+    if (!state.fp8_scaling.empty()) {
+      Handle scaling = create_group(file, "fp8_scaling", "/fp8_scaling", true);
+      for (const auto& [name, array] : state.fp8_scaling) write_tensor(scaling.id(), "/fp8_scaling/", name, array);
+      scaling.close();
     }
 
     // Everything else reaches the file before the marker that says the file is whole.
@@ -383,6 +392,14 @@ class CheckpointReader {
         state.recurrent_states.push_back(read_tensor(states.id(), "/recurrent_states/", layers[l]));
       }
       states.close();
+    }
+
+    // Optional: present in the checkpoints of training.precision fp8 runs only.
+    if (link_exists(file.id(), "fp8_scaling", "/fp8_scaling")) {
+      Handle scaling = open_group(file.id(), "fp8_scaling", "/fp8_scaling");
+      for (const std::string& name : member_names_in_creation_order(scaling.id(), "/fp8_scaling"))
+        state.fp8_scaling.emplace_back(name, read_tensor(scaling.id(), "/fp8_scaling/", name));
+      scaling.close();
     }
 
     file.close();

@@ -51,6 +51,9 @@ struct TrainingState {
   std::vector<Tensor> adam_m, adam_v;                   // AdamW moments, same order (and shapes) as params
   int64_t adam_step = 0;                                // AdamW's step count
   std::vector<Tensor> recurrent_states;  // data.stateful: per layer, every stream's carried state; empty otherwise
+  // training.precision fp8: the delayed-scaling states as named arrays (ops/fp8_linear.h, fp8_scaling_save), in
+  // order; empty otherwise.
+  std::vector<std::pair<std::string, Tensor>> fp8_scaling;
   std::string config_yaml;      // the resolved config (config_to_yaml)
   std::string model_signature;  // identifies model shape and precision; built by the trainer, compared on resume
   int64_t world_size = 1;

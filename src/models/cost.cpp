@@ -128,7 +128,7 @@ MemoryTarget memory_target(const Config& config) {
   MemoryTarget target;
   target.gpu = device == "cuda" ||
                (device == "auto" && model_family(config.model.type).cuda_refusal(config.model).empty());
-  target.bytes_per_activation = config.training.precision == "bf16" ? 2 : 4;
+  target.bytes_per_activation = config.training.precision == "fp32" ? 4 : 2;
   return target;
 }
 

@@ -8,13 +8,16 @@
 // holding it, so that a model may drop the copies between its forward and backward (recompute_weight_copies): the
 // cast is then made again, with the same bits, at the first backward use.
 // The weight gradient waits where x is released until its producer's backward (ops/recompute.h).
+// Under an Fp8LinearScope the three products run on FP8 tensor cores instead (ops/fp8_linear.h), same graph.
 // With a residual, y = residual + x·Wᵀ: the residual stream's add happens in the GEMM's epilogue (beta 1, the addend
 // read from the residual), so the branch's output is never stored on its own, and the sum is rounded once.
 #include "ops/linear.h"
 
 #include <functional>
+#include <numeric>
 
 #include "ops/elementwise.h"
+#include "ops/fp8_linear.h"
 #include "ops/gemm_cpu.h"
 #include "ops/recompute.h"
 #ifdef HGRN_WITH_CUDA
@@ -159,7 +162,36 @@ void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight
   linear_gemm(true, false, out_features, in, rows, dy, out_features, x, in, accumulate ? 1.0f : 0.0f, dw, in);
 }
 
+void linear_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x, const Var& weight) {
+  if (WeightGradientQueue::defer([dy, x, weight] { linear_weight_gradient(dy, x, weight); })) return;
+  bool accumulate = false;
+  Tensor& dw = grad_buffer_for_write(weight, &accumulate);
+  fp8_linear_weight_gradient(weight, dy, 0, x, accumulate ? 1.0f : 0.0f, dw);
+}
+
+// linear's FP8 form: dy is cast once (row-major for dx, transposed for dW), and dW waits for x as above.
+static Var fp8_linear(Tape& tape, const Var& x, const Var& weight, const Var& residual) {
+  Var out = op_output(tape, fp8_linear_forward(weight, x->value, weight->value, residual ? &residual->value : nullptr),
+                      {x, weight, residual});
+  if (!out->requires_grad) return out;
+  tape.record([x, weight, residual, out] {
+    if (!out->grad.defined()) return;
+    const Fp8OutputGradient dy = fp8_output_gradient(weight, out->grad);
+    if (wants_grad(x)) {
+      bool accumulate = false;
+      Tensor& dx = grad_buffer_for_write(x, &accumulate);
+      fp8_linear_input_gradient(weight, dy, weight->value, accumulate ? 1.0f : 0.0f, dx);
+    }
+    if (wants_grad(weight))
+      when_value_ready(x, [dy, xp = x.get(), weight] { linear_weight_gradient(dy, xp->value, weight); });
+    if (wants_grad(residual)) hand_over_gradient(out, residual);
+  });
+  return out;
+}
+
 Var linear(Tape& tape, const Var& x, const Var& weight, const Var& residual) {
+  reads_bf16_copy(weight, x->value);  // the shape, device and dtype checks
+  if (fp8_linear_applies(weight, x->value, weight->value)) return fp8_linear(tape, x, weight, residual);
   const Tensor w_compute = weight_for_input(weight, x->value);
   Var out = op_output(tape, linear_product(x->value, w_compute, residual ? &residual->value : nullptr),
                       {x, weight, residual});
@@ -222,12 +254,11 @@ void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Te
 }
 
 // dW_i (+)= dy[:, columns of W_i]ᵀ·x for linear_columns: one GEMM where the gradients are adjacent and all fresh or
-// all accumulating, else one per weight.
-static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std::vector<Var>& weights,
-                                    const std::vector<int64_t>& widths) {
-  if (WeightGradientQueue::defer([dy, x, weights, widths] { columns_weight_gradient(dy, x, weights, widths); }))
-    return;
-  const int64_t in = x.size(-1), width = dy.size(-1), rows = dy.numel() / width;
+// all accumulating, else one per weight; product(dw, first column, width, beta) makes one.
+template <typename Product>
+static void columns_weight_gradient(const std::vector<Var>& weights, const std::vector<int64_t>& widths,
+                                    Product&& product) {
+  const int64_t in = weights[0]->value.size(1), width = std::accumulate(widths.begin(), widths.end(), int64_t{0});
   bool first_gradients = true;
   for (const Var& w : weights) first_gradients = first_gradients && wants_grad(w) && !w->grad.defined();
   if (first_gradients) {  // one buffer, so that they are adjacent for this GEMM and every later one
@@ -249,13 +280,74 @@ static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std
   bool same = true;
   for (char a : accumulate) same = same && a == accumulate[0];
   for_column_blocks(grads, widths, same, [&](Tensor dw, int64_t col, int64_t n, size_t i) {
-    linear_gemm(true, false, n, in, rows, dy.columns(col, n), width, x, in, accumulate[i] ? 1.0f : 0.0f, dw, in);
+    product(dw, col, n, accumulate[i] ? 1.0f : 0.0f);
   });
+}
+
+// columns_weight_gradient's GEMMs from dy [rows, Σ out_i] and x [rows, in], or from dy's FP8 codes; while a
+// WeightGradientQueue is open they wait in it with their operands, as linear_weight_gradient's.
+static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std::vector<Var>& weights,
+                                    const std::vector<int64_t>& widths) {
+  if (WeightGradientQueue::defer([dy, x, weights, widths] { columns_weight_gradient(dy, x, weights, widths); }))
+    return;
+  const int64_t in = x.size(-1), width = dy.size(-1), rows = dy.numel() / width;
+  columns_weight_gradient(weights, widths, [&](Tensor& dw, int64_t col, int64_t n, float beta) {
+    linear_gemm(true, false, n, in, rows, dy.columns(col, n), width, x, in, beta, dw, in);
+  });
+}
+
+static void columns_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x, const std::vector<Var>& weights,
+                                    const std::vector<int64_t>& widths) {
+  if (WeightGradientQueue::defer([dy, x, weights, widths] { columns_weight_gradient(dy, x, weights, widths); }))
+    return;
+  columns_weight_gradient(weights, widths, [&](Tensor& dw, int64_t col, int64_t, float beta) {
+    fp8_linear_weight_gradient(weights[0], dy, col, x, beta, dw);
+  });
+}
+
+// linear_columns' FP8 form over the weights' adjacent master values w_all [Σ out_i, in], which share one scaling
+// state (the first weight's).
+static std::vector<Var> fp8_linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights,
+                                           const Tensor& w_all, const std::vector<int64_t>& widths, bool records) {
+  const Tensor y = fp8_linear_forward(weights[0], x->value, w_all, nullptr);
+  std::vector<Var> blocks = column_block_outputs(y, widths, records);
+  if (!records) return blocks;
+  bool weight_grads = false;
+  for (const Var& w : weights) weight_grads = weight_grads || wants_grad(w);
+  tape.record([x, weights, w_all, widths, blocks, weight_grads] {
+    const Tensor dy_tensor = gather_column_gradients(blocks);
+    if (!dy_tensor.defined()) return;
+    const Fp8OutputGradient dy = fp8_output_gradient(weights[0], dy_tensor);
+    if (wants_grad(x)) {
+      bool accumulate = false;
+      Tensor& dx = grad_buffer_for_write(x, &accumulate);
+      fp8_linear_input_gradient(weights[0], dy, w_all, accumulate ? 1.0f : 0.0f, dx);
+    }
+    if (weight_grads)
+      when_value_ready(x, [dy, xp = x.get(), weights, widths] {
+        columns_weight_gradient(dy, xp->value, weights, widths);
+      });
+  });
+  return blocks;
 }
 
 std::vector<Var> linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights) {
   HGRN_CHECK(x, "linear_columns: input is null");
   const Tensor& xv = x->value;
+  if (!weights.empty() && fp8_linear_active()) {
+    std::vector<Tensor> values;
+    std::vector<int64_t> widths;
+    bool weight_grads = false;
+    for (const Var& w : weights) {
+      reads_bf16_copy(w, xv);
+      values.push_back(w->value);
+      widths.push_back(w->value.size(0));
+      weight_grads = weight_grads || wants_grad(w);
+    }
+    const Tensor w_all = Tensor::adjacent_rows(values);
+    if (w_all.defined() && fp8_linear_applies(weights[0], xv, w_all))
+      return fp8_linear_columns(tape, x, weights, w_all, widths, tape.enabled() && (wants_grad(x) || weight_grads));
+  }
   const std::vector<Tensor> w = column_weights_for_input(weights, xv);
   std::vector<int64_t> widths;
   int64_t width = 0;

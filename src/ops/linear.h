@@ -43,10 +43,15 @@ void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor
 // weight's gradient += dyᵀ·x (into the fp32 master gradient for bf16 inputs: accumulated in fp32, never rounded to
 // bf16); the first write after zero_grad overwrites the buffer (beta 0) instead of adding to a filled one:
 void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight);
+// The same from dy's FP8 codes (ops/fp8_linear.h: fp8_linear_weight_gradient), for linear and swiglu_linear under an
+// Fp8LinearScope:
+struct Fp8OutputGradient;
+void linear_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x, const Var& weight);
 // While a WeightGradientQueue is open in this thread, the weight-gradient GEMMs of linear, linear_columns and
-// swiglu_linear wait in it with their operands instead of running, until run() runs them in the order they came:
-// the same GEMMs on the same operands, so the same bits, later in the backward. Data parallelism runs layer 0's after
-// the embedding's backward, so that the embedding gradient's reduction overlaps them (models/decoder_lm.cpp).
+// swiglu_linear (FP8 ones included) wait in it with their operands instead of running, until run() runs them in the
+// order they came: the same GEMMs on the same operands, so the same bits, later in the backward. Data parallelism runs
+// layer 0's after the embedding's backward, so that the embedding gradient's reduction overlaps them
+// (models/decoder_lm.cpp).
 class WeightGradientQueue {
  public:
   WeightGradientQueue() = default;

@@ -3,6 +3,7 @@
 
 #include "ops/activations.h"
 #include "ops/elementwise.h"
+#include "ops/fp8_linear.h"
 #include "ops/linear.h"
 
 namespace hgrn {
@@ -22,28 +23,40 @@ Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& w
              " on ", device_name(up->value.device()));
   Tensor hidden = Tensor::empty(gv.shape(), gv.dtype(), gv.device());
   swiglu_forward(gv, &up->value, hidden);
-  const Tensor w_compute = weight_for_input(weight, hidden);
-  Var out = op_output(tape, linear_product(hidden, w_compute, residual ? &residual->value : nullptr),
+  // FP8 (ops/fp8_linear.h), or the GEMMs of linear on the weight or its bf16 copy.
+  const bool fp8 = fp8_linear_applies(weight, hidden, weight->value);
+  const Tensor w_compute = fp8 ? Tensor() : weight_for_input(weight, hidden);
+  const Tensor* residual_value = residual ? &residual->value : nullptr;
+  Var out = op_output(tape,
+                      fp8 ? fp8_linear_forward(weight, hidden, weight->value, residual_value)
+                          : linear_product(hidden, w_compute, residual_value),
                       {gate, up, weight, residual});
   if (!out->requires_grad) return out;
-  const bool copied = w_compute.dtype() != weight->value.dtype();
+  const bool copied = !fp8 && w_compute.dtype() != weight->value.dtype();
   if (!keep_hidden) hidden = Tensor();
   // gate and up are read through their Vars when the backward runs: a model may release and rematerialize them.
-  tape.record([gate, up, weight, residual, out, hidden, copied] {
+  tape.record([gate, up, weight, residual, out, hidden, copied, fp8] {
     if (!out->grad.defined()) return;
     const Tensor& dy = out->grad;
+    const Fp8OutputGradient dy_fp8 = fp8 ? fp8_output_gradient(weight, dy) : Fp8OutputGradient{};
     const Tensor& g = gate->value;
     Tensor h = hidden;
     if (wants_grad(gate) || wants_grad(up)) {
       Tensor dhidden = Tensor::empty(g.shape(), g.dtype(), g.device());
-      linear_input_gradient(dy, copied ? bf16_weight_copy(weight) : weight->value, 0.0f, dhidden);
+      if (fp8)
+        fp8_linear_input_gradient(weight, dy_fp8, weight->value, 0.0f, dhidden);
+      else
+        linear_input_gradient(dy, copied ? bf16_weight_copy(weight) : weight->value, 0.0f, dhidden);
       swiglu_backward(gate, up, dhidden, h.defined() ? nullptr : &dhidden);
       if (!h.defined()) h = dhidden;  // dhidden's buffer now holds hidden
     } else if (!h.defined()) {
       h = Tensor::empty(g.shape(), g.dtype(), g.device());
       swiglu_forward(g, &up->value, h);
     }
-    if (wants_grad(weight)) linear_weight_gradient(dy, h, weight);
+    if (wants_grad(weight) && fp8)
+      linear_weight_gradient(dy_fp8, h, weight);
+    else if (wants_grad(weight))
+      linear_weight_gradient(dy, h, weight);
     if (wants_grad(residual)) hand_over_gradient(out, residual);  // last: dy may become residual's buffer
   });
   return out;

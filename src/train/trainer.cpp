@@ -121,12 +121,22 @@ uint64_t evaluation_data_seed(uint64_t seed) { return stream_seed(seed, kEvalDat
 
 DType activation_dtype(const std::string& precision, Device device) {
   if (precision == "fp32") return DType::F32;
-  HGRN_CHECK(device == Device::CUDA, "training.precision is bf16, but training runs on the CPU (no GPU found): "
-                                     "bf16 training needs a GPU; set training.precision: fp32");
+  HGRN_CHECK(device == Device::CUDA, "training.precision is ", precision,
+             ", but training runs on the CPU (no GPU found): ", precision,
+             " training needs a GPU; set training.precision: fp32");
   return DType::BF16;
 }
 
 namespace {
+// training.precision fp8: the model's projections on FP8 tensor cores; the LM head (and the embeddings where tied
+// to it) stay in bf16, as Transformer Engine's recipes keep the output layer.
+std::unique_ptr<Fp8LinearScope> fp8_linear_scope(const CausalLM& model) {
+  std::vector<Var> excluded;
+  for (const auto& [spec, param] : model.parameters())
+    if (param->name == "lm_head.weight" || param->name == "model.embeddings.weight") excluded.push_back(param);
+  return std::make_unique<Fp8LinearScope>(Fp8Recipe{}, static_cast<int64_t>(model.parameters().size()), excluded);
+}
+
 std::unique_ptr<CausalLM> make_model(const Config& config, uint64_t init_seed, Device device,
                                      DType activation_dtype) {
   Rng init_rng(init_seed);
@@ -136,6 +146,13 @@ std::unique_ptr<CausalLM> make_model(const Config& config, uint64_t init_seed, D
   set_gemm_autotune(device == Device::CUDA && !config.training.deterministic);
 #endif
   return model;
+}
+
+// The model's parameters in order (the indices fp8_scaling_save records).
+std::vector<Var> parameter_vars(const CausalLM& model) {
+  std::vector<Var> vars;
+  for (const auto& [spec, param] : model.parameters()) vars.push_back(param);
+  return vars;
 }
 }  // namespace
 
@@ -153,6 +170,12 @@ TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device de
   if (config.data.stateful) {
     const TrainingConfig tc = resolve_batch_for_world(config.training, world().size);
     carried_states = std::make_unique<CarriedStates>(model, tc.micro_batch_size, tc.grad_accum_steps);
+  }
+  if (config.training.precision == "fp8") {
+    fp8 = fp8_linear_scope(model);
+    // Several ranks: every amax a scale comes from is the maximum over the ranks, so that all derive the same scales.
+    if (DataParallel* dp = data_parallel.get())
+      fp8_set_amax_reduction([dp](float* amax, int64_t count) { dp->all_reduce_max(amax, count, "fp8 amax reduction"); });
   }
 }
 
@@ -206,6 +229,9 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
     if (!dp) read_losses();
     r.grad_norm = grad_norm();
   }
+  // The step's amaxes (the maximum over the ranks) into the histories, new scales for the next step (no-op without
+  // fp8).
+  fp8_end_step();
   if (dp && dp->zero1()) {
     TraceRange trace("weight all-gather");
     dp->finish_update();  // queued: the next forward waits for each bucket where it reads it
@@ -345,6 +371,11 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
     optimizer.load_state(std::move(state.adam_m), std::move(state.adam_v), state.adam_step);
     train_data->set_cursor(state.data_cursor);
     if (setup->carried_states) setup->carried_states->restore(state.recurrent_states, path);
+    if (setup->fp8) {
+      HGRN_CHECK(!state.fp8_scaling.empty(), "checkpoint ", path, " holds no FP8 scaling states (/fp8_scaling): it "
+                 "was not written by a training.precision fp8 run; resume it with the precision it was trained in");
+      fp8_scaling_restore(state.fp8_scaling, parameter_vars(model), path);
+    }
     start_step = state.step;
     tokens_seen = state.tokens_seen;
     log << "resumed from " << path << " at step " << start_step << "\n";
@@ -372,9 +403,10 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
     std::vector<Tensor> recurrent_states;  // every rank's, on rank 0
     if (setup->carried_states) recurrent_states = setup->carried_states->gather();
     if (!w.is_root()) return;
-    const std::string path = save_checkpoint(
-        checkpoint_dir, capture_state(model, std::move(adam_m), std::move(adam_v), optimizer, *train_data, config,
-                                      steps_done, tokens_seen, std::move(recurrent_states)));
+    TrainingState state = capture_state(model, std::move(adam_m), std::move(adam_v), optimizer, *train_data, config,
+                                        steps_done, tokens_seen, std::move(recurrent_states));
+    if (setup->fp8) state.fp8_scaling = fp8_scaling_save(parameter_vars(model));
+    const std::string path = save_checkpoint(checkpoint_dir, state);
     prune_checkpoints(checkpoint_dir, config.checkpoint.keep_last, config.checkpoint.keep_every);
     log << "checkpoint " << path << std::endl;
   };
@@ -458,6 +490,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
       interval_steps = 0;
     }
     if (eval_data && w.is_root() && ((tc.eval_interval > 0 && (step + 1) % tc.eval_interval == 0) || last)) {
+      const Fp8LinearPause bf16_evaluation;  // fp8: evaluated in bf16, as `hgrn eval` does, the amaxes untouched
       const EvalResult held_out = evaluate_batches(model, *eval_data, tc.eval_batches, tc.micro_batch_size);
       const double eval_loss = held_out.loss, eval_accuracy = held_out.accuracy;
       log << "eval  " << step + 1 << " | loss " << eval_loss << " | ppl " << std::exp(eval_loss) << " | accuracy "

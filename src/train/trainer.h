@@ -9,6 +9,7 @@
 #include "data/batch_source.h"
 #include "dist/data_parallel.h"
 #include "models/registry.h"
+#include "ops/fp8_linear.h"
 #include "train/carried_states.h"
 #include "train/optimizer.h"
 
@@ -48,12 +49,13 @@ struct TrainingModel {
   std::unique_ptr<DataParallel> data_parallel;  // null for a single process
   AdamW optimizer;
   std::unique_ptr<CarriedStates> carried_states;  // data.stateful (train/carried_states.h); null otherwise
+  std::unique_ptr<Fp8LinearScope> fp8;            // training.precision fp8 (ops/fp8_linear.h); null otherwise
 };
 
 StepResult training_step(TrainingModel& setup, BatchSource& data, const TrainingConfig& tc, double lr);
 
 // The compute device a training.device setting resolves to (auto: the GPU when one is visible) and the activation
-// dtype of a training.precision on that device; both throw a clear Error for an impossible combination. With
+// dtype of a training.precision on that device (fp8: bf16 activations, FP8 linear layers); both throw a clear Error for an impossible combination. With
 // several ranks on the GPU, resolve_device also binds this process to its GPU (its rank on the node).
 Device resolve_device(const std::string& device);
 DType activation_dtype(const std::string& precision, Device device);

@@ -1,0 +1,446 @@
+// fp8_linear.cpp: see fp8_linear.h. The scaling states of all weights live in one set of arrays on the scope's
+// device, so that the end-of-step update is two kernel launches (one per format) and two for the inverses, whatever
+// the layer count. The CPU path is the reference arithmetic of ops/fp8.h on fp32 activations, for tests.
+#include "ops/fp8_linear.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ops/fp8.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/cuda_context.h"
+#include "kernels/fp8.h"
+#endif
+
+namespace hgrn {
+namespace {
+
+// A weight's tensors: input and weight in E4M3 (slots 2s, 2s + 1 of the forward arrays), output gradient in the
+// recipe's gradient format (slot s of the gradient arrays).
+enum class Role { Input = 0, Weight = 1, OutputGradient = 2 };
+
+// The GEMMs' dequantising factors sit 256 bytes apart: cuBLASLt refused (NOT_SUPPORTED) scale pointers 4 bytes apart,
+// and 256 bytes is the alignment its heuristic assumes for every other pointer of a matmul.
+constexpr int64_t kInverseStride = 64;
+
+// One format's states, laid out as cuda_fp8_update_scales reads them.
+struct FormatStates {
+  std::string name;  // "forward" or "gradient": the arrays' names in checkpoints
+  Fp8Format format = Fp8Format::E4M3;
+  Tensor history, positions, scales, step_amax, inverses;
+  // Per tensor: whether it has a scale of its own yet (from its first cast, or a checkpoint's history), host-side.
+  std::vector<char> scaled;
+
+  void allocate(const std::string& what, Fp8Format f, int64_t tensors, int64_t history_length, Device device) {
+    name = what;
+    format = f;
+    scaled.assign(static_cast<size_t>(tensors), 0);
+    history = Tensor::zeros({tensors * history_length}, DType::F32, device);
+    positions = Tensor::zeros({tensors}, DType::I64, device);
+    scales = Tensor::full({tensors}, 1.0, DType::F32, device);
+    step_amax = Tensor::zeros({tensors}, DType::F32, device);
+    inverses = Tensor::full({tensors * kInverseStride}, 1.0, DType::F32, device);
+  }
+};
+
+struct Scope {
+  Fp8Recipe recipe;
+  Device device = Device::CUDA;
+  int64_t capacity = 0, used = 0;
+  std::unordered_set<const Variable*> excluded;
+  std::unordered_map<const Variable*, int64_t> slot;
+  FormatStates forward, gradient;
+  std::function<void(float*, int64_t)> reduce_max;  // over the ranks; null with one
+};
+
+Scope* active_scope = nullptr;
+
+struct TensorState {
+  float* scale;
+  float* step_amax;
+  float* inverse;
+  FormatStates* states;
+  int64_t index;  // in states' arrays
+};
+
+int64_t slot_of(const Var& weight) {
+  Scope& s = *active_scope;
+  const auto found = s.slot.find(weight.get());
+  if (found != s.slot.end()) return found->second;
+  HGRN_CHECK(s.used < s.capacity, "fp8 linear: more than ", s.capacity, " weights need scaling states");
+  s.slot.emplace(weight.get(), s.used);
+  return s.used++;
+}
+
+TensorState state_of(const Var& weight, Role role) {
+  HGRN_CHECK(active_scope, "fp8 linear: no Fp8LinearScope is active");
+  const int64_t s = slot_of(weight);
+  FormatStates& f = role == Role::OutputGradient ? active_scope->gradient : active_scope->forward;
+  const int64_t i = role == Role::OutputGradient ? s : 2 * s + static_cast<int64_t>(role);
+  return {f.scales.data<float>() + i, f.step_amax.data<float>() + i, f.inverses.data<float>() + i * kInverseStride, &f,
+          i};
+}
+
+// FP8 codes held in an I32 tensor (a Tensor has no byte dtype): four codes an element, 16-byte aligned storage.
+Tensor fp8_codes(int64_t count) { return Tensor::empty({(count + 3) / 4}, DType::I32, active_scope->device); }
+uint8_t* codes_of(const Tensor& t) { return static_cast<uint8_t*>(t.raw_data()); }
+
+// The casts read dense rows: a row-strided view (a column block) is copied first.
+Tensor dense(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor copy = Tensor::empty(t.shape(), t.dtype(), t.device());
+  copy.copy_from(t);
+  return copy;
+}
+
+// The activation dtype of the scope's device: bf16 on the GPU, fp32 on the CPU.
+DType activation_dtype_of(Device device) { return device == Device::CUDA ? DType::BF16 : DType::F32; }
+
+// codes = fp8(x · *scale) for a dense x seen as [rows, cols] (out, out_t: row-major and transposed codes, either
+// null); *amax (or null) becomes max(*amax, amax of x).
+void cast(const Tensor& x, int64_t rows, int64_t cols, const float* scale, Fp8Format format, uint8_t* out,
+          uint8_t* out_t, float* amax) {
+  if (x.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    if (out_t)
+      cuda_fp8_quantize_transpose(x.raw_data(), x.dtype(), rows, cols, scale, format, out, out_t, amax);
+    else
+      cuda_fp8_quantize(x.raw_data(), x.dtype(), rows * cols, scale, format, out, amax);
+    return;
+#endif
+  }
+  const float* v = x.data<float>();
+  if (out) fp8_quantize(v, rows * cols, *scale, format, out);
+  if (out_t)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out_t[c * rows + r] = fp8_from_float(v[r * cols + c] * *scale, format);
+  if (amax) *amax = std::max(*amax, fp8_amax(v, rows * cols));
+}
+
+// A tensor's first cast, with no amax history yet (a fresh run), takes its scale from the tensor itself (current
+// scaling, the delayed rule applied to its own amax) rather than 1: at scale 1 the first steps' output gradients fall
+// below E5M2's range. The history is left to the end of the step, as for every cast.
+void scale_on_first_cast(const TensorState& t, const Tensor& x) {
+  FormatStates& f = *t.states;
+  if (f.scaled[static_cast<size_t>(t.index)]) return;
+  f.scaled[static_cast<size_t>(t.index)] = 1;
+  const int margin = active_scope->recipe.margin;
+  if (x.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    Tensor amax = Tensor::zeros({1}, DType::F32, Device::CUDA), history = Tensor::zeros({1}, DType::F32, Device::CUDA),
+           position = Tensor::zeros({1}, DType::I64, Device::CUDA);
+    const Tensor codes = fp8_codes(x.numel());
+    cuda_fp8_quantize(x.raw_data(), x.dtype(), x.numel(), t.scale, f.format, codes_of(codes), amax.data<float>());
+    if (active_scope->reduce_max) active_scope->reduce_max(amax.data<float>(), 1);
+    cuda_fp8_update_scales(history.data<float>(), 1, position.data<int64_t>(), t.scale, amax.data<float>(), 1, f.format,
+                           margin);
+    cuda_fp8_scale_inverses(t.scale, t.inverse, 1, kInverseStride);
+    return;
+#endif
+  }
+  float amax = fp8_amax(x.data<float>(), x.numel());
+  if (active_scope->reduce_max) active_scope->reduce_max(&amax, 1);
+  Fp8ScalingState state = fp8_scaling_state(1);
+  state.scale = *t.scale;
+  fp8_record_amax(state, amax);
+  fp8_update_scale(state, f.format, margin);
+  *t.scale = state.scale;
+  *t.inverse = fp8_scale_inverse(state.scale);
+}
+
+struct Operand {
+  const uint8_t* codes;
+  Fp8Format format;
+  const float* scale_inverse;
+};
+
+// c = a.scale_inverse · b.scale_inverse · A·Bᵀ + beta·c_in, A [m, k] (lda), B [n, k] (ldb), c of `c_dtype` (ldc);
+// c_in is c itself when null, else another buffer laid out as c.
+void gemm(int64_t m, int64_t n, int64_t k, const Operand& a, int64_t lda, const Operand& b, int64_t ldb, float beta,
+          void* c, int64_t ldc, DType c_dtype, bool fast_accumulation, const void* c_in = nullptr) {
+  if (active_scope->device == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_fp8_gemm(m, n, k, {a.codes, a.format, a.scale_inverse}, lda, {b.codes, b.format, b.scale_inverse}, ldb, beta,
+                  c, ldc, c_dtype, fast_accumulation, c_in);
+    return;
+#endif
+  }
+  HGRN_CHECK(c_dtype == DType::F32, "fp8 linear on the CPU: the output must be fp32");
+  if (c_in && c_in != c) std::memcpy(c, c_in, static_cast<size_t>(m) * ldc * sizeof(float));
+  fp8_gemm_cpu(false, true, m, n, k, a.codes, lda, a.format, *a.scale_inverse, b.codes, ldb, b.format,
+               *b.scale_inverse, beta, static_cast<float*>(c), ldc);
+}
+
+// The GEMM factors 1 / scale of the first `tensors` states.
+void refresh_inverses(FormatStates& f, int64_t tensors) {
+  if (f.scales.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_fp8_scale_inverses(f.scales.data<float>(), f.inverses.data<float>(), tensors, kInverseStride);
+    return;
+#endif
+  }
+  for (int64_t t = 0; t < tensors; ++t)
+    f.inverses.data<float>()[t * kInverseStride] = fp8_scale_inverse(f.scales.data<float>()[t]);
+}
+
+// The end-of-step update of `tensors` states of one format, and their GEMM factors.
+void update_scales(FormatStates& f, int64_t tensors, const Fp8Recipe& recipe) {
+  if (f.history.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_fp8_update_scales(f.history.data<float>(), recipe.history_length, f.positions.data<int64_t>(),
+                           f.scales.data<float>(), f.step_amax.data<float>(), tensors, f.format, recipe.margin);
+    refresh_inverses(f, tensors);
+    return;
+#endif
+  }
+  for (int64_t t = 0; t < tensors; ++t) {
+    float* history = f.history.data<float>() + t * recipe.history_length;
+    Fp8ScalingState state;
+    state.amax_history.assign(history, history + recipe.history_length);
+    state.position = f.positions.data<int64_t>()[t];
+    state.scale = f.scales.data<float>()[t];
+    fp8_record_amax(state, f.step_amax.data<float>()[t]);
+    f.step_amax.data<float>()[t] = 0.0f;
+    fp8_update_scale(state, f.format, recipe.margin);
+    std::copy(state.amax_history.begin(), state.amax_history.end(), history);
+    f.positions.data<int64_t>()[t] = state.position;
+    f.scales.data<float>()[t] = state.scale;
+  }
+  refresh_inverses(f, tensors);
+}
+
+}  // namespace
+
+Fp8LinearScope::Fp8LinearScope(const Fp8Recipe& recipe, int64_t max_weights, const std::vector<Var>& excluded,
+                               Device device) {
+  HGRN_CHECK(!active_scope, "fp8 linear: a second Fp8LinearScope while one is active");
+  HGRN_CHECK(recipe.history_length >= 1 && recipe.margin >= 0, "fp8 linear: amax history length ",
+             recipe.history_length, " and margin ", recipe.margin, ": expected >= 1 and >= 0");
+  if (device == Device::CUDA) {
+#ifndef HGRN_WITH_CUDA
+    throw Error("fp8 linear layers on the GPU need the CUDA backend: this hgrn was built without it");
+#else
+    const cudaDeviceProp& gpu = cuda_device_properties();
+    HGRN_CHECK(gpu.major * 10 + gpu.minor >= 89, "training.precision: fp8 needs FP8 tensor cores (compute "
+               "capability 8.9 or newer: Ada, Hopper); this GPU, ", gpu.name, ", has ", gpu.major, ".", gpu.minor,
+               ": set training.precision to bf16");
+#endif
+  }
+  auto scope = std::make_unique<Scope>();
+  scope->recipe = recipe;
+  scope->device = device;
+  scope->capacity = max_weights;
+  for (const Var& v : excluded)
+    if (v) scope->excluded.insert(v.get());
+  scope->forward.allocate("forward", Fp8Format::E4M3, 2 * max_weights, recipe.history_length, device);
+  scope->gradient.allocate("gradient", recipe.gradient_format, max_weights, recipe.history_length, device);
+  active_scope = scope.release();
+}
+
+Fp8LinearScope::~Fp8LinearScope() {
+  delete active_scope;
+  active_scope = nullptr;
+}
+
+Fp8LinearPause::Fp8LinearPause() : paused_(active_scope) { active_scope = nullptr; }
+Fp8LinearPause::~Fp8LinearPause() { active_scope = static_cast<Scope*>(paused_); }
+
+bool fp8_linear_active() { return active_scope != nullptr; }
+
+bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w) {
+  if (!active_scope || active_scope->excluded.count(weight.get())) return false;
+  const Device device = active_scope->device;
+  if (x.device() != device || w.device() != device || x.dtype() != activation_dtype_of(device) ||
+      w.dtype() != DType::F32 || w.dim() != 2 || x.dim() < 1)
+    return false;
+  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / (in ? in : 1);
+  return x.size(-1) == in && in % 16 == 0 && out % 16 == 0 && rows % 16 == 0 && rows > 0 && x.is_contiguous() &&
+         w.is_contiguous();
+}
+
+Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual) {
+  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+  const TensorState xs = state_of(weight, Role::Input), ws = state_of(weight, Role::Weight);
+  const Tensor xq = fp8_codes(rows * in), wq = fp8_codes(out * in);
+  scale_on_first_cast(xs, x);
+  scale_on_first_cast(ws, w);
+  cast(x, rows, in, xs.scale, Fp8Format::E4M3, codes_of(xq), nullptr, xs.step_amax);
+  cast(w, out, in, ws.scale, Fp8Format::E4M3, codes_of(wq), nullptr, ws.step_amax);
+  Shape shape = x.shape();
+  shape.back() = out;
+  Tensor y = Tensor::empty(shape, x.dtype(), x.device());
+  // The GEMM reads the residual as its addend where it is laid out as y; otherwise y starts as a copy of it.
+  const bool addend_apart = residual && residual->dtype() == y.dtype() && residual->is_contiguous() &&
+                            residual->numel() == y.numel() &&
+                            residual->device() == y.device();
+  if (residual && !addend_apart) y.copy_from(*residual);
+  // Fast accumulation in the forward only, as Transformer Engine: the backward's sums are longer and smaller.
+  gemm(rows, out, in, {codes_of(xq), Fp8Format::E4M3, xs.inverse}, in, {codes_of(wq), Fp8Format::E4M3, ws.inverse}, in,
+       residual ? 1.0f : 0.0f, y.raw_data(), out, y.dtype(), /*fast_accumulation=*/true,
+       addend_apart ? residual->raw_data() : nullptr);
+  return y;
+}
+
+Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy_in) {
+  const Tensor dy = dense(dy_in);
+  Fp8OutputGradient g;
+  g.width = dy.size(-1);
+  g.rows = dy.numel() / g.width;
+  const TensorState s = state_of(weight, Role::OutputGradient);
+  scale_on_first_cast(s, dy);
+  g.codes = fp8_codes(g.rows * g.width);
+  g.codes_transposed = fp8_codes(g.rows * g.width);
+  cast(dy, g.rows, g.width, s.scale, active_scope->recipe.gradient_format, codes_of(g.codes),
+       codes_of(g.codes_transposed), s.step_amax);
+  return g;
+}
+
+void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, const Tensor& w, float beta,
+                               Tensor& dx) {
+  const int64_t in = w.size(1), out = w.size(0);
+  HGRN_CHECK(out == dy.width && dx.is_contiguous() && dx.dtype() == activation_dtype_of(active_scope->device) &&
+                 dx.numel() == dy.rows * in,
+             "fp8 linear: the input gradient ", shape_str(dx.shape()), " does not fit ", dy.rows, " rows of ", in);
+  const TensorState gs = state_of(weight, Role::OutputGradient), ws = state_of(weight, Role::Weight);
+  const Tensor wq_t = fp8_codes(out * in);  // Wᵀ [in, out], with the forward's scale (scales move at step ends)
+  cast(w, out, in, ws.scale, Fp8Format::E4M3, nullptr, codes_of(wq_t), nullptr);
+  gemm(dy.rows, in, out, {codes_of(dy.codes), active_scope->recipe.gradient_format, gs.inverse}, out,
+       {codes_of(wq_t), Fp8Format::E4M3, ws.inverse}, out, beta, dx.raw_data(), in, dx.dtype(), false);
+}
+
+void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, int64_t first_column,
+                                const Tensor& x, float beta, Tensor& dw) {
+  const int64_t n = dw.size(0), in = dw.size(1), rows = dy.rows;
+  HGRN_CHECK(dw.dtype() == DType::F32 && dw.is_contiguous() && first_column >= 0 && first_column + n <= dy.width &&
+                 x.numel() == rows * in,
+             "fp8 linear: the weight gradient ", shape_str(dw.shape()), " does not fit columns ", first_column, "..",
+             first_column + n, " of ", dy.width, " and the input ", shape_str(x.shape()));
+  const Tensor xc = dense(x);
+  const TensorState gs = state_of(weight, Role::OutputGradient), xs = state_of(weight, Role::Input);
+  const Tensor xq_t = fp8_codes(rows * in);  // Xᵀ [in, rows]
+  cast(xc, rows, in, xs.scale, Fp8Format::E4M3, nullptr, codes_of(xq_t), nullptr);
+  // dy's columns [first, first + n) are rows of its transpose: an offset of first · rows codes (rows % 16 == 0).
+  gemm(n, in, rows,
+       {codes_of(dy.codes_transposed) + first_column * rows, active_scope->recipe.gradient_format, gs.inverse}, rows,
+       {codes_of(xq_t), Fp8Format::E4M3, xs.inverse}, rows, beta, dw.raw_data(), in, DType::F32, false);
+}
+
+void fp8_set_amax_reduction(const std::function<void(float*, int64_t)>& reduce_max) {
+  HGRN_CHECK(active_scope, "fp8 linear: an amax reduction needs an active Fp8LinearScope");
+  active_scope->reduce_max = reduce_max;
+}
+
+void fp8_end_step() {
+  if (!active_scope || active_scope->used == 0) return;
+  Scope& s = *active_scope;
+  for (FormatStates* f : {&s.forward, &s.gradient}) {
+    const int64_t tensors = f == &s.forward ? 2 * s.used : s.used;
+    if (s.reduce_max) s.reduce_max(f->step_amax.data<float>(), tensors);
+    update_scales(*f, tensors, s.recipe);
+  }
+}
+
+// The arrays in a checkpoint: "forward_<field>", "gradient_<field>", the first `tensors` states of each.
+static const char* const kSavedFields[] = {"history", "positions", "scales"};
+
+static Tensor& field_of(FormatStates& f, const std::string& field) {
+  return field == "history" ? f.history : field == "positions" ? f.positions : f.scales;
+}
+
+std::vector<std::pair<std::string, Tensor>> fp8_scaling_save(const std::vector<Var>& params) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (!active_scope) return out;
+  Scope& s = *active_scope;
+  std::unordered_map<const Variable*, int64_t> index;
+  for (size_t i = 0; i < params.size(); ++i) index.emplace(params[i].get(), static_cast<int64_t>(i));
+  Tensor owners = Tensor::empty({s.used}, DType::I64);
+  for (const auto& [weight, slot] : s.slot) {
+    const auto found = index.find(weight);
+    HGRN_CHECK(found != index.end(), "fp8 scaling: a weight with a scaling state is not among the model's parameters");
+    owners.data<int64_t>()[slot] = found->second;
+  }
+  out.emplace_back("slot_params", owners);
+  for (FormatStates* f : {&s.forward, &s.gradient}) {
+    const int64_t tensors = f == &s.forward ? 2 * s.used : s.used;
+    for (const char* field : kSavedFields) {
+      const int64_t per_tensor = std::string(field) == "history" ? s.recipe.history_length : 1;
+      out.emplace_back(f->name + "_" + field,
+                       field_of(*f, field).rows(0, tensors * per_tensor).to(Device::CPU));
+    }
+  }
+  return out;
+}
+
+void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>& saved, const std::vector<Var>& params,
+                         const std::string& source) {
+  HGRN_CHECK(active_scope, "fp8 scaling: restoring from ", source, " needs an active Fp8LinearScope");
+  Scope& s = *active_scope;
+  const auto find = [&](const std::string& name) -> const Tensor& {
+    for (const auto& [n, t] : saved)
+      if (n == name) return t;
+    throw Error(detail::concat(source, ": the FP8 scaling states lack '", name, "'"));
+  };
+  const Tensor& owners = find("slot_params");
+  HGRN_CHECK(owners.dtype() == DType::I64 && owners.dim() == 1 && owners.size(0) <= s.capacity, source,
+             ": the FP8 scaling states' slot_params is ", dtype_name(owners.dtype()), " ", shape_str(owners.shape()),
+             ": expected int64 [at most ", s.capacity, "]");
+  const int64_t used = owners.size(0);
+  s.slot.clear();
+  for (int64_t i = 0; i < used; ++i) {
+    const int64_t p = owners.data<int64_t>()[i];
+    HGRN_CHECK(p >= 0 && p < static_cast<int64_t>(params.size()), source, ": FP8 scaling state ", i,
+               " belongs to parameter ", p, ", but the model has ", params.size());
+    s.slot.emplace(params[p].get(), i);
+  }
+  s.used = used;
+  for (FormatStates* f : {&s.forward, &s.gradient}) {
+    const int64_t tensors = f == &s.forward ? 2 * used : used;
+    for (const char* field : kSavedFields) {
+      const std::string name = f->name + "_" + field;
+      const int64_t per_tensor = std::string(field) == "history" ? s.recipe.history_length : 1;
+      const Tensor& t = find(name);
+      Tensor& target = field_of(*f, field);
+      HGRN_CHECK(t.dtype() == target.dtype() && t.dim() == 1 && t.size(0) == tensors * per_tensor, source,
+                 ": the FP8 scaling array ", name, " is ", dtype_name(t.dtype()), " ", shape_str(t.shape()),
+                 ": expected ", dtype_name(target.dtype()), " [", tensors * per_tensor, "] (", tensors,
+                 " tensors; amax history ", s.recipe.history_length, ")");
+      target.rows(0, tensors * per_tensor).copy_from(on_device(t, s.device));
+      if (std::string(field) == "history") {  // a tensor with an amax on record has its scale
+        const Tensor h = t.to(DType::F32);
+        for (int64_t i = 0; i < tensors; ++i)
+          f->scaled[static_cast<size_t>(i)] =
+              std::any_of(h.data<float>() + i * per_tensor, h.data<float>() + (i + 1) * per_tensor,
+                          [](float a) { return a != 0.0f; });
+      }
+    }
+    f->step_amax.zero();
+    refresh_inverses(*f, tensors);
+  }
+}
+
+Fp8ScalingSnapshot fp8_scaling_snapshot(const Var& weight) {
+  Fp8ScalingSnapshot out;
+  if (!active_scope || !active_scope->slot.count(weight.get())) return out;
+  const Scope& s = *active_scope;
+  const int64_t slot = s.slot.at(weight.get()), h = s.recipe.history_length;
+  const Tensor e4_scales = s.forward.scales.to(Device::CPU), e4_amax = s.forward.step_amax.to(Device::CPU),
+               e5_scales = s.gradient.scales.to(Device::CPU), e5_amax = s.gradient.step_amax.to(Device::CPU),
+               e4_history = s.forward.history.to(Device::CPU), e5_history = s.gradient.history.to(Device::CPU),
+               e4_positions = s.forward.positions.to(Device::CPU), e5_positions = s.gradient.positions.to(Device::CPU);
+  for (int role = 0; role < 3; ++role) {
+    const bool e5 = role == 2;
+    const int64_t i = e5 ? slot : 2 * slot + role;
+    out.scales.push_back((e5 ? e5_scales : e4_scales).data<float>()[i]);
+    out.step_amax.push_back((e5 ? e5_amax : e4_amax).data<float>()[i]);
+    out.positions.push_back((e5 ? e5_positions : e4_positions).data<int64_t>()[i]);
+    const float* history = (e5 ? e5_history : e4_history).data<float>() + i * h;
+    out.amax_history.insert(out.amax_history.end(), history, history + h);
+  }
+  return out;
+}
+
+}  // namespace hgrn
