@@ -3,7 +3,8 @@
 # at 1, 2, 4, ... GPUs (mpirun, one process per GPU, the same micro-batch per GPU), plain and with ZeRO-1, and the
 # efficiency tokens/s(N) / (N x tokens/s(1)). Builds build-gpu/hgrn when it is missing (scripts/gpu_build.sh).
 # Usage: scripts/gpu_scaling.sh [OUTPUT_DIR] [CONFIG]   (defaults build-gpu/scaling, configs/hgrn2-385m.yaml)
-#   SCALING_GPUS="1 2 4"  BENCH_WARMUP=3  BENCH_STEPS=10  override the GPU counts and step counts.
+#   SCALING_GPUS="1 2 4"  BENCH_WARMUP=3  BENCH_STEPS=10  override the GPU counts and step counts;
+#   HGRN_SET="training.precision=fp8" passes --set options to every bench (space-separated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build-gpu/scaling}
@@ -15,9 +16,12 @@ counts=${SCALING_GPUS:-$(for n in 1 2 4 8; do if [ "$n" -le "$gpus" ]; then echo
 root_flag=$([ "$(id -u)" -eq 0 ] && echo --allow-run-as-root || true)
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/machine.txt"
+hgrn_set=()
+for option in ${HGRN_SET:-}; do hgrn_set+=(--set "$option"); done
 run() {  # run N ZERO1 NAME
   mpirun $root_flag -np "$1" --bind-to none -x NCCL_NVLS_ENABLE ./build-gpu/hgrn bench --config "$config" \
-    --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-10}" --set training.zero1="$2" --json "$out/$3.json" \
+    ${hgrn_set[@]+"${hgrn_set[@]}"} --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-10}" \
+    --set training.zero1="$2" --json "$out/$3.json" \
     > "$out/$3.txt" 2>&1 || { echo "bench $3 failed:"; tail -20 "$out/$3.txt"; }
 }
 for n in $counts; do
