@@ -31,6 +31,13 @@
 // ever have j <= i, so no e^{positive} (and no 0·inf) exists.
 // Determinism: no atomics; every sum has a fixed order, so results are bitwise reproducible.
 //
+// Scalar decays (kScalar: g [B·T, H], one per head and step, or [H], one per head; GlaDecay): the same kernels, with
+// G one column per chunk instead of a [64][K] tile (read straight from g: no per-channel copy). The decay leaves the
+// channel sums: the scores are one q kᵀ product per chunk times e^{G_i − G_j} per pair (no reference rows or
+// element-wise diagonal blocks), bwd_dqk's intra dq, dk are W k and Wᵀ q with W = dA ⊙ e^{G_i − G_j}, and the state
+// pass and bwd_dv scale by one factor a row (a chunk). dg is the per-channel dg summed over the channels: per row and
+// K-tile in bwd_dqk, then over the K-tiles; an [H] g takes none. The per-channel builds compile as before.
+//
 // Resets (reset_masks, one 64-bit mask per chunk): as the CPU chunk form, each reset is a segment boundary inside its
 // chunk with the same cumulative gates, so no exponent changes and nothing can overflow: the scores A (and dA) of
 // pairs across a reset are set to 0, the state entering a chunk reaches only the rows before its first reset (Q̄'s and
@@ -109,12 +116,13 @@ struct Dims {
   int T, H, K, V, NT;  // NT = number of chunks
   int nk, nv;          // K-tiles, V-tiles
   int key_pad;         // nk·64
-  // Row strides of v and dv (H·V when contiguous; wider for a column block of a fused projection's output).
-  int v_stride, dv_stride;
+  // Row strides of q, k and v (GlaCudaRowStrides, resolved: H·K or H·V when contiguous); g, the output and its
+  // gradient are contiguous. The gradients' strides come with their pointers, in the kernels' parameters.
+  int q_stride, k_stride, v_stride;
 };
 
 // What a per-chunk block (fwd_output, bwd_dv, bwd_dqk) works on: chunk c (rows t0 .. t0+n) of head h of batch b
-// (pair = b·H + h), and the row strides of the [B, T, H·K] and [B, T, H·V] tensors.
+// (pair = b·H + h), and the row strides of the contiguous [B, T, H·K] and [B, T, H·V] tensors.
 struct ChunkBlock {
   int c, pair, b, h, t0, n;
   int64_t key_stride, value_stride;
@@ -129,7 +137,7 @@ __device__ ChunkBlock chunk_block(const Dims& d, int c, int pair) {
 __device__ __forceinline__ int64_t row_offset(const Dims& d, int b, int t, int h, int width) {
   return ((static_cast<int64_t>(b) * d.T + t) * d.H + h) * width;
 }
-// The same in a row-strided one (rows `stride` elements apart: v, dv).
+// The same in a row-strided one (rows `stride` elements apart: q, k, v and their gradients).
 __device__ __forceinline__ int64_t strided_row_offset(const Dims& d, int b, int t, int h, int width, int stride) {
   return static_cast<int64_t>(b * d.T + t) * stride + h * width;
 }
@@ -384,6 +392,44 @@ __device__ void chunk_cumsum(float* G, int ld, float* seg, const float* src = nu
     for (int s2 = 0; s2 < s; ++s2) prefix += seg[s2 * 64 + c];
 #pragma unroll
     for (int i = 0; i < kSub; ++i) G[(s * kSub + i) * ld + c] += prefix;
+  }
+  __syncthreads();
+}
+
+// Scalar decays (kScalar): one log decay per row, shared by the head's key channels, so the chunk's gates are one
+// column G[64] instead of a [64][K] tile. stage_scalar_gates issues the cp.async copies (4 bytes each; the caller
+// commits) of chunk rows t0 .. t0+n of head h of batch b into dst, 0 past the chunk's end (g = 0: G stays flat).
+// decay_stride: g's row stride, H for [B·T, H] (per head and step), 0 for [H] (per head). (It sits in the kernels'
+// parameter structs, in padding, not in Dims: a larger Dims moved the per-channel builds' register allocation.)
+__device__ void stage_scalar_gates(float* dst, const float* g, int decay_stride, const Dims& d, int b, int t0, int n,
+                                   int h) {
+  if (threadIdx.x >= kChunk) return;
+  const int t = threadIdx.x;
+  const float* src = g + static_cast<int64_t>(b * d.T + t0 + min(t, n - 1)) * decay_stride + h;  // a valid address
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst + t)), "l"(src),
+               "r"(t < n ? 4 : 0));
+}
+// G = the chunk-local cumsum of g·log2(e) over the 64 rows of a staged column, in place: chunk_cumsum's arithmetic
+// (four 16-row runs, then the earlier runs' totals in order), so G is non-increasing as there. Called by all threads
+// (barriers); ends with one. seg: [4] scratch.
+__device__ void scalar_cumsum(float* G, float* seg) {
+  __syncthreads();  // the column is complete
+  if (threadIdx.x < kChunk / kSub) {
+    const int s = threadIdx.x;
+    float run = 0.f;
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      run += G[s * kSub + i] * kLog2e;
+      G[s * kSub + i] = run;
+    }
+    seg[s] = run;
+  }
+  __syncthreads();
+  if (threadIdx.x >= kSub && threadIdx.x < kChunk) {
+    const int s = threadIdx.x / kSub;
+    float prefix = 0.f;
+    for (int s2 = 0; s2 < s; ++s2) prefix += seg[s2];
+    G[threadIdx.x] += prefix;
   }
   __syncthreads();
 }
@@ -658,14 +704,16 @@ __device__ void accumulate_state_product(WarpTile& O, const In* X, int ldx, cons
 //   reverse: M = dS, stored[c] = dS_e^(c) before chunk c, M ← Diag(e^{G_L}) M + (s·x ⊙ e^{G})ᵀ y with x = q, y = dO.
 // At the end the forward writes the final state, the reverse adds dS0 into the initial state's gradient. With resets,
 // a chunk holding one decays M to 0, and X keeps the rows that exit it (forward) or that it enters (reverse).
+// Scalar decays (kScalar): G is one column, so x's rows scale by one factor each and M by one e^{G_L} per chunk.
 struct StatePassParams {
-  const void* x;        // k or q
+  const void* x;        // k or q (rows d.k_stride or d.q_stride apart)
   const void* y;        // v or dO (null: zero)
   int64_t y_stride;     // y's row stride
   const float* g;
   const float* init;    // S0 or dS_T (null: zero)
   void* stored;         // [B·H][NT][K][V]: fp32, or with stored_in_act in the activation dtype
   bool stored_in_act;
+  int decay_stride;     // kScalar: g's row stride (stage_scalar_gates)
   float* final_out;     // forward: the final state (written); null otherwise
   float* final_acc;     // reverse: the initial state's gradient (+=); null when not wanted
   float x_scale;
@@ -676,10 +724,10 @@ struct StatePassParams {
 // Shared memory: G, x and y staged for two chunks (the next one arrives by cp.async during the current one); the
 // decayed operand X replaces x in place. ~74 KB for bf16 (up to three blocks per SM; ~92 KB with two V-tiles, two),
 // ~104 KB for fp32 (two).
-template <typename In, int kVTiles>
+template <typename In, int kVTiles, bool kScalar = false>
 struct StatePassSmem {
-  static constexpr int kGSize = kChunk * kLdS, kInSize = kChunk * TileLd<In>::in;  // one buffer's elements
-  float* G;   // 2 × [64][kLdS]: g, then in place its chunk-local cumsum
+  static constexpr int kGSize = kScalar ? kChunk : kChunk * kLdS, kInSize = kChunk * TileLd<In>::in;  // one buffer's
+  float* G;   // 2 × [64][kLdS] (kScalar: 2 × [64]): g, then in place its chunk-local cumsum
   In* xs;     // 2 × [64][ldi]
   In* ys;     // 2 × kVTiles × [64][ldi]: buffer b, V-tile vt at (b·kVTiles + vt)·kInSize
   float* seg; // [4][64]
@@ -695,11 +743,11 @@ struct StatePassSmem {
 
 // kBlocksPerSm: the residency the registers are capped for; kVTiles: V-tiles per block (2 only where the V-tiles
 // pair up evenly), which reads x and g once for both (see Launcher::state_pass).
-template <typename In, bool REVERSE, int kBlocksPerSm, int kVTiles, bool kResets>
+template <typename In, bool REVERSE, int kBlocksPerSm, int kVTiles, bool kResets, bool kScalar>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(StatePassParams p) {
   extern __shared__ __align__(128) char smem[];
-  StatePassSmem<In, kVTiles> s;
-  StatePassSmem<In, kVTiles>::carve(smem, &s);
+  StatePassSmem<In, kVTiles, kScalar> s;
+  StatePassSmem<In, kVTiles, kScalar>::carve(smem, &s);
   wait_for_previous_kernel();
   allow_dependent_launch();
   constexpr int ldi = TileLd<In>::in;
@@ -715,15 +763,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
   const int64_t state_off = static_cast<int64_t>(pair) * d.K * d.V + static_cast<int64_t>(k0) * d.V + v0;
   const int64_t key_stride = static_cast<int64_t>(d.H) * d.K;
   const bool g_async = async_copyable<float>(p.g, d.K, key_stride, kLdS);
-  const bool x_async = async_copyable<In>(x, d.K, key_stride, ldi);
+  const int x_stride = REVERSE ? d.q_stride : d.k_stride;
+  const bool x_async = async_copyable<In>(x, d.K, x_stride, ldi);
   const bool y_async = async_copyable<In>(y, d.V, p.y_stride, ldi);
   auto stage = [&](int step, int buf) {
     const int c = REVERSE ? d.NT - 1 - step : step;
     const int t0 = c * kChunk, n = min(kChunk, d.T - t0);
     const int64_t key_at = row_offset(d, b, t0, h, d.K) + k0,
+                  x_at = strided_row_offset(d, b, t0, h, d.K, x_stride) + k0,
                   value_at = strided_row_offset(d, b, t0, h, d.V, p.y_stride) + v0;
-    stage_tile(s.G + buf * s.kGSize, kLdS, p.g + key_at, key_stride, n, krows, g_async);
-    stage_tile(s.xs + buf * s.kInSize, ldi, x + key_at, key_stride, n, krows, x_async);
+    if constexpr (kScalar)
+      stage_scalar_gates(s.G + buf * s.kGSize, p.g, p.decay_stride, d, b, t0, n, h);
+    else
+      stage_tile(s.G + buf * s.kGSize, kLdS, p.g + key_at, key_stride, n, krows, g_async);
+    stage_tile(s.xs + buf * s.kInSize, ldi, x + x_at, x_stride, n, krows, x_async);
 #pragma unroll
     for (int vt = 0; vt < kVTiles; ++vt)
       stage_tile(s.ys + (buf * kVTiles + vt) * s.kInSize, ldi, y ? y + value_at + vt * kTile : y, p.y_stride, n,
@@ -756,8 +809,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
     }
     __syncthreads();  // this chunk's tiles have landed
     float* G = s.G + buf * s.kGSize;
-    chunk_cumsum(G, kLdS, s.seg);
-    const float* GL = G + (kChunk - 1) * kLdS;
+    if constexpr (kScalar)
+      scalar_cumsum(G, s.seg);
+    else
+      chunk_cumsum(G, kLdS, s.seg);
+    const float* GL = G + (kChunk - 1) * (kScalar ? 1 : kLdS);
     In* xs = s.xs + buf * s.kInSize;
     const uint64_t resets = kResets ? chunk_resets(p.reset_masks, d, b, c) : 0;
     // The rows [row_lo, row_hi) reach the exit (forward) or see the entry (reverse); all of them without resets.
@@ -765,22 +821,28 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
     // Thread: columns a, a + 1 (one paired shared access each for G, x and X), rows threadIdx.x / 32 + 8i.
     const int a = 2 * (threadIdx.x & 31);
     float gl[2];
-    load_pack<2>(GL + a, 0, gl);
+    if constexpr (kScalar)
+      gl[0] = gl[1] = GL[0];
+    else
+      load_pack<2>(GL + a, 0, gl);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int t = (threadIdx.x >> 5) + 8 * i;
       // Rows past the chunk's end hold x = 0 and G = G_L, so they contribute nothing and no exponent is positive.
       float gt[2], xt[2];
-      load_pack<2>(G + t * kLdS + a, 0, gt);
+      if constexpr (kScalar)
+        gt[0] = gt[1] = G[t];
+      else
+        load_pack<2>(G + t * kLdS + a, 0, gt);
       load_pack<2>(xs + t * ldi + a, 0, xt);
       const bool in = !kResets || (t >= row_lo && t < row_hi);
       const float decay0 = !in ? 0.f : REVERSE ? exp2_fast(gt[0]) : exp2_fast(gl[0] - gt[0]);
-      const float decay1 = !in ? 0.f : REVERSE ? exp2_fast(gt[1]) : exp2_fast(gl[1] - gt[1]);
+      const float decay1 = kScalar ? decay0 : !in ? 0.f : REVERSE ? exp2_fast(gt[1]) : exp2_fast(gl[1] - gt[1]);
       store_pack<2>(xs + t * ldi + a, 0, {p.x_scale * xt[0] * decay0, p.x_scale * xt[1] * decay1});  // in place
     }
-    // Row k of M (a K index) decays by e^{G_L[k]}; not at all past a reset.
-    const float decay_lo = resets ? 0.f : exp2_fast(GL[WarpTile::row(0)]);
-    const float decay_hi = resets ? 0.f : exp2_fast(GL[WarpTile::row(2)]);
+    // Row k of M (a K index) decays by e^{G_L[k]} (kScalar: all rows by the one e^{G_L}); not at all past a reset.
+    const float decay_lo = resets ? 0.f : exp2_fast(GL[kScalar ? 0 : WarpTile::row(0)]);
+    const float decay_hi = kScalar ? decay_lo : resets ? 0.f : exp2_fast(GL[WarpTile::row(2)]);
 #pragma unroll
     for (int vt = 0; vt < kVTiles; ++vt)
 #pragma unroll
@@ -829,6 +891,8 @@ __device__ __forceinline__ void store4(T* p, const float (&x)[4]) {
 //   triangles), blocks below them (bf16: and the diagonal blocks' lower-left 8×8 squares) with the reference row
 //   n = G of the query rows' first row (Q̂ = q ⊙ e^{G_i − n}, K̂ = k ⊙ e^{n − G_j});
 //   o = Q̄ S^(c) + A v with Q̄ = s·q ⊙ e^{G} (rounded to the activation dtype, as fla does, as is A for A·v).
+// Scalar decays (kScalar): A_ij = s·e^{G_i − G_j}·(q_i·k_j), one product q kᵀ over the K-tiles (the operands as
+// staged: bf16 on the tensor cores, exact products, fp32 sums) and one exp2 per pair; Q̄ scales by one factor a row.
 // The scores phase's fp32 tiles (q, k and G of one K-tile): rows of ld = 68 floats, whole 16-byte units, ≡ 4 (mod 32
 // banks): the tensor-core fragment reads (8 rows × 4 columns per warp) are conflict-free, and
 // so are the diagonal blocks' reads (4 blocks × 8 column groups per warp; see diagonal_scores).
@@ -845,13 +909,14 @@ struct FwdOutputParams {
   const float* g;
   const void* states;  // in the activation dtype (the state pass rounds them as the products would)
   float scale;
+  int decay_stride;  // kScalar: g's row stride (stage_scalar_gates)
   void* output;
   void* scores;  // null: not saved; in the activation dtype
   Dims d;
   const uint64_t* reset_masks;  // null: no resets
 };
 
-template <typename In>
+template <typename In, bool kScalar = false>
 struct FwdOutputSmem {
   In* Qb;       // [64][key_pad + pad]: Q̄
   float* A;     // [64][kLdF]
@@ -865,6 +930,19 @@ struct FwdOutputSmem {
     Carver c(base);
     s->Qb = c.take<In>(kChunk * (key_pad + TileLd<In>::pad));
     s->A = c.take<float>(kChunk * kLdF);
+    if constexpr (kScalar) {  // scores phase: G [64], its cumsum scratch and k_in; no fp32 tiles
+      s->Ain = c.take<In>(kChunk * TileLd<In>::in);
+      const size_t region = c.off;
+      s->G = c.take<float>(kChunk);
+      s->seg = c.take<float>(kChunk / kSub);
+      s->k_in = c.take<In>(kChunk * TileLd<In>::in);
+      const size_t scores_end = c.off;
+      c.off = region;
+      s->Y = c.take<In>((std::is_same_v<In, float> ? 1 : 2) * kChunk * TileLd<In>::in);
+      s->W = c.take<In>(kChunk * TileLd<In>::in);
+      s->O = c.take<float>(kChunk * TileLd<In>::acc);
+      return scores_end > c.off ? scores_end : c.off;
+    }
     s->Ain = c.take<In>(std::max<size_t>(kChunk * TileLd<In>::in, kChunk * kTile * sizeof(float) / sizeof(In)));
     s->g_raw = reinterpret_cast<float*>(s->Ain);
     const size_t region = c.off;
@@ -1045,11 +1123,11 @@ __device__ void accumulate_scores(float* A, const float* q, const float* k, cons
   }
 }
 
-template <typename In, bool kResets>
+template <typename In, bool kResets, bool kScalar>
 __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams p) {
   extern __shared__ __align__(128) char smem[];
-  FwdOutputSmem<In> s;
-  FwdOutputSmem<In>::carve(smem, p.d.key_pad, &s);
+  FwdOutputSmem<In, kScalar> s;
+  FwdOutputSmem<In, kScalar>::carve(smem, p.d.key_pad, &s);
   allow_dependent_launch();
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
@@ -1058,53 +1136,98 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
   const ChunkBlock cb = chunk_block(d, blockIdx.x, blockIdx.y);
   const int c = cb.c, pair = cb.pair, b = cb.b, h = cb.h, t0 = cb.t0, n = cb.n;
   const int64_t key_stride = cb.key_stride, value_stride = cb.value_stride;
-  const In* q = static_cast<const In*>(p.q) + row_offset(d, b, t0, h, d.K);
-  const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
+  const In* q = static_cast<const In*>(p.q) + strided_row_offset(d, b, t0, h, d.K, d.q_stride);
+  const In* k = static_cast<const In*>(p.k) + strided_row_offset(d, b, t0, h, d.K, d.k_stride);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
   const uint64_t resets = kResets ? chunk_resets(p.reset_masks, d, b, c) : 0;
   const int entered = first_reset(resets);  // Q̄'s rows from here on are 0: S^(c) does not reach them
 
-  zero_tile(s.A, kLdF);
-  // Each K-tile's g (into g_raw), q (into its columns of Qb, which it later overwrites) and k (into k_in) arrive by
-  // cp.async, 16 bytes a copy; G is then g_raw's cumsum, and q and k are widened into the fp32 tiles. The next
-  // K-tile's copies are issued as soon as this tile's g_raw and k_in are consumed, so they land during its scores
-  // (waited for at each tile's start, the copies held 7% of the kernel's stall samples; Nsight Compute, B=8).
-  const bool g_async = async_copyable<float>(g, d.K, key_stride, kTile);
-  const bool q_async = async_copyable<In>(q, d.K, key_stride, ldq);
-  const bool k_async = async_copyable<In>(k, d.K, key_stride, ldi);
-  auto stage_key_tile = [&](int kt) {
-    const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
-    stage_tile(s.g_raw, kTile, g + k0, key_stride, n, kcols, g_async);
-    stage_tile(s.Qb + k0, ldq, q + k0, key_stride, n, kcols, q_async);
-    stage_tile(s.k_in, ldi, k + k0, key_stride, n, kcols, k_async);
-    cp_async_commit();
-  };
-  stage_key_tile(0);
-  for (int kt = 0; kt < d.nk; ++kt) {
-    const int k0 = kt * kTile;
-    cp_async_wait<0>();
-    __syncthreads();  // tile kt has landed; the previous tile's readers are done
-    chunk_cumsum(s.G, ScoreTile::ld, s.seg, s.g_raw, kTile);  // ends with a barrier
-    // One pass, four columns a thread (TileVec's layout): q and k widened into the fp32 tiles, and Q̄ = s·q ⊙ e^G over
-    // q's columns of Qb (each thread rewrites the elements it read).
-    const int a = TileVec::col();
+  if constexpr (kScalar) {
+    // The K-tiles' q (into their columns of Qb) and k (into k_in) arrive by cp.async, the next one's during this
+    // one's Q̄; g's column with the first.
+    const bool q_async = async_copyable<In>(q, d.K, d.q_stride, ldq);
+    const bool k_async = async_copyable<In>(k, d.K, d.k_stride, ldi);
+    auto stage_key_tile = [&](int kt) {
+      const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
+      stage_tile(s.Qb + k0, ldq, q + k0, d.q_stride, n, kcols, q_async);
+      stage_tile(s.k_in, ldi, k + k0, d.k_stride, n, kcols, k_async);
+      cp_async_commit();
+    };
+    stage_scalar_gates(s.G, p.g, p.decay_stride, d, b, t0, n, h);
+    stage_key_tile(0);
+    WarpTile S;  // q kᵀ summed over the K-tiles
+    S.zero();
+    for (int kt = 0; kt < d.nk; ++kt) {
+      const int k0 = kt * kTile;
+      cp_async_wait<0>();
+      __syncthreads();  // tile kt has landed; the previous tile's Q̄ pass is done
+      if (kt == 0) scalar_cumsum(s.G, s.seg);
+      tile_mma<false, true>(S, s.Qb + k0, ldq, s.k_in, ldi);
+      __syncthreads();  // k_in free, q's columns read
+      if (kt + 1 < d.nk) stage_key_tile(kt + 1);
+      const int a = TileVec::col();
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int t = TileVec::row(i);
-      float qv[4], kv[4], qbar[4];
-      load4(s.Qb + t * ldq + k0 + a, qv);
-      load4(s.k_in + t * ldi + a, kv);
-      const float4 gv = *reinterpret_cast<const float4*>(s.G + ScoreTile::at(t, a));
-      *reinterpret_cast<float4*>(s.q + ScoreTile::at(t, a)) = make_float4(qv[0], qv[1], qv[2], qv[3]);
-      *reinterpret_cast<float4*>(s.k + ScoreTile::at(t, a)) = make_float4(kv[0], kv[1], kv[2], kv[3]);
-      const float g4[4] = {gv.x, gv.y, gv.z, gv.w};
+      for (int i = 0; i < 4; ++i) {  // Q̄ = s·q·e^{G_t} over q's columns, in place
+        const int t = TileVec::row(i);
+        const float f = !kResets || t < entered ? p.scale * exp2_fast(s.G[t]) : 0.f;
+        float x[4];
+        load4(s.Qb + t * ldq + k0 + a, x);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) qbar[e] = !kResets || t < entered ? p.scale * qv[e] * exp2_fast(g4[e]) : 0.f;
-      store4(s.Qb + t * ldq + k0 + a, qbar);
+        for (int e = 0; e < 4; ++e) x[e] *= f;
+        store4(s.Qb + t * ldq + k0 + a, x);
+      }
     }
-    __syncthreads();  // the widened tiles are complete, g_raw and k_in free
-    if (kt + 1 < d.nk) stage_key_tile(kt + 1);
-    accumulate_scores<In>(s.A, s.q, s.k, s.G, s.Khat, s.Qhat, p.scale);
+    // A = s·e^{G_i − G_j}·(q kᵀ)_ij for j <= i, else 0 (rows past the chunk's end are 0: q is 0 there).
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = WarpTile::row(e), cc = WarpTile::col(j, e);
+        s.A[r * kLdF + cc] = cc <= r ? p.scale * exp2_fast(s.G[r] - s.G[cc]) * S.c[j][e] : 0.f;
+      }
+  } else {
+    zero_tile(s.A, kLdF);
+    // Each K-tile's g (into g_raw), q (into its columns of Qb, which it later overwrites) and k (into k_in) arrive by
+    // cp.async, 16 bytes a copy; G is then g_raw's cumsum, and q and k are widened into the fp32 tiles. The next
+    // K-tile's copies are issued as soon as this tile's g_raw and k_in are consumed, so they land during its scores
+    // (waited for at each tile's start, the copies held 7% of the kernel's stall samples; Nsight Compute, B=8).
+    const bool g_async = async_copyable<float>(g, d.K, key_stride, kTile);
+    const bool q_async = async_copyable<In>(q, d.K, d.q_stride, ldq);
+    const bool k_async = async_copyable<In>(k, d.K, d.k_stride, ldi);
+    auto stage_key_tile = [&](int kt) {
+      const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
+      stage_tile(s.g_raw, kTile, g + k0, key_stride, n, kcols, g_async);
+      stage_tile(s.Qb + k0, ldq, q + k0, d.q_stride, n, kcols, q_async);
+      stage_tile(s.k_in, ldi, k + k0, d.k_stride, n, kcols, k_async);
+      cp_async_commit();
+    };
+    stage_key_tile(0);
+    for (int kt = 0; kt < d.nk; ++kt) {
+      const int k0 = kt * kTile;
+      cp_async_wait<0>();
+      __syncthreads();  // tile kt has landed; the previous tile's readers are done
+      chunk_cumsum(s.G, ScoreTile::ld, s.seg, s.g_raw, kTile);  // ends with a barrier
+      // One pass, four columns a thread (TileVec's layout): q and k widened into the fp32 tiles, and Q̄ = s·q ⊙ e^G
+      // over q's columns of Qb (each thread rewrites the elements it read).
+      const int a = TileVec::col();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = TileVec::row(i);
+        float qv[4], kv[4], qbar[4];
+        load4(s.Qb + t * ldq + k0 + a, qv);
+        load4(s.k_in + t * ldi + a, kv);
+        const float4 gv = *reinterpret_cast<const float4*>(s.G + ScoreTile::at(t, a));
+        *reinterpret_cast<float4*>(s.q + ScoreTile::at(t, a)) = make_float4(qv[0], qv[1], qv[2], qv[3]);
+        *reinterpret_cast<float4*>(s.k + ScoreTile::at(t, a)) = make_float4(kv[0], kv[1], kv[2], kv[3]);
+        const float g4[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qbar[e] = !kResets || t < entered ? p.scale * qv[e] * exp2_fast(g4[e]) : 0.f;
+        store4(s.Qb + t * ldq + k0 + a, qbar);
+      }
+      __syncthreads();  // the widened tiles are complete, g_raw and k_in free
+      if (kt + 1 < d.nk) stage_key_tile(kt + 1);
+      accumulate_scores<In>(s.A, s.q, s.k, s.G, s.Khat, s.Qhat, p.scale);
+    }
   }
   __syncthreads();
   if (resets) {  // block-uniform: the scores of pairs across a reset are 0
@@ -1152,6 +1275,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_output_kernel(FwdOutputParams
 // ---------------------------------------------------------------------------------------------------------------------
 // Backward dv and dA (spec 7.3 steps 3–4). One block per (chunk, pair):
 //   dv_j = Σ_{t >= j} A_tj dO_t + (k_j ⊙ e^{G_L − G_j}) dS_e,   dA_tj = s·dO_t · v_j (j <= t), saved for bwd_dqk.
+// Scalar decays (kScalar): k_j's row scales by the one factor e^{G_L − G_j} (G one column, in G's first 64 floats).
 struct BwdDvParams {
   const void* k;
   const void* v;
@@ -1159,13 +1283,19 @@ struct BwdDvParams {
   const void* d_output;  // null: zero
   const float* d_states;
   const void* scores;  // in the activation dtype
-  float scale;
-  void* dv;              // null: not wanted
-  bool accumulate_dv;
+  void* dv;            // null: not wanted
   float* d_scores;
-  Dims d;
   const uint64_t* reset_masks;  // null: no resets
+  Dims d;
+  float scale;
+  int dv_stride;  // dv's row stride
+  bool accumulate_dv;
+  // kScalar: g is [B·T, H] (row stride H), else [H] (row stride 0). A flag, not the stride as in the other kernels'
+  // parameters: the int would take the struct past 128 bytes, the flag sits in accumulate_dv's padding.
+  bool decay_per_step;
 };
+// Within 128 bytes (hence bwd_dv's field order): past that, nvcc compiled the state pass and bwd_dv to other code.
+static_assert(sizeof(StatePassParams) <= 128 && sizeof(BwdDvParams) <= 128, "kernel parameters past 128 bytes");
 
 template <typename In>
 struct BwdDvSmem {
@@ -1192,7 +1322,7 @@ struct BwdDvSmem {
   }
 };
 
-template <typename In, bool kResets>
+template <typename In, bool kResets, bool kScalar>
 __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   extern __shared__ __align__(128) char smem[];
   BwdDvSmem<In> s;
@@ -1202,7 +1332,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   const Dims& d = p.d;
   const int ldx = d.key_pad + TileLd<In>::pad;
   const auto [c, pair, b, h, t0, n, key_stride, value_stride] = chunk_block(d, blockIdx.x, blockIdx.y);
-  const In* k = static_cast<const In*>(p.k) + row_offset(d, b, t0, h, d.K);
+  const In* k = static_cast<const In*>(p.k) + strided_row_offset(d, b, t0, h, d.K, d.k_stride);
   const float* g = p.g + row_offset(d, b, t0, h, d.K);
 
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
@@ -1213,35 +1343,57 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   // Prologue: k (into X), g of every K-tile and A all go to shared memory by cp.async, waited for once (loads through
   // registers would wait out one memory latency per tile).
   const int ldg = d.key_pad + BwdDvSmem<In>::kGatePad;
-  const bool k_async = async_copyable<In>(k, d.K, key_stride, ldx);
+  const bool k_async = async_copyable<In>(k, d.K, d.k_stride, ldx);
   const bool g_async = async_copyable<float>(g, d.K, key_stride, ldg);
   for (int kt = 0; kt < d.nk; ++kt) {
     const int k0 = kt * kTile, kcols = min(kTile, d.K - k0);
-    stage_tile(s.X + k0, ldx, k + k0, key_stride, n, kcols, k_async);
-    stage_tile(s.G + k0, ldg, g + k0, key_stride, n, kcols, g_async);
+    stage_tile(s.X + k0, ldx, k + k0, d.k_stride, n, kcols, k_async);
+    if constexpr (!kScalar) stage_tile(s.G + k0, ldg, g + k0, key_stride, n, kcols, g_async);
   }
+  if constexpr (kScalar) stage_scalar_gates(s.G, p.g, p.decay_per_step ? d.H : 0, d, b, t0, n, h);
   stage_tile(s.Ain, ldi, scores, kChunk, kChunk, kChunk, async_copyable<In>(scores, kChunk, kChunk, ldi));
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  for (int kt = 0; kt < d.nk; ++kt) {
-    chunk_cumsum(s.G + kt * kTile, ldg, s.seg);  // ends with a barrier
-    // X = k ⊙ e^{G_L − G} in place, four columns a thread in TileVec's layout (the same four in every row it takes,
-    // so G_L once).
-    const int col = kt * kTile + TileVec::col();
-    const float4 gl = *reinterpret_cast<const float4*>(s.G + (kChunk - 1) * ldg + col);
+  if constexpr (kScalar) {
+    scalar_cumsum(s.G, s.seg);
+    float f[4];  // e^{G_L − G_t} of this thread's four rows (0 before the last reset)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int t = TileVec::row(i);
-      float x[4];
-      load4(s.X + t * ldx + col, x);
-      const float4 gt = *reinterpret_cast<const float4*>(s.G + t * ldg + col);
-      x[0] *= exp2_fast(gl.x - gt.x);
-      x[1] *= exp2_fast(gl.y - gt.y);
-      x[2] *= exp2_fast(gl.z - gt.z);
-      x[3] *= exp2_fast(gl.w - gt.w);
-      if (kResets && t < exiting) x[0] = x[1] = x[2] = x[3] = 0.f;
-      store4(s.X + t * ldx + col, x);
+      f[i] = kResets && t < exiting ? 0.f : exp2_fast(s.G[kChunk - 1] - s.G[t]);
+    }
+    for (int kt = 0; kt < d.nk; ++kt) {
+      const int col = kt * kTile + TileVec::col();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float x[4];
+        load4(s.X + TileVec::row(i) * ldx + col, x);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[e] *= f[i];
+        store4(s.X + TileVec::row(i) * ldx + col, x);
+      }
+    }
+  } else {
+    for (int kt = 0; kt < d.nk; ++kt) {
+      chunk_cumsum(s.G + kt * kTile, ldg, s.seg);  // ends with a barrier
+      // X = k ⊙ e^{G_L − G} in place, four columns a thread in TileVec's layout (the same four in every row it takes,
+      // so G_L once).
+      const int col = kt * kTile + TileVec::col();
+      const float4 gl = *reinterpret_cast<const float4*>(s.G + (kChunk - 1) * ldg + col);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = TileVec::row(i);
+        float x[4];
+        load4(s.X + t * ldx + col, x);
+        const float4 gt = *reinterpret_cast<const float4*>(s.G + t * ldg + col);
+        x[0] *= exp2_fast(gl.x - gt.x);
+        x[1] *= exp2_fast(gl.y - gt.y);
+        x[2] *= exp2_fast(gl.z - gt.z);
+        x[3] *= exp2_fast(gl.w - gt.w);
+        if (kResets && t < exiting) x[0] = x[1] = x[2] = x[3] = 0.f;
+        store4(s.X + t * ldx + col, x);
+      }
     }
   }
   WarpTile dA;  // s·dO vᵀ summed over the V-tiles
@@ -1250,7 +1402,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   const float* d_state = p.d_states + chunk_index * d.K * d.V;
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
   const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
-  In* dv = p.dv ? static_cast<In*>(p.dv) + strided_row_offset(d, b, t0, h, d.V, d.dv_stride) : nullptr;
+  In* dv = p.dv ? static_cast<In*>(p.dv) + strided_row_offset(d, b, t0, h, d.V, p.dv_stride) : nullptr;
   // dO and v go straight to shared memory by cp.async, arriving during the state product (as in fwd_output).
   const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
   const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
@@ -1271,7 +1423,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
     if (dv) {  // through shared memory, as in fwd_output
       O.store_shared(s.O, ldc);
       __syncthreads();
-      store_tile(dv + v0, d.dv_stride, s.O, ldc, n, vcols, p.accumulate_dv);
+      store_tile(dv + v0, p.dv_stride, s.O, ldc, n, vcols, p.accumulate_dv);
     }
   }
   // dA, lower triangle (j <= i) with s, zeros above and across resets (from the row's segment start, as A): straight
@@ -1299,6 +1451,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
 //   d_last = e^{G_L} ⊙ rowsum(S_p ⊙ dS_e) + Σ_{j<L} k_j ⊙ dk_inter_j
 // Off-diagonal intra blocks: dq uses the first row of the query sub-chunk as reference, dk the last row of the key
 // sub-chunk (spec 7.3 step 5).
+// Scalar decays (kScalar): the intra terms from one product each, dq += W k and dk += Wᵀ q with W_ij = dA_ij·e^{G_i −
+// G_j} (j < i), and the inter ones by a factor a row; dg, the sum over the key channels of theirs, is summed over the
+// K-tile's channels per row: into dg itself with one K-tile, else into dg_partials, added up after the kernel.
 struct BwdDqkParams {
   const void* q;
   const void* k;
@@ -1309,13 +1464,16 @@ struct BwdDqkParams {
   const float* d_states;
   const float* d_scores;
   float scale;
+  int decay_stride;  // kScalar: g's row stride (stage_scalar_gates)
   void* dq;
   void* dk;
   float* dg;
+  int dq_stride, dk_stride;  // dq's and dk's row strides (dg is contiguous)
   bool accumulate_dq, accumulate_dk, accumulate_dg;
   Dims d;
   GlaGatesEpilogue gates;  // q_hat set: the gates' gradients instead of dq, dk, dg (strides resolved: never 0)
   const uint64_t* reset_masks;  // null: no resets
+  float* dg_partials;           // kScalar with several K-tiles: [nk][B·T·H], one K-tile's dg each (written)
 };
 
 // bwd_dqk's tile strides: q, k and G rows of kLdB (≡ 8 banks mod 32) and dA rows of kLdD (≡ 4): the tensor-core
@@ -1375,6 +1533,8 @@ struct BwdDqkSmem {
   float *dA, *hat;             // intra phase: [64][kLdD], [48][kLdF] (fp32 only: K̂, then Q̌, of one round)
   In *q_hat, *f_hat;           // intra phase, the gates' epilogue only: the K-tile's q̂, f̂ [64][kLdB] and γ [64],
   float* gamma;                // staged during the intra products (they fit in the inter tiles' room: no more bytes)
+  float* Gs;                   // kScalar: G, one column [64] (G above then only holds dg's running sums)
+  template <bool kScalar = false>
   __host__ __device__ static size_t carve(void* base, BwdDqkSmem* s) {
     Carver c(base);
     s->q = c.take<In>(kChunk * kLdB);
@@ -1387,6 +1547,7 @@ struct BwdDqkSmem {
     s->dlast_part = c.take<float>(4 * 64);
     s->dk_last = c.take<float>(64);
     s->d_last = c.take<float>(64);
+    if constexpr (kScalar) s->Gs = c.take<float>(kChunk);
     const size_t region = c.off;
     s->dO = c.take<In>(kChunk * TileLd<In>::in);
     s->Vt = c.take<In>(kChunk * TileLd<In>::in);
@@ -1503,11 +1664,39 @@ __device__ void write_gate_gradients(const BwdDqkParams& p, const BwdDqkSmem<In>
   }
 }
 
-template <typename In, bool kResets>
+// bwd_dqk's scalar-decay intra product: C += W X (kTransposed: Wᵀ X) with W the fp32 [64][kLdD] tile, zero on and
+// above the diagonal, and X q or k ([64][kLdB]). bf16: on the tensor cores in TF32 (mma m16n8k8; X's bf16 values are
+// exact in TF32, W is rounded to 2^-11, as the per-channel intra blocks round theirs), over only the depths where the
+// warp's rows of W (of Wᵀ) can be nonzero. fp32: plain FMAs (tile_mma).
+template <bool kTransposed, typename In>
+__device__ void scalar_intra_product(WarpTile& C, const float* W, const In* X) {
+  if constexpr (std::is_same_v<In, float>) {
+    tile_mma<kTransposed, false>(C, W, kLdD, X, kLdB);
+  } else {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (warp >> 1), n0 = 32 * (warp & 1);
+    // W k: row i needs depths j < i <= m0 + 15; Wᵀ q: column j needs depths i > j >= m0.
+    const int d_lo = kTransposed ? m0 : 0, d_hi = kTransposed ? kChunk : m0 + kSub;
+    auto w_at = [&](int r, int depth) { return to_tf32(kTransposed ? W[depth * kLdD + r] : W[r * kLdD + depth]); };
+    for (int d0 = d_lo; d0 < d_hi; d0 += 8) {
+      const uint32_t fa[4] = {w_at(m0 + g, d0 + t), w_at(m0 + g + 8, d0 + t), w_at(m0 + g, d0 + t + 4),
+                              w_at(m0 + g + 8, d0 + t + 4)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = n0 + 8 * j + g;
+        const uint32_t fb[2] = {__float_as_uint(load_f(X[(d0 + t) * kLdB + col])),
+                                __float_as_uint(load_f(X[(d0 + t + 4) * kLdB + col]))};
+        mma_tf32(C.c[j], fa, fb);
+      }
+    }
+  }
+}
+
+template <typename In, bool kResets, bool kScalar>
 __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(BwdDqkParams p) {
   extern __shared__ __align__(128) char smem[];
   BwdDqkSmem<In> s;
-  BwdDqkSmem<In>::carve(smem, &s);
+  BwdDqkSmem<In>::template carve<kScalar>(smem, &s);
   wait_for_previous_kernel();
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
@@ -1516,19 +1705,22 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   const int c = cb.c, pair = cb.pair, b = cb.b, h = cb.h, t0 = cb.t0, n = cb.n;
   const int64_t key_stride = cb.key_stride, value_stride = cb.value_stride;
   const int k0 = blockIdx.x * kTile, kcols = min(kTile, d.K - k0), last = n - 1;
-  const int64_t key_off = row_offset(d, b, t0, h, d.K) + k0;
+  const int64_t key_off = row_offset(d, b, t0, h, d.K) + k0;  // g's and dg's
   const int64_t chunk_index = static_cast<int64_t>(pair) * d.NT + c;
   const uint64_t resets = kResets ? chunk_resets(p.reset_masks, d, b, c) : 0;
 
   // q, k and g go to shared memory by cp.async: they land while the inter products run (the first V-tile's wait
   // covers them), and nothing reads them before the gate cumsum after those products.
   {
-    const In* q = static_cast<const In*>(p.q) + key_off;
-    const In* k = static_cast<const In*>(p.k) + key_off;
+    const In* q = static_cast<const In*>(p.q) + strided_row_offset(d, b, t0, h, d.K, d.q_stride) + k0;
+    const In* k = static_cast<const In*>(p.k) + strided_row_offset(d, b, t0, h, d.K, d.k_stride) + k0;
     const float* g = p.g + key_off;
-    stage_tile(s.G, kLdB, g, key_stride, n, kcols, async_copyable<float>(g, d.K, key_stride, kLdB));
-    stage_tile(s.q, kLdB, q, key_stride, n, kcols, async_copyable<In>(q, d.K, key_stride, kLdB));
-    stage_tile(s.k, kLdB, k, key_stride, n, kcols, async_copyable<In>(k, d.K, key_stride, kLdB));
+    if constexpr (kScalar)
+      stage_scalar_gates(s.Gs, p.g, p.decay_stride, d, b, t0, n, h);
+    else
+      stage_tile(s.G, kLdB, g, key_stride, n, kcols, async_copyable<float>(g, d.K, key_stride, kLdB));
+    stage_tile(s.q, kLdB, q, d.q_stride, n, kcols, async_copyable<In>(q, d.K, d.q_stride, kLdB));
+    stage_tile(s.k, kLdB, k, d.k_stride, n, kcols, async_copyable<In>(k, d.K, d.k_stride, kLdB));
   }
 
   // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) (S_p as stored, in the
@@ -1598,15 +1790,37 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   {
     TileVec dA_regs;  // in flight during the cumsum
     dA_regs.fetch(p.d_scores + chunk_index * kChunk * kChunk, kChunk, kChunk, kChunk);
-    chunk_cumsum(s.G, kLdB, s.seg);
+    if constexpr (kScalar)
+      scalar_cumsum(s.Gs, s.seg);
+    else
+      chunk_cumsum(s.G, kLdB, s.seg);
     dA_regs.commit(s.dA, kLdD);
   }
   __syncthreads();  // dA in place
 
   // From here thread (rg, a) owns column a of sub-chunk rg: rows r_lo .. r_lo + 15 of Pq, Pk (and of dg below).
   const int a = threadIdx.x & 63, rg = threadIdx.x >> 6, r_lo = rg * kSub;
-  const float GL = s.G[(kChunk - 1) * kLdB + a];
-  {
+  const float GL = kScalar ? s.Gs[kChunk - 1] : s.G[(kChunk - 1) * kLdB + a];
+  if constexpr (kScalar) {
+    // The inter terms on this thread's rows (the intra ones follow as products): Pq·s·e^{G_i}, dk_inter, d_last's
+    // share, as below.
+    float dl = 0.f;
+#pragma unroll
+    for (int j = 0; j < kSub; ++j) {
+      const int r = r_lo + j;
+      const float gr = s.Gs[r];
+      s.Pq[r * ldc + a] *= !kResets || r < first_reset(resets) ? p.scale * exp2_fast(gr) : 0.f;
+      const float dk_inter = (!kResets || r >= first_exiting(resets) ? exp2_fast(GL - gr) : 0.f) * s.Pk[r * ldc + a];
+      if (r == last) {
+        s.dk_last[a] = dk_inter;
+        s.Pk[r * ldc + a] = 0.f;
+      } else {
+        s.Pk[r * ldc + a] = dk_inter;
+        dl = fmaf(load_f(s.k[r * kLdB + a]), dk_inter, dl);
+      }
+    }
+    s.dlast_part[rg * 64 + a] = dl;
+  } else {
     // Intra, the diagonal block, strictly j < i (the j = i terms are held back), with the block's G, k and dk in
     // registers (fully unrolled) and dA_ij a broadcast read (one warp, one block). Pairs within one 8-row half:
     // each pair's dA_ij e^{G_i − G_j} is formed once and feeds both dq_i += (dA_ij e) k_j and dk_j += (dA_ij e) q_i.
@@ -1683,12 +1897,33 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
     }
     s.dlast_part[rg * 64 + a] = dl;
   }
-  if (p.gates.q_hat) {  // in flight until the epilogue; the block's coordinates formed again, not kept in registers
+  if (!kScalar && p.gates.q_hat) {  // in flight until the epilogue; the block's coordinates formed again
     stage_gate_inputs<In>(p.gates, s, d, chunk_block(d, blockIdx.y, blockIdx.z), k0, kcols);
     cp_async_commit();
   }
   // Intra, blocks below the diagonal.
-  if constexpr (std::is_same_v<In, __nv_bfloat16>) {
+  if constexpr (kScalar) {
+    // W = dA ⊙ e^{G_i − G_j} strictly below the diagonal, in place; dA_ii (held back) stays in thread i's register
+    // and goes back for row_gradients. Then Pq += W k, Pk += Wᵀ q.
+    const int tid = threadIdx.x;
+    const float diag = tid < kChunk ? s.dA[tid * kLdD + tid] : 0.f;
+    __syncthreads();  // the inter terms are in Pq and Pk; the diagonal is read
+    for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
+      const int i = idx >> 6, j = idx & 63;
+      float& w = s.dA[i * kLdD + j];
+      w = j < i ? w * exp2_fast(s.Gs[i] - s.Gs[j]) : 0.f;
+    }
+    __syncthreads();
+    WarpTile acc;
+    acc.load_shared(s.Pq, ldc);
+    scalar_intra_product<false>(acc, s.dA, s.k);
+    acc.store_shared(s.Pq, ldc);
+    acc.load_shared(s.Pk, ldc);
+    scalar_intra_product<true>(acc, s.dA, s.q);
+    acc.store_shared(s.Pk, ldc);
+    __syncthreads();  // W is read
+    if (tid < kChunk) s.dA[tid * kLdD + tid] = diag;
+  } else if constexpr (std::is_same_v<In, __nv_bfloat16>) {
     // On the tensor cores, eight jobs of equal depth: warp w does dq (w even) or dk (w odd) for columns 32·((w/2)%2)
     // onward of sub-chunk 3 (dq; keys 0..47) or 0 (dk; queries 16..63) when w < 4, else of sub-chunks 2 then 1
     // (dq), 1 then 2 (dk).
@@ -1783,15 +2018,39 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   // rows, were a fifth of the kernel's instructions. Otherwise all old values are loaded before anything is stored
   // (see TileRegs), two rounds of 8 rows keeping 24 of them live instead of 48 (the kernel is at its register cap).
   const int rows = a < kcols ? max(0, min(r_hi, n) - r_lo) : 0;
-  if (p.gates.q_hat) {
-    write_gate_gradients<In>(p, s, chunk_block(d, blockIdx.y, blockIdx.z), k0, kcols, a, rg, rows, suffix, resets);
-    return;
+  if constexpr (kScalar) {
+    if (p.dg) {  // block-uniform
+      // Row r's dg: the channels' dg (as the per-channel mode has them) summed over the K-tile, in a fixed order
+      // rotated by the row (no bank conflicts). Padding channels add exact zeros (their q, k, S_p and dS_e rows are 0).
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) {
+        const int r = r_lo + i;
+        s.G[r * kLdB + a] += kResets ? row_suffix(resets, r, r_hi, suffix) : suffix;
+      }
+      __syncthreads();
+      if (threadIdx.x < n) {
+        const int r = threadIdx.x;
+        float sum = 0.f;
+        for (int u = 0; u < kTile; ++u) sum += s.G[r * kLdB + ((u + r) & (kTile - 1))];
+        const int64_t at = static_cast<int64_t>(b * d.T + t0 + r) * d.H + h;
+        if (d.nk > 1)
+          p.dg_partials[static_cast<int64_t>(blockIdx.x) * gridDim.z * d.T + at] = sum;
+        else
+          p.dg[at] = p.accumulate_dg ? p.dg[at] + sum : sum;
+      }
+    }
+  } else {
+    if (p.gates.q_hat) {
+      write_gate_gradients<In>(p, s, chunk_block(d, blockIdx.y, blockIdx.z), k0, kcols, a, rg, rows, suffix, resets);
+      return;
+    }
   }
-  const int64_t first = key_off + static_cast<int64_t>(r_lo) * key_stride + a;
-  In* dq = p.dq ? static_cast<In*>(p.dq) + first : nullptr;
-  In* dk = p.dk ? static_cast<In*>(p.dk) + first : nullptr;
-  float* dg = p.dg ? p.dg + first : nullptr;
-  const int64_t row_stride = key_stride;  // a plain variable: lambdas capture no structured bindings before C++20
+  // Row r_lo's element of column a in each (dq and dk row-strided, dg contiguous), and their row strides.
+  In* dq = p.dq ? static_cast<In*>(p.dq) + strided_row_offset(d, b, t0 + r_lo, h, d.K, p.dq_stride) + k0 + a : nullptr;
+  In* dk = p.dk ? static_cast<In*>(p.dk) + strided_row_offset(d, b, t0 + r_lo, h, d.K, p.dk_stride) + k0 + a : nullptr;
+  // kScalar: dg was written above.
+  float* dg = !kScalar && p.dg ? p.dg + key_off + static_cast<int64_t>(r_lo) * key_stride + a : nullptr;
+  const int64_t dq_stride = p.dq_stride, dk_stride = p.dk_stride, dg_stride = key_stride;
   auto write_rows = [&](auto general_case) {
     constexpr bool kGeneral = decltype(general_case)::value;
 #pragma unroll
@@ -1801,11 +2060,10 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 #pragma unroll
         for (int u = 0; u < kSub / 2; ++u) {
           const int i = half + u;
-          const int64_t at = i * row_stride;
           const bool in = i < rows;
-          if (in && dq && p.accumulate_dq) old_q[u] = load_f(dq[at]);
-          if (in && dk && p.accumulate_dk) old_k[u] = load_f(dk[at]);
-          if (in && dg && p.accumulate_dg) old_g[u] = dg[at];
+          if (in && dq && p.accumulate_dq) old_q[u] = load_f(dq[i * dq_stride]);
+          if (in && dk && p.accumulate_dk) old_k[u] = load_f(dk[i * dk_stride]);
+          if (in && dg && p.accumulate_dg) old_g[u] = dg[i * dg_stride];
         }
       }
 #pragma unroll
@@ -1813,18 +2071,18 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
         const int i = half + u;
         if (kGeneral && i >= rows) break;
         const int r = r_lo + i;
-        const int64_t at = i * row_stride;
         // A whole segment can hold the chunk's last row only as its own last row.
         const RowGradients grads =
             row_gradients(s, r, a, (kGeneral || i == kSub - 1) && r == last,
                           kResets ? row_suffix(resets, r, r_hi, suffix) : suffix, old_q[u], old_k[u], old_g[u]);
-        if (!kGeneral || dq) dq[at] = store_f<In>(grads.dq);
-        if (!kGeneral || dk) dk[at] = store_f<In>(grads.dk);
-        if (!kGeneral || dg) dg[at] = grads.dg;
+        if (!kGeneral || dq) dq[i * dq_stride] = store_f<In>(grads.dq);
+        if (!kGeneral || dk) dk[i * dk_stride] = store_f<In>(grads.dk);
+        if (!kScalar && (!kGeneral || dg)) dg[i * dg_stride] = grads.dg;
       }
     }
   };
-  if (rows == kSub && dq && dk && dg && !p.accumulate_dq && !p.accumulate_dk && !p.accumulate_dg)
+  if (rows == kSub && dq && dk && (kScalar || dg) && !p.accumulate_dq && !p.accumulate_dk &&
+      (kScalar || !p.accumulate_dg))
     write_rows(std::false_type{});
   else
     write_rows(std::true_type{});
@@ -1833,8 +2091,15 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 // ---------------------------------------------------------------------------------------------------------------------
 // Host side.
 
-// v_stride, dv_stride: 0 = H·V (contiguous).
-Dims make_dims(const GlaCudaShape& shape, int64_t v_stride, int64_t dv_stride) {
+// A row stride as the kernels take it: 0 is the contiguous one, the row's width.
+int row_stride(int64_t stride, int64_t width, const char* name) {
+  if (!stride) stride = width;
+  HGRN_CHECK(stride >= width && stride <= 0x7fffffff, "gla_recurrence CUDA: ", name, "'s row stride ", stride,
+             " is narrower than its width ", width, " or too wide");
+  return static_cast<int>(stride);
+}
+
+Dims make_dims(const GlaCudaShape& shape, const GlaCudaRowStrides& strides) {
   HGRN_CHECK(shape.batch > 0 && shape.time > 0 && shape.heads > 0 && shape.key_dim > 0 && shape.value_dim > 0,
              "gla_recurrence CUDA: empty shape");
   HGRN_CHECK(shape.key_dim <= kMaxKey, "gla_recurrence CUDA: key dim ", shape.key_dim, " > ", kMaxKey, " is not supported");
@@ -1851,15 +2116,12 @@ Dims make_dims(const GlaCudaShape& shape, int64_t v_stride, int64_t dv_stride) {
   d.nk = (d.K + kTile - 1) / kTile;
   d.nv = (d.V + kTile - 1) / kTile;
   d.key_pad = d.nk * kTile;
-  const int64_t hv = static_cast<int64_t>(d.H) * d.V;
-  if (!v_stride) v_stride = hv;
-  if (!dv_stride) dv_stride = hv;
-  HGRN_CHECK(v_stride >= hv && dv_stride >= hv && std::max(v_stride, dv_stride) <= 0x7fffffff &&
-                 static_cast<int64_t>(shape.batch) * shape.time <= 0x7fffffff,
-             "gla_recurrence CUDA: v's row stride ", v_stride, " or dv's ", dv_stride, " is narrower than H·V = ", hv,
-             " or too wide, or B·T too large");
-  d.v_stride = static_cast<int>(v_stride);
-  d.dv_stride = static_cast<int>(dv_stride);
+  HGRN_CHECK(shape.batch * shape.time <= 0x7fffffff, "gla_recurrence CUDA: B·T ", shape.batch * shape.time,
+             " is too large");
+  const int64_t hk = static_cast<int64_t>(d.H) * d.K, hv = static_cast<int64_t>(d.H) * d.V;
+  d.q_stride = row_stride(strides.q, hk, "q");
+  d.k_stride = row_stride(strides.k, hk, "k");
+  d.v_stride = row_stride(strides.v, hv, "v");
   return d;
 }
 
@@ -1907,7 +2169,7 @@ int64_t waves(int64_t blocks, size_t bytes) {
 
 // The launches of one dtype. Grids: state pass (K-tiles, V-tiles, pairs); per-chunk kernels (chunks, pairs), and
 // bwd_dqk (K-tiles, chunks, pairs).
-template <typename In, bool kResets>
+template <typename In, bool kResets, bool kScalar>
 struct Launcher {
   const Dims d;
   const unsigned pairs;
@@ -1925,94 +2187,114 @@ struct Launcher {
   template <bool REVERSE>
   void state_pass(const StatePassParams& p) const {
     const char* name = REVERSE ? "gla_state_pass_reverse" : "gla_state_pass";
-    StatePassSmem<In, 1> s1;
-    const size_t bytes = StatePassSmem<In, 1>::carve(nullptr, &s1);
+    StatePassSmem<In, 1, kScalar> s1;
+    const size_t bytes = StatePassSmem<In, 1, kScalar>::carve(nullptr, &s1);
     const int64_t blocks = static_cast<int64_t>(d.nk) * d.nv * pairs;
     if constexpr (!std::is_same_v<In, float>) {
-      StatePassSmem<In, 2> s2;
-      const size_t bytes2 = StatePassSmem<In, 2>::carve(nullptr, &s2);
-      const int64_t waves2 = waves<state_pass_kernel<In, REVERSE, 2, 1, kResets>>(blocks, bytes);
-      const int64_t waves3 = waves<state_pass_kernel<In, REVERSE, 3, 1, kResets>>(blocks, bytes);
+      StatePassSmem<In, 2, kScalar> s2;
+      const size_t bytes2 = StatePassSmem<In, 2, kScalar>::carve(nullptr, &s2);
+      const int64_t waves2 = waves<state_pass_kernel<In, REVERSE, 2, 1, kResets, kScalar>>(blocks, bytes);
+      const int64_t waves3 = waves<state_pass_kernel<In, REVERSE, 3, 1, kResets, kScalar>>(blocks, bytes);
       if (d.nv % 2 == 0) {
         const dim3 paired_grid(d.nk, d.nv / 2, pairs);
         if (blocks / 2 <= cuda_device_properties().multiProcessorCount) {  // one to an SM: no two-block register cap
-          launch(state_pass_kernel<In, REVERSE, 1, 2, kResets>, paired_grid, bytes2, name, p);
+          launch(state_pass_kernel<In, REVERSE, 1, 2, kResets, kScalar>, paired_grid, bytes2, name, p);
           return;
         }
-        if (waves<state_pass_kernel<In, REVERSE, 2, 2, kResets>>(blocks / 2, bytes2) < std::min(waves2, waves3)) {
-          launch(state_pass_kernel<In, REVERSE, 2, 2, kResets>, paired_grid, bytes2, name, p);
+        if (waves<state_pass_kernel<In, REVERSE, 2, 2, kResets, kScalar>>(blocks / 2, bytes2) <
+            std::min(waves2, waves3)) {
+          launch(state_pass_kernel<In, REVERSE, 2, 2, kResets, kScalar>, paired_grid, bytes2, name, p);
           return;
         }
       }
       if (waves3 < waves2) {
-        launch(state_pass_kernel<In, REVERSE, 3, 1, kResets>, dim3(d.nk, d.nv, pairs), bytes, name, p);
+        launch(state_pass_kernel<In, REVERSE, 3, 1, kResets, kScalar>, dim3(d.nk, d.nv, pairs), bytes, name, p);
         return;
       }
     }
-    launch(state_pass_kernel<In, REVERSE, 2, 1, kResets>, dim3(d.nk, d.nv, pairs), bytes, name, p);
+    launch(state_pass_kernel<In, REVERSE, 2, 1, kResets, kScalar>, dim3(d.nk, d.nv, pairs), bytes, name, p);
   }
   void fwd_output(const FwdOutputParams& p) const {
-    FwdOutputSmem<In> s;
-    launch(fwd_output_kernel<In, kResets>, dim3(d.NT, pairs), FwdOutputSmem<In>::carve(nullptr, d.key_pad, &s),
-           "gla_fwd_output", p);
+    FwdOutputSmem<In, kScalar> s;
+    launch(fwd_output_kernel<In, kResets, kScalar>, dim3(d.NT, pairs),
+           FwdOutputSmem<In, kScalar>::carve(nullptr, d.key_pad, &s), "gla_fwd_output", p);
   }
   void bwd_dv(const BwdDvParams& p) const {
     BwdDvSmem<In> s;
-    launch(bwd_dv_kernel<In, kResets>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s), "gla_bwd_dv",
-           p);
+    launch(bwd_dv_kernel<In, kResets, kScalar>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s),
+           "gla_bwd_dv", p);
   }
   void bwd_dqk(const BwdDqkParams& p) const {
     BwdDqkSmem<In> s;
-    launch(bwd_dqk_kernel<In, kResets>, dim3(d.nk, d.NT, pairs), BwdDqkSmem<In>::carve(nullptr, &s), "gla_bwd_dqk", p);
+    launch(bwd_dqk_kernel<In, kResets, kScalar>, dim3(d.nk, d.NT, pairs),
+           BwdDqkSmem<In>::template carve<kScalar>(nullptr, &s), "gla_bwd_dqk", p);
   }
 };
 
-template <typename In, bool kResets>
-void forward_impl(const Dims& d, unsigned pairs, const GlaCudaForwardArgs& a) {
-  const Launcher<In, kResets> launcher{d, pairs};
-  const StatePassParams sp{a.k,           a.v,         d.v_stride, a.g,  a.initial_state, a.states,
-                           true,          a.final_state, nullptr, 1.0f, d,               a.reset_masks};
-  launcher.template state_pass<false>(sp);
-  launcher.fwd_output(
-      FwdOutputParams{a.q, a.k, a.v, a.g, a.states, a.scale, a.output, a.scores, d, a.reset_masks});
+// dg[i] (+)= Σ_kt partials[kt·outputs + i] for i < outputs, the K-tiles in order: a scalar decay's gradient from
+// bwd_dqk's per-K-tile sums.
+__global__ void sum_key_tiles_kernel(const float* partials, float* dg, long long outputs, int tiles, bool accumulate) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= outputs) return;
+  float sum = partials[i];
+  for (int kt = 1; kt < tiles; ++kt) sum += partials[kt * outputs + i];
+  dg[i] = accumulate ? dg[i] + sum : sum;
 }
 
-template <typename In, bool kResets>
+// g's row stride in the scalar-decay mode: [B·T, H] or [H].
+int decay_stride(GlaDecay decay, const Dims& d) { return decay == GlaDecay::PerStep ? d.H : 0; }
+
+template <typename In, bool kResets, bool kScalar>
+void forward_impl(const Dims& d, unsigned pairs, const GlaCudaForwardArgs& a) {
+  const Launcher<In, kResets, kScalar> launcher{d, pairs};
+  const int ds = decay_stride(a.decay, d);
+  const StatePassParams sp{a.k,  a.v, d.v_stride,    a.g,     a.initial_state, a.states,     true,
+                           ds,   a.final_state, nullptr, 1.0f, d, a.reset_masks};
+  launcher.template state_pass<false>(sp);
+  launcher.fwd_output(
+      FwdOutputParams{a.q, a.k, a.v, a.g, a.states, a.scale, ds, a.output, a.scores, d, a.reset_masks});
+}
+
+template <typename In, bool kResets, bool kScalar>
 void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) {
-  const Launcher<In, kResets> launcher{d, pairs};
+  const Launcher<In, kResets, kScalar> launcher{d, pairs};
+  const int ds = decay_stride(a.decay, d);
+  const int64_t key_width = static_cast<int64_t>(d.H) * d.K, value_width = static_cast<int64_t>(d.H) * d.V;
   const bool need_dqk = a.dq || a.dk || a.dg || a.gates.q_hat;
   if (need_dqk && !a.states_given) {  // S^(c), recomputed as the forward stored them: only dq, dk and dg read them
-    const StatePassParams sp{a.k,  a.v,    d.v_stride, a.g,  a.initial_state, a.states,
-                             true, nullptr, nullptr,   1.0f, d,               a.reset_masks};
+    const StatePassParams sp{a.k, a.v,     d.v_stride, a.g,  a.initial_state, a.states,     true,
+                             ds,  nullptr, nullptr,    1.0f, d,               a.reset_masks};
     launcher.template state_pass<false>(sp);
   }
   const StatePassParams dsp{a.q,       a.d_output, static_cast<int64_t>(d.H) * d.V, a.g,     a.d_final_state,
-                            a.d_states, false,      nullptr,                         a.d_initial_state, a.scale,
-                            d,          a.reset_masks};
+                            a.d_states, false,      ds,                              nullptr, a.d_initial_state,
+                            a.scale,    d,          a.reset_masks};
   launcher.template state_pass<true>(dsp);
   if (need_dqk || a.dv)
-    launcher.bwd_dv(BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.scale, a.dv, a.accumulate_dv,
-                                a.d_scores, d, a.reset_masks});
+    launcher.bwd_dv(BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.dv, a.d_scores, a.reset_masks, d,
+                                a.scale, row_stride(a.strides.dv, value_width, "dv"), a.accumulate_dv,
+                                a.decay == GlaDecay::PerStep});
   if (!need_dqk) return;
   GlaGatesEpilogue gates = a.gates;
-  const int64_t key_width = static_cast<int64_t>(d.H) * d.K;
   for (int64_t* stride : {&gates.q_hat_stride, &gates.f_hat_stride, &gates.dq_hat_stride, &gates.df_hat_stride})
     if (!*stride) *stride = key_width;
   if (!gates.dgamma_row) gates.partials = nullptr;
-  launcher.bwd_dqk(BwdDqkParams{a.q, a.k, a.v, a.g, a.d_output, a.states, a.d_states, a.d_scores, a.scale, a.dq, a.dk,
-                                a.dg, a.accumulate_dq, a.accumulate_dk, a.accumulate_dg, d, gates, a.reset_masks});
+  // kScalar with several K-tiles: each K-tile's share of dg apart, added up below.
+  const bool dg_split = kScalar && a.dg && d.nk > 1;
+  launcher.bwd_dqk(BwdDqkParams{a.q, a.k, a.v, a.g, a.d_output, a.states, a.d_states, a.d_scores, a.scale, ds, a.dq,
+                                a.dk, a.dg, row_stride(a.strides.dq, key_width, "dq"),
+                                row_stride(a.strides.dk, key_width, "dk"), a.accumulate_dq, a.accumulate_dk,
+                                a.accumulate_dg, d, gates, a.reset_masks, dg_split ? a.dg_partials : nullptr});
+  if (dg_split) {
+    const long long outputs = static_cast<long long>(pairs) * d.T;
+    constexpr int kSumThreads = 256;
+    sum_key_tiles_kernel<<<static_cast<unsigned>((outputs + kSumThreads - 1) / kSumThreads), kSumThreads, 0,
+                           cuda_stream()>>>(a.dg_partials, a.dg, outputs, d.nk, a.accumulate_dg);
+    CUDA_CHECK_LAUNCH("gla_dg_sum_key_tiles");
+  }
   if (gates.partials)  // the chunks' partial sums into γ's gradient, in chunk order
     add_chunk_sums<8>(gates.partials, gates.dgamma_row, static_cast<long long>(pairs / d.H) * d.NT, key_width,
                       "hgru2_gates_dgamma_reduce");
-}
-
-// g[row · H·K + h·K + c] = decays[h] over rows = B·T: a thread owns a column (its head found once) and writes it down
-// the rows; a write-only stream at the memory's speed, with no division per element.
-__global__ void expand_head_decays_kernel(const float* decays, float* g, long long rows, int row_width, int key_dim) {
-  const int column = blockIdx.x * blockDim.x + threadIdx.x;
-  if (column >= row_width) return;
-  const float decay = decays[column / key_dim];
-  for (long long r = blockIdx.y; r < rows; r += gridDim.y) g[r * row_width + column] = decay;
 }
 
 }  // namespace
@@ -2029,35 +2311,34 @@ int64_t gla_cuda_scores_elements(const GlaCudaShape& s) {
   return s.batch * s.heads * ((s.time + kChunk - 1) / kChunk) * kChunk * kChunk;
 }
 
+int64_t gla_cuda_dg_partials_elements(const GlaCudaShape& s) {
+  const int64_t key_tiles = (s.key_dim + kTile - 1) / kTile;
+  return key_tiles > 1 ? key_tiles * s.batch * s.time * s.heads : 0;
+}
+
 void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args) {
-  const Dims d = make_dims(shape, args.v_stride, 0);
+  const Dims d = make_dims(shape, args.strides);
   HGRN_CHECK(args.q && args.k && args.v && args.g && args.output && args.final_state && args.states,
              "gla_cuda_forward: missing tensor");
   const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
+  const bool scalar = args.decay != GlaDecay::PerChannel;
   HGRN_CUDA_DISPATCH_ACT(args.act, "gla_cuda_forward", [&] {
     if (args.reset_masks)
-      forward_impl<act_t, true>(d, pairs, args);
+      scalar ? forward_impl<act_t, true, true>(d, pairs, args) : forward_impl<act_t, true, false>(d, pairs, args);
     else
-      forward_impl<act_t, false>(d, pairs, args);
+      scalar ? forward_impl<act_t, false, true>(d, pairs, args) : forward_impl<act_t, false, false>(d, pairs, args);
   });
 }
 
-void gla_cuda_expand_head_decays(const GlaCudaShape& shape, const float* decays, float* g) {
-  const long long rows = shape.batch * shape.time, row_width = shape.heads * shape.key_dim;
-  if (rows == 0 || row_width == 0) return;
-  HGRN_CHECK(row_width < (1LL << 31), "gla_expand_head_decays: ", row_width, " gates a step: fewer than 2^31");
-  constexpr int kThreads = 256;
-  const dim3 grid(static_cast<unsigned>((row_width + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(std::min<long long>(rows, 4096)));
-  expand_head_decays_kernel<<<grid, kThreads, 0, cuda_stream()>>>(decays, g, rows, static_cast<int>(row_width),
-                                                                  static_cast<int>(shape.key_dim));
-  CUDA_CHECK_LAUNCH("gla_expand_head_decays");
-}
-
 void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& args) {
-  const Dims d = make_dims(shape, args.v_stride, args.dv_stride);
+  const Dims d = make_dims(shape, args.strides);
   HGRN_CHECK(args.q && args.k && args.v && args.g && args.scores && args.d_states && args.d_scores,
              "gla_cuda_backward: missing tensor");
+  const bool scalar = args.decay != GlaDecay::PerChannel;
+  HGRN_CHECK(args.decay != GlaDecay::PerHead || !args.dg, "gla_cuda_backward: a per-head g takes no gradient");
+  HGRN_CHECK(!args.dg || !scalar || d.nk == 1 || args.dg_partials,
+             "gla_cuda_backward: a scalar g's gradient with K > 64 needs dg_partials");
+  HGRN_CHECK(!scalar || !args.gates.q_hat, "gla_cuda_backward: the gates epilogue comes with per-channel gates");
   const GlaGatesEpilogue& e = args.gates;
   HGRN_CHECK(args.states || !(args.dq || args.dk || args.dg || e.q_hat),
              "gla_cuda_backward: dq, dk, dg (or the gates' gradients) need the states buffer");
@@ -2075,9 +2356,9 @@ void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& arg
   const unsigned pairs = static_cast<unsigned>(shape.batch * shape.heads);
   HGRN_CUDA_DISPATCH_ACT(args.act, "gla_cuda_backward", [&] {
     if (args.reset_masks)
-      backward_impl<act_t, true>(d, pairs, args);
+      scalar ? backward_impl<act_t, true, true>(d, pairs, args) : backward_impl<act_t, true, false>(d, pairs, args);
     else
-      backward_impl<act_t, false>(d, pairs, args);
+      scalar ? backward_impl<act_t, false, true>(d, pairs, args) : backward_impl<act_t, false, false>(d, pairs, args);
   });
 }
 

@@ -1,8 +1,8 @@
 // gla_recurrence.h: the HGRU2 (= gated linear attention) chunkwise recurrence on the GPU, forward and backward
 // (spec section 7): S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t, o_t = s·q_t S_t, per (batch, head), in chunks of 64 steps.
-// q, k: [B, T, H·K] and v: [B, T, H·V] (row-strided: rows v_stride elements apart) in the activation dtype (fp32
-// or bf16, all three the same); g: [B, T, H·K] fp32
-// (log forget gate, <= 0); states fp32 [B, H, K, V]; output [B, T, H·V] in the activation dtype. K <= 256, any V.
+// q, k: [B, T, H·K] and v: [B, T, H·V], row-strided (GlaCudaRowStrides), in the activation dtype (fp32 or bf16, all
+// three the same); g fp32 (log forget gate, <= 0, contiguous) in one of the GlaDecay shapes; states fp32
+// [B, H, K, V]; output [B, T, H·V] in the activation dtype. K <= 256, any V.
 // The caller provides the scratch buffers (sizes below), so that all memory goes through hgrn's allocator.
 #pragma once
 #include <cstdint>
@@ -24,13 +24,28 @@ int64_t gla_cuda_states_elements(const GlaCudaShape& shape);
 // B·H·NT·64·64.
 int64_t gla_cuda_scores_elements(const GlaCudaShape& shape);
 
+// g's shape: a log decay per key channel [B, T, H·K] (HGRN2, GLA), or the scalar-decay mode of the same kernels,
+// one per head and step [B, T, H] or a constant per head [H] (RetNet; no gradient).
+enum class GlaDecay { PerChannel, PerStep, PerHead };
+
+// Floats of GlaCudaBackwardArgs::dg_partials: K-tiles·B·T·H where K > 64 (several 64-wide K-tiles), else 0.
+int64_t gla_cuda_dg_partials_elements(const GlaCudaShape& shape);
+
+// Elements between consecutive rows (one per batch and step) of q, k, v and their gradients, which may be column
+// blocks of a wider tensor (a fused projection's output, or its gradient); 0 = contiguous (H·K, or H·V for v, dv).
+struct GlaCudaRowStrides {
+  int64_t q = 0, k = 0, v = 0;
+  int64_t dq = 0, dk = 0, dv = 0;  // backward only
+};
+
 struct GlaCudaForwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  int64_t v_stride = 0;                 // elements between v's rows; 0 = H·V (contiguous)
+  GlaCudaRowStrides strides;            // q's, k's and v's
   DType act = DType::F32;               // dtype of q, k, v and output
   const float* g = nullptr;
+  GlaDecay decay = GlaDecay::PerChannel;
   const float* initial_state = nullptr;  // null: S_0 = 0
   float scale = 1.0f;
   void* output = nullptr;
@@ -46,10 +61,6 @@ struct GlaCudaForwardArgs {
   const uint64_t* reset_masks = nullptr;
 };
 void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args);
-
-// g [B, T, H·K] fp32 from one log decay per head, decays [H] fp32, broadcast over the steps and key channels: the
-// constant-decay case (RetNet) through the per-step gates' kernels.
-void gla_cuda_expand_head_decays(const GlaCudaShape& shape, const float* decays, float* g);
 
 // The HGRN2 gates' backward run in the epilogue of the kernel that forms dq, dk and dg (bwd_dqk), where the
 // recurrence's q, g and k are a layer's gates of q̂ and f̂ (kernels/hgrn2_gates.h: q = silu(q̂), g the lower-bounded
@@ -77,9 +88,10 @@ struct GlaCudaBackwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  int64_t v_stride = 0, dv_stride = 0;  // elements between v's and dv's rows; 0 = H·V (contiguous)
+  GlaCudaRowStrides strides;  // of q, k, v and of dq, dk, dv
   DType act = DType::F32;
   const float* g = nullptr;
+  GlaDecay decay = GlaDecay::PerChannel;  // the forward's; dg has g's shape (PerHead: none)
   const float* initial_state = nullptr;  // null: S_0 = 0
   float scale = 1.0f;
   const void* scores = nullptr;          // the forward's A (activation dtype)
@@ -93,7 +105,8 @@ struct GlaCudaBackwardArgs {
   float* dg = nullptr;
   float* d_initial_state = nullptr;
   bool accumulate_dq = true, accumulate_dk = true, accumulate_dv = true, accumulate_dg = true;
-  // With gates.q_hat set, dq, dk and dg must be null: the gates' gradients are formed from them instead.
+  // With gates.q_hat set (per-channel gates only), dq, dk and dg must be null: the gates' gradients are formed from
+  // them instead.
   GlaGatesEpilogue gates;
   // The per-chunk states S^(c) in the activation dtype, as the forward's state pass stores them (dq, dk and dg read
   // them; null where none of those is wanted). states_given: they hold the forward's states already (kept from it),
@@ -104,6 +117,8 @@ struct GlaCudaBackwardArgs {
   // Scratch: the state gradients (fp32) and one scores buffer (dA).
   float* d_states = nullptr;
   float* d_scores = nullptr;
+  // Scratch for a PerStep g's gradient where K > 64 (gla_cuda_dg_partials_elements floats); else unused.
+  float* dg_partials = nullptr;
 };
 void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& args);
 

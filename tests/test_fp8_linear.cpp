@@ -2,9 +2,10 @@
 // of the quantised arithmetic (ops/fp8.h): linear with a residual, linear_columns over adjacent weights and
 // swiglu_linear, forward and both gradients, over three steps so that the delayed-scaling update moves the scales
 // between them (the recorded amaxes and the new scales equal the CPU reference bit for bit); save and restore of the
-// scaling states; every member through the FP8 path near its fp32 loss (CPU); a short FP8 training run that tracks
-// the bf16 run of the same config and learns, and bitwise resume (GPU); the refusal of fp8 on the CPU. GPU tests
-// skip without a GPU or FP8 tensor cores.
+// scaling states; every member through the FP8 path near its fp32 loss, and with layer 0's weight gradients deferred
+// (data parallelism) giving the same bits (CPU); a short FP8 training run that tracks the bf16 run of the same config
+// and learns, and bitwise resume (GPU); the refusal of fp8 on the CPU. GPU tests skip without a GPU or FP8 tensor
+// cores.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "gpu_test.h"
 #include "gradcheck.h"
 #include "model_fixtures.h"
+#include "models/decoder_lm.h"
 #include "models/registry.h"
 #include "ops/fp8.h"
 #include "ops/fp8_linear.h"
@@ -375,7 +377,8 @@ class Fp8Members : public ::testing::TestWithParam<std::string> {};
 
 // The mean relative RMS error of every weight gradient against fp32 (and the loss's relative error), with the
 // output gradients in `gradient_format`, after one step has filled the amax histories.
-std::pair<double, double> fp8_member_errors(const std::string& type, Fp8Format gradient_format) {
+// A tiny member whose projections all fit FP8's multiples of 16.
+ModelConfig fp8_tiny_config(const std::string& type) {
   ModelConfig c = testing::tiny_config(type);
   c.hidden_size = 32;
   c.intermediate_size = 48;
@@ -383,6 +386,19 @@ std::pair<double, double> fp8_member_errors(const std::string& type, Fp8Format g
   c.initializer_range = 0.1;
   if (c.type == "hgrn2") c.expand_ratio = 16;
   if (c.type == "hgrn") c.expand_ratio = 1;
+  return c;
+}
+
+// The weights training keeps in bf16 (trainer.cpp: the LM head, and the embeddings where tied to it).
+std::vector<Var> fp8_excluded(const std::vector<Var>& params) {
+  std::vector<Var> excluded;
+  for (const Var& p : params)
+    if (p->name == "lm_head.weight" || p->name == "model.embeddings.weight") excluded.push_back(p);
+  return excluded;
+}
+
+std::pair<double, double> fp8_member_errors(const std::string& type, Fp8Format gradient_format) {
+  const ModelConfig c = fp8_tiny_config(type);
   Rng rng(21);
   const std::unique_ptr<CausalLM> model = create_model(c, rng, DType::F32);
   const Tensor ids = testing::token_ids(rng, 2, 16, c.vocab_size);
@@ -400,12 +416,9 @@ std::pair<double, double> fp8_member_errors(const std::string& type, Fp8Format g
     return std::pair{loss->value.item(), grads};
   };
   const auto [loss32, grads32] = loss_and_grads();
-  std::vector<Var> excluded;
-  for (const Var& p : params)
-    if (p->name == "lm_head.weight" || p->name == "model.embeddings.weight") excluded.push_back(p);
   Fp8Recipe recipe;
   recipe.gradient_format = gradient_format;
-  Fp8LinearScope scope(recipe, static_cast<int64_t>(params.size()), excluded, Device::CPU);
+  Fp8LinearScope scope(recipe, static_cast<int64_t>(params.size()), fp8_excluded(params), Device::CPU);
   loss_and_grads();  // each tensor's first cast at its own amax's scale; fills the histories
   fp8_end_step();
   const auto [loss8, grads8] = loss_and_grads();
@@ -430,6 +443,59 @@ TEST_P(Fp8Members, RunThroughTheFp8PathNearTheirFp32Loss) {
     const auto [gradient_error, loss_error] = fp8_member_errors(GetParam(), format);
     EXPECT_LT(loss_error, 1e-2);
     EXPECT_LT(gradient_error, 0.8);
+  }
+}
+
+// Under data parallelism (a gradient-ready hook set) layer 0's weight gradients wait until the embedding's backward
+// has run (ops/linear.h: WeightGradientQueue), their FP8 GEMMs too: layer 0's weight matrices have no gradient yet
+// when the embedding's group is reported, and the loss and every gradient are those without a hook, bit for bit, also
+// accumulated over two backwards and under each way of recomputing activations.
+TEST_P(Fp8Members, DeferredLayerZeroWeightGradientsChangeNoBits) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(detail::concat("variant ", variant));
+    const ModelConfig c = fp8_tiny_config(GetParam());
+    Rng rng(29);
+    DecoderLM model(c, rng, DType::F32);
+    testing::set_knob(model, &ModelMemoryConfig::recompute, variant == 1);
+    testing::set_knob(model, &ModelMemoryConfig::recompute_mlp_projections, variant == 2);
+    testing::randomise_lower_bounds(model, rng);
+    const Tensor ids = testing::token_ids(rng, 2, 16, c.vocab_size);
+    const std::vector<Var> params = testing::parameter_vars(model);
+    Fp8LinearScope scope(Fp8Recipe{}, static_cast<int64_t>(params.size()), fp8_excluded(params), Device::CPU);
+    {  // each tensor's first cast, so that the scales stay put below
+      Tape tape;
+      tape.backward(testing::model_loss(model, tape, ids));
+      fp8_end_step();
+    }
+    const std::vector<std::vector<Var>> groups = model.gradient_ready_groups();
+    const size_t embedding_group = groups.size() - 1;
+    int64_t layer_0_in_fp8 = 0;
+    for (const Var& v : groups[embedding_group - 1]) layer_0_in_fp8 += !fp8_scaling_snapshot(v).scales.empty();
+    EXPECT_GE(layer_0_in_fp8, 2) << "too few of layer 0's projections took the FP8 path";
+    std::vector<std::vector<double>> grads[2];
+    double losses[2][2];
+    for (int deferred = 0; deferred < 2; ++deferred) {
+      int pass = 0, checked = 0;
+      model.set_gradient_ready_hook(!deferred ? std::function<void(size_t)>() : [&](size_t g) {
+        if (g != embedding_group || pass > 0) return;
+        ++checked;
+        for (const Var& v : groups[embedding_group - 1])
+          if (v->value.dim() == 2) EXPECT_FALSE(v->grad.defined()) << v->name << " before the embedding's report";
+      });
+      for (const Var& v : params) v->grad = Tensor();
+      for (pass = 0; pass < 2; ++pass) {
+        Tape tape;
+        const Var loss = testing::model_loss(model, tape, ids);
+        tape.backward(loss);
+        losses[deferred][pass] = loss->value.item();
+      }
+      EXPECT_EQ(checked, deferred);
+      for (const Var& v : params)
+        grads[deferred].push_back(v->grad.defined() ? v->grad.to_double_vector() : std::vector<double>{});
+    }
+    model.set_gradient_ready_hook(nullptr);
+    for (int pass = 0; pass < 2; ++pass) EXPECT_EQ(losses[0][pass], losses[1][pass]);
+    for (size_t p = 0; p < grads[0].size(); ++p) EXPECT_EQ(grads[0][p], grads[1][p]) << params[p]->name;
   }
 }
 

@@ -1,6 +1,8 @@
-// test_hgru2_recurrence.cpp: the HGRU2 recurrence (naive and chunkwise forms): hand-computed steps, chunk vs naive
+// test_gla_recurrence.cpp: the HGRU2 recurrence (naive and chunkwise forms): hand-computed steps, chunk vs naive
 // agreement in fp64 over sequence lengths with partial chunks, gate regimes in fp32 and fp64, chunk-size and
-// sequence-split invariance, fp64 finite-difference gradients of both forms, determinism and shape checks.
+// sequence-split invariance, fp64 finite-difference gradients of both forms, q, k and v read row-strided (column
+// blocks, as GLA's fused projection holds them), determinism and shape checks; the scalar decays (g [B, T, H] and [H])
+// against the per-channel mode on broadcast gates, in fp32 and by finite differences, and row-strided.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -12,12 +14,15 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "hgru2_test_support.h"
 #include "ops/gla_recurrence.h"
 
 namespace hgrn {
 namespace {
 
 using testing::max_abs;
+using testing::QkvBlocks;
+using testing::QkvColumns;
 using testing::random_tensor;
 
 struct Sizes {
@@ -61,14 +66,14 @@ struct Result {
 };
 
 // Runs the recurrence in `dtype` and backpropagates L = <output, d_out> + <final_state, d_final> (either cotangent
-// may be undefined, which leaves that output without a gradient).
+// may be undefined, which leaves that output without a gradient). A g of [H] is a constant: no dg.
 Result run(const Inputs& in, int64_t heads, DType dtype, RecurrenceMode mode, int64_t chunk_size, const Tensor& d_out,
            const Tensor& d_final, double scale = 0.3) {
   Tape tape;
   Var q = make_var(in.q.to(dtype), true, "q");
   Var k = make_var(in.k.to(dtype), true, "k");
   Var v = make_var(in.v.to(dtype), true, "v");
-  Var g = make_var(in.g.to(dtype), true, "g");
+  Var g = make_var(in.g.to(dtype), in.g.dim() != 1, "g");
   Var s0 = in.s0.defined() ? make_var(in.s0.to(dtype), true, "s0") : nullptr;
   GlaOutputs r = gla_recurrence(tape, q, k, v, g, s0, heads, scale, mode, chunk_size);
   if (d_out.defined()) {
@@ -80,6 +85,38 @@ Result run(const Inputs& in, int64_t heads, DType dtype, RecurrenceMode mode, in
   auto f64 = [](const Var& x) { return x && x->grad.defined() ? x->grad.to(DType::F64) : Tensor(); };
   return {r.output->value.to(DType::F64), r.final_state->value.to(DType::F64), f64(q), f64(k), f64(v), f64(g),
           f64(s0)};
+}
+
+// Layouts of q, k and v as column blocks: GLA's (side by side, more columns after), the same from column 3, and one
+// parent each with strides and offsets that all differ, so that an input read or a gradient written with another's
+// stride or offset changes the result.
+const QkvColumns kQkvLayouts[] = {
+    {"fused", true, {0, 0, 0}, {0, 0, 9}},
+    {"fused_from_column_3", true, {3, 0, 0}, {0, 0, 4}},
+    {"one_parent_each", false, {1, 5, 3}, {4, 2, 6}},
+};
+
+// run() with q, k and v read in place as column blocks laid out as `layout` says (both cotangents given); their
+// gradients are taken from the parents' gradients, which must be 0 elsewhere.
+Result run_row_strided(const Inputs& in, int64_t heads, DType dtype, RecurrenceMode mode, int64_t chunk_size,
+                       const QkvColumns& layout, const Tensor& d_out, const Tensor& d_final) {
+  const QkvBlocks blocks(layout, in.q.size(-1), in.v.size(-1));
+  Tape tape;
+  std::vector<Var> parents;
+  for (const Tensor& p : blocks.parents_of(in.q, in.k, in.v)) parents.push_back(make_var(p.to(dtype), true, "qkv"));
+  const std::vector<Var> qkv = blocks.split(tape, parents);
+  Var g = make_var(in.g.to(dtype), in.g.dim() != 1, "g");  // [H]: a constant
+  Var s0 = in.s0.defined() ? make_var(in.s0.to(dtype), true, "s0") : nullptr;
+  GlaOutputs r = gla_recurrence(tape, qkv[0], qkv[1], qkv[2], g, s0, heads, 0.3, mode, chunk_size);
+  r.final_state->grad = d_final.to(dtype);
+  tape.backward(r.output, d_out.to(dtype));
+  std::vector<Tensor> grads;
+  for (const Var& p : parents) grads.push_back(p->grad.to(DType::F64));
+  blocks.expect_zero_outside_blocks(grads);
+  return {r.output->value.to(DType::F64), r.final_state->value.to(DType::F64), blocks.block(grads, 0).clone(),
+          blocks.block(grads, 1).clone(), blocks.block(grads, 2).clone(),
+          g->grad.defined() ? g->grad.to(DType::F64) : Tensor(),
+          s0 ? s0->grad.to(DType::F64) : Tensor()};
 }
 
 // max|x − ref| / max(1, max|ref|): relative to the reference's largest entry, so single near-zero entries do not blow
@@ -407,6 +444,83 @@ TEST(GlaRecurrence, ChunkIsBitwiseDeterministic) {
     EXPECT_EQ(p.value->to_double_vector(), p.reference->to_double_vector()) << p.name;
 }
 
+TEST(GlaRecurrence, RowStridedInputsGiveTheContiguousBits) {
+  // Reading q, k and v in place is addressing only: the same bits as from contiguous copies, for both forms and
+  // dtypes, several heads and partial chunks, with each gradient in its own columns (the others 0).
+  const Sizes s = with_time(kGeneralSizes, 70);
+  Rng rng(14);
+  const Inputs in = make_inputs(rng, s, true);
+  const Tensor d_out = random_tensor(rng, in.v.shape());
+  const Tensor d_final = random_tensor(rng, in.s0.shape());
+  for (const QkvColumns& layout : kQkvLayouts)
+    for (DType dtype : {DType::F64, DType::F32})
+      for (RecurrenceMode mode : {RecurrenceMode::Naive, RecurrenceMode::Chunk}) {
+        SCOPED_TRACE(std::string(layout.name) + " " + dtype_name(dtype) +
+                     (mode == RecurrenceMode::Chunk ? " chunk" : " naive"));
+        const Result dense = run(in, s.heads, dtype, mode, 16, d_out, d_final);
+        const Result strided = run_row_strided(in, s.heads, dtype, mode, 16, layout, d_out, d_final);
+        for (const NamedPair& p : pairs_of(strided, dense))
+          EXPECT_EQ(p.value->to_double_vector(), p.reference->to_double_vector()) << p.name;
+      }
+}
+
+TEST(GlaRecurrence, ScalarDecaysWithRowStridedInputsGiveTheContiguousBits) {
+  // The scalar-decay mode reads q, k and v (and writes their gradients) in place as the per-channel one does: the
+  // same bits as from contiguous copies, g [B, T, H] (with dg) and [H] (a constant), both forms and dtypes.
+  const Sizes s = with_time(kGeneralSizes, 70);
+  Rng rng(16);
+  Inputs in = make_inputs(rng, s, true);
+  const Tensor d_out = random_tensor(rng, in.v.shape());
+  const Tensor d_final = random_tensor(rng, in.s0.shape());
+  const Tensor per_step = log_sigmoid_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+  Tensor per_head = Tensor::empty({s.heads}, DType::F64);
+  for (int64_t h = 0; h < s.heads; ++h) per_head.set_item(h, -0.05 - 0.4 * static_cast<double>(h));
+  for (const Tensor& g : {per_step, per_head}) {
+    in.g = g;
+    for (const QkvColumns& layout : kQkvLayouts)
+      for (DType dtype : {DType::F64, DType::F32})
+        for (RecurrenceMode mode : {RecurrenceMode::Naive, RecurrenceMode::Chunk}) {
+          SCOPED_TRACE(std::string(g.dim() == 1 ? "g [H] " : "g [B, T, H] ") + layout.name + " " +
+                       dtype_name(dtype) + (mode == RecurrenceMode::Chunk ? " chunk" : " naive"));
+          const Result dense = run(in, s.heads, dtype, mode, 16, d_out, d_final);
+          const Result strided = run_row_strided(in, s.heads, dtype, mode, 16, layout, d_out, d_final);
+          for (const NamedPair& p : pairs_of(strided, dense)) {
+            ASSERT_EQ(p.value->defined(), p.reference->defined()) << p.name;
+            if (!p.reference->defined()) continue;  // dg of a constant g
+            EXPECT_EQ(p.value->to_double_vector(), p.reference->to_double_vector()) << p.name;
+          }
+          EXPECT_EQ(dense.dg.defined(), g.dim() != 1);
+        }
+  }
+}
+
+TEST(GlaRecurrence, OneRowStridedBlockAsQAndKGetsBothGradients) {
+  // The same column block passed as q and k: its gradient is asked for twice, the second adding to the first. The
+  // same bits as with one contiguous tensor passed twice; k's own columns stay without a gradient.
+  const Sizes s = with_time(kGeneralSizes, 40);
+  Rng rng(15);
+  const Inputs in = make_inputs(rng, s, false);
+  const Tensor d_out = random_tensor(rng, in.v.shape());
+  const QkvBlocks blocks(kQkvLayouts[0], in.q.size(-1), in.v.size(-1));
+  for (RecurrenceMode mode : {RecurrenceMode::Naive, RecurrenceMode::Chunk}) {
+    SCOPED_TRACE(mode == RecurrenceMode::Chunk ? "chunk" : "naive");
+    Tape dense_tape;
+    Var x = make_var(in.q.clone(), true, "x"), v = make_var(in.v.clone(), true, "v");
+    GlaOutputs dense = gla_recurrence(dense_tape, x, x, v, make_var(in.g), nullptr, s.heads, 0.3, mode);
+    dense_tape.backward(dense.output, d_out);
+
+    Tape tape;
+    Var parent = make_var(blocks.parents_of(in.q, in.k, in.v)[0], true, "qkv");
+    const std::vector<Var> qkv = blocks.split(tape, {parent});
+    GlaOutputs strided = gla_recurrence(tape, qkv[0], qkv[0], qkv[2], make_var(in.g), nullptr, s.heads, 0.3, mode);
+    tape.backward(strided.output, d_out);
+    EXPECT_EQ(strided.output->value.to_double_vector(), dense.output->value.to_double_vector());
+    EXPECT_EQ(blocks.block({parent->grad}, 0).clone().to_double_vector(), x->grad.to_double_vector());
+    EXPECT_EQ(blocks.block({parent->grad}, 2).clone().to_double_vector(), v->grad.to_double_vector());
+    EXPECT_EQ(max_abs(blocks.block({parent->grad}, 1)), 0.0);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------------
 // Finite-difference gradients (fp64).
 
@@ -473,6 +587,24 @@ TEST_P(Hgru2Gradients, SubChunkBlocksMatchFiniteDifferences) {
                                     kFdTolerance);
 }
 
+TEST_P(Hgru2Gradients, RowStridedInputsMatchFiniteDifferences) {
+  // q, k and v as column blocks of one parent (from column 3): the gradient is the parent's, 0 in the spare columns.
+  const RecurrenceMode mode = GetParam();
+  const GradcheckCase& c = kSmallCase;
+  const QkvBlocks blocks(kQkvLayouts[1], c.sizes.heads * c.sizes.key_dim, c.sizes.heads * c.sizes.value_dim);
+  const std::vector<Var> in = gradcheck_vars(c, 25);
+  const std::vector<Tensor> parents = blocks.parents_of(in[0]->value, in[1]->value, in[2]->value);
+  ASSERT_EQ(parents.size(), 1u);
+  testing::expect_gradients_match_outputs(
+      [&](Tape& tape, const std::vector<Var>& x) {
+        const std::vector<Var> qkv = blocks.split(tape, {x[0]});
+        GlaOutputs r = gla_recurrence(tape, qkv[0], qkv[1], qkv[2], x[1], x[2], c.sizes.heads, 0.7, mode,
+                                      c.chunk_size);
+        return std::vector<Var>{r.output, r.final_state};
+      },
+      {make_var(parents[0], true, "qkv"), in[3], in[4]}, 77, kFdStep, kFdTolerance);
+}
+
 INSTANTIATE_TEST_SUITE_P(Hgru2, Hgru2Gradients, ::testing::Values(RecurrenceMode::Naive, RecurrenceMode::Chunk),
                          [](const ::testing::TestParamInfo<RecurrenceMode>& info) {
                            return info.param == RecurrenceMode::Naive ? std::string("Naive") : std::string("Chunk");
@@ -509,43 +641,160 @@ TEST(GlaRecurrence, NoTapeEntryWithoutGradients) {
   EXPECT_EQ(r.final_state->value.shape(), (Shape{1, 1, 2, 2}));
 }
 
-// A constant log decay per head (g [H], RetNet's case) is the per-step gates filled with it: both forms, the same bits
-// for the outputs and the gradients of q, k, v and the initial state.
-TEST(GlaRecurrence, PerHeadDecaysEqualTheBroadcastPerStepGates) {
-  const Sizes s = with_time(kGeneralSizes, 70);
-  Rng rng(91);
-  const Inputs in = make_inputs(rng, s, /*with_initial_state=*/true);
-  const Tensor d_out = random_tensor(rng, in.v.shape()), d_final = random_tensor(rng, in.s0.shape());
-  const std::vector<double> decays = {-0.03, -0.5, -2.0};
-  Tensor broadcast = Tensor::empty(in.q.shape(), DType::F64);
-  for (int64_t e = 0; e < broadcast.numel(); ++e) broadcast.set_item(e, decays[e / s.key_dim % s.heads]);
-  for (RecurrenceMode mode : {RecurrenceMode::Naive, RecurrenceMode::Chunk}) {
-    SCOPED_TRACE(mode == RecurrenceMode::Naive ? "naive" : "chunk");
-    Result r[2];
-    for (int per_head = 0; per_head < 2; ++per_head) {
-      Tape tape;
-      Var q = make_var(in.q.clone(), true, "q"), k = make_var(in.k.clone(), true, "k");
-      Var v = make_var(in.v.clone(), true, "v"), s0 = make_var(in.s0.clone(), true, "s0");
-      Var g = make_var(per_head ? Tensor::from_vector(decays, {3}) : broadcast.clone(), false, "g");
-      GlaOutputs out = gla_recurrence(tape, q, k, v, g, s0, s.heads, 0.3, mode, 16);
-      out.final_state->grad = d_final.clone();
-      tape.backward(out.output, d_out);
-      r[per_head] = {out.output->value, out.final_state->value, q->grad, k->grad, v->grad, Tensor(), s0->grad};
-    }
-    for (const auto& [name, a, b] : {std::tuple<const char*, Tensor&, Tensor&>{"output", r[0].output, r[1].output},
-                                     {"final_state", r[0].final_state, r[1].final_state},
-                                     {"dq", r[0].dq, r[1].dq},
-                                     {"dk", r[0].dk, r[1].dk},
-                                     {"dv", r[0].dv, r[1].dv},
-                                     {"ds0", r[0].ds0, r[1].ds0}})
-      EXPECT_EQ(a.to_double_vector(), b.to_double_vector()) << name;
+// ---------------------------------------------------------------------------------------------------------------------
+// Scalar decays: g [B, T, H] (one log decay per head and step) and [H] (one per head, RetNet's case) run the scalar
+// mode, which must compute the per-channel mode's function on g broadcast over the key channels.
+
+// g [B, T, H] or [H] broadcast to [B, T, H·K].
+Tensor broadcast_to_channels(const Tensor& g, const Sizes& s) {
+  Tensor full = Tensor::empty({s.batch, s.time, s.heads * s.key_dim}, DType::F64);
+  const std::vector<double> values = g.to_double_vector();
+  for (int64_t e = 0; e < full.numel(); ++e) {
+    const int64_t row = e / (s.heads * s.key_dim), h = e / s.key_dim % s.heads;
+    full.set_item(e, g.dim() == 1 ? values[h] : values[row * s.heads + h]);
   }
-  // A constant takes no gradient.
+  return full;
+}
+
+// A per-channel dg [B, T, H·K] summed over each head's channels: the gradient of the scalar g it was broadcast from.
+Tensor sum_over_channels(const Tensor& dg, const Sizes& s) {
+  Tensor sum = Tensor::zeros({s.batch, s.time, s.heads}, DType::F64);
+  const std::vector<double> values = dg.to_double_vector();
+  std::vector<double> acc(static_cast<size_t>(sum.numel()), 0.0);
+  for (size_t e = 0; e < values.size(); ++e) acc[e / static_cast<size_t>(s.key_dim)] += values[e];
+  for (int64_t i = 0; i < sum.numel(); ++i) sum.set_item(i, acc[static_cast<size_t>(i)]);
+  return sum;
+}
+
+// The per-head decays RetNet uses, log(1 − 2^(−5−h)), plus one strong decay.
+Tensor per_head_decays(int64_t heads) {
+  Tensor g = Tensor::empty({heads}, DType::F64);
+  for (int64_t h = 0; h < heads; ++h)
+    g.set_item(h, h == heads - 1 ? -2.0 : std::log(1.0 - std::pow(2.0, -5.0 - static_cast<double>(h))));
+  return g;
+}
+
+TEST(GlaRecurrence, ScalarDecaysEqualTheBroadcastPerChannelGates) {
+  // Odd K and V; lengths around the sub-chunk and the chunk, with partial chunks. The two modes differ only in the
+  // order of fp64 roundings (a decay factored out of a channel sum, an exp of G_i − G_j instead of a product of step
+  // decays or reference factors), so they agree to a few ulps of these O(1) values; a formula error is O(1).
+  const double tol = 1e-12;
+  for (int64_t time : {1, 15, 16, 63, 64, 65, 200}) {
+    const Sizes s{2, time, 3, 5, 7};
+    Rng rng(500 + time);
+    Inputs in = make_inputs(rng, s, /*with_initial_state=*/true);
+    const Tensor d_out = random_tensor(rng, in.v.shape()), d_final = random_tensor(rng, in.s0.shape());
+    const Tensor per_step = log_sigmoid_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+    for (const Tensor& scalar_g : {per_step, per_head_decays(s.heads)}) {
+      const bool constant = scalar_g.dim() == 1;
+      for (RecurrenceMode mode : {RecurrenceMode::Naive, RecurrenceMode::Chunk}) {
+        for (int64_t chunk : {0, 16}) {
+          const std::string context = "T=" + std::to_string(time) + (constant ? " g [H]" : " g [B, T, H]") +
+                                      (mode == RecurrenceMode::Chunk ? " chunk=" + std::to_string(chunk) : " naive");
+          Inputs scalar = in, channels = in;
+          scalar.g = scalar_g;
+          channels.g = broadcast_to_channels(scalar_g, s);
+          if (constant) {  // a constant takes no gradient: run without one
+            Result r[2];
+            for (int which = 0; which < 2; ++which) {
+              const Inputs& x = which == 0 ? scalar : channels;
+              Tape tape;
+              Var q = make_var(x.q.clone(), true, "q"), k = make_var(x.k.clone(), true, "k");
+              Var v = make_var(x.v.clone(), true, "v"), s0 = make_var(x.s0.clone(), true, "s0");
+              GlaOutputs out = gla_recurrence(tape, q, k, v, make_var(x.g.clone()), s0, s.heads, 0.3, mode, chunk);
+              out.final_state->grad = d_final.clone();
+              tape.backward(out.output, d_out);
+              r[which] = {out.output->value, out.final_state->value, q->grad, k->grad, v->grad, Tensor(), s0->grad};
+            }
+            r[1].dg = r[0].dg = Tensor::zeros({1}, DType::F64);
+            expect_results_match(r[0], r[1], tol, context);
+          } else {
+            const Result a = run(scalar, s.heads, DType::F64, mode, chunk, d_out, d_final);
+            Result b = run(channels, s.heads, DType::F64, mode, chunk, d_out, d_final);
+            b.dg = sum_over_channels(b.dg, s);
+            expect_results_match(a, b, tol, context);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GlaRecurrence, ScalarDecaysInFp32MatchTheFp64Reference) {
+  // fla's gate regimes as one decay per head and step: fp32 against fp64 on the same rounded inputs, both forms (the
+  // bound and its reasoning as in Hgru2GateRegimes).
+  const Sizes s{2, 130, 2, 9, 11};
+  for (const GateRegime& regime : kGateRegimes) {
+    Rng rng(600);
+    const Inputs in64 = make_inputs(rng, s, true, regime.make_gate(rng, {s.batch, s.time, s.heads}));
+    const Tensor d_out = random_tensor(rng, in64.v.shape()), d_final = random_tensor(rng, in64.s0.shape());
+    const Inputs in32 = rounded_to(in64, DType::F32);
+    const Result reference = run(in32, s.heads, DType::F64, RecurrenceMode::Naive, 0, d_out, d_final);
+    for (RecurrenceMode mode : {RecurrenceMode::Naive, RecurrenceMode::Chunk}) {
+      const Result r32 = run(in32, s.heads, DType::F32, mode, 0, d_out, d_final);
+      const std::string context = std::string(regime.name) + (mode == RecurrenceMode::Chunk ? " chunk" : " naive");
+      for (const NamedPair& p : pairs_of(r32, reference)) {
+        EXPECT_TRUE(all_finite(*p.value)) << p.name << ", " << context;
+        EXPECT_LE(rms_rel_error(*p.value, *p.reference), kFp32Tolerance) << p.name << ", " << context;
+      }
+    }
+  }
+}
+
+// Finite differences of the scalar mode: g [B, T, H] with its gradient, and g [H] as a constant (q, k, v, s0 only).
+class ScalarDecayGradients : public ::testing::TestWithParam<RecurrenceMode> {};
+
+std::vector<Var> scalar_gradcheck_vars(const GradcheckCase& c, uint64_t seed) {
+  std::vector<Var> vars = gradcheck_vars(c, seed);
+  Rng rng(seed + 1000);
+  vars[3] = make_var(log_sigmoid_gate(rng, {c.sizes.batch, c.sizes.time, c.sizes.heads}, 1.0), true, "g");
+  return vars;
+}
+
+TEST_P(ScalarDecayGradients, PerStepDecaysMatchFiniteDifferences) {
+  for (const GradcheckCase& c : {kSmallCase, kSubChunkCase})
+    expect_two_output_gradients_match(c, GetParam(), scalar_gradcheck_vars(c, 25), kFdStep, kFdTolerance);
+}
+
+TEST_P(ScalarDecayGradients, PerHeadDecaysMatchFiniteDifferences) {
+  const RecurrenceMode mode = GetParam();
+  for (const GradcheckCase& c : {kSmallCase, kSubChunkCase}) {
+    std::vector<Var> vars = gradcheck_vars(c, 26);
+    vars.erase(vars.begin() + 3);  // q, k, v, s0
+    const Var decays = make_var(per_head_decays(c.sizes.heads));
+    testing::expect_gradients_match_outputs(
+        [&](Tape& tape, const std::vector<Var>& in) {
+          GlaOutputs r =
+              gla_recurrence(tape, in[0], in[1], in[2], decays, in[3], c.sizes.heads, 0.7, mode, c.chunk_size);
+          return std::vector<Var>{r.output, r.final_state};
+        },
+        vars, 78, kFdStep, kFdTolerance);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Scalar, ScalarDecayGradients,
+                         ::testing::Values(RecurrenceMode::Naive, RecurrenceMode::Chunk),
+                         [](const ::testing::TestParamInfo<RecurrenceMode>& info) {
+                           return info.param == RecurrenceMode::Naive ? std::string("Naive") : std::string("Chunk");
+                         });
+
+TEST(GlaRecurrence, ScalarDecayRejections) {
   Tape tape;
+  Rng rng(92);
+  const Sizes s{1, 5, 3, 2, 2};
+  const Inputs in = make_inputs(rng, s, false);
+  // A constant takes no gradient.
   EXPECT_THROW(gla_recurrence(tape, make_var(in.q), make_var(in.k), make_var(in.v),
-                              make_var(Tensor::from_vector(decays, {3}), true, "g"), nullptr, s.heads, 0.3,
+                              make_var(per_head_decays(s.heads), true, "g"), nullptr, s.heads, 0.3,
                               RecurrenceMode::Chunk),
                Error);
+  // Neither [B, T, H] with another batch, length or head count.
+  for (const Shape& shape : {Shape{2, 5, 3}, Shape{1, 4, 3}, Shape{1, 5, 2}, Shape{1, 5}, Shape{2}})
+    EXPECT_THROW(gla_recurrence(tape, make_var(in.q), make_var(in.k), make_var(in.v),
+                                make_var(Tensor::zeros(shape, DType::F64)), nullptr, s.heads, 0.3,
+                                RecurrenceMode::Chunk),
+                 Error)
+        << shape_str(shape);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -563,6 +812,7 @@ TEST(GlaRecurrence, RejectsBadShapes) {
   EXPECT_THROW(gla_recurrence(tape, q, zeros({2, 5, 4}), v, g, s0, 2, 1.0, mode), Error);     // k ≠ q
   EXPECT_THROW(gla_recurrence(tape, q, k, v, zeros({2, 4, 6}), s0, 2, 1.0, mode), Error);     // g ≠ q
   EXPECT_NO_THROW(gla_recurrence(tape, q, k, v, zeros({2}), s0, 2, 1.0, mode));                // g per head
+  EXPECT_NO_THROW(gla_recurrence(tape, q, k, v, zeros({2, 5, 2}), s0, 2, 1.0, mode));          // per head and step
   EXPECT_THROW(gla_recurrence(tape, q, k, v, zeros({3}), s0, 2, 1.0, mode), Error);            // 3 decays, 2 heads
   EXPECT_THROW(gla_recurrence(tape, q, k, zeros({1, 5, 8}), g, s0, 2, 1.0, mode), Error);     // v's batch
   EXPECT_THROW(gla_recurrence(tape, q, k, zeros({2, 6, 8}), g, s0, 2, 1.0, mode), Error);     // v's time

@@ -2,8 +2,10 @@
 // in fp64, computed from the very values the GPU sees (q, k, v, dO rounded through the activation dtype; g, S0, dS_T
 // through fp32): outputs and every gradient, for sequence lengths around the 64-step chunk (1, 15, 63, 64, 65, 200,
 // 2047), key/value widths that are not multiples of the 64-wide tiles, with and without initial state and final-state
-// gradient, fla's gate regimes and an extreme decay, in fp32 and bf16; plus accumulation into existing gradients,
-// partial gradient requests, bitwise determinism, and the dependent launches' wait for the state pass.
+// gradient, fla's gate regimes and an extreme decay, in fp32 and bf16, scalar decays ([H], [B, T, H]: the kernels'
+// scalar-decay mode) against the CPU reference's; q, k and v read row-strided (column blocks of wider tensors, as
+// GLA's fused projection holds them), in both decay modes; plus accumulation into existing gradients, partial gradient
+// requests, bitwise determinism, and the dependent launches' wait for the state pass.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +19,6 @@
 #include "gpu_test.h"
 #include "gradcheck.h"
 #include "hgru2_test_support.h"
-#include "ops/elementwise.h"
 #include "ops/gla_recurrence.h"
 
 namespace hgrn {
@@ -25,6 +26,8 @@ namespace {
 
 using testing::compare;
 using testing::max_abs;
+using testing::QkvBlocks;
+using testing::QkvColumns;
 using testing::random_tensor;
 using testing::round_through;
 using testing::to_gpu;
@@ -85,34 +88,49 @@ struct Wants {
 };
 
 // Runs the op with inputs on `device` (CUDA: q, k, v, dO in act, the rest fp32; CPU: everything fp64, chunk form with
-// 64-step chunks, the reference) and backpropagates L = <output, dO> + <final_state, dS_T>. v_offset >= 0: v is a
-// column block of [v_offset columns | v | 5 columns] (split_columns, as the fused q/f/i projection's output), read
-// and given its gradient row-strided on the GPU.
+// 64-step chunks, the reference) and backpropagates L = <output, dO> + <final_state, dS_T>. columns: q, k and v are
+// column blocks of wider tensors laid out so (split_columns, as a fused projection's output), read and given their
+// gradients in place (all three or none of them want one); their existing gradients (initial_grads) then lie in
+// kExistingGradientColumns, whose strides differ from every layout's below.
 // keep_states: the forward's per-chunk states are kept for the backward instead of recomputed there.
+const QkvColumns kExistingGradientColumns{"existing gradients", false, {5, 1, 0}, {0, 3, 7}};
 Result run(const Problem& p, int64_t heads, Device device, DType act, double scale, const Wants& wants = {},
            const Problem* initial_grads = nullptr, RecurrenceMode mode = RecurrenceMode::Chunk,
-           int64_t v_offset = -1, bool keep_states = false) {
+           const QkvColumns* columns = nullptr, bool keep_states = false) {
   const bool gpu = device == Device::CUDA;
   auto put = [&](const Tensor& t, DType dtype) { return gpu ? to_gpu(t, dtype) : t.clone(); };
   const DType act_dtype = gpu ? act : DType::F64, f32 = gpu ? DType::F32 : DType::F64;
   Tape tape;
-  Var q = make_var(put(p.q, act_dtype), wants.q, "q");
-  Var k = make_var(put(p.k, act_dtype), wants.k, "k");
-  Var v, v_parent;
-  const int64_t v_width = p.v.size(-1);
-  if (v_offset >= 0) {
-    const auto ones = [&](int64_t n) { return Tensor::full({p.v.size(0), p.v.size(1), n}, 1.0, DType::F64); };
-    v_parent = make_var(put(testing::concat_columns({ones(v_offset), p.v, ones(5)}), act_dtype), wants.v, "v_parent");
-    v = split_columns(tape, v_parent, {v_offset, v_width, 5})[1];
+  Var q, k, v;
+  std::vector<Var> parents;
+  const QkvBlocks blocks(columns ? *columns : QkvColumns{}, p.q.size(-1), p.v.size(-1));
+  if (columns) {
+    EXPECT_TRUE(wants.q == wants.k && wants.k == wants.v) << "column blocks of one parent want gradients alike";
+    for (const Tensor& parent : blocks.parents_of(p.q, p.k, p.v))
+      parents.push_back(make_var(put(parent, act_dtype), wants.q, "qkv"));
+    const std::vector<Var> qkv = blocks.split(tape, parents);
+    q = qkv[0], k = qkv[1], v = qkv[2];
   } else {
+    q = make_var(put(p.q, act_dtype), wants.q, "q");
+    k = make_var(put(p.k, act_dtype), wants.k, "k");
     v = make_var(put(p.v, act_dtype), wants.v, "v");
   }
   Var g = make_var(put(p.g, f32), wants.g, "g");
   Var s0 = p.s0.defined() ? make_var(put(p.s0, f32), wants.s0, "s0") : nullptr;
   if (initial_grads) {  // gradients already there: the backward must add to them
-    q->grad = put(initial_grads->q, act_dtype);
-    k->grad = put(initial_grads->k, act_dtype);
-    v->grad = put(initial_grads->v, act_dtype);
+    if (columns) {  // column blocks too, in tensors of their own
+      const QkvBlocks elsewhere(kExistingGradientColumns, p.q.size(-1), p.v.size(-1));
+      std::vector<Tensor> grads;
+      for (const Tensor& parent : elsewhere.parents_of(initial_grads->q, initial_grads->k, initial_grads->v))
+        grads.push_back(put(parent, act_dtype));
+      q->grad = elsewhere.block(grads, 0);
+      k->grad = elsewhere.block(grads, 1);
+      v->grad = elsewhere.block(grads, 2);
+    } else {
+      q->grad = put(initial_grads->q, act_dtype);
+      k->grad = put(initial_grads->k, act_dtype);
+      v->grad = put(initial_grads->v, act_dtype);
+    }
     g->grad = put(initial_grads->g, f32);
     if (s0) s0->grad = put(initial_grads->s0, f32);
   }
@@ -126,13 +144,14 @@ Result run(const Problem& p, int64_t heads, Device device, DType act, double sca
     }
   }
   auto grad = [](const Var& x) { return x && x->grad.defined() ? to_host_f64(x->grad) : Tensor(); };
-  if (v_parent && v_parent->grad.defined()) {  // v's gradient ended in the parent's; the other columns got none
-    const Tensor whole = to_host_f64(v_parent->grad);
-    for (int64_t r = 0; r < whole.numel() / whole.size(-1); ++r)
-      for (int64_t c = 0; c < whole.size(-1); ++c)
-        if (c < v_offset || c >= v_offset + v_width)
-          EXPECT_EQ(whole.item(r * whole.size(-1) + c), 0.0) << "column " << c << " of row " << r;
-    v->grad = v_parent->grad.columns(v_offset, v_width).clone();
+  if (columns && wants.q && parents[0]->grad.defined()) {
+    // q's, k's and v's gradients ended in the parents'; the spare columns got none.
+    std::vector<Tensor> grads;
+    for (const Var& parent : parents) grads.push_back(grad(parent));
+    blocks.expect_zero_outside_blocks(grads);
+    q->grad = blocks.block(grads, 0).clone();
+    k->grad = blocks.block(grads, 1).clone();
+    v->grad = blocks.block(grads, 2).clone();
   }
   return {to_host_f64(r.output->value), to_host_f64(r.final_state->value), grad(q), grad(k), grad(v), grad(g),
           grad(s0)};
@@ -209,24 +228,120 @@ TEST(GlaRecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
   }
 }
 
-// v as a column block of a wider tensor (the fused projection's output): rows further apart than H·V, at offsets
-// that keep cp.async's 16-byte rows (8 bf16 / 4 fp32 columns) and one that does not (3).
-TEST(GlaRecurrenceCuda, RowStridedValuesMatchCpuReference) {
+// Layouts of q, k and v as column blocks of wider tensors, read in place: GLA's (side by side, more columns after;
+// rows of whole 16 bytes, for cp.async, where H·K and H·V are multiples of 8), the same from column 3 (no row
+// aligned), and one parent each, whose strides all differ (an input read, or a gradient written, with another's
+// stride shows), q's and k's rows aligned, v's not; and one parent each at column 0 with odd strides (the first
+// row aligned, the next not: only the stride rules cp.async out).
+const QkvColumns kQkvLayouts[] = {
+    {"side by side", true, {0, 0, 0}, {0, 0, 8}},
+    {"side by side from column 3", true, {3, 0, 0}, {0, 0, 5}},
+    {"one parent each", false, {8, 0, 3}, {8, 8, 5}},
+    {"one parent each, odd strides", false, {0, 0, 0}, {1, 3, 5}},
+};
+
+// q, k and v as column blocks (kQkvLayouts) against the CPU reading the same layout: odd lengths (a single step,
+// partial chunks), K and V not multiples of the 64-wide tiles (K = 200: four K-tiles, the last partial), several
+// heads.
+TEST(GlaRecurrenceCuda, RowStridedInputsMatchCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
-  const std::vector<Sizes> shapes{{2, 1, 2, 16, 32}, {2, 65, 2, 16, 32}, {1, 200, 3, 60, 40}, {2, 130, 4, 128, 128}};
+  const std::vector<Sizes> shapes{{2, 1, 2, 16, 32},  {2, 65, 2, 16, 32},   {1, 200, 3, 60, 40},
+                                  {3, 97, 5, 36, 52}, {1, 130, 2, 200, 96}, {2, 130, 4, 128, 128}};
   int variant = 0;
   for (const Sizes& s : shapes) {
     for (DType act : {DType::F32, DType::BF16}) {
-      for (int64_t offset : {int64_t{0}, int64_t{8}, int64_t{3}}) {
-        const std::string context = s.str() + " " + dtype_name(act) + " v at column " + std::to_string(offset);
+      for (const QkvColumns& layout : kQkvLayouts) {
+        const std::string context = s.str() + " " + dtype_name(act) + " q, k, v " + layout.name;
         SCOPED_TRACE(context);
         Rng rng(3000 + variant++);
         const Problem p = make_problem(rng, s, variant % 2 == 0, true, variant % 3 == 0);
-        const Result got = run(p, s.heads, Device::CUDA, act, 0.25, {}, nullptr, RecurrenceMode::Chunk, offset);
+        const Result got = run(p, s.heads, Device::CUDA, act, 0.25, {}, nullptr, RecurrenceMode::Chunk, &layout);
         const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.25, {}, nullptr,
-                                RecurrenceMode::Chunk, offset);
+                                RecurrenceMode::Chunk, &layout);
         expect_matches(got, want, tol_for(act), context);
       }
+    }
+  }
+}
+
+// Gradients of column blocks that exist already, themselves column blocks of other tensors (kExistingGradientColumns):
+// the backward adds to them in place, reading and writing them at their own strides, not the inputs'.
+TEST(GlaRecurrenceCuda, RowStridedInputsAccumulateIntoExistingGradients) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const Sizes s{2, 100, 3, 60, 40};
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (const QkvColumns& layout : kQkvLayouts) {
+      const std::string context = std::string(dtype_name(act)) + " q, k, v " + layout.name;
+      SCOPED_TRACE(context);
+      Rng rng(3500);
+      const Problem p = make_problem(rng, s, true, true, true);
+      Problem before = make_problem(rng, s, true, false, false);
+      before.g = random_tensor(rng, p.g.shape());
+      const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
+      const Result got = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, &before, RecurrenceMode::Chunk, &layout);
+      const Problem before_rounded = rounded(before, act);
+      auto plus = [](const Tensor& a, const Tensor& b) {
+        Tensor r = a.clone();
+        for (int64_t i = 0; i < r.numel(); ++i) r.set_item(i, a.item(i) + b.item(i));
+        return r;
+      };
+      Result want_sum = want;
+      want_sum.dq = plus(want.dq, before_rounded.q);
+      want_sum.dk = plus(want.dk, before_rounded.k);
+      want_sum.dv = plus(want.dv, before_rounded.v);
+      want_sum.dg = plus(want.dg, round_through(before.g, DType::F32));
+      want_sum.ds0 = plus(want.ds0, before_rounded.s0);
+      expect_matches(got, want_sum, tol_for(act), context);
+    }
+  }
+}
+
+// One column block passed as q and k, and as q, k and v (K = V), as the CPU form allows: its gradient is the sum of
+// theirs (against the CPU reference run with distinct tensors of the same values), k's and v's own columns get none.
+// The kernels write each gradient once, so the repeats take scratch of their own, added in afterwards.
+TEST(GlaRecurrenceCuda, OneBlockAsSeveralInputsGetsTheirGradientsSummed) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const Sizes s{2, 100, 3, 40, 40};
+  auto plus = [](const Tensor& a, const Tensor& b) {
+    Tensor r = a.clone();
+    for (int64_t i = 0; i < r.numel(); ++i) r.set_item(i, a.item(i) + b.item(i));
+    return r;
+  };
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (bool as_v : {false, true}) {
+      const std::string context = std::string(dtype_name(act)) + (as_v ? " one block as q, k and v" : " as q and k");
+      SCOPED_TRACE(context);
+      Rng rng(3600);
+      Problem p = make_problem(rng, s, true, true, true);
+      p.k = p.q;
+      if (as_v) p.v = p.q;
+      Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
+      want.dq = plus(want.dq, want.dk);
+      want.dk = Tensor();
+      if (as_v) want.dq = plus(want.dq, want.dv), want.dv = Tensor();
+
+      const QkvBlocks blocks(kQkvLayouts[0], p.q.size(-1), p.v.size(-1));
+      Tape tape;
+      Var parent = make_var(to_gpu(blocks.parents_of(p.q, p.k, p.v)[0], act), true, "qkv");
+      const std::vector<Var> qkv = blocks.split(tape, {parent});
+      Var g = make_var(to_gpu(p.g, DType::F32), true, "g");
+      Var s0 = make_var(to_gpu(p.s0, DType::F32), true, "s0");
+      GlaOutputs r = gla_recurrence(tape, qkv[0], qkv[0], as_v ? qkv[0] : qkv[2], g, s0, s.heads, 0.3,
+                                    RecurrenceMode::Chunk);
+      r.final_state->grad = to_gpu(p.d_final, DType::F32);
+      tape.backward(r.output, to_gpu(p.d_out, act));
+      ASSERT_TRUE(parent->grad.defined());
+      const std::vector<Tensor> grads{to_host_f64(parent->grad)};
+      const Result got{to_host_f64(r.output->value),
+                       to_host_f64(r.final_state->value),
+                       blocks.block(grads, 0).clone(),
+                       Tensor(),
+                       as_v ? Tensor() : blocks.block(grads, 2).clone(),
+                       to_host_f64(g->grad),
+                       to_host_f64(s0->grad)};
+      expect_matches(got, want, tol_for(act), context);
+      EXPECT_EQ(max_abs(blocks.block(grads, 1)), 0.0) << "k's own columns";
+      if (as_v) EXPECT_EQ(max_abs(blocks.block(grads, 2)), 0.0) << "v's own columns";
     }
   }
 }
@@ -247,11 +362,15 @@ TEST(GlaRecurrenceCuda, GateRegimes) {
   }
 }
 
-// RetNet's constant decay per head (g [H], log(1 − 2^(−5−h)) as fla's chunk_retention): broadcast over the steps and
-// key channels on the GPU, against the CPU's reading of the same [H] decays. No gradient for g (a constant).
+// RetNet's constant decay per head (g [H], log(1 − 2^(−5−h)) as fla's chunk_retention): the kernels' scalar-decay
+// mode (g read as [H]) against the CPU reference's on the same [H] decays. No gradient for g (a constant). Odd K and V,
+// lengths around the chunk, K over several 64-wide tiles (200: a partial fourth) and RetNet's own head sizes.
+// Tolerances: the per-channel ones (tol_for): the scalar mode's products are no less exact (bf16: q kᵀ in bf16 with
+// fp32 sums, W k and Wᵀ q in TF32 as the per-channel intra blocks).
 TEST(GlaRecurrenceCuda, PerHeadDecaysMatchCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
-  const std::vector<Sizes> shapes{{2, 1, 3, 16, 32}, {2, 65, 4, 32, 64}, {1, 300, 8, 128, 256}};
+  const std::vector<Sizes> shapes{{2, 1, 3, 16, 32},  {2, 15, 3, 13, 21},  {2, 63, 2, 7, 9},      {2, 64, 5, 33, 65},
+                                  {2, 65, 4, 32, 64}, {1, 200, 5, 60, 40}, {1, 130, 2, 200, 72}, {1, 300, 8, 128, 256}};
   int variant = 0;
   for (const Sizes& s : shapes) {
     for (DType act : {DType::F32, DType::BF16}) {
@@ -267,6 +386,131 @@ TEST(GlaRecurrenceCuda, PerHeadDecaysMatchCpuReference) {
       const Result want =
           run(rounded(p, act), s.heads, Device::CPU, DType::F64, 1.0 / std::sqrt(static_cast<double>(s.key_dim)), wants);
       expect_matches(got, want, tol_for(act), context);
+    }
+  }
+}
+
+// One log decay per head and step (g [B, T, H]): the kernels' scalar-decay mode (dg summed over each K-tile's channels
+// in bwd_dqk, then over the K-tiles where K > 64) against the CPU reference's; fla's gate regimes, odd K and V, K of
+// one, two and four (a partial) 64-wide tiles, fp32 and bf16 (tolerances as PerHeadDecaysMatchCpuReference); then the
+// gradient added to an existing one and asked for alone, with one K-tile and with two; then kept states and two runs
+// give the same bits.
+TEST(GlaRecurrenceCuda, PerStepScalarDecaysMatchCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const std::vector<Sizes> shapes{{2, 1, 3, 13, 21},    {2, 65, 2, 7, 9},      {1, 200, 5, 60, 40},
+                                  {2, 130, 4, 128, 128}, {1, 130, 2, 200, 96}, {2, 64, 3, 64, 64}};
+  int variant = 0;
+  for (const Sizes& s : shapes) {
+    for (double c : {0.1, 1.0, 10.0}) {
+      for (DType act : {DType::F32, DType::BF16}) {
+        const std::string context = s.str() + " c=" + std::to_string(c) + " " + dtype_name(act) + " g [B, T, H]";
+        SCOPED_TRACE(context);
+        Rng rng(5000 + variant++);
+        Problem p = make_problem(rng, s, variant % 2 == 0, true, variant % 3 != 0);
+        p.g = make_gate(rng, {s.batch, s.time, s.heads}, c);
+        const bool strong_fp32 = act == DType::F32 && c < 1;
+        expect_gpu_matches_cpu(p, s.heads, act, 0.3, context, strong_fp32 ? &kFp32StrongDecayDg : nullptr);
+      }
+    }
+  }
+  for (int64_t key : {33, 100}) {  // one K-tile (dg written by bwd_dqk) and two (summed after it)
+    SCOPED_TRACE("K=" + std::to_string(key));
+    const Sizes s{2, 100, 3, key, 20};
+    Rng rng(5100 + key);
+    Problem p = make_problem(rng, s, true, true, true);
+    p.g = make_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+    const Result want = run(rounded(p, DType::F32), s.heads, Device::CPU, DType::F64, 0.3);
+    Problem before = make_problem(rng, s, true, false, false);
+    before.g = random_tensor(rng, p.g.shape());
+    const Result got = run(p, s.heads, Device::CUDA, DType::F32, 0.3, Wants{}, &before);
+    Tensor want_dg = want.dg.clone();
+    const Tensor before_dg = round_through(before.g, DType::F32);
+    for (int64_t i = 0; i < want_dg.numel(); ++i) want_dg.set_item(i, want.dg.item(i) + before_dg.item(i));
+    testing::expect_close(got.dg, want_dg, kFp32.rel_rms, kFp32.max_rel * max_abs(want_dg), "dg added to another");
+    const Result alone = run(p, s.heads, Device::CUDA, DType::F32, 0.3, Wants{false, false, false, true, false});
+    EXPECT_FALSE(alone.dq.defined() || alone.dk.defined() || alone.dv.defined() || alone.ds0.defined());
+    testing::expect_close(alone.dg, want.dg, kFp32.rel_rms, kFp32.max_rel * max_abs(want.dg), "dg alone");
+  }
+  // Fixed-order sums and the forward's own state pass: kept or recomputed states, and a second run, give the same bits.
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(std::string("bits ") + dtype_name(act));
+    const Sizes s{2, 130, 2, 100, 72};
+    Rng rng(5200);
+    Problem p = make_problem(rng, s, true, true, true);
+    p.g = make_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+    const Result a = run(p, s.heads, Device::CUDA, act, 0.3);
+    const Result b = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, nullptr, RecurrenceMode::Chunk, nullptr, true);
+    const Result c = run(p, s.heads, Device::CUDA, act, 0.3);
+    for (const Result* other : {&b, &c}) {
+      const Tensor* xs[] = {&a.output, &a.final_state, &a.dq, &a.dk, &a.dv, &a.dg, &a.ds0};
+      const Tensor* ys[] = {&other->output, &other->final_state, &other->dq, &other->dk,
+                            &other->dv,     &other->dg,          &other->ds0};
+      for (int i = 0; i < 7; ++i) {
+        ASSERT_EQ(xs[i]->numel(), ys[i]->numel());
+        EXPECT_EQ(std::memcmp(xs[i]->raw_data(), ys[i]->raw_data(), xs[i]->nbytes()), 0) << "result " << i;
+      }
+    }
+  }
+}
+
+// The scalar-decay mode with q, k and v as column blocks (kQkvLayouts), against the CPU reading the same layout: g
+// [B, T, H] (with dg; K of one tile and of four, the last partial) and [H] (a constant), fp32 and bf16; then g
+// [B, T, H]'s run adding into existing gradients that are column blocks of other tensors (kExistingGradientColumns).
+// The kernels' scalar paths read q and k, and write dq, dk and dv, at the strides the per-channel paths use.
+TEST(GlaRecurrenceCuda, RowStridedInputsWithScalarDecaysMatchCpuReference) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const std::vector<Sizes> shapes{{2, 65, 2, 16, 32}, {3, 97, 5, 36, 52}, {1, 130, 2, 200, 96}};
+  int variant = 0;
+  for (const Sizes& s : shapes) {
+    for (bool per_head : {false, true}) {
+      for (DType act : {DType::F32, DType::BF16}) {
+        for (const QkvColumns& layout : kQkvLayouts) {
+          const std::string context = s.str() + " " + dtype_name(act) + (per_head ? " g [H]" : " g [B, T, H]") +
+                                      " q, k, v " + layout.name;
+          SCOPED_TRACE(context);
+          Rng rng(5300 + variant++);
+          Problem p = make_problem(rng, s, variant % 2 == 0, true, variant % 3 != 0);
+          Wants wants;
+          if (per_head) {
+            p.g = Tensor::empty({s.heads}, DType::F64);
+            for (int64_t h = 0; h < s.heads; ++h) p.g.set_item(h, -0.05 - 0.3 * static_cast<double>(h));
+            wants.g = false;
+          } else {
+            p.g = make_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+          }
+          const Result got = run(p, s.heads, Device::CUDA, act, 0.25, wants, nullptr, RecurrenceMode::Chunk, &layout);
+          const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.25, wants, nullptr,
+                                  RecurrenceMode::Chunk, &layout);
+          expect_matches(got, want, tol_for(act), context);
+        }
+      }
+    }
+  }
+  const Sizes s{2, 100, 3, 60, 40};
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (const QkvColumns& layout : kQkvLayouts) {
+      const std::string context = std::string(dtype_name(act)) + " g [B, T, H], existing gradients, " + layout.name;
+      SCOPED_TRACE(context);
+      Rng rng(5400);
+      Problem p = make_problem(rng, s, true, true, true);
+      p.g = make_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+      Problem before = make_problem(rng, s, true, false, false);
+      before.g = random_tensor(rng, p.g.shape());
+      const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
+      const Result got = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, &before, RecurrenceMode::Chunk, &layout);
+      const Problem before_rounded = rounded(before, act);
+      auto plus = [](const Tensor& a, const Tensor& b) {
+        Tensor r = a.clone();
+        for (int64_t i = 0; i < r.numel(); ++i) r.set_item(i, a.item(i) + b.item(i));
+        return r;
+      };
+      Result want_sum = want;
+      want_sum.dq = plus(want.dq, before_rounded.q);
+      want_sum.dk = plus(want.dk, before_rounded.k);
+      want_sum.dv = plus(want.dv, before_rounded.v);
+      want_sum.dg = plus(want.dg, round_through(before.g, DType::F32));
+      want_sum.ds0 = plus(want.ds0, before_rounded.s0);
+      expect_matches(got, want_sum, tol_for(act), context);
     }
   }
 }
@@ -384,7 +628,8 @@ TEST(GlaRecurrenceCuda, KeptStatesGiveTheRecomputedBits) {
         Wants wants;
         if (only_v) wants = Wants{false, false, true, false, false};
         const Result recomputed = run(p, s.heads, Device::CUDA, act, 0.3, wants);
-        const Result kept = run(p, s.heads, Device::CUDA, act, 0.3, wants, nullptr, RecurrenceMode::Chunk, -1, true);
+        const Result kept =
+            run(p, s.heads, Device::CUDA, act, 0.3, wants, nullptr, RecurrenceMode::Chunk, nullptr, true);
         const Tensor* xs[] = {&recomputed.output, &recomputed.final_state, &recomputed.dq, &recomputed.dk,
                               &recomputed.dv,     &recomputed.dg,          &recomputed.ds0};
         const Tensor* ys[] = {&kept.output, &kept.final_state, &kept.dq, &kept.dk, &kept.dv, &kept.dg, &kept.ds0};

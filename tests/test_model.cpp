@@ -1,7 +1,7 @@
 // test_model.cpp: the whole model of every family member (HGRN2, HGRN1, and HGRN1's complex-valued HGRU as
 // "hgrn-complex"): fp64 finite-difference gradients of every parameter (lower bounds included), layer 0 giving no
-// lower-bound gradient, chunkwise vs recurrent equality, carried states, recomputation, gradient groups, and the
-// parameter layouts.
+// lower-bound gradient, chunkwise vs recurrent equality, carried states, recomputation, gradient groups, the
+// forward asking for each group of parameters before reading it, and the parameter layouts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -91,7 +91,8 @@ TEST_P(EveryModelType, RecomputationGivesTheSameLossAndGradientsBitForBit) {
 // Data parallelism starts reducing a group's gradients when the backward reports the group complete: a gradient
 // written after its group's report would be reduced half-done. Snapshot each group's gradients at the report and
 // compare them with the gradients at the end of the backward: they must be equal bit for bit. Also: groups are
-// reported once each, in index order, and cover every parameter exactly once.
+// reported once each, in index order but for layer 0's after the embedding's (its weight gradients deferred), and
+// cover every parameter exactly once.
 TEST_P(EveryModelType, GradientReadyGroupsAreCompleteWhenReported) {
   for (int variant = 0; variant < 4; ++variant) {
     ModelConfig c = tiny_config(GetParam());
@@ -124,7 +125,10 @@ TEST_P(EveryModelType, GradientReadyGroupsAreCompleteWhenReported) {
       Tape tape;
       tape.backward(model_loss(model, tape, token_ids(rng, 2, 66, c.vocab_size)));
       ASSERT_EQ(reported.size(), groups.size());
-      for (size_t g = 0; g < reported.size(); ++g) EXPECT_EQ(reported[g], g);
+      const size_t last = groups.size() - 1;
+      for (size_t i = 0; i + 2 < reported.size(); ++i) EXPECT_EQ(reported[i], i);
+      EXPECT_EQ(reported[last - 1], last) << "the embedding's group, before layer 0's";
+      EXPECT_EQ(reported[last], last - 1) << "layer 0's group, after its deferred weight gradients";
       for (const auto& [spec, var] : model.parameters())
         EXPECT_EQ(at_report.at(var.get()), var->grad.defined() ? var->grad.to_double_vector() : std::vector<double>{})
             << spec.name << " changed after its group was reported complete";
@@ -134,6 +138,91 @@ TEST_P(EveryModelType, GradientReadyGroupsAreCompleteWhenReported) {
     eval.set_enabled(false);
     model.forward(eval, token_ids(rng, 1, 3, c.vocab_size));
     EXPECT_EQ(eval.size(), 0u) << "no markers without a hook or with the tape off";
+  }
+}
+
+// Under data parallelism (a gradient-ready hook set) layer 0's weight gradients run after the embedding's backward:
+// the same GEMMs on the same operands, so the same loss and gradients bit for bit as without a hook, also when a
+// second backward accumulates onto the first one's gradients, and under each way of recomputing activations.
+TEST_P(EveryModelType, DeferredLayerZeroWeightGradientsChangeNoBits) {
+  for (int variant = 0; variant < 5; ++variant) {
+    ModelConfig c = tiny_config(GetParam());
+    c.tie_word_embeddings = variant == 1;
+    c.num_hidden_layers = variant == 2 ? 1 : 2;
+    SCOPED_TRACE(detail::concat("variant ", variant));
+    Rng rng(23);
+    DecoderLM model(c, rng, DType::F64);
+    set_knob(model, &ModelMemoryConfig::recompute, variant == 3);
+    set_knob(model, &ModelMemoryConfig::recompute_mlp_projections, variant == 4);
+    set_knob(model, &ModelMemoryConfig::recompute_elementwise, variant != 4);
+    randomise_lower_bounds(model, rng);
+    const Tensor ids = token_ids(rng, 2, 66, c.vocab_size);
+    const std::vector<std::vector<Var>> groups = model.gradient_ready_groups();
+    const size_t embedding_group = groups.size() - 1;
+    std::vector<std::vector<double>> grads[2];
+    double losses[2][2];
+    for (int deferred = 0; deferred < 2; ++deferred) {
+      int pass = 0;
+      // Layer 0's weight matrices get their first gradients only after the embedding's report.
+      model.set_gradient_ready_hook(!deferred ? std::function<void(size_t)>() : [&](size_t g) {
+        if (g != embedding_group || pass > 0) return;
+        for (const Var& v : groups[embedding_group - 1])
+          if (v->value.dim() == 2) EXPECT_FALSE(v->grad.defined()) << v->name << " before the embedding's report";
+      });
+      for (const Var& v : parameter_vars(model)) v->grad = Tensor();
+      for (pass = 0; pass < 2; ++pass) {
+        Tape tape;
+        const Var loss = model_loss(model, tape, ids);
+        tape.backward(loss);
+        losses[deferred][pass] = loss->value.item();
+      }
+      for (const Var& v : parameter_vars(model))
+        grads[deferred].push_back(v->grad.defined() ? v->grad.to_double_vector() : std::vector<double>{});
+    }
+    model.set_gradient_ready_hook(nullptr);
+    for (int pass = 0; pass < 2; ++pass) EXPECT_EQ(losses[0][pass], losses[1][pass]);
+    for (size_t p = 0; p < grads[0].size(); ++p) EXPECT_EQ(grads[0][p], grads[1][p]) << "parameter " << p;
+  }
+}
+
+// ZeRO-1 lets the weights' all-gather run on into the next forward, which must not read a group's parameters before
+// it has asked for the group. Every parameter is NaN until the hook restores its group: the loss must be the
+// untouched model's, bit for bit, and the groups asked for once each, from the last to the first.
+TEST_P(EveryModelType, ParametersNeededHookComesBeforeEveryRead) {
+  for (int variant = 0; variant < 4; ++variant) {
+    ModelConfig c = tiny_config(GetParam());
+    c.tie_word_embeddings = variant == 1;
+    c.num_hidden_layers = variant == 2 ? 1 : 3;
+    SCOPED_TRACE(detail::concat("tied ", c.tie_word_embeddings, ", layers ", c.num_hidden_layers, ", recompute ",
+                                variant == 3));
+    Rng rng(22);
+    DecoderLM model(c, rng, DType::F64);
+    set_knob(model, &ModelMemoryConfig::recompute, variant == 3);
+    randomise_lower_bounds(model, rng);
+    const Tensor ids = token_ids(rng, 2, 66, c.vocab_size);
+    double expected = 0;
+    {
+      Tape tape;
+      expected = model_loss(model, tape, ids)->value.item();
+    }
+    ASSERT_TRUE(std::isfinite(expected));
+    const std::vector<std::vector<Var>> groups = model.gradient_ready_groups();
+    std::map<const Variable*, Tensor> saved;
+    for (const auto& [spec, var] : model.parameters()) {
+      saved[var.get()] = var->value.clone();
+      var->value.fill(std::nan(""));
+    }
+    std::vector<size_t> asked;
+    model.set_parameters_needed_hook([&](size_t g) {
+      asked.push_back(g);
+      for (const Var& v : groups.at(g)) v->value.copy_from(saved.at(v.get()));
+    });
+    Tape tape;
+    const double loss = model_loss(model, tape, ids)->value.item();
+    model.set_parameters_needed_hook(nullptr);
+    EXPECT_EQ(loss, expected) << "a parameter was read before its group was asked for";
+    ASSERT_EQ(asked.size(), groups.size());
+    for (size_t i = 0; i < asked.size(); ++i) EXPECT_EQ(asked[i], groups.size() - 1 - i);
   }
 }
 

@@ -1,8 +1,8 @@
 // test_model_cuda.cpp: a whole tiny model of every family member (HGRN2, HGRN1, and HGRN1's complex-valued HGRU as
 // "hgrn-complex") on the GPU against the CPU reference in fp64: the loss and the gradient of every parameter (lower
 // bounds included), for fp32 and for bf16 mixed-precision activations, over a sequence with a partial last chunk; the
-// GPU forward + backward giving the same bits on a second run and with recomputation; generation's prefill and
-// decode steps on the GPU against the CPU forward.
+// GPU forward + backward giving the same bits on a second run, with recomputation and with layer 0's weight gradients
+// deferred (data parallelism); generation's prefill and decode steps on the GPU against the CPU forward.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -185,6 +185,30 @@ TEST_P(ModelCudaEveryType, RecomputationGivesTheSameLossAndGradientsBitForBit) {
       EXPECT_EQ(plain.loss, recomputed.loss) << dtype_name(act) << " variant " << variant;
       for (size_t p = 0; p < plain.grads.size(); ++p)
         EXPECT_EQ(std::memcmp(plain.grads[p].raw_data(), recomputed.grads[p].raw_data(), plain.grads[p].nbytes()), 0)
+            << dtype_name(act) << " variant " << variant << " parameter " << p;
+    }
+  }
+}
+
+// With a gradient-ready hook set (data parallelism), layer 0's weight-gradient GEMMs run after the embedding's
+// backward: the same bits as without a hook (as on the CPU, test_model.cpp), also with full blocks recomputed and
+// with the bf16 weight copies cast again in the backward.
+TEST_P(ModelCudaEveryType, DeferredLayerZeroWeightGradientsChangeNoBits) {
+  HGRN_SKIP_WITHOUT_GPU();
+  for (DType act : {DType::F32, DType::BF16}) {
+    Models m = make_models(GetParam(), act);
+    const Tensor ids = random_ids(2, 130, small_config(GetParam()).vocab_size, 19);
+    for (int variant = 0; variant < 3; ++variant) {
+      set_knob(m.gpu, &ModelMemoryConfig::recompute, variant == 1);
+      set_knob(m.gpu, &ModelMemoryConfig::recompute_weight_copies, variant == 2);
+      m.gpu.set_gradient_ready_hook(nullptr);
+      const LossAndGrads plain = loss_and_grads(m.gpu, ids);
+      m.gpu.set_gradient_ready_hook([](size_t) {});
+      const LossAndGrads deferred = loss_and_grads(m.gpu, ids);
+      m.gpu.set_gradient_ready_hook(nullptr);
+      EXPECT_EQ(plain.loss, deferred.loss) << dtype_name(act) << " variant " << variant;
+      for (size_t p = 0; p < plain.grads.size(); ++p)
+        EXPECT_EQ(std::memcmp(plain.grads[p].raw_data(), deferred.grads[p].raw_data(), plain.grads[p].nbytes()), 0)
             << dtype_name(act) << " variant " << variant << " parameter " << p;
     }
   }

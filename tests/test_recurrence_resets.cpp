@@ -1,9 +1,9 @@
 // test_recurrence_resets.cpp: the recurrences' per-token resets on the CPU (ops/sequence_resets.h), for every one of
-// them (gated_scan, lower_bounded_gated_scan, complex_gated_scan, gla_recurrence) in fp64: a packed sequence gives
-// the outputs, final state and every gradient of its segments run one by one (the definition of a reset), the chunk
-// forms equal the step-by-step ones over lengths around the chunk and chunk sizes that put resets on and off chunk
-// boundaries, fp64 finite-difference gradients with resets, all-zero flags give the bits of no flags, a reset at
-// step 0 cuts the initial state off, and bad flags are refused.
+// them (gated_scan, lower_bounded_gated_scan, complex_gated_scan, gla_recurrence with per-channel and scalar decays)
+// in fp64: a packed sequence gives the outputs, final state and every gradient of its segments run one by one (the
+// definition of a reset), the chunk forms equal the step-by-step ones over lengths around the chunk and chunk sizes
+// that put resets on and off chunk boundaries, fp64 finite-difference gradients with resets, all-zero flags give the
+// bits of no flags, a reset at step 0 cuts the initial state off, and bad flags are refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -115,6 +115,28 @@ std::vector<Recurrence> recurrences() {
                    const Shape keys{B, T, kHeads * kKey};
                    p.steps = {random_tensor(rng, keys), random_tensor(rng, keys),
                               random_tensor(rng, {B, T, kHeads * kValue}), log_gates(rng, keys)};
+                   if (with_initial) p.initial = random_tensor(rng, {B, kHeads, kKey, kValue});
+                   p.d_output = random_tensor(rng, {B, T, kHeads * kValue});
+                   p.d_final = random_tensor(rng, {B, kHeads, kKey, kValue});
+                   return p;
+                 },
+                 [](bool chunk, int64_t chunk_size) -> RecurrenceCall {
+                   return [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&,
+                              const Tensor& resets) {
+                     const GlaOutputs r =
+                         gla_recurrence(t, s[0], s[1], s[2], s[3], s0, kHeads, 0.5,
+                                        chunk ? RecurrenceMode::Chunk : RecurrenceMode::Naive, chunk_size, nullptr,
+                                        false, resets);
+                     return std::pair{r.output, r.final_state};
+                   };
+                 }});
+  // The scalar-decay mode: one log decay per head and step (g [B, T, H]).
+  all.push_back({"gla_recurrence_scalar_decay", true,
+                 [](Rng& rng, int64_t B, int64_t T, bool with_initial) {
+                   RecurrenceProblem p;
+                   const Shape keys{B, T, kHeads * kKey};
+                   p.steps = {random_tensor(rng, keys), random_tensor(rng, keys),
+                              random_tensor(rng, {B, T, kHeads * kValue}), log_gates(rng, {B, T, kHeads})};
                    if (with_initial) p.initial = random_tensor(rng, {B, kHeads, kKey, kValue});
                    p.d_output = random_tensor(rng, {B, T, kHeads * kValue});
                    p.d_final = random_tensor(rng, {B, kHeads, kKey, kValue});
@@ -260,19 +282,23 @@ INSTANTIATE_TEST_SUITE_P(Ops, RecurrenceResets, ::testing::ValuesIn(recurrences(
 TEST(GlaRecurrenceResets, ResetRowsGetExactlyZeroGateGradient) {
   // The loss does not depend on a gate whose decay a reset replaces: its dg is 0 exactly in both forms (the chunk
   // form's segment sum restarts there rather than cancelling to a rounding residue).
-  Rng rng(12);
-  const Recurrence op = recurrences().back();
-  const RecurrenceProblem p = op.problem(rng, 6, 130, true);
-  const ResetRows rows = testing::reset_patterns(rng, 6, 130);
-  const Tensor flags = testing::reset_flags(rows, 130);
-  for (bool chunk : {false, true}) {
-    const RecurrenceOutcome r = testing::run_recurrence(op.call(chunk, 0), p, flags);
-    const Tensor& dg = r.d_steps[3];
-    const int64_t width = dg.size(2);
-    for (size_t b = 0; b < rows.size(); ++b)
-      for (int64_t t : rows[b])
-        for (int64_t c = 0; c < width; ++c)
-          ASSERT_EQ(dg.item((static_cast<int64_t>(b) * 130 + t) * width + c), 0.0) << "row " << b << " step " << t;
+  // Per key channel and scalar (per head and step).
+  for (const Recurrence& op : recurrences()) {
+    if (op.name.rfind("gla_recurrence", 0) != 0) continue;
+    SCOPED_TRACE(op.name);
+    Rng rng(12);
+    const RecurrenceProblem p = op.problem(rng, 6, 130, true);
+    const ResetRows rows = testing::reset_patterns(rng, 6, 130);
+    const Tensor flags = testing::reset_flags(rows, 130);
+    for (bool chunk : {false, true}) {
+      const RecurrenceOutcome r = testing::run_recurrence(op.call(chunk, 0), p, flags);
+      const Tensor& dg = r.d_steps[3];
+      const int64_t width = dg.size(2);
+      for (size_t b = 0; b < rows.size(); ++b)
+        for (int64_t t : rows[b])
+          for (int64_t c = 0; c < width; ++c)
+            ASSERT_EQ(dg.item((static_cast<int64_t>(b) * 130 + t) * width + c), 0.0) << "row " << b << " step " << t;
+    }
   }
 }
 

@@ -1,12 +1,12 @@
 // test_recurrence_resets_cuda.cpp: the recurrences' per-token resets on the GPU (the 64-bit per-chunk masks of
 // kernels/sequence_resets.cu read by every chunked kernel) against the fp64 CPU reference with the same resets, on the
 // values the GPU sees (inputs rounded through their GPU dtypes): gated_scan, lower_bounded_gated_scan,
-// complex_gated_scan, gla_recurrence, and a layer's HGRN2 gates feeding gla_recurrence (the recurrence's backward then
-// runs the gates' backward in its epilogue). Outputs, final states and every gradient, fp32 and bf16, with and without
-// an initial state, over lengths around the 64-step chunk and several chunks, each batch holding every reset pattern
-// (none, at step 0, on 16- and 64-step boundaries and the last step, several in one chunk, every step, random).
-// Plus: all-zero flags give the bits of no flags, and the per-chunk masks themselves. Skipped (never passed) without a
-// GPU.
+// complex_gated_scan, gla_recurrence (per-channel and scalar decays), and a layer's HGRN2 gates feeding gla_recurrence
+// (the recurrence's backward then runs the gates' backward in its epilogue). Outputs, final states and every gradient,
+// fp32 and bf16, with and without an initial state, over lengths around the 64-step chunk and several chunks, each
+// batch holding every reset pattern (none, at step 0, on 16- and 64-step boundaries and the last step, several in one
+// chunk, every step, random). Plus: all-zero flags give the bits of no flags, and the per-chunk masks themselves.
+// Skipped (never passed) without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -164,6 +164,58 @@ std::vector<GpuRecurrence> recurrences(int64_t channels, int64_t heads, int64_t 
                    return std::pair{o.output, o.final_state};
                  },
                  [](DType act) { return std::vector<DType>{act, act, act, DType::F32}; }, gla_tolerances});
+  // The scalar-decay mode (g [B, T, H]): the kernels' scalar-decay builds on the GPU (dg summed per K-tile, then
+  // over the K-tiles where K > 64).
+  all.push_back({"gla_recurrence_scalar_decay",
+                 [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
+                   RecurrenceProblem p;
+                   const Shape keys{B, T, H * K};
+                   p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, H * V}),
+                              log_gates(rng, {B, T, H})};
+                   if (with_initial) p.initial = random_tensor(rng, {B, H, K, V});
+                   p.d_output = random_tensor(rng, {B, T, H * V});
+                   p.d_final = random_tensor(rng, {B, H, K, V});
+                   return p;
+                 },
+                 [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&, const Tensor& r) {
+                   const int64_t chunk = s[0]->value.device() == Device::CUDA ? 0 : 64;
+                   const GlaOutputs o = gla_recurrence(t, s[0], s[1], s[2], s[3], s0, H, scale, RecurrenceMode::Chunk,
+                                                       chunk, nullptr, false, r);
+                   return std::pair{o.output, o.final_state};
+                 },
+                 [](DType act) { return std::vector<DType>{act, act, act, DType::F32}; }, gla_tolerances});
+  // The scalar-decay mode with a constant g [H] (RetNet's decays, packed sequences): the kernels' scalar-decay builds
+  // reading g with row stride 0. g is a constant (no gradient), made in the call on q's device, its values exact in
+  // fp32 so that both devices see the same.
+  all.push_back({"gla_recurrence_per_head_decay",
+                 [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
+                   RecurrenceProblem p;
+                   const Shape keys{B, T, H * K};
+                   p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, H * V})};
+                   if (with_initial) p.initial = random_tensor(rng, {B, H, K, V});
+                   p.d_output = random_tensor(rng, {B, T, H * V});
+                   p.d_final = random_tensor(rng, {B, H, K, V});
+                   return p;
+                 },
+                 [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&, const Tensor& r) {
+                   const Device device = s[0]->value.device();
+                   Tensor decays = Tensor::empty({H}, DType::F64);
+                   for (int64_t h = 0; h < H; ++h)
+                     decays.set_item(h, std::log(1.0 - std::pow(2.0, -5.0 - static_cast<double>(h % 4))));
+                   decays = round_through(decays, DType::F32);
+                   const Var g = make_var(testing::place(decays, device == Device::CUDA ? DType::F32 : DType::F64,
+                                                         device),
+                                          false);
+                   const int64_t chunk = device == Device::CUDA ? 0 : 64;
+                   const GlaOutputs o =
+                       gla_recurrence(t, s[0], s[1], s[2], g, s0, H, scale, RecurrenceMode::Chunk, chunk, nullptr, false, r);
+                   return std::pair{o.output, o.final_state};
+                 },
+                 [](DType act) { return std::vector<DType>{act, act, act}; },
+                 [](DType act) {
+                   const Tol t = act == DType::BF16 ? testing::kBf16 : testing::kFp32;
+                   return Tolerances{t, t, t, {t, t, t}, {}};
+                 }});
   // As the model wires them: q = silu(q̂), g and k from f̂ and layer 1's γ, the gates' origin handed on, so that the
   // GPU backward forms q̂'s, f̂'s and γ's gradients in the recurrence's epilogue.
   all.push_back({"hgrn2_gates_gla_recurrence",

@@ -2,6 +2,7 @@
 // buffers. On the CPU they are MPI calls that complete before returning; between GPUs they are NCCL calls queued on
 // a communication stream of their own, so that they overlap the backward pass on the compute stream.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -27,6 +28,10 @@ class Collectives {
   // ends the run after the collective timeout. GPU: an NCCL asynchronous error aborts the communicator and throws
   // an Error naming the rank and `what`.
   virtual void wait(const char* what) = 0;
+  // Names the collectives queued so far `mark`; wait_mark(mark, what) then blocks as wait() does, until those alone
+  // are complete (GPU: an event on the communication stream; CPU: they completed before returning, nothing waits).
+  virtual void record_mark(size_t mark) = 0;
+  virtual void wait_mark(size_t mark, const char* what) = 0;
 };
 
 // MPI collectives for CPU tensors, or NCCL ones (communicator bootstrapped through MPI) for GPU tensors.

@@ -68,10 +68,19 @@ DataParallel::DataParallel(CausalLM& model, std::vector<ParamRef> params, const 
   }
   rank_params_ = options_.zero1 ? params_of_rank(w.rank) : params_;
   queued_.assign(buckets_.size(), false);
+  gathering_.assign(buckets_.size(), false);
   model_.set_gradient_ready_hook([this](size_t group) { on_gradients_ready(group); });
+  model_.set_parameters_needed_hook([this](size_t group) { on_parameters_needed(group); });
 }
 
-DataParallel::~DataParallel() { model_.set_gradient_ready_hook(nullptr); }
+DataParallel::~DataParallel() {
+  model_.set_gradient_ready_hook(nullptr);
+  model_.set_parameters_needed_hook(nullptr);
+  try {
+    wait_for_weights();  // the buffers must outlive the all-gathers writing them
+  } catch (const Error&) {  // a failed collective already aborted the communicator: nothing is left running
+  }
+}
 
 std::vector<ParamRef> DataParallel::params_of_rank(int rank) const {
   std::vector<ParamRef> refs = params_;
@@ -116,6 +125,7 @@ void DataParallel::finish_gradient_reduction() {
     HGRN_CHECK(queued_[g], "DataParallel: the backward never reported the gradients of group ", g,
                " complete, so they were not reduced (a model change that forgot its gradient-ready marker?)");
   collectives_->wait("gradient reduction");
+  std::fill(gathering_.begin(), gathering_.end(), false);  // queued before the reductions, so complete too
   reduce_in_next_backward(false);
 }
 
@@ -127,10 +137,30 @@ std::function<double(double)> DataParallel::grad_norm_total() const {
 void DataParallel::finish_update() {
   if (!options_.zero1) return;
   collectives_->after_compute();
-  for (const Bucket& b : buckets_)
-    if (b.size > 0) collectives_->all_gather(flat_params_.data<float>() + b.offset, b.size / world().size);
-  collectives_->wait("weight all-gather");
+  // Forward order: the last bucket (the embedding) first. An all-gather only copies, so its order changes no bits.
+  for (size_t g = buckets_.size(); g-- > 0;) {
+    const Bucket& b = buckets_[g];
+    if (b.size == 0) continue;
+    collectives_->all_gather(flat_params_.data<float>() + b.offset, b.size / world().size);
+    collectives_->record_mark(g);
+    gathering_[g] = true;
+  }
+  // The bf16 copies are made again from the gathered weights, at the first read after the wait.
   for (const ParamRef& ref : params_) ref.param->invalidate_compute_copy();
+}
+
+// A wait on the host, not the compute stream's on an event: kernels reading the bucket are queued only after it is
+// complete, so that every wait on a hung peer happens here, inside the watchdog's PeerWait.
+void DataParallel::on_parameters_needed(size_t group) {
+  if (group >= gathering_.size() || !gathering_[group]) return;
+  collectives_->wait_mark(group, "weight all-gather");
+  gathering_[group] = false;
+}
+
+void DataParallel::wait_for_weights() {
+  if (std::find(gathering_.begin(), gathering_.end(), true) == gathering_.end()) return;
+  collectives_->wait("weight all-gather");
+  std::fill(gathering_.begin(), gathering_.end(), false);
 }
 
 void DataParallel::all_reduce_max(float* data, int64_t count, const char* what) {

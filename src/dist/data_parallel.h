@@ -2,13 +2,16 @@
 // own share of the batch, and the gradients are summed across ranks before the update.
 //
 // The parameters and their gradients live in two flat fp32 buffers, laid out bucket by bucket: one bucket per
-// group of CausalLM::gradient_ready_groups(), in the order the backward completes them. During the backward of a
-// step's last micro-batch, each bucket's reduction is queued as soon as the model reports its gradients complete,
-// so that (between GPUs, on NCCL's own stream) it overlaps the backward of the layers before it.
+// group of CausalLM::gradient_ready_groups(). During the backward of a step's last micro-batch, each bucket's
+// reduction is queued as soon as the model reports its gradients complete, so that (between GPUs, on NCCL's own
+// stream) it overlaps the backward of the layers before it. The embedding's bucket, complete last, overlaps layer
+// 0's weight gradients, which the model runs after it while the hook is set (models/decoder_lm.h).
 //
 // ZeRO-1 (training.zero1): instead of an all-reduce, each bucket is reduce-scattered: rank r receives the summed
 // gradients of the r-th 1/N of every bucket, keeps the AdamW moments for that share only, updates that share of
-// the weights, and an all-gather brings every rank the whole updated weights. Deviation from the wording,
+// the weights, and an all-gather brings every rank the whole updated weights. The all-gathers are queued bucket by
+// bucket in the order the forward reads them, and the next forward waits for each bucket only where it first reads
+// it (CausalLM's parameters-needed hook), so that they overlap the forward. Deviation from the wording,
 // said here and in the README: the fp32 weights stay whole on every rank (the forward reads them directly, as
 // norm weights and lower bounds and as the source of the bf16 GEMM copies); the optimiser moments, 2/3 of the fp32
 // training state, are what is sharded.
@@ -48,8 +51,12 @@ class DataParallel {
   void finish_gradient_reduction();
   // For clip_grad_norm: under ZeRO-1 each rank measures its share; this adds them up (in rank order). Else null.
   std::function<double(double)> grad_norm_total() const;
-  // After the optimiser step, under ZeRO-1: every rank's updated share to all ranks. A no-op without ZeRO-1.
+  // After the optimiser step, under ZeRO-1: queues the all-gathers of every rank's updated share to all ranks and
+  // returns; the next forward waits for each bucket as it reaches it. A no-op without ZeRO-1.
   void finish_update();
+  // Blocks until finish_update's all-gathers are complete: before the weights are read other than by the model's
+  // forward (a checkpoint's copy to the host).
+  void wait_for_weights();
   // data[0, count) on this process's device: the elementwise maximum over the ranks, on every rank, complete on
   // return (the FP8 amaxes, so that every rank derives the same scales). `what` names the wait.
   void all_reduce_max(float* data, int64_t count, const char* what);
@@ -66,6 +73,7 @@ class DataParallel {
     size_t bucket = 0;
   };
   void on_gradients_ready(size_t group);
+  void on_parameters_needed(size_t group);
   // The range of each parameter (in params_ order) that `rank` updates under ZeRO-1.
   std::vector<ParamRef> params_of_rank(int rank) const;
 
@@ -78,6 +86,7 @@ class DataParallel {
   Tensor flat_params_, flat_grads_;
   bool reduce_ = false;
   std::vector<bool> queued_;
+  std::vector<bool> gathering_;  // per bucket: all-gather queued by finish_update, not yet waited for
 };
 
 }  // namespace hgrn

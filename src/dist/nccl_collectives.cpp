@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "core/check.h"
 #include "dist/collectives.h"
@@ -53,6 +54,7 @@ class NcclCollectives : public Collectives {
     if (comm_) ncclCommDestroy(comm_);
     cudaEventDestroy(compute_ready_);
     cudaEventDestroy(done_);
+    for (cudaEvent_t mark : marks_) cudaEventDestroy(mark);
     cudaStreamDestroy(stream_);
   }
 
@@ -75,12 +77,29 @@ class NcclCollectives : public Collectives {
     NCCL_CHECK(ncclAllGather(data + world().rank * count, data, static_cast<size_t>(count), ncclFloat, comm_, stream_));
   }
 
-  // The watchdog (world.h) bounds the wait; NCCL's asynchronous errors end it at once.
   void wait(const char* what) override {
     CUDA_CHECK(cudaEventRecord(done_, stream_));
+    wait_for(done_, what);
+  }
+  void record_mark(size_t mark) override {
+    while (marks_.size() <= mark) {
+      cudaEvent_t event = nullptr;
+      CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      marks_.push_back(event);
+    }
+    CUDA_CHECK(cudaEventRecord(marks_[mark], stream_));
+  }
+  void wait_mark(size_t mark, const char* what) override {
+    HGRN_CHECK(mark < marks_.size(), "NCCL: wait for mark ", mark, ", which was never recorded");
+    wait_for(marks_[mark], what);
+  }
+
+ private:
+  // The watchdog (world.h) bounds the wait; NCCL's asynchronous errors end it at once.
+  void wait_for(cudaEvent_t event, const char* what) {
     PeerWait peer_wait(what);
     for (;;) {
-      const cudaError_t state = cudaEventQuery(done_);
+      const cudaError_t state = cudaEventQuery(event);
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) CUDA_CHECK(state);
       ncclResult_t async = ncclSuccess;
@@ -96,10 +115,10 @@ class NcclCollectives : public Collectives {
     }
   }
 
- private:
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr, done_ = nullptr;
+  std::vector<cudaEvent_t> marks_;  // record_mark's events, by mark
 };
 
 }  // namespace

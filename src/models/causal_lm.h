@@ -61,6 +61,9 @@ class CausalLM {
   // writing them are queued).
   virtual std::vector<std::vector<Var>> gradient_ready_groups() const = 0;
   virtual void set_gradient_ready_hook(std::function<void(size_t group)> hook) = 0;
+  // With a hook set, every forward calls hook(group) before it first reads that group's parameters (from the last
+  // group to the first), so that data parallelism can let the weights' all-gather run on into the forward.
+  virtual void set_parameters_needed_hook(std::function<void(size_t group)> hook) = 0;
 
   virtual const ModelConfig& config() const = 0;
   // In model_param_specs order, with their fla names and groups.

@@ -30,11 +30,12 @@ double gla_recurrence_flops_per_token(double H, double K, double V, double C) {
   return 2.0 * H * K * V * 2.0 + 2.0 * C * H * (K + V);
 }
 
-// Per layer, kept for the backward: the projections' outputs, q and k (activation dtype) and any key-wide gate unless
-// recomputed, the recurrence's output o (H·V) and scores A (H·C per token), the tensors made from o only without
-// recompute_elementwise, and the final state; on the GPU the per-chunk states (H·K·V per 64 tokens) in the first
-// keep_recurrence_states layers. The backward adds o's and the projections' gradients, the gate's share, the fp32
-// gradients of the states and scores on the GPU (three key-wide gradients on the CPU), and whatever was not kept.
+// Per layer, kept for the backward: the projections' outputs, q and k where they are tensors of their own (activation
+// dtype) and any key-wide gate unless recomputed, the recurrence's output o (H·V) and scores A (H·C per token), the
+// tensors made from o only without recompute_elementwise, and the final state; on the GPU the per-chunk states (H·K·V
+// per 64 tokens) in the first keep_recurrence_states layers. The backward adds o's and the projections' gradients,
+// the gate's share, the fp32 gradients of the states and scores on the GPU (three key-wide gradients on the CPU), and
+// whatever was not kept.
 MixerMemory gla_mixer_memory(const ModelConfig& c, const GlaMixerTensors& tensors, int64_t layer, int64_t seq_len,
                              const MemoryTarget& target) {
   const ModelMemoryConfig knobs = layer_memory(c.memory, layer);
@@ -47,7 +48,7 @@ MixerMemory gla_mixer_memory(const ModelConfig& c, const GlaMixerTensors& tensor
   const double fp32 = target.gpu ? 4.0 : b;  // the gate and the final state: fp32 on the GPU, the one dtype on the CPU
   const double projections = b * tensors.projection_width * T, output = b * Fv * T;
   const double final_state = fp32 * state;
-  const double gates = (2.0 * b + (tensors.key_wide_gate ? fp32 : 0.0)) * Fk * T;
+  const double gates = ((tensors.own_query_key ? 2.0 * b : 0.0) + (tensors.key_wide_gate ? fp32 : 0.0)) * Fk * T;
   const double scores = b * H * chunks * chunk * chunk;
   const double chunk_states = target.gpu ? b * chunks * state : 0.0;
   const double normed = static_cast<double>(tensors.normed_outputs) * output;

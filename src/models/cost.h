@@ -31,7 +31,8 @@ ModelCost model_cost(const ModelConfig& config, int64_t seq_len);
 struct GlaMixerTensors {
   int64_t heads = 0, key_dim = 0, value_dim = 0;  // H, K and V per head
   double projection_width = 0;     // elements per token kept from the input projections (outputs and copies)
-  bool key_wide_gate = false;      // a gate per key channel (fp32 on the GPU), made and recomputed with q and k
+  bool own_query_key = true;       // q and k are tensors of their own, not columns of the projections' output
+  bool key_wide_gate = false;      // a gate per key channel (fp32 on the GPU), kept or recomputed as q and k are
   double gate_backward_bytes = 0;  // bytes per key channel and token that the backward adds for the gate
   int64_t normed_outputs = 1;      // value-wide tensors made from o, kept only without recompute_elementwise
 };

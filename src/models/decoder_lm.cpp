@@ -6,6 +6,7 @@
 #include "models/decoder_lm.h"
 
 #include <cmath>
+#include <memory>
 
 #include "core/random_fill.h"
 #include "models/fused_decoder.h"
@@ -142,10 +143,9 @@ std::vector<std::vector<Var>> DecoderLM::gradient_ready_groups() const {
   return groups;
 }
 
-// The tape runs closures in reverse: a marker recorded before the ops that use a group's parameters runs after
-// all their backwards.
-void DecoderLM::mark_gradients_ready(Tape& tape, size_t group) const {
-  if (gradient_ready_hook_) tape.record([hook = gradient_ready_hook_, group] { hook(group); });
+void DecoderLM::begin_group(Tape& tape, size_t group, bool mark) const {
+  if (parameters_needed_hook_) parameters_needed_hook_(group);
+  if (mark && gradient_ready_hook_) tape.record([hook = gradient_ready_hook_, group] { hook(group); });
 }
 
 // GatedMLP: down(silu(gate(x)) * up(x)), whose GEMM adds the residual stream h: returns h + GatedMLP(x).
@@ -194,7 +194,17 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
   const Tensor ids = on_device(input_ids, device_);
   const Tensor layer_resets = resets.defined() ? on_device(resets, device_) : Tensor();  // every layer reads them
   const size_t num_layers = static_cast<size_t>(config_.num_hidden_layers);
-  mark_gradients_ready(tape, num_layers + 1);  // the embedding and lower bounds: complete last
+  // Under data parallelism layer 0's weight gradients wait for the embedding's backward (WeightGradientQueue), so
+  // that the embedding gradient, complete only at the very end, is reduced while they run; layer 0's group is
+  // reported after them.
+  const std::shared_ptr<WeightGradientQueue> layer_0_weight_gradients =
+      gradient_ready_hook_ && tape.enabled() && num_layers > 0 ? std::make_shared<WeightGradientQueue>() : nullptr;
+  if (layer_0_weight_gradients)
+    tape.record([hook = gradient_ready_hook_, num_layers, queue = layer_0_weight_gradients] {
+      queue->run();
+      hook(num_layers);
+    });
+  begin_group(tape, num_layers + 1);  // the embedding and lower bounds: complete last
   Var h;
   {
     TraceLayer trace(tape, "embedding");
@@ -203,7 +213,7 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
   Var gamma = lower_bounded(config_) ? lower_bound_transform(tape, lower_bounds_) : nullptr;
   // A group's marker is recorded just before the norm that makes its first projections' input, so that it fires
   // after that norm's backward, where those projections' weight gradients may run (free_norm_output).
-  mark_gradients_ready(tape, num_layers);  // layer 0's group (or, without layers, the head's)
+  begin_group(tape, num_layers, /*mark=*/!layer_0_weight_gradients);  // layer 0's (without layers, the head's)
   Var x = rmsnorm(tape, h, layers_.empty() ? final_norm_ : layers_[0].attn_norm, config_.norm_eps);
   // A block of the layer, run under recomputation when model.memory.recompute is on.
   auto block = [&](const std::vector<Var>& inputs, const RecomputedFn& f) {
@@ -236,7 +246,9 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
     free_norm_output(tape, layer_memory_[l], x, h, p.mlp_norm, config_.norm_eps,
                      /*read_early=*/memory_.recompute || memory_.recompute_mlp_projections);
     h = mlp_out;
-    mark_gradients_ready(tape, l + 1 < config_.num_hidden_layers ? num_layers - static_cast<size_t>(l + 1) : 0);
+    if (l == 0 && layer_0_weight_gradients)  // opens after the next marker's report, before layer 0's backward
+      tape.record([queue = layer_0_weight_gradients] { queue->open(); });
+    begin_group(tape, l + 1 < config_.num_hidden_layers ? num_layers - static_cast<size_t>(l + 1) : 0);
     {
       TraceLayer trace(tape, "rmsnorm");
       x = rmsnorm(tape, h, next_norm, config_.norm_eps);

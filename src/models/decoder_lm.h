@@ -44,10 +44,15 @@ class DecoderLM final : public CausalLM {
 
   // Groups: 0 is the lm_head (with the final norm), then one group per layer from the last to the first (its
   // weights, and the next layer's attn_norm or the final norm, which its residual add feeds), and last the
-  // embedding and the lower bounds. forward records a marker on the tape per group.
+  // embedding and the lower bounds. forward enters each group where it first reads it (begin_group). The backward
+  // reports them in index order, except that with a hook set layer 0's comes after the embedding's (its weight
+  // gradients are deferred past the embedding's backward).
   std::vector<std::vector<Var>> gradient_ready_groups() const override;
   void set_gradient_ready_hook(std::function<void(size_t group)> hook) override {
     gradient_ready_hook_ = std::move(hook);
+  }
+  void set_parameters_needed_hook(std::function<void(size_t group)> hook) override {
+    parameters_needed_hook_ = std::move(hook);
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -66,7 +71,10 @@ class DecoderLM final : public CausalLM {
   // One layer of a decoding step: h += TokenMixer step(x), then h += GatedMLP(mlp_norm(h)); x comes in as
   // attn_norm(h) and leaves as the next layer's attn_norm (or the final norm) of the new h.
   void decode_layer(Tape& tape, int64_t layer, const Var& gamma, Var& x, Var& h, RecurrentState& state) const;
-  void mark_gradients_ready(Tape& tape, size_t group) const;
+  // Where the forward first reads group `group`'s parameters: calls the parameters-needed hook and, with `mark`,
+  // records the marker whose backward reports the group's gradients complete (the tape runs it after every use's
+  // backward).
+  void begin_group(Tape& tape, size_t group, bool mark = true) const;
 
   ModelConfig config_;
   std::unique_ptr<TokenMixer> mixer_;
@@ -74,7 +82,7 @@ class DecoderLM final : public CausalLM {
   std::vector<ModelMemoryConfig> layer_memory_;  // layer_memory(memory_, l) for every layer l
   Device device_ = Device::CPU;
   DType activation_dtype_ = DType::F32;
-  std::function<void(size_t)> gradient_ready_hook_;
+  std::function<void(size_t)> gradient_ready_hook_, parameters_needed_hook_;
   std::vector<std::pair<ParamSpec, Var>> params_;
   Var embeddings_, lower_bounds_, final_norm_, lm_head_;
   std::vector<Layer> layers_;

@@ -10,21 +10,29 @@
 // reaches a query i only if no reset lies in (j, i] (the scores are masked), the state entering a chunk reaches only
 // the rows before its first reset, and only the keys from its last reset on reach the state leaving it; the gate
 // gradient's reverse cumulative sum restarts at every reset, whose own dg is 0.
-// Both forms work on one (batch, head) pair at a time, on contiguous copies of that head's rows, one OpenMP iteration
-// per pair with per-thread scratch. The pairs are independent and each is computed by the same sequential code, so the
+// Decays: per key channel (g [B, T, H·K]: HGRN2, GLA), or scalar, one per head and step (g [B, T, H]) or per head
+// (g [H]: RetNet). The scalar mode is the same code with the kScalar template parameter: the gate tables hold one value
+// per row instead of K (decay_index), and where the per-channel form needs a decay per (i, j, channel) the scalar one
+// factors it out of the channel sum: A_ij = s·e^{G_i − G_j}·(q_i·k_j) and dq_i, dk_j from dA_ij·e^{G_i − G_j} (no
+// reference-point factors or diagonal-block decay tables); its gate gradient is the per-channel one summed over the
+// channels. Both modes compute the same function for a g broadcast over the channels, up to rounding.
+// Both forms work on one (batch, head) pair at a time, on contiguous copies of that head's rows (gathered from q, k and
+// v row-strided, in either decay mode: they may be column blocks of one projection's output), one OpenMP iteration per
+// pair with per-thread scratch. The pairs are independent and each is computed by the same sequential code, so the
 // result is the same bits for any number of threads.
 #include "ops/gla_recurrence.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cpu_math.h"
-#include "ops/elementwise.h"
 #include "ops/sequence_resets.h"
 
 #ifdef HGRN_WITH_CUDA
+#include "kernels/elementwise.h"
 #include "kernels/gla_recurrence.h"
 #endif
 
@@ -36,6 +44,19 @@ struct HeadDims {
   int64_t pairs() const { return batch * heads; }
   int64_t state_size() const { return key_dim * value_dim; }
 };
+
+// The shape of g: [B, T, H·K] (a log decay per key channel), [B, T, H] (one per head and step) or [H] (one per head,
+// constant). The last two run the scalar mode.
+enum class DecayKind { PerChannel, PerStep, PerHead };
+
+// Where the decay of row t, key channel a lives in a gate table: [n][K] per channel, [n] in the scalar mode.
+template <bool kScalar>
+inline int64_t decay_index(int64_t t, int64_t a, int64_t K) {
+  if constexpr (kScalar)
+    return t;
+  else
+    return t * K + a;
+}
 
 // Chunk tiling of one sequence (spec 7.1). Sub-chunks of BC rows are the blocks of the intra-chunk score matrix:
 // blocks below the diagonal use the reference-point factorisation, diagonal blocks are computed element-wise.
@@ -95,51 +116,59 @@ void transpose(const T* src, int64_t rows, int64_t cols, T* dst) {
     for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
+// A [B, T, H·width] tensor of a call: its rows (one per batch and step) lie `stride` elements apart, H·width when it
+// is contiguous, more for a column block of a wider tensor (a fused projection's output, or that one's gradient).
+template <typename P>
+struct Rows {
+  P* data = nullptr;  // null: absent
+  int64_t stride = 0;
+  // Head h's first element in batch b's first row (`width` per head).
+  P* head(const HeadDims& d, int64_t b, int64_t h, int64_t width) const {
+    return data + b * d.time * stride + h * width;
+  }
+};
+
+template <typename T>
+Rows<T> rows_of(const Tensor& t) {
+  return {t.data<std::remove_const_t<T>>(), t.row_stride()};
+}
+
 // Copies head h of batch b out of a [B, T, H·width] tensor into a contiguous [T, width] block.
 template <typename T>
-void gather_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
-  const int64_t row = d.heads * width;
-  const T* base = src + b * d.time * row + h * width;
-  for (int64_t t = 0; t < d.time; ++t) std::copy_n(base + t * row, width, dst + t * width);
+void gather_head(const Rows<const T>& src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
+  const T* base = src.head(d, b, h, width);
+  for (int64_t t = 0; t < d.time; ++t) std::copy_n(base + t * src.stride, width, dst + t * width);
 }
 
 // Writes a contiguous [T, width] block into head h of batch b of a [B, T, H·width] tensor.
 template <typename T>
-void scatter_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
-  const int64_t row = d.heads * width;
-  T* base = dst + b * d.time * row + h * width;
-  for (int64_t t = 0; t < d.time; ++t) std::copy_n(src + t * width, width, base + t * row);
+void scatter_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, const Rows<T>& dst) {
+  T* base = dst.head(d, b, h, width);
+  for (int64_t t = 0; t < d.time; ++t) std::copy_n(src + t * width, width, base + t * dst.stride);
 }
 
 // Adds a contiguous [T, width] block into head h of batch b of a [B, T, H·width] gradient (backward accumulates).
 template <typename T>
-void scatter_add_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, T* dst) {
-  const int64_t row = d.heads * width;
-  T* base = dst + b * d.time * row + h * width;
-  for (int64_t t = 0; t < d.time; ++t) axpy(T(1), src + t * width, base + t * row, width);
+void scatter_add_head(const T* src, const HeadDims& d, int64_t b, int64_t h, int64_t width, const Rows<T>& dst) {
+  T* base = dst.head(d, b, h, width);
+  for (int64_t t = 0; t < d.time; ++t) axpy(T(1), src + t * width, base + t * dst.stride, width);
 }
 
 // The global tensors of one call (gradient pointers are null where no gradient is wanted or available).
 template <typename T>
 struct GlaIo {
-  const T* q = nullptr;
-  const T* k = nullptr;
-  const T* v = nullptr;
-  const T* g = nullptr;
-  bool g_per_head = false;           // g is [H]: one log decay per head for every step and key channel
+  Rows<const T> q, k, v, g;
+  DecayKind decay = DecayKind::PerChannel;
   const T* initial_state = nullptr;  // null: S_0 = 0
   // Forward results. saved_scores (chunk form, only when a backward will run): every chunk's A, [B·H][per sequence].
-  T* output = nullptr;
+  Rows<T> output;
   T* final_state = nullptr;
   T* saved_scores = nullptr;
   // Backward inputs (null: that output's gradient is zero) and results (null: not wanted).
   const T* scores = nullptr;
-  const T* d_output = nullptr;
+  Rows<const T> d_output;
   const T* d_final_state = nullptr;
-  T* dq = nullptr;
-  T* dk = nullptr;
-  T* dv = nullptr;
-  T* dg = nullptr;
+  Rows<T> dq, dk, dv, dg;
   T* d_initial_state = nullptr;
   const int32_t* resets = nullptr;  // [B, T]; null: none
 };
@@ -148,18 +177,19 @@ struct GlaIo {
 // every (batch, head) pair that thread handles.
 template <typename T>
 struct HeadScratch {
-  // The head's rows: [T][K], [T][K], [T][V], [T][K] (g, which the chunk form turns into its chunk-local cumsum G).
+  // The head's rows: [T][K], [T][K], [T][V], [T][Kg] (g, which the chunk form turns into its chunk-local cumsum G;
+  // Kg = K per channel, 1 in the scalar mode; the decay tables and dg are [T][Kg] too).
   std::vector<T> q, k, v, gate;
-  std::vector<T> step_decay;  // [T][K]: Naive: naive_decays' table; Chunk: with the next two, chunk_decays' tables
+  std::vector<T> step_decay;  // Naive: naive_decays' table; Chunk: with the next two, chunk_decays' tables
   std::vector<T> start_decay, exit_decay;
   std::vector<T> output;                               // [T][V]
   std::vector<T> states;  // Naive backward: S_0..S_T; Chunk: S^(0)..S^(NT)
   std::vector<T> scores;  // Chunk forward without a backward to come: A of one chunk, [BT][BT]
   // Reference-point factors of one sub-chunk ([BC][K], [BC][K], [BT][K], [BT][K]) and the running decays of one
-  // diagonal block's row ([BC][K]).
+  // diagonal block's row ([BC][K]); per-channel mode only.
   std::vector<T> query_decay, decayed_query, key_decay, decayed_key, diagonal_decay;
   // Backward.
-  std::vector<T> d_output, dq, dk, dv, dg;  // [T][V], [T][K], [T][K], [T][V], [T][K]
+  std::vector<T> d_output, dq, dk, dv, dg;  // [T][V], [T][K], [T][K], [T][V], [T][Kg]
   std::vector<T> d_state;                   // [K][V]: the running (naive) or initial-state gradient
   std::vector<T> d_exit_states;             // Chunk: dS_e of every chunk, [NT][K][V]
   std::vector<T> d_scores;                  // Chunk: dA of one chunk, [BT][BT]
@@ -168,12 +198,13 @@ struct HeadScratch {
   std::vector<T> row;                           // [max(K, V)] accumulator
   const int32_t* resets = nullptr;              // the current pair's sequence's reset flags [T] (null: none)
 
-  HeadScratch(const HeadDims& d, RecurrenceMode mode, const ChunkLayout& layout, bool backward, bool keep_scores) {
-    const int64_t K = d.key_dim, V = d.value_dim, T_ = d.time, KV = d.state_size();
+  HeadScratch(const HeadDims& d, RecurrenceMode mode, const ChunkLayout& layout, bool backward, bool keep_scores,
+              bool scalar_decay) {
+    const int64_t K = d.key_dim, V = d.value_dim, T_ = d.time, KV = d.state_size(), Kg = scalar_decay ? 1 : K;
     q.resize(T_ * K);
     k.resize(T_ * K);
     v.resize(T_ * V);
-    gate.resize(T_ * K);
+    gate.resize(T_ * Kg);
     output.resize(T_ * V);
     row.resize(std::max(K, V));
     if (backward) {
@@ -181,24 +212,26 @@ struct HeadScratch {
       dq.resize(T_ * K);
       dk.resize(T_ * K);
       dv.resize(T_ * V);
-      dg.resize(T_ * K);
+      dg.resize(T_ * Kg);
       d_state.resize(KV);
     }
-    step_decay.resize(T_ * K);
+    step_decay.resize(T_ * Kg);
     if (mode == RecurrenceMode::Naive) {
       if (backward) states.resize((T_ + 1) * KV);
       return;
     }
     const int64_t BT = layout.max_rows(), BC = std::min(layout.sub_chunk_size, BT);
-    start_decay.resize(T_ * K);
-    exit_decay.resize(T_ * K);
+    start_decay.resize(T_ * Kg);
+    exit_decay.resize(T_ * Kg);
     states.resize((layout.num_chunks + 1) * KV);
     if (!keep_scores && !backward) scores.resize(BT * BT);
-    query_decay.resize(BC * K);
-    decayed_query.resize(BC * K);
-    key_decay.resize(BT * K);
-    decayed_key.resize(BT * K);
-    diagonal_decay.resize(BC * K);
+    if (!scalar_decay) {
+      query_decay.resize(BC * K);
+      decayed_query.resize(BC * K);
+      key_decay.resize(BT * K);
+      decayed_key.resize(BT * K);
+      diagonal_decay.resize(BC * K);
+    }
     if (backward) {
       d_exit_states.resize(layout.num_chunks * KV);
       d_scores.resize(BT * BT);
@@ -218,16 +251,17 @@ struct HeadRows {
   const T* q;            // [n][K]
   const T* k;            // [n][K]
   const T* v;            // [n][V]
-  const T* G;            // [n][K]
-  const T* step_decay;   // [n][K] e^{g_t} (Naive: 0 at a reset step)
-  const T* start_decay;  // [n][K] e^{G_t}
-  const T* exit_decay;   // [n][K] e^{G_L − G_t}
-  int64_t K, V;
+  // The gate tables: [n][Kg] (Kg = K per channel, 1 scalar), read at decay_index.
+  const T* G;
+  const T* step_decay;   // e^{g_t} (Naive: 0 at a reset step)
+  const T* start_decay;  // e^{G_t}
+  const T* exit_decay;   // e^{G_L − G_t}
+  int64_t K, V, Kg;
   const int32_t* resets;  // [n] reset flags (null: none)
   HeadRows from_row(int64_t r) const {
-    auto shift = [&](const T* p) { return p ? p + r * K : nullptr; };
-    return {q + r * K,        k + r * K,        v + r * V, G + r * K, shift(step_decay), shift(start_decay),
-            shift(exit_decay), K,               V,         resets ? resets + r : nullptr};
+    auto shift = [&](const T* p) { return p ? p + r * Kg : nullptr; };
+    return {q + r * K,         k + r * K, v + r * V, G + r * Kg, shift(step_decay), shift(start_decay),
+            shift(exit_decay), K,         V,         Kg,         resets ? resets + r : nullptr};
   }
   bool resets_at(int64_t t) const { return resets && resets[t] != 0; }
 };
@@ -235,8 +269,10 @@ struct HeadRows {
 template <typename T>
 HeadRows<T> head_rows(const HeadScratch<T>& s, const HeadDims& d) {
   auto table = [](const std::vector<T>& t) { return t.empty() ? nullptr : t.data(); };
-  return {s.q.data(),           s.k.data(),          s.v.data(),  s.gate.data(), table(s.step_decay),
-          table(s.start_decay), table(s.exit_decay), d.key_dim, d.value_dim,  s.resets};
+  const int64_t Kg = static_cast<int64_t>(s.gate.size()) / d.time;
+  return {s.q.data(),           s.k.data(),          s.v.data(), s.gate.data(), table(s.step_decay),
+          table(s.start_decay), table(s.exit_decay), d.key_dim,  d.value_dim,   Kg,
+          s.resets};
 }
 
 // Where the state restarts inside one chunk of n rows (its HeadRows' resets), as the chunk form's masks.
@@ -273,7 +309,8 @@ class ChunkSegments {
 // ---------------------------------------------------------------------------------------------------------------------
 // Naive form.
 
-// The step decays e^{g_t} of one head's `time` rows into step_decay, 0 at a reset step (the state restarts there).
+// The step decays e^{g_t} of one head's `time` rows of K gates each (the gate table's width) into step_decay, 0 at a
+// reset step (the state restarts there).
 template <typename T>
 HGRN_VECTOR_CLONES void naive_decays(const T* g, const int32_t* resets, int64_t time, int64_t K, T* step_decay) {
   for (int64_t i = 0; i < time * K; ++i) step_decay[i] = cpu_exp(g[i]);
@@ -301,7 +338,7 @@ inline T sum_lanes(const Lanes& lane) {
 // on exit. When `history` is given it receives S_0..S_T ((T+1)·K·V values), which the backward needs for the gate
 // gradient; each step then writes its state there directly. Per step and block of columns, o's block accumulates over
 // the key channels in order, in registers.
-template <typename T>
+template <bool kScalar, typename T>
 HGRN_VECTOR_CLONES void naive_forward_head(const HeadRows<T>& x, int64_t time, T scale, T* state, T* out,
                                            T* history) {
   using Lanes = typename LanesOf<T>::type;
@@ -311,7 +348,6 @@ HGRN_VECTOR_CLONES void naive_forward_head(const HeadRows<T>& x, int64_t time, T
     const T* v_t = x.v + t * V;
     const T* prev = history ? history + t * KV : state;  // next is prev itself without a history: read, then written
     T* next = history ? history + (t + 1) * KV : state;
-    const T* decay = x.step_decay + t * K;
     const T* key = x.k + t * K;
     const T* query = x.q + t * K;
     T* o_t = out + t * V;
@@ -321,7 +357,7 @@ HGRN_VECTOR_CLONES void naive_forward_head(const HeadRows<T>& x, int64_t time, T
       for (int64_t c = 0; c < K; ++c) {
         Lanes s_block;
         std::memcpy(&s_block, prev + c * V + j0, sizeof s_block);
-        s_block = decay[c] * s_block + key[c] * v_block;
+        s_block = x.step_decay[decay_index<kScalar>(t, c, K)] * s_block + key[c] * v_block;
         std::memcpy(next + c * V + j0, &s_block, sizeof s_block);
         o_block += (scale * query[c]) * s_block;
       }
@@ -330,7 +366,7 @@ HGRN_VECTOR_CLONES void naive_forward_head(const HeadRows<T>& x, int64_t time, T
     for (int64_t j = blocked; j < V; ++j) {
       T o = 0;
       for (int64_t c = 0; c < K; ++c) {
-        next[c * V + j] = decay[c] * prev[c * V + j] + key[c] * v_t[j];
+        next[c * V + j] = x.step_decay[decay_index<kScalar>(t, c, K)] * prev[c * V + j] + key[c] * v_t[j];
         o += (scale * query[c]) * next[c * V + j];
       }
       o_t[j] = o;
@@ -345,8 +381,8 @@ HGRN_VECTOR_CLONES void naive_forward_head(const HeadRows<T>& x, int64_t time, T
 //   S_t = Diag(e^{g_t}) S_{t−1} + k_tᵀ v_t  ⇒ dk_t = dS_t v_tᵀ,  dv_t = k_t dS_t,
 //                                              dg_t = e^{g_t} ⊙ rowsum(S_{t−1} ⊙ dS_t),  dS_{t−1} = Diag(e^{g_t}) dS_t.
 // One pass over each key channel's row of the states does all of these (at a reset step the decay is 0: dg_t = 0
-// and dS_{t−1} = 0).
-template <typename T>
+// and dS_{t−1} = 0). A scalar decay's dg_t is the sum of those rows' terms over the channels.
+template <bool kScalar, typename T>
 HGRN_VECTOR_CLONES void naive_backward_head(const HeadRows<T>& x, int64_t time, T scale, const T* history,
                                             const T* d_out, T* d_state, T* dq, T* dk, T* dv, T* dg) {
   using Lanes = typename LanesOf<T>::type;
@@ -358,8 +394,9 @@ HGRN_VECTOR_CLONES void naive_backward_head(const HeadRows<T>& x, int64_t time, 
     const T* v_t = x.v + t * V;
     T* dv_t = dv + t * V;
     std::fill_n(dv_t, V, T(0));
+    if constexpr (kScalar) dg[t] = 0;
     for (int64_t c = 0; c < K; ++c) {
-      const T decay = x.step_decay[t * K + c], key = x.k[t * K + c], query = scale * x.q[t * K + c];
+      const T decay = x.step_decay[decay_index<kScalar>(t, c, K)], key = x.k[t * K + c], query = scale * x.q[t * K + c];
       const T* s_row = state_t + c * V;
       const T* prev_row = state_prev + c * V;
       T* ds_row = d_state + c * V;
@@ -392,7 +429,10 @@ HGRN_VECTOR_CLONES void naive_backward_head(const HeadRows<T>& x, int64_t time, 
       }
       dq[t * K + c] = scale * sum_lanes<T>(dq_lanes);
       dk[t * K + c] = sum_lanes<T>(dk_lanes);
-      dg[t * K + c] = decay * sum_lanes<T>(dg_lanes);
+      if constexpr (kScalar)
+        dg[t] += decay * sum_lanes<T>(dg_lanes);
+      else
+        dg[t * K + c] = decay * sum_lanes<T>(dg_lanes);
     }
   }
 }
@@ -428,20 +468,22 @@ void chunk_decays(T* gate, const ChunkLayout& layout, int64_t K, T* step_decay, 
 // caller), and states[NT] = the final state:
 //   S^(c+1) = Diag(e^{G_L}) S^(c) + Σ_t (k_t ⊙ e^{G_L − G_t})ᵀ v_t,
 // with S^(c)'s term only where it passes the chunk and the sum only over the rows that exit it (ChunkSegments).
-template <typename T>
+template <bool kScalar, typename T>
 void chunk_states(const HeadRows<T>& head, const ChunkLayout& layout, T* states) {
   const int64_t K = head.K, V = head.V, KV = K * V;
   for (int64_t c = 0; c < layout.num_chunks; ++c) {
     const int64_t n = layout.end(c) - layout.begin(c);
     const HeadRows<T> x = head.from_row(layout.begin(c));
-    const T* chunk_decay = x.start_decay + (n - 1) * K;  // e^{G_L}
     const T* enter = states + c * KV;
     T* exit = states + (c + 1) * KV;
     const ChunkSegments segments(x.resets, n);
-    for (int64_t a = 0; a < K; ++a)
-      for (int64_t j = 0; j < V; ++j) exit[a * V + j] = segments.passes() ? chunk_decay[a] * enter[a * V + j] : T(0);
+    for (int64_t a = 0; a < K; ++a) {
+      const T chunk_decay = x.start_decay[decay_index<kScalar>(n - 1, a, K)];  // e^{G_L}
+      for (int64_t j = 0; j < V; ++j) exit[a * V + j] = segments.passes() ? chunk_decay * enter[a * V + j] : T(0);
+    }
     for (int64_t t = segments.first_exiting(); t < n; ++t)
-      for (int64_t a = 0; a < K; ++a) axpy(x.k[t * K + a] * x.exit_decay[t * K + a], x.v + t * V, exit + a * V, V);
+      for (int64_t a = 0; a < K; ++a)
+        axpy(x.k[t * K + a] * x.exit_decay[decay_index<kScalar>(t, a, K)], x.v + t * V, exit + a * V, V);
   }
 }
 
@@ -510,10 +552,18 @@ void mask_pairs_across_resets(const ChunkSegments& segments, int64_t n, T* A) {
 // Rows are taken a sub-chunk [a0, a1) at a time. Columns before a0 lie strictly below the diagonal and use the
 // reference-point factors; the diagonal block is element-wise (DiagonalBlockDecay), and its j > i entries are never
 // formed (their decay would be e^{positive}). Pairs across a reset are then set to 0 (ChunkSegments::pair).
-template <typename T>
+// Scalar mode: the decay leaves the channel sum, A_ij = s·e^{G_i − G_j}·(q_i·k_j), one exp per pair (G_i − G_j <= 0).
+template <bool kScalar, typename T>
 void intra_chunk_scores(const HeadRows<T>& x, int64_t n, int64_t sub_chunk, T scale, HeadScratch<T>& s, T* A) {
   const int64_t K = x.K;
   std::fill_n(A, n * n, T(0));
+  if constexpr (kScalar) {
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j <= i; ++j)
+        A[i * n + j] = scale * std::exp(x.G[i] - x.G[j]) * dot(x.q + i * K, x.k + j * K, K);
+    mask_pairs_across_resets(ChunkSegments(x.resets, n), n, A);
+    return;
+  }
   for (int64_t a0 = 0; a0 < n; a0 += sub_chunk) {
     const int64_t a1 = std::min(n, a0 + sub_chunk);
     if (a0 > 0) {
@@ -541,7 +591,7 @@ void intra_chunk_scores(const HeadRows<T>& x, int64_t n, int64_t sub_chunk, T sc
 
 // Output of one chunk (7.2 step 3): o_t = s·(q_t ⊙ e^{G_t}) S_p + Σ_{j ≤ t} A_tj v_j, S_p's term only for the rows
 // it enters.
-template <typename T>
+template <bool kScalar, typename T>
 void chunk_output(const HeadRows<T>& x, int64_t n, const T* state_enter, const T* A, T scale, T* out) {
   const int64_t K = x.K, V = x.V;
   const ChunkSegments segments(x.resets, n);
@@ -550,27 +600,27 @@ void chunk_output(const HeadRows<T>& x, int64_t n, const T* state_enter, const T
     std::fill_n(o_t, V, T(0));
     if (segments.enters(t))
       for (int64_t a = 0; a < K; ++a)
-        axpy(scale * x.q[t * K + a] * x.start_decay[t * K + a], state_enter + a * V, o_t, V);
+        axpy(scale * x.q[t * K + a] * x.start_decay[decay_index<kScalar>(t, a, K)], state_enter + a * V, o_t, V);
     for (int64_t j = 0; j <= t; ++j) axpy(A[t * n + j], x.v + j * V, o_t, V);
   }
 }
 
 // Forward of one head (7.2): G and decays, states, then per chunk A and the output. `state` holds S_0 on entry, S_T
 // on exit. `saved_scores` (this head's part) receives every chunk's A for the backward; null when none will run.
-template <typename T>
+template <bool kScalar, typename T>
 void chunk_forward_head(HeadScratch<T>& s, const HeadDims& d, const ChunkLayout& layout, T scale, T* state,
                         T* saved_scores) {
   const int64_t KV = d.state_size();
-  chunk_decays(s.gate.data(), layout, d.key_dim, s.step_decay.data(), s.start_decay.data(), s.exit_decay.data());
   const HeadRows<T> head = head_rows(s, d);
+  chunk_decays(s.gate.data(), layout, head.Kg, s.step_decay.data(), s.start_decay.data(), s.exit_decay.data());
   std::copy_n(state, KV, s.states.data());
-  chunk_states(head, layout, s.states.data());
+  chunk_states<kScalar>(head, layout, s.states.data());
   for (int64_t c = 0; c < layout.num_chunks; ++c) {
     const int64_t r0 = layout.begin(c), n = layout.end(c) - r0;
     const HeadRows<T> x = head.from_row(r0);
     T* A = saved_scores ? saved_scores + layout.score_offset(c) : s.scores.data();
-    intra_chunk_scores(x, n, layout.sub_chunk_size, scale, s, A);
-    chunk_output(x, n, s.states.data() + c * KV, A, scale, s.output.data() + r0 * d.value_dim);
+    intra_chunk_scores<kScalar>(x, n, layout.sub_chunk_size, scale, s, A);
+    chunk_output<kScalar>(x, n, s.states.data() + c * KV, A, scale, s.output.data() + r0 * d.value_dim);
   }
   std::copy_n(s.states.data() + layout.num_chunks * KV, KV, state);
 }
@@ -579,36 +629,39 @@ void chunk_forward_head(HeadScratch<T>& s, const HeadDims& d, const ChunkLayout&
 //   dS^(c) = Diag(e^{G_L}) dS_e^(c) + s·Σ_t (q_t ⊙ e^{G_t})ᵀ dO_t,
 // which is dS_e of chunk c − 1, or for c = 0 the initial state's gradient (left in d_initial); as in chunk_states, the
 // first term only where S^(c) passes the chunk, the sum only over the rows it enters.
-template <typename T>
+template <bool kScalar, typename T>
 void chunk_state_grads(const HeadRows<T>& head, const T* d_out, const ChunkLayout& layout, T scale, T* d_exit,
                        T* d_initial) {
   const int64_t K = head.K, V = head.V, KV = K * V;
   for (int64_t c = layout.num_chunks - 1; c >= 0; --c) {
     const int64_t r0 = layout.begin(c), n = layout.end(c) - r0;
     const HeadRows<T> x = head.from_row(r0);
-    const T* chunk_decay = x.start_decay + (n - 1) * K;  // e^{G_L}
     const T* d_exit_c = d_exit + c * KV;
     T* d_enter = c > 0 ? d_exit + (c - 1) * KV : d_initial;
     const ChunkSegments segments(x.resets, n);
-    for (int64_t a = 0; a < K; ++a)
+    for (int64_t a = 0; a < K; ++a) {
+      const T chunk_decay = x.start_decay[decay_index<kScalar>(n - 1, a, K)];  // e^{G_L}
       for (int64_t j = 0; j < V; ++j)
-        d_enter[a * V + j] = segments.passes() ? chunk_decay[a] * d_exit_c[a * V + j] : T(0);
+        d_enter[a * V + j] = segments.passes() ? chunk_decay * d_exit_c[a * V + j] : T(0);
+    }
     for (int64_t t = 0; segments.enters(t) && t < n; ++t)
       for (int64_t a = 0; a < K; ++a)
-        axpy(scale * x.q[t * K + a] * x.start_decay[t * K + a], d_out + (r0 + t) * V, d_enter + a * V, V);
+        axpy(scale * x.q[t * K + a] * x.start_decay[decay_index<kScalar>(t, a, K)], d_out + (r0 + t) * V,
+             d_enter + a * V, V);
   }
 }
 
 // dv of one chunk (7.3 step 3): dv_j = Σ_{t ≥ j} A_tj dO_t + (k_j ⊙ e^{G_L − G_j}) dS_e (A masked by the forward;
 // the second term for the rows that exit the chunk).
-template <typename T>
+template <bool kScalar, typename T>
 void chunk_value_grad(const HeadRows<T>& x, int64_t n, const T* A, const T* d_out, const T* d_exit, T* dv) {
   const int64_t K = x.K, V = x.V;
   std::fill_n(dv, n * V, T(0));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j <= t; ++j) axpy(A[t * n + j], d_out + t * V, dv + j * V, V);
   for (int64_t j = ChunkSegments(x.resets, n).first_exiting(); j < n; ++j)
-    for (int64_t a = 0; a < K; ++a) axpy(x.k[j * K + a] * x.exit_decay[j * K + a], d_exit + a * V, dv + j * V, V);
+    for (int64_t a = 0; a < K; ++a)
+      axpy(x.k[j * K + a] * x.exit_decay[decay_index<kScalar>(j, a, K)], d_exit + a * V, dv + j * V, V);
 }
 
 // dA of one chunk (7.3 step 4): dA_tj = s·(dO_t · v_j) for j ≤ t, 0 above the diagonal (A is causal there) and
@@ -629,10 +682,20 @@ void chunk_score_grad(const HeadRows<T>& x, int64_t n, const T* d_out, T scale, 
 // query rows [a0, a1) against key rows j < a0, with the reference factors
 //   dq_i += query_decay_i ⊙ Σ_j dA_ij decayed_key_j,   dk_j += key_decay_j ⊙ Σ_i dA_ij decayed_query_i;
 // the diagonal block is element-wise (DiagonalBlockDecay, one decay shared by both terms).
-template <typename T>
+// Scalar mode: with w_ij = dA_ij·e^{G_i − G_j}, dq_i += Σ_{j < i} w_ij k_j and dk_j += Σ_{i > j} w_ij q_i.
+template <bool kScalar, typename T>
 void intra_chunk_query_key_grads(const HeadRows<T>& x, int64_t n, int64_t sub_chunk, const T* dA, HeadScratch<T>& s,
                                  T* dq, T* dk) {
   const int64_t K = x.K;
+  if constexpr (kScalar) {
+    for (int64_t i = 1; i < n; ++i)
+      for (int64_t j = 0; j < i; ++j) {
+        const T w = dA[i * n + j] * std::exp(x.G[i] - x.G[j]);
+        axpy(w, x.k + j * K, dq + i * K, K);
+        axpy(w, x.q + i * K, dk + j * K, K);
+      }
+    return;
+  }
   T* sum = s.row.data();
   for (int64_t a0 = 0; a0 < n; a0 += sub_chunk) {
     const int64_t a1 = std::min(n, a0 + sub_chunk);
@@ -677,24 +740,25 @@ void intra_chunk_query_key_grads(const HeadRows<T>& x, int64_t n, int64_t sub_ch
 // With resets, the S_p terms only where S_p enters (dq) or passes (d_last), dk_inter only for rows that exit.
 // The last row's dk_inter_L (decay 1) is held back like the diagonal scores and left in last_row_dk_inter; it is left
 // out of d_last as well, since its two appearances cancel (see chunk_gate_grad). The products with S_pᵀ and dS_eᵀ are
-// formed from the transposed states so that the inner loops run along K.
-template <typename T>
+// formed from the transposed states so that the inner loops run along K. d_last stays per channel in the scalar mode
+// (chunk_gate_grad sums it).
+template <bool kScalar, typename T>
 void chunk_inter_query_key_grads(const HeadRows<T>& x, int64_t n, const T* d_out, const T* state_enter,
                                  const T* d_exit, T scale, HeadScratch<T>& s, T* dq, T* dk) {
   const int64_t K = x.K, V = x.V;
-  const T* chunk_decay = x.start_decay + (n - 1) * K;  // e^{G_L}
+  const auto chunk_decay = [&](int64_t a) { return x.start_decay[decay_index<kScalar>(n - 1, a, K)]; };  // e^{G_L}
   T* last_grad = s.last_grad.data();
   T* sum = s.row.data();
   transpose(state_enter, K, V, s.state_enter_t.data());
   transpose(d_exit, K, V, s.d_exit_t.data());
   const ChunkSegments segments(x.resets, n);
   for (int64_t a = 0; a < K; ++a)
-    last_grad[a] = segments.passes() ? chunk_decay[a] * dot(state_enter + a * V, d_exit + a * V, V) : T(0);
+    last_grad[a] = segments.passes() ? chunk_decay(a) * dot(state_enter + a * V, d_exit + a * V, V) : T(0);
   for (int64_t t = 0; t < n; ++t) {
     if (segments.enters(t)) {
       std::fill_n(sum, K, T(0));
       for (int64_t j = 0; j < V; ++j) axpy(d_out[t * V + j], s.state_enter_t.data() + j * K, sum, K);
-      for (int64_t a = 0; a < K; ++a) dq[t * K + a] += scale * x.start_decay[t * K + a] * sum[a];
+      for (int64_t a = 0; a < K; ++a) dq[t * K + a] += scale * x.start_decay[decay_index<kScalar>(t, a, K)] * sum[a];
     }
 
     std::fill_n(sum, K, T(0));
@@ -702,7 +766,7 @@ void chunk_inter_query_key_grads(const HeadRows<T>& x, int64_t n, const T* d_out
     T* dk_inter = t == n - 1 ? s.last_row_dk_inter.data() : dk + t * K;
     const bool exits = t >= segments.first_exiting();
     for (int64_t a = 0; a < K; ++a) {
-      const T term = exits ? x.exit_decay[t * K + a] * sum[a] : T(0);
+      const T term = exits ? x.exit_decay[decay_index<kScalar>(t, a, K)] * sum[a] : T(0);
       if (t == n - 1) {
         dk_inter[a] = term;
       } else {
@@ -724,9 +788,21 @@ void chunk_inter_query_key_grads(const HeadRows<T>& x, int64_t n, const T* d_out
 // With resets the sum runs within each segment: d_last belongs to the last one, and a reset row's own dg is exactly
 // 0 (the loss does not depend on a gate whose decay a reset replaces; its segment's terms cancel in exact arithmetic,
 // so summing them would only leave their rounding residue, as above).
-template <typename T>
+// Scalar mode: G_t is every channel's, so its gradient is the channels' sum: dg_t = Σ_a d_last_a + Σ_{u ≥ t}
+// (q_u·dq_u − k_u·dk_u).
+template <bool kScalar, typename T>
 void chunk_gate_grad(const HeadRows<T>& x, int64_t n, const T* dq, const T* dk, const T* last_grad, T* dg) {
   const int64_t K = x.K;
+  if constexpr (kScalar) {
+    T running = 0;
+    for (int64_t a = 0; a < K; ++a) running += last_grad[a];
+    for (int64_t t = n - 1; t >= 0; --t) {
+      running += dot(x.q + t * K, dq + t * K, K) - dot(x.k + t * K, dk + t * K, K);
+      dg[t] = running;
+      if (x.resets_at(t)) dg[t] = running = T(0);
+    }
+    return;
+  }
   for (int64_t a = 0; a < K; ++a) {
     T running = last_grad[a];
     for (int64_t t = n - 1; t >= 0; --t) {
@@ -753,18 +829,18 @@ void add_gate_independent_terms(const HeadRows<T>& x, int64_t n, const T* dA, co
 // Backward of one head (7.3): G and decays, the states S^(c) recomputed, dS_e per chunk in reverse, then each chunk on
 // its own: dv (with the forward's A), dA, intra dq/dk, inter dq/dk and dg. Leaves the per-head gradients in s.dq, s.dk,
 // s.dv, s.dg and the initial state's gradient in s.d_state, which holds dS_T on entry.
-template <typename T>
+template <bool kScalar, typename T>
 void chunk_backward_head(HeadScratch<T>& s, const HeadDims& d, const ChunkLayout& layout, T scale,
                          const T* initial_state, const T* saved_scores) {
   const int64_t K = d.key_dim, V = d.value_dim, KV = d.state_size();
-  chunk_decays(s.gate.data(), layout, K, s.step_decay.data(), s.start_decay.data(), s.exit_decay.data());
   const HeadRows<T> head = head_rows(s, d);
+  chunk_decays(s.gate.data(), layout, head.Kg, s.step_decay.data(), s.start_decay.data(), s.exit_decay.data());
 
   std::copy_n(initial_state, KV, s.states.data());
-  chunk_states(head, layout, s.states.data());
+  chunk_states<kScalar>(head, layout, s.states.data());
 
   std::copy_n(s.d_state.data(), KV, s.d_exit_states.data() + (layout.num_chunks - 1) * KV);
-  chunk_state_grads(head, s.d_output.data(), layout, scale, s.d_exit_states.data(), s.d_state.data());
+  chunk_state_grads<kScalar>(head, s.d_output.data(), layout, scale, s.d_exit_states.data(), s.d_state.data());
 
   std::fill(s.dq.begin(), s.dq.end(), T(0));
   std::fill(s.dk.begin(), s.dk.end(), T(0));
@@ -778,11 +854,11 @@ void chunk_backward_head(HeadScratch<T>& s, const HeadDims& d, const ChunkLayout
     T* dq = s.dq.data() + r0 * K;
     T* dk = s.dk.data() + r0 * K;
 
-    chunk_value_grad(x, n, A, d_out, d_exit, s.dv.data() + r0 * V);
+    chunk_value_grad<kScalar>(x, n, A, d_out, d_exit, s.dv.data() + r0 * V);
     chunk_score_grad(x, n, d_out, scale, s.d_scores.data());
-    intra_chunk_query_key_grads(x, n, layout.sub_chunk_size, s.d_scores.data(), s, dq, dk);
-    chunk_inter_query_key_grads(x, n, d_out, state_enter, d_exit, scale, s, dq, dk);
-    chunk_gate_grad(x, n, dq, dk, s.last_grad.data(), s.dg.data() + r0 * K);
+    intra_chunk_query_key_grads<kScalar>(x, n, layout.sub_chunk_size, s.d_scores.data(), s, dq, dk);
+    chunk_inter_query_key_grads<kScalar>(x, n, d_out, state_enter, d_exit, scale, s, dq, dk);
+    chunk_gate_grad<kScalar>(x, n, dq, dk, s.last_grad.data(), s.dg.data() + r0 * head.Kg);
     add_gate_independent_terms(x, n, s.d_scores.data(), s.last_row_dk_inter.data(), dq, dk);
   }
 }
@@ -804,10 +880,11 @@ void gather_head_inputs(const GlaIo<T>& io, const HeadDims& d, int64_t b, int64_
   gather_head(io.q, d, b, h, d.key_dim, s.q.data());
   gather_head(io.k, d, b, h, d.key_dim, s.k.data());
   gather_head(io.v, d, b, h, d.value_dim, s.v.data());
-  if (io.g_per_head)
-    std::fill(s.gate.begin(), s.gate.end(), io.g[h]);
-  else
-    gather_head(io.g, d, b, h, d.key_dim, s.gate.data());
+  switch (io.decay) {
+    case DecayKind::PerChannel: gather_head(io.g, d, b, h, d.key_dim, s.gate.data()); break;
+    case DecayKind::PerStep: gather_head(io.g, d, b, h, 1, s.gate.data()); break;
+    case DecayKind::PerHead: std::fill(s.gate.begin(), s.gate.end(), io.g.data[h]); break;
+  }
   s.resets = io.resets ? io.resets + b * d.time : nullptr;
 }
 
@@ -822,14 +899,14 @@ void pair_state_or_zero(const T* states, int64_t pair, const HeadDims& d, T* dst
     std::fill_n(dst, KV, T(0));
 }
 
-template <typename T>
+template <bool kScalar, typename T>
 void gla_forward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& layout, RecurrenceMode mode,
                        T scale) {
   const int64_t V = d.value_dim, KV = d.state_size();
   const int64_t scores_per_pair = mode == RecurrenceMode::Chunk ? layout.scores_per_sequence() : 0;
 #pragma omp parallel if (worth_parallel(d))
   {
-    HeadScratch<T> s(d, mode, layout, /*backward=*/false, /*keep_scores=*/io.saved_scores != nullptr);
+    HeadScratch<T> s(d, mode, layout, /*backward=*/false, /*keep_scores=*/io.saved_scores != nullptr, kScalar);
 #pragma omp for schedule(static)
     for (int64_t pair = 0; pair < d.pairs(); ++pair) {
       const int64_t b = pair / d.heads, h = pair % d.heads;
@@ -837,31 +914,32 @@ void gla_forward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& l
       T* state = io.final_state + pair * KV;  // starts as S_0, ends as S_T
       pair_state_or_zero(io.initial_state, pair, d, state);
       if (mode == RecurrenceMode::Naive) {
-        naive_decays(s.gate.data(), s.resets, d.time, d.key_dim, s.step_decay.data());
-        naive_forward_head(head_rows(s, d), d.time, scale, state, s.output.data(), static_cast<T*>(nullptr));
+        const HeadRows<T> x = head_rows(s, d);
+        naive_decays(s.gate.data(), s.resets, d.time, x.Kg, s.step_decay.data());
+        naive_forward_head<kScalar>(x, d.time, scale, state, s.output.data(), static_cast<T*>(nullptr));
       } else {
-        chunk_forward_head(s, d, layout, scale, state,
-                           io.saved_scores ? io.saved_scores + pair * scores_per_pair : static_cast<T*>(nullptr));
+        T* saved = io.saved_scores ? io.saved_scores + pair * scores_per_pair : nullptr;
+        chunk_forward_head<kScalar>(s, d, layout, scale, state, saved);
       }
       scatter_head(s.output.data(), d, b, h, V, io.output);
     }
   }
 }
 
-template <typename T>
+template <bool kScalar, typename T>
 void gla_backward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& layout, RecurrenceMode mode,
                         T scale) {
   const int64_t K = d.key_dim, V = d.value_dim, KV = d.state_size();
   const int64_t scores_per_pair = mode == RecurrenceMode::Chunk ? layout.scores_per_sequence() : 0;
 #pragma omp parallel if (worth_parallel(d))
   {
-    HeadScratch<T> s(d, mode, layout, /*backward=*/true, /*keep_scores=*/false);
+    HeadScratch<T> s(d, mode, layout, /*backward=*/true, /*keep_scores=*/false, kScalar);
     std::vector<T> initial(KV);
 #pragma omp for schedule(static)
     for (int64_t pair = 0; pair < d.pairs(); ++pair) {
       const int64_t b = pair / d.heads, h = pair % d.heads;
       gather_head_inputs(io, d, b, h, s);
-      if (io.d_output)
+      if (io.d_output.data)
         gather_head(io.d_output, d, b, h, V, s.d_output.data());
       else
         std::fill(s.d_output.begin(), s.d_output.end(), T(0));
@@ -869,19 +947,19 @@ void gla_backward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& 
       pair_state_or_zero(io.initial_state, pair, d, initial.data());
 
       if (mode == RecurrenceMode::Naive) {
-        naive_decays(s.gate.data(), s.resets, d.time, d.key_dim, s.step_decay.data());
         const HeadRows<T> x = head_rows(s, d);
-        naive_forward_head(x, d.time, scale, initial.data(), s.output.data(), s.states.data());
-        naive_backward_head(x, d.time, scale, s.states.data(), s.d_output.data(), s.d_state.data(), s.dq.data(),
-                            s.dk.data(), s.dv.data(), s.dg.data());
+        naive_decays(s.gate.data(), s.resets, d.time, x.Kg, s.step_decay.data());
+        naive_forward_head<kScalar>(x, d.time, scale, initial.data(), s.output.data(), s.states.data());
+        naive_backward_head<kScalar>(x, d.time, scale, s.states.data(), s.d_output.data(), s.d_state.data(),
+                                     s.dq.data(), s.dk.data(), s.dv.data(), s.dg.data());
       } else {
-        chunk_backward_head(s, d, layout, scale, initial.data(), io.scores + pair * scores_per_pair);
+        chunk_backward_head<kScalar>(s, d, layout, scale, initial.data(), io.scores + pair * scores_per_pair);
       }
 
-      if (io.dq) scatter_add_head(s.dq.data(), d, b, h, K, io.dq);
-      if (io.dk) scatter_add_head(s.dk.data(), d, b, h, K, io.dk);
-      if (io.dv) scatter_add_head(s.dv.data(), d, b, h, V, io.dv);
-      if (io.dg) scatter_add_head(s.dg.data(), d, b, h, K, io.dg);
+      if (io.dq.data) scatter_add_head(s.dq.data(), d, b, h, K, io.dq);
+      if (io.dk.data) scatter_add_head(s.dk.data(), d, b, h, K, io.dk);
+      if (io.dv.data) scatter_add_head(s.dv.data(), d, b, h, V, io.dv);
+      if (io.dg.data) scatter_add_head(s.dg.data(), d, b, h, kScalar ? 1 : K, io.dg);
       if (io.d_initial_state) axpy(T(1), s.d_state.data(), io.d_initial_state + pair * KV, KV);
     }
   }
@@ -889,18 +967,40 @@ void gla_backward_cpu(const GlaIo<T>& io, const HeadDims& d, const ChunkLayout& 
 
 // An GlaIo with the inputs that forward and backward both read; the caller adds its outputs.
 template <typename T>
-GlaIo<T> io_with_inputs(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state) {
+GlaIo<T> io_with_inputs(const Var& q, const Var& k, const Var& v, const Var& g, DecayKind decay,
+                        const Var& initial_state) {
   GlaIo<T> io;
-  io.q = q->value.data<T>();
-  io.k = k->value.data<T>();
-  io.v = v->value.data<T>();
-  io.g = g->value.data<T>();
-  io.g_per_head = g->value.dim() == 1;
+  io.q = rows_of<const T>(q->value);
+  io.k = rows_of<const T>(k->value);
+  io.v = rows_of<const T>(v->value);
+  io.g = rows_of<const T>(g->value);
+  io.decay = decay;
   io.initial_state = initial_state ? initial_state->value.data<T>() : nullptr;
   return io;
 }
 
+// The gradient of an input read by rows (q, k, v, g) for the backward to add into: a column block of a fused
+// projection's output gets its place in the projection's gradient (row-strided), zeroed where it is new. Null rows
+// where x wants none.
+template <typename T>
+Rows<T> rows_gradient(const Var& x) {
+  if (!wants_grad(x)) return {};
+  bool accumulate = false;
+  Tensor& grad = grad_buffer_for_write(x, &accumulate, GradLayout::RowStrided);
+  if (!accumulate) grad.zero();
+  return rows_of<T>(grad);
+}
+
 #ifdef HGRN_WITH_CUDA
+// The row strides of q, k and v, which the kernels read in place (their gradients' are set by the backward).
+GlaCudaRowStrides input_strides(const Var& q, const Var& k, const Var& v) {
+  GlaCudaRowStrides s;
+  s.q = q->value.row_stride();
+  s.k = k->value.row_stride();
+  s.v = v->value.row_stride();
+  return s;
+}
+
 // The GPU backward forms the per-chunk states S^(c) only for dq, dk and dg: whether it reads them at all.
 bool backward_reads_states(const Var& q, const Var& k, const Var& g) {
   return wants_grad(q) || wants_grad(k) || wants_grad(g);
@@ -920,22 +1020,37 @@ GlaCudaShape cuda_shape(const HeadDims& d) {
   return s;
 }
 
-// The per-step log gates the CUDA kernels read: g itself, or a per-head g ([H]) broadcast over the steps and key
-// channels into a buffer that lives for the call.
-Tensor cuda_step_gates(const Var& g, const GlaCudaShape& shape) {
-  if (g->value.dim() != 1) return g->value;
-  Tensor full = Tensor::empty({shape.batch, shape.time, shape.heads * shape.key_dim}, DType::F32, Device::CUDA);
-  gla_cuda_expand_head_decays(shape, g->value.data<float>(), full.data<float>());
-  return full;
+// g's shape as the CUDA kernels name it (they read every shape as it is: the scalar ones run their scalar-decay mode).
+GlaDecay cuda_decay(DecayKind decay) {
+  switch (decay) {
+    case DecayKind::PerChannel: return GlaDecay::PerChannel;
+    case DecayKind::PerStep: return GlaDecay::PerStep;
+    case DecayKind::PerHead: return GlaDecay::PerHead;
+  }
+  return GlaDecay::PerChannel;
+}
+
+// dst += src on the GPU, one dtype and shape: src contiguous, dst row-strided (a column block's gradient goes through
+// a contiguous copy).
+void add_into_rows(Tensor& dst, const Tensor& src) {
+  if (dst.is_contiguous()) {
+    cuda_accumulate(dst.raw_data(), src.raw_data(), dst.numel(), dst.dtype());
+    return;
+  }
+  Tensor sum = Tensor::empty(dst.shape(), dst.dtype(), Device::CUDA);
+  sum.copy_from(dst);
+  cuda_accumulate(sum.raw_data(), src.raw_data(), sum.numel(), sum.dtype());
+  dst.copy_from(sum);
 }
 
 // The CUDA backward: gradients of both outputs (either may be undefined) into the inputs that want one (+=). With
 // `gates` (q, g and k are those gates), where this is the only gradient q, g and k get and q̂ and f̂ take fresh
 // ones, the gates' backward runs in the recurrence's (GlaGatesEpilogue): q̂'s, f̂'s and γ's gradients are written
 // here and dq, dk, dg never exist; otherwise they are formed for the gates' own backward.
-void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, const Var& initial_state,
-                         const Var& out, const Var& final_out, const Tensor& saved_scores, const Tensor& kept_states,
-                         const Tensor& reset_masks, const HeadDims& dims, double scale, const Hgrn2GatesOrigin* gates) {
+void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, DecayKind decay,
+                         const Var& initial_state, const Var& out, const Var& final_out, const Tensor& saved_scores,
+                         const Tensor& kept_states, const Tensor& reset_masks, const HeadDims& dims, double scale,
+                         const Hgrn2GatesOrigin* gates) {
   const GlaCudaShape shape = cuda_shape(dims);
   const Device device = Device::CUDA;
   if (out->grad.defined())
@@ -959,10 +1074,10 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, c
   a.q = q->value.raw_data();
   a.k = k->value.raw_data();
   a.v = v->value.raw_data();
-  a.v_stride = v->value.row_stride();
+  a.strides = input_strides(q, k, v);
   a.act = q->value.dtype();
-  const Tensor step_gates = cuda_step_gates(g, shape);
-  a.g = step_gates.data<float>();
+  a.g = g->value.data<float>();
+  a.decay = cuda_decay(decay);
   a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
   a.scale = static_cast<float>(scale);
   a.scores = saved_scores.raw_data();
@@ -997,14 +1112,45 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, c
       e.partials = gate_partials.data<float>();
     }
   }
-  a.dq = wants_grad(q) && !fuse_gates ? grad_buffer_for_write(q, &a.accumulate_dq).raw_data() : nullptr;
-  a.dk = wants_grad(k) && !fuse_gates ? grad_buffer_for_write(k, &a.accumulate_dk).raw_data() : nullptr;
-  if (wants_grad(v)) {  // a column block of a split gets its place in the split's gradient (row-strided)
-    const Tensor& dv = grad_buffer_for_write(v, &a.accumulate_dv, GradLayout::RowStrided);
-    a.dv = dv.raw_data();
-    a.dv_stride = dv.row_stride();
+  // A column block of a split gets its place in the split's gradient (row-strided).
+  if (wants_grad(q) && !fuse_gates) {
+    const Tensor& dq = grad_buffer_for_write(q, &a.accumulate_dq, GradLayout::RowStrided);
+    a.dq = dq.raw_data();
+    a.strides.dq = dq.row_stride();
+  }
+  // One Var passed again as k or v (as q, or v as k) gets that gradient too: the kernels write each gradient once,
+  // having read all the old values first (dq and dk), or before dq and dk (dv, in bwd_dv), so one buffer as two of
+  // them would keep only one write, onto uninitialised memory where it is fresh. The repeat is written into scratch
+  // of its own (contiguous, fresh) and added into the Var's gradient after the kernels.
+  Tensor dk_repeat, dv_repeat;
+  if (wants_grad(k) && !fuse_gates) {
+    if (k == q) {
+      dk_repeat = Tensor::empty(k->value.shape(), a.act, device);
+      a.dk = dk_repeat.raw_data();
+      a.accumulate_dk = false;
+    } else {
+      const Tensor& dk = grad_buffer_for_write(k, &a.accumulate_dk, GradLayout::RowStrided);
+      a.dk = dk.raw_data();
+      a.strides.dk = dk.row_stride();
+    }
+  }
+  if (wants_grad(v)) {
+    if ((v == q && a.dq) || (v == k && a.dk)) {
+      dv_repeat = Tensor::empty(v->value.shape(), a.act, device);
+      a.dv = dv_repeat.raw_data();
+      a.accumulate_dv = false;
+    } else {
+      const Tensor& dv = grad_buffer_for_write(v, &a.accumulate_dv, GradLayout::RowStrided);
+      a.dv = dv.raw_data();
+      a.strides.dv = dv.row_stride();
+    }
   }
   a.dg = wants_grad(g) && !fuse_gates ? grad_buffer_for_write(g, &a.accumulate_dg).data<float>() : nullptr;
+  // A [B, T, H] g's gradient with several K-tiles: the kernel sums each tile's channels apart, then adds them up.
+  const int64_t dg_partials_elements = a.dg && decay == DecayKind::PerStep ? gla_cuda_dg_partials_elements(shape) : 0;
+  const Tensor dg_partials =
+      dg_partials_elements ? Tensor::empty({dg_partials_elements}, DType::F32, device) : Tensor();
+  a.dg_partials = dg_partials.defined() ? dg_partials.data<float>() : nullptr;
   a.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<float>() : nullptr;
   a.states = need_states ? states.raw_data() : nullptr;
   a.states_given = states_given;
@@ -1012,20 +1158,20 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, c
   a.d_states = d_states.data<float>();
   a.d_scores = d_scores.data<float>();
   gla_cuda_backward(shape, a);
+  if (dk_repeat.defined()) add_into_rows(k->grad, dk_repeat);
+  if (dv_repeat.defined()) add_into_rows(v->grad, dv_repeat);
 }
 #endif
 
 }  // namespace
 
-GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_in, const Var& g,
+GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v, const Var& g,
                               const Var& initial_state, int64_t num_heads, double scale, RecurrenceMode mode,
                               int64_t chunk_size, std::shared_ptr<const Hgrn2GatesOrigin> gates, bool keep_states,
                               const Tensor& resets) {
-  HGRN_CHECK(q && k && v_in && g, "gla_recurrence: q, k, v and g are required");
+  HGRN_CHECK(q && k && v && g, "gla_recurrence: q, k, v and g are required");
   HGRN_CHECK(!gates || (gates->q == q && gates->k == k && gates->g == g),
              "gla_recurrence: the gates' origin given is not that of these q, k and g");
-  // v may be row-strided (a column block of the fused q/f/i projection: linear_columns).
-  const Var v = contiguous_on_cpu(tape, v_in);
   const Tensor& qv = q->value;
   HGRN_CHECK(qv.dim() == 3, "gla_recurrence: q must be [B, T, H*K], got ", shape_str(qv.shape()));
   HGRN_CHECK(num_heads > 0, "gla_recurrence: num_heads must be positive, got ", num_heads);
@@ -1035,12 +1181,18 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
              num_heads, " heads");
   HGRN_CHECK(k->value.shape() == qv.shape(), "gla_recurrence: k ", shape_str(k->value.shape()), " must match q ",
              shape_str(qv.shape()));
-  const bool g_per_head = g->value.dim() == 1;
-  HGRN_CHECK(g->value.shape() == qv.shape() || (g_per_head && g->value.size(0) == num_heads), "gla_recurrence: g ",
-             shape_str(g->value.shape()), " must match q ", shape_str(qv.shape()), " or be [", num_heads,
-             "] (a log decay per head)");
-  HGRN_CHECK(!g_per_head || !wants_grad(g), "gla_recurrence: a per-head log decay g is a constant and takes no gradient");
-  HGRN_CHECK(!g_per_head || !gates, "gla_recurrence: the HGRN2 gates' origin comes with per-step gates, not [H]");
+  // K = 1 makes [B, T, H] q's shape: per channel then, the same thing.
+  const Shape& g_shape = g->value.shape();
+  const bool per_channel = g_shape == qv.shape(), per_step = g_shape == Shape{batch, time, num_heads},
+             per_head = g_shape == Shape{num_heads};
+  HGRN_CHECK(per_channel || per_step || per_head, "gla_recurrence: g ", shape_str(g_shape), " must match q ",
+             shape_str(qv.shape()), ", be [", batch, ", ", time, ", ", num_heads,
+             "] (a log decay per head and step) or [", num_heads, "] (a log decay per head)");
+  const DecayKind decay = per_channel ? DecayKind::PerChannel : per_step ? DecayKind::PerStep : DecayKind::PerHead;
+  HGRN_CHECK(decay != DecayKind::PerHead || !wants_grad(g),
+             "gla_recurrence: a per-head log decay g is a constant and takes no gradient");
+  HGRN_CHECK(decay == DecayKind::PerChannel || !gates,
+             "gla_recurrence: the HGRN2 gates' origin comes with per-channel gates");
   const Tensor& vv = v->value;
   HGRN_CHECK(vv.dim() == 3 && vv.size(0) == batch && vv.size(1) == time && vv.size(2) > 0 &&
                  vv.size(2) % num_heads == 0,
@@ -1061,8 +1213,10 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
     if (!x) continue;
     HGRN_CHECK(x->value.device() == device, "gla_recurrence: inputs mix ", device_name(device), " and ",
                device_name(x->value.device()));
-    HGRN_CHECK(x == v ? x->value.is_row_strided() : x->value.is_contiguous(),
-               "gla_recurrence: inputs must be contiguous (v row-strided)");
+    // q, k and v may be column blocks of one fused projection's output (linear_columns), read in place.
+    const bool by_rows = x == q || x == k || x == v;
+    HGRN_CHECK(by_rows ? x->value.is_row_strided() : x->value.is_contiguous(),
+               "gla_recurrence: g and initial_state must be contiguous, q, k and v row-strided");
   }
   for (const Var& x : {k, v}) {
     HGRN_CHECK(x->value.dtype() == dtype, "gla_recurrence: inputs mix ", dtype_name(dtype), " and ",
@@ -1097,10 +1251,10 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
     a.q = qv.raw_data();
     a.k = k->value.raw_data();
     a.v = vv.raw_data();
-    a.v_stride = vv.row_stride();
+    a.strides = input_strides(q, k, v);
     a.act = dtype;
-    const Tensor step_gates = cuda_step_gates(g, shape);
-    a.g = step_gates.data<float>();
+    a.g = g->value.data<float>();
+    a.decay = cuda_decay(decay);
     a.initial_state = initial_state ? initial_state->value.data<float>() : nullptr;
     a.scale = static_cast<float>(scale);
     a.output = output.raw_data();
@@ -1119,12 +1273,15 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
     if (records && mode == RecurrenceMode::Chunk)
       saved_scores = Tensor::empty({dims.pairs() * layout.scores_per_sequence()}, dtype);
     HGRN_DISPATCH_FLOAT(dtype, "gla_recurrence", [&] {
-      GlaIo<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
-      io.output = output.data<scalar_t>();
+      GlaIo<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, decay, initial_state);
+      io.output = rows_of<scalar_t>(output);
       io.final_state = final_state.data<scalar_t>();
       io.saved_scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
       io.resets = resets.defined() ? resets.data<int32_t>() : nullptr;
-      gla_forward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
+      if (decay == DecayKind::PerChannel)
+        gla_forward_cpu<false>(io, dims, layout, mode, static_cast<scalar_t>(scale));
+      else
+        gla_forward_cpu<true>(io, dims, layout, mode, static_cast<scalar_t>(scale));
     });
   }
 
@@ -1132,13 +1289,13 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
                       op_output(tape, final_state, {q, k, v, g, initial_state})};
   if (!result.output->requires_grad) return result;
   Var out = result.output, final_out = result.final_state;
-  tape.record([q, k, v, g, initial_state, out, final_out, saved_scores, kept_states, resets, reset_masks, dims, layout,
-               mode, scale, gates] {
+  tape.record([q, k, v, g, decay, initial_state, out, final_out, saved_scores, kept_states, resets, reset_masks, dims,
+               layout, mode, scale, gates] {
     // Either output may have received no gradient (the loss did not use it): it then contributes zero.
     if (!out->grad.defined() && !final_out->grad.defined()) return;
     if (q->value.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-      gla_backward_cuda(q, k, v, g, initial_state, out, final_out, saved_scores, kept_states, reset_masks, dims,
+      gla_backward_cuda(q, k, v, g, decay, initial_state, out, final_out, saved_scores, kept_states, reset_masks, dims,
                         scale, gates.get());
 #else
       throw Error("gla_recurrence: this hgrn was built without CUDA");
@@ -1146,18 +1303,21 @@ GlaOutputs gla_recurrence(Tape& tape, const Var& q, const Var& k, const Var& v_i
       return;
     }
     HGRN_DISPATCH_FLOAT(q->value.dtype(), "gla_recurrence backward", [&] {
-      GlaIo<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, initial_state);
+      GlaIo<scalar_t> io = io_with_inputs<scalar_t>(q, k, v, g, decay, initial_state);
       io.scores = saved_scores.defined() ? saved_scores.data<scalar_t>() : nullptr;
-      io.d_output = out->grad.defined() ? out->grad.data<scalar_t>() : nullptr;
+      if (out->grad.defined()) io.d_output = rows_of<const scalar_t>(out->grad);
       io.d_final_state = final_out->grad.defined() ? final_out->grad.data<scalar_t>() : nullptr;
       io.resets = resets.defined() ? resets.data<int32_t>() : nullptr;
       // Gradient buffers are allocated here, outside the parallel region (grad_buffer is not thread-safe).
-      io.dq = wants_grad(q) ? grad_buffer(q).data<scalar_t>() : nullptr;
-      io.dk = wants_grad(k) ? grad_buffer(k).data<scalar_t>() : nullptr;
-      io.dv = wants_grad(v) ? grad_buffer(v).data<scalar_t>() : nullptr;
-      io.dg = wants_grad(g) ? grad_buffer(g).data<scalar_t>() : nullptr;
+      io.dq = rows_gradient<scalar_t>(q);
+      io.dk = rows_gradient<scalar_t>(k);
+      io.dv = rows_gradient<scalar_t>(v);
+      io.dg = rows_gradient<scalar_t>(g);
       io.d_initial_state = wants_grad(initial_state) ? grad_buffer(initial_state).data<scalar_t>() : nullptr;
-      gla_backward_cpu(io, dims, layout, mode, static_cast<scalar_t>(scale));
+      if (decay == DecayKind::PerChannel)
+        gla_backward_cpu<false>(io, dims, layout, mode, static_cast<scalar_t>(scale));
+      else
+        gla_backward_cpu<true>(io, dims, layout, mode, static_cast<scalar_t>(scale));
     });
   });
   return result;

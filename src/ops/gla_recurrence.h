@@ -19,8 +19,15 @@ struct GlaOutputs {
   Var final_state;  // [B, H, K, V]
 };
 
-// q, k, g: [B, T, H*K]; v: [B, T, H*V] (head-major features: index h*K + c); g is the per-step log forget gate (<= 0),
-// or [H]: one constant log decay per head for every step and key channel (RetNet's fixed decays; no gradient).
+// q, k: [B, T, H*K]; v: [B, T, H*V] (head-major features: index h*K + c). g, the log forget gate (<= 0), is one of
+//  * [B, T, H*K]: per step and key channel (HGRN2, GLA);
+//  * [B, T, H]: a scalar decay per head and step, shared by the head's key channels (its gradient is [B, T, H]);
+//  * [H]: one constant log decay per head (RetNet's fixed decays; a constant: no gradient).
+// The scalar ones run the scalar-decay mode of the same forms on the CPU and of the same kernels on CUDA (the decay
+// factors out of the intra-chunk channel sums: one q kᵀ product per chunk, one decay per pair).
+// q, k and v may be row-strided (column blocks of one fused projection's output: linear_columns), in every decay
+// mode: they are read in place, and a column block's gradient is written into its columns of the projection's
+// gradient; g and initial_state are contiguous.
 // initial_state: nullptr or [B, H, K, V]. On the CPU all tensors share one floating dtype (fp32 or fp64), and the state
 // is accumulated in that dtype (fp32 for fp32 inputs, as fla does).
 // On CUDA (kernels/gla_recurrence.h): q, k, v in the activation dtype (fp32 or bf16), g and initial_state fp32; the

@@ -13,6 +13,7 @@
 // read from the residual), so the branch's output is never stored on its own, and the sum is rounded once.
 #include "ops/linear.h"
 
+#include <functional>
 #include <numeric>
 
 #include "ops/elementwise.h"
@@ -124,11 +125,48 @@ void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor
   linear_gemm(false, false, rows, in, out_features, dy, out_features, w, in, beta, dx, in);
 }
 
+namespace {
+thread_local WeightGradientQueue* open_queue = nullptr;
+}  // namespace
+
+WeightGradientQueue::~WeightGradientQueue() {
+  if (open_queue == this) open_queue = nullptr;
+}
+
+void WeightGradientQueue::open() {
+  HGRN_CHECK(open_queue == nullptr, "WeightGradientQueue: another queue is open in this thread");
+  open_queue = this;
+}
+
+void WeightGradientQueue::run() {
+  if (open_queue == this) open_queue = nullptr;
+  std::vector<std::function<void()>> work = std::move(work_);
+  work_.clear();
+  for (std::function<void()>& w : work) {
+    w();
+    w = nullptr;  // its operands go back to the allocator now
+  }
+}
+
+bool WeightGradientQueue::defer(std::function<void()>&& work) {
+  if (!open_queue) return false;
+  open_queue->work_.push_back(std::move(work));
+  return true;
+}
+
 void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight) {
+  if (WeightGradientQueue::defer([dy, x, weight] { linear_weight_gradient(dy, x, weight); })) return;
   bool accumulate = false;
   Tensor& dw = grad_buffer_for_write(weight, &accumulate);
   const int64_t in = dw.size(1), out_features = dw.size(0), rows = dy.numel() / out_features;
   linear_gemm(true, false, out_features, in, rows, dy, out_features, x, in, accumulate ? 1.0f : 0.0f, dw, in);
+}
+
+void linear_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x, const Var& weight) {
+  if (WeightGradientQueue::defer([dy, x, weight] { linear_weight_gradient(dy, x, weight); })) return;
+  bool accumulate = false;
+  Tensor& dw = grad_buffer_for_write(weight, &accumulate);
+  fp8_linear_weight_gradient(weight, dy, 0, x, accumulate ? 1.0f : 0.0f, dw);
 }
 
 // linear's FP8 form: dy is cast once (row-major for dx, transposed for dW), and dW waits for x as above.
@@ -145,11 +183,7 @@ static Var fp8_linear(Tape& tape, const Var& x, const Var& weight, const Var& re
       fp8_linear_input_gradient(weight, dy, weight->value, accumulate ? 1.0f : 0.0f, dx);
     }
     if (wants_grad(weight))
-      when_value_ready(x, [dy, xp = x.get(), weight] {
-        bool accumulate = false;
-        Tensor& dw = grad_buffer_for_write(weight, &accumulate);
-        fp8_linear_weight_gradient(weight, dy, 0, xp->value, accumulate ? 1.0f : 0.0f, dw);
-      });
+      when_value_ready(x, [dy, xp = x.get(), weight] { linear_weight_gradient(dy, xp->value, weight); });
     if (wants_grad(residual)) hand_over_gradient(out, residual);
   });
   return out;
@@ -250,6 +284,27 @@ static void columns_weight_gradient(const std::vector<Var>& weights, const std::
   });
 }
 
+// columns_weight_gradient's GEMMs from dy [rows, Σ out_i] and x [rows, in], or from dy's FP8 codes; while a
+// WeightGradientQueue is open they wait in it with their operands, as linear_weight_gradient's.
+static void columns_weight_gradient(const Tensor& dy, const Tensor& x, const std::vector<Var>& weights,
+                                    const std::vector<int64_t>& widths) {
+  if (WeightGradientQueue::defer([dy, x, weights, widths] { columns_weight_gradient(dy, x, weights, widths); }))
+    return;
+  const int64_t in = x.size(-1), width = dy.size(-1), rows = dy.numel() / width;
+  columns_weight_gradient(weights, widths, [&](Tensor& dw, int64_t col, int64_t n, float beta) {
+    linear_gemm(true, false, n, in, rows, dy.columns(col, n), width, x, in, beta, dw, in);
+  });
+}
+
+static void columns_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x, const std::vector<Var>& weights,
+                                    const std::vector<int64_t>& widths) {
+  if (WeightGradientQueue::defer([dy, x, weights, widths] { columns_weight_gradient(dy, x, weights, widths); }))
+    return;
+  columns_weight_gradient(weights, widths, [&](Tensor& dw, int64_t col, int64_t, float beta) {
+    fp8_linear_weight_gradient(weights[0], dy, col, x, beta, dw);
+  });
+}
+
 // linear_columns' FP8 form over the weights' adjacent master values w_all [Σ out_i, in], which share one scaling
 // state (the first weight's).
 static std::vector<Var> fp8_linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights,
@@ -270,9 +325,7 @@ static std::vector<Var> fp8_linear_columns(Tape& tape, const Var& x, const std::
     }
     if (weight_grads)
       when_value_ready(x, [dy, xp = x.get(), weights, widths] {
-        columns_weight_gradient(weights, widths, [&](Tensor& dw, int64_t col, int64_t, float beta) {
-          fp8_linear_weight_gradient(weights[0], dy, col, xp->value, beta, dw);
-        });
+        columns_weight_gradient(dy, xp->value, weights, widths);
       });
   });
   return blocks;
@@ -324,11 +377,7 @@ std::vector<Var> linear_columns(Tape& tape, const Var& x, const std::vector<Var>
     // dW reads x, which may come back only in its producer's backward (ops/recompute.h); dy is kept until then.
     if (weight_grads)
       when_value_ready(x, [dy, xp = x.get(), weights, widths] {
-        const Tensor& xv = xp->value;
-        const int64_t in = xv.size(-1), width = dy.size(-1), rows = dy.numel() / width;
-        columns_weight_gradient(weights, widths, [&](Tensor& dw, int64_t col, int64_t n, float beta) {
-          linear_gemm(true, false, n, in, rows, dy.columns(col, n), width, xv, in, beta, dw, in);
-        });
+        columns_weight_gradient(dy, xp->value, weights, widths);
       });
   });
   return blocks;

@@ -1,5 +1,6 @@
 // linear.h: y = x·Wᵀ (no bias), x [..., in], W [out, in] -> y [..., out]. All hgrn projections are bias-free.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/autograd.h"
@@ -42,6 +43,29 @@ void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor
 // weight's gradient += dyᵀ·x (into the fp32 master gradient for bf16 inputs: accumulated in fp32, never rounded to
 // bf16); the first write after zero_grad overwrites the buffer (beta 0) instead of adding to a filled one:
 void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight);
+// The same from dy's FP8 codes (ops/fp8_linear.h: fp8_linear_weight_gradient), for linear and swiglu_linear under an
+// Fp8LinearScope:
+struct Fp8OutputGradient;
+void linear_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x, const Var& weight);
+// While a WeightGradientQueue is open in this thread, the weight-gradient GEMMs of linear, linear_columns and
+// swiglu_linear (FP8 ones included) wait in it with their operands instead of running, until run() runs them in the
+// order they came: the same GEMMs on the same operands, so the same bits, later in the backward. Data parallelism runs
+// layer 0's after the embedding's backward, so that the embedding gradient's reduction overlaps them
+// (models/decoder_lm.cpp).
+class WeightGradientQueue {
+ public:
+  WeightGradientQueue() = default;
+  WeightGradientQueue(const WeightGradientQueue&) = delete;
+  WeightGradientQueue& operator=(const WeightGradientQueue&) = delete;
+  ~WeightGradientQueue();  // closes it (a backward cut short): nothing waits in a queue that is gone
+  void open();
+  void run();  // closes it, then runs what waits
+  // For the ops: keeps `work` in this thread's open queue and returns true, or returns false where none is open.
+  static bool defer(std::function<void()>&& work);
+
+ private:
+  std::vector<std::function<void()>> work_;
+};
 // C[m, n] = op(A)·op(B) + beta·C on the tensors' device, with the gemm_cpu contract (row-major, leading dimensions).
 // c_in non-null (contiguous, like C; beta != 0): the addend is beta·c_in instead of beta·C.
 void linear_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,

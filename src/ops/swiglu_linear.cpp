@@ -53,13 +53,10 @@ Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& w
       h = Tensor::empty(g.shape(), g.dtype(), g.device());
       swiglu_forward(g, &up->value, h);
     }
-    if (wants_grad(weight) && fp8) {
-      bool accumulate = false;
-      Tensor& dw = grad_buffer_for_write(weight, &accumulate);
-      fp8_linear_weight_gradient(weight, dy_fp8, 0, h, accumulate ? 1.0f : 0.0f, dw);
-    } else if (wants_grad(weight)) {
+    if (wants_grad(weight) && fp8)
+      linear_weight_gradient(dy_fp8, h, weight);
+    else if (wants_grad(weight))
       linear_weight_gradient(dy, h, weight);
-    }
     if (wants_grad(residual)) hand_over_gradient(out, residual);  // last: dy may become residual's buffer
   });
   return out;

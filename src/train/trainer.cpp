@@ -234,7 +234,7 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
   fp8_end_step();
   if (dp && dp->zero1()) {
     TraceRange trace("weight all-gather");
-    dp->finish_update();
+    dp->finish_update();  // queued: the next forward waits for each bucket where it reads it
   }
   return r;
 }
@@ -393,6 +393,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
     // The moments, whole, on rank 0 (under ZeRO-1 every rank sends its share); rank 0 alone writes: the ranks
     // hold identical weights.
     std::vector<Tensor> adam_m, adam_v;
+    if (setup->data_parallel) setup->data_parallel->wait_for_weights();  // the host copies them below
     if (setup->data_parallel && setup->data_parallel->zero1()) {
       setup->data_parallel->gather_moments(optimizer, &adam_m, &adam_v);
     } else if (w.is_root()) {

@@ -38,28 +38,27 @@ class GlaMixer final : public TokenMixer {
       TraceLayer trace(tape, "q/k/v/g/gate projections");
       p = project(tape, w, call.x);
     }
-    // q and k contiguous (the recurrence reads them so) and the forget gate: copies and elementwise functions of the
-    // projection's output, which is kept anyway (v and g are read from it).
-    const auto make_gates = [w, p](Tape& t) { return gates(t, w, p); };
-    Gates g;
+    // The forget gate: a function of the projection's output, which is kept anyway (the recurrence reads q, k and v
+    // from it in place, the output gate reads g).
+    const auto make_gate = [w, p](Tape& t) { return forget_gate(t, w, p); };
+    Var gate;
     {
       TraceLayer trace(tape, "gates");
-      g = make_gates(tape);
+      gate = make_gate(tape);
     }
     const RecurrenceMode mode =
         uses_chunk_form(config_, call.x->value.size(1)) ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
     GlaOutputs r;
     {
       TraceLayer trace(tape, "recurrence");
-      r = gla_recurrence(tape, g.q, g.k, p.v, g.gate, call.state ? *call.state : nullptr, layout_.heads,
+      r = gla_recurrence(tape, p.q, p.k, p.v, gate, call.state ? *call.state : nullptr, layout_.heads,
                          layout_.query_scale(), mode, /*chunk_size=*/0, /*gates=*/nullptr,
                          /*keep_states=*/call.layer < memory.keep_recurrence_states, call.resets);
     }
     if (call.state) *call.state = r.final_state;
     if (recomputes_gates(memory, call.layer, call.num_layers))
-      recompute_in_backward(tape, memory, {g.q, g.k, g.gate}, [make_gates](Tape& untaped) {
-        const Gates again = make_gates(untaped);
-        return std::vector<Tensor>{again.q->value, again.k->value, again.gate->value};
+      recompute_in_backward(tape, memory, {gate}, [make_gate](Tape& untaped) {
+        return std::vector<Tensor>{make_gate(untaped)->value};
       });
     TraceLayer trace(tape, "g_norm_swish_gate + o_proj");
     return gated_head_norm_output(tape, r.output, p.g, w[8], w[7], layout_.value_dim, config_.norm_eps, memory, call.h);
@@ -69,9 +68,8 @@ class GlaMixer final : public TokenMixer {
   Var step(Tape& tape, const MixerStep& call, RecurrentState& state) const override {
     const std::vector<Var>& w = *call.weights;
     const Projections p = project(tape, w, call.x);
-    const Gates g = gates(tape, w, p);
-    const GlaOutputs r = gla_recurrence(tape, g.q, g.k, p.v, g.gate, state.as_initial_state(), layout_.heads,
-                                        layout_.query_scale(), RecurrenceMode::Naive);
+    const GlaOutputs r = gla_recurrence(tape, p.q, p.k, p.v, forget_gate(tape, w, p), state.as_initial_state(),
+                                        layout_.heads, layout_.query_scale(), RecurrenceMode::Naive);
     state.tensor = r.final_state->value;
     return gated_head_norm_output(tape, r.output, p.g, w[8], w[7], layout_.value_dim, config_.norm_eps,
                                   ModelMemoryConfig{}, call.h);
@@ -81,10 +79,6 @@ class GlaMixer final : public TokenMixer {
   struct Projections {
     Var q, k, v, g, low_rank;  // column blocks of one GEMM's output
   };
-  struct Gates {
-    Var q, k;  // contiguous
-    Var gate;  // gk: fp32 on the GPU, the activation dtype on the CPU
-  };
 
   // w: q_proj, k_proj, v_proj, g_proj, gk_proj.0 (adjacent: one GEMM), gk_proj.1 weight and bias, o_proj,
   // g_norm_swish_gate.
@@ -93,11 +87,11 @@ class GlaMixer final : public TokenMixer {
     return {blocks[0], blocks[1], blocks[2], blocks[3], blocks[4]};
   }
 
-  static Gates gates(Tape& tape, const std::vector<Var>& w, const Projections& p) {
+  // gk: fp32 on the GPU, the activation dtype on the CPU.
+  static Var forget_gate(Tape& tape, const std::vector<Var>& w, const Projections& p) {
     const Var logits = add_bias(tape, linear(tape, contiguous(tape, p.low_rank), w[5]), w[6]);
     const DType gate_dtype = logits->value.device() == Device::CUDA ? DType::F32 : logits->value.dtype();
-    return {contiguous(tape, p.q), contiguous(tape, p.k),
-            log_sigmoid(tape, logits, kGateLogitNormalizer, gate_dtype)};
+    return log_sigmoid(tape, logits, kGateLogitNormalizer, gate_dtype);
   }
 
   ModelConfig config_;
@@ -148,9 +142,9 @@ class GlaFamily final : public ModelFamily {
     return cost;
   }
 
-  // The fused projection's output (q̂, k̂, v, ĝ and u: 2Fk + 2Fv + 16), u's copy for the second gate GEMM and the
-  // gate's logits (Fk); the forget gate gk next to q and k, and its gradient (fp32 on the GPU) in the backward;
-  // RMSNorm(o) and the gated product made from o.
+  // The fused projection's output (q, k, v, ĝ and u: 2Fk + 2Fv + 16; the recurrence reads q and k in it), u's copy
+  // for the second gate GEMM and the gate's logits (Fk); the forget gate gk, and its gradient (fp32 on the GPU) in
+  // the backward; RMSNorm(o) and the gated product made from o.
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     const HeadLayout h = head_layout(c, kGlaDefaults);
@@ -158,6 +152,7 @@ class GlaFamily final : public ModelFamily {
     const double r = static_cast<double>(kGateLowRankDim);
     GlaMixerTensors tensors{h.heads, h.key_dim, h.value_dim};
     tensors.projection_width = 2.0 * Fk + 2.0 * Fv + 2.0 * r + Fk;
+    tensors.own_query_key = false;
     tensors.key_wide_gate = true;
     tensors.gate_backward_bytes = target.gpu ? 4.0 : static_cast<double>(target.bytes_per_activation);
     tensors.normed_outputs = 2;

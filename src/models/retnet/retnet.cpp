@@ -1,7 +1,7 @@
 // retnet.cpp: RetNet (fla's RetNetForCausalLM; Sun et al., "Retentive Network: A Successor to Transformer for Large
 // Language Models", 2023): its token mixer, multi-scale retention — linear attention over rotary-embedded queries and
-// keys with a fixed decay per head — on the chunkwise recurrence HGRN2 and GLA run (ops/gla_recurrence.h, its
-// constant-decay case), and its description.
+// keys with a fixed decay per head — on the chunkwise recurrence HGRN2 and GLA run (ops/gla_recurrence.h, with one
+// constant log decay per head: its scalar-decay mode), and its description.
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -152,8 +152,8 @@ class RetNetFamily final : public ModelFamily {
     return cost;
   }
 
-  // The fused projection's output (q̂, k̂, v, ĝ: 2Fk + 2Fv); the rotated q and k and no gate kept, but the decays
-  // broadcast per key channel (fp32, made again) in the GPU backward; RMSNorm(o) and the gated product made from o.
+  // The fused projection's output (q̂, k̂, v, ĝ: 2Fk + 2Fv); the rotated q and k and no gate kept (the [H] decays are
+  // read as they are, no gradient); RMSNorm(o) and the gated product made from o.
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     const HeadLayout h = head_layout(c, kRetNetDefaults);
@@ -161,7 +161,7 @@ class RetNetFamily final : public ModelFamily {
     GlaMixerTensors tensors{h.heads, h.key_dim, h.value_dim};
     tensors.projection_width = 2.0 * Fk + 2.0 * Fv;
     tensors.key_wide_gate = false;
-    tensors.gate_backward_bytes = target.gpu ? 4.0 : 0.0;
+    tensors.gate_backward_bytes = 0.0;
     tensors.normed_outputs = 2;
     return gla_mixer_memory(c, tensors, layer, seq_len, target);
   }
