@@ -186,6 +186,12 @@ void expect_matches(const Result& got, const Result& want, Tol tol, const std::s
 // exponent) is a relative error of the same size, which fla's kernel shares. Measured 1.1e-5 and 2.4e-5 rel RMS.
 constexpr Tol kFp32StrongDecayDg{1e-4, 2e-4};
 
+// bf16 dg of one step under strong decay: dg is then the initial state's share alone, e^g (~1e-3 at c = 0.1) times
+// O(1) terms, but the kernels form it as the difference of O(10) sums (q·dq − k·dk plus the final state's term) whose
+// TF32 products err by ~2^-11 of their size. Measured (scalar decays, K = 13, V = 21): 4.9e-2 rel RMS, max 5.4% of
+// max|dg|; with 65 steps or more the chunk's own terms dominate dg and kBf16 holds.
+constexpr Tol kBf16StrongDecaySingleStepDg{0.1, 0.1};
+
 Tol tol_for(DType act) { return act == DType::F32 ? kFp32 : kBf16; }
 
 // The GPU's run of p (activations in act) against the fp64 CPU reference on the same inputs rounded to act.
@@ -409,7 +415,11 @@ TEST(GlaRecurrenceCuda, PerStepScalarDecaysMatchCpuReference) {
         Problem p = make_problem(rng, s, variant % 2 == 0, true, variant % 3 != 0);
         p.g = make_gate(rng, {s.batch, s.time, s.heads}, c);
         const bool strong_fp32 = act == DType::F32 && c < 1;
-        expect_gpu_matches_cpu(p, s.heads, act, 0.3, context, strong_fp32 ? &kFp32StrongDecayDg : nullptr);
+        const bool strong_bf16_single_step = act == DType::BF16 && c < 1 && s.time == 1;
+        expect_gpu_matches_cpu(p, s.heads, act, 0.3, context,
+                               strong_fp32               ? &kFp32StrongDecayDg
+                               : strong_bf16_single_step ? &kBf16StrongDecaySingleStepDg
+                                                         : nullptr);
       }
     }
   }
