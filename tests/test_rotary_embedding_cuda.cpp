@@ -32,8 +32,10 @@ TEST(RotaryEmbeddingCuda, MatchesCpuReference) {
     int64_t batch, time, heads, head_dim, first, extra_columns;
   };
   for (DType dtype : {DType::F32, DType::BF16}) {
+    // Heads of 16 and 128 (and rows 16-byte aligned) take the packed kernel, the others the general one; one
+    // position over a batch of rows is a decoding step.
     for (const Case c : {Case{1, 1, 1, 2, 0, 0}, Case{2, 65, 3, 6, 0, 5}, Case{3, 130, 2, 128, 1900, 0},
-                         Case{1, 7, 5, 4, 33, 3}}) {
+                         Case{1, 7, 5, 4, 33, 3}, Case{2, 65, 3, 16, 7, 16}, Case{5, 1, 4, 32, 700, 0}}) {
       for (bool seeded : {false, true}) {
         SCOPED_TRACE(std::string(dtype_name(dtype)) + " B" + std::to_string(c.batch) + " T" + std::to_string(c.time) +
                      " H" + std::to_string(c.heads) + " K" + std::to_string(c.head_dim) + " from " +
@@ -63,6 +65,33 @@ TEST(RotaryEmbeddingCuda, MatchesCpuReference) {
         expect_close(gw->grad, rw->grad, rel_tol(dtype), abs_tol(dtype), "dx");
       }
     }
+  }
+}
+
+// The packed kernel (aligned rows) and the general one (a column block one element off alignment) on the same values:
+// the same products in the same order, so the same bits.
+TEST(RotaryEmbeddingCuda, PackedAndGeneralKernelsGiveTheSameBits) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(303);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const int64_t batch = 3, time = 130, heads = 4, head_dim = 64, width = heads * head_dim;
+    const Tensor whole = round_through(testing::random_tensor(rng, {batch, time, 1 + width}), dtype);
+    const Tensor dy = round_through(testing::random_tensor(rng, {batch, time, width}), dtype);
+    Tape tape;
+    const Var w = make_var(to_gpu(whole, dtype), true, "x");
+    const Var offset = split_columns(tape, w, {1, width})[1];  // starts one element past a 16-byte boundary
+    Tensor dense = Tensor::empty(offset->value.shape(), dtype, Device::CUDA);
+    dense.copy_from(offset->value);
+    const Var aligned = make_var(dense, true, "aligned x");
+    const Var y_general = rotary_embedding(tape, offset, heads, 1500);
+    const Var y_packed = rotary_embedding(tape, aligned, heads, 1500);
+    tape.backward(y_general, to_gpu(dy, dtype));
+    tape.backward(y_packed, to_gpu(dy, dtype));
+    EXPECT_EQ(testing::compare(y_packed->value, y_general->value).max_abs, 0.0) << "y";
+    Tensor d_offset = Tensor::empty(aligned->grad.shape(), dtype, Device::CUDA);
+    d_offset.copy_from(w->grad.columns(1, width));
+    EXPECT_EQ(testing::compare(aligned->grad, d_offset).max_abs, 0.0) << "dx";
   }
 }
 
