@@ -1,6 +1,6 @@
-// fp8.cu: the scaled FP8 casts with their amax and the delayed-scaling update on the GPU (fp8.h). The cast is CUDA's
-// __nv_cvt_float_to_fp8 with __NV_SATFINITE (on sm_89+ the cvt.rn.satfinite instruction), which ops/fp8.cpp's
-// fp8_from_float mirrors bit for bit.
+// fp8.cu: the scaled FP8 casts with their amax, the transpose of codes and the delayed-scaling update on the GPU
+// (fp8.h). The cast is CUDA's __nv_cvt_float_to_fp8 with __NV_SATFINITE (on sm_89+ the cvt.rn.satfinite instruction),
+// which ops/fp8.cpp's fp8_from_float mirrors bit for bit.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -68,20 +68,71 @@ __global__ void fp8_quantize_kernel(const T* x, long long packs, const float* sc
   if (amax) fold_block_amax(local, amax);
 }
 
-// A 64 x 64 tile of x per step, 256 threads. Reading: each thread takes 8 adjacent elements of a row (one or two
-// 16-byte loads when kPacked), stores their codes to `out` along the row and to shared memory transposed. Writing:
-// each thread takes 16 adjacent codes of a tile column, one 16-byte store to a row of out_t. Blocks stride over the
-// row tiles (blockIdx.x); blockIdx.y is the column tile. kPacked needs cols % 8 == 0, rows % 16 == 0 and aligned
-// pointers; otherwise every element is moved on its own, with bounds.
-constexpr int kTile = 64, kTileThreads = 256, kReadWidth = 8, kWriteWidth = 16;
+// The FP8 codes of a row-major [rows, cols] matrix written transposed to out_t and, where `out` is not null, as they
+// are to out; a Source (CastCodes, StoredCodes below) gives the codes of kWidth adjacent elements of a row. A 64 x 64
+// tile per step, 256 threads. Reading: each thread takes kWidth adjacent elements of a row (16-byte loads when
+// kPacked), stores their codes to `out` along the row and to shared memory transposed. Writing: each thread takes 16
+// adjacent codes of a tile column, one 16-byte store to a row of out_t. Blocks stride over the row tiles (blockIdx.x);
+// blockIdx.y is the column tile. kPacked needs cols % kWidth == 0, rows % 16 == 0 and aligned pointers; otherwise
+// every element is moved on its own, with bounds.
+constexpr int kTile = 64, kTileThreads = 256, kWriteWidth = 16;
 constexpr int kTilePitch = kTile + 4;  // column-major rows 68 bytes apart: at most 2-way bank conflicts either way
 
-template <bool kPacked, typename T>
+// The scaled cast of x's elements (widened to fp32), folding each |x| into the thread's amax.
+template <typename T>
+struct CastCodes {
+  static constexpr int kWidth = 8;  // 16 or 32 bytes of x
+  const T* x;
+  const float* scale;  // on the device: read once per thread (prepare)
+  __nv_fp8_interpretation_t format;
+  float s = 0.0f;
+
+  __device__ __forceinline__ void prepare() { s = *scale; }
+  template <bool kPacked>
+  __device__ __forceinline__ void read(long long r, long long c, long long rows, long long cols,
+                                       uint8_t (&codes)[kWidth], float& amax) const {
+    float v[kWidth];
+    if constexpr (kPacked) {
+      load_pack<kWidth>(x + r * cols + c, 0, v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) v[k] = r < rows && c + k < cols ? load_f(x[r * cols + c + k]) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      amax = fmaxf(amax, fabsf(v[k]));
+      codes[k] = fp8_code(v[k] * s, format);
+    }
+  }
+};
+
+// Codes cast before, moved as they are.
+struct StoredCodes {
+  static constexpr int kWidth = 16;  // one 16-byte load
+  const uint8_t* codes;
+
+  __device__ __forceinline__ void prepare() {}
+  template <bool kPacked>
+  __device__ __forceinline__ void read(long long r, long long c, long long rows, long long cols,
+                                       uint8_t (&out)[kWidth], float&) const {
+    if constexpr (kPacked) {
+      const Pack<uint8_t, kWidth> pack = *reinterpret_cast<const Pack<uint8_t, kWidth>*>(codes + r * cols + c);
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) out[k] = pack.v[k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) out[k] = r < rows && c + k < cols ? codes[r * cols + c + k] : 0;
+    }
+  }
+};
+
+template <bool kPacked, typename Source>
 __global__ void __launch_bounds__(kTileThreads)
-    fp8_quantize_transpose_kernel(const T* x, long long rows, long long cols, const float* scale,
-                                  __nv_fp8_interpretation_t format, uint8_t* out, uint8_t* out_t, float* amax) {
+    fp8_transpose_tiles_kernel(Source source, long long rows, long long cols, uint8_t* out, uint8_t* out_t,
+                               float* amax) {
+  constexpr int kReadWidth = Source::kWidth;
   __shared__ __align__(16) uint8_t tile_t[kTile][kTilePitch];  // tile_t[column][row]
-  const float s = *scale;
+  source.prepare();
   float local = 0.0f;
   const long long c0 = static_cast<long long>(blockIdx.y) * kTile;
   const long long row_tiles = (rows + kTile - 1) / kTile;
@@ -94,21 +145,11 @@ __global__ void __launch_bounds__(kTileThreads)
     for (int pass = 0; pass < kTile / kReadRowsPerPass; ++pass) {
       const int j = read_row + pass * kReadRowsPerPass;
       const long long r = r0 + j, c = c0 + read_col;
-      float v[kReadWidth];
+      if (kPacked && (r >= rows || c >= cols)) continue;
       Pack<uint8_t, kReadWidth> codes;
-      if constexpr (kPacked) {
-        if (r >= rows || c >= cols) continue;
-        load_pack<kReadWidth>(x + r * cols + c, 0, v);
-      } else {
+      source.template read<kPacked>(r, c, rows, cols, codes.v, local);
 #pragma unroll
-        for (int k = 0; k < kReadWidth; ++k) v[k] = r < rows && c + k < cols ? load_f(x[r * cols + c + k]) : 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < kReadWidth; ++k) {
-        local = fmaxf(local, fabsf(v[k]));
-        codes.v[k] = fp8_code(v[k] * s, format);
-        tile_t[read_col + k][j] = codes.v[k];
-      }
+      for (int k = 0; k < kReadWidth; ++k) tile_t[read_col + k][j] = codes.v[k];
       if constexpr (kPacked) {
         if (out) *reinterpret_cast<Pack<uint8_t, kReadWidth>*>(out + r * cols + c) = codes;
       } else if (out) {
@@ -132,6 +173,26 @@ __global__ void __launch_bounds__(kTileThreads)
     __syncthreads();  // the tile is rewritten by the next step
   }
   if (amax) fold_block_amax(local, amax);
+}
+
+// Runs fp8_transpose_tiles_kernel over [rows, cols] (`input`: where the source reads, elements of `element_bytes`):
+// about 8 blocks an SM in all (as many as fit), however the tiles split between rows and columns; the packed kernel
+// where the shape and the pointers allow its wide accesses.
+template <typename Source>
+void launch_transpose_tiles(const char* what, const Source& source, const void* input, size_t element_bytes,
+                            int64_t rows, int64_t cols, uint8_t* out, uint8_t* out_t, float* amax) {
+  const long long col_tiles = (cols + kTile - 1) / kTile, row_tiles = (rows + kTile - 1) / kTile;
+  HGRN_CHECK(col_tiles <= 65535, what, ": ", cols, " columns exceed ", 65535 * kTile);
+  const long long row_blocks =
+      std::clamp<long long>(8LL * cuda_device_properties().multiProcessorCount / col_tiles, 1, row_tiles);
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles));
+  constexpr int kReadWidth = Source::kWidth;
+  const auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  const bool packed = cols % kReadWidth == 0 && rows % kWriteWidth == 0 && aligned(input, element_bytes * kReadWidth) &&
+                      aligned(out, kReadWidth) && aligned(out_t, kWriteWidth);
+  const auto kernel = packed ? fp8_transpose_tiles_kernel<true, Source> : fp8_transpose_tiles_kernel<false, Source>;
+  kernel<<<grid, kTileThreads, 0, cuda_stream()>>>(source, rows, cols, out, out_t, amax);
+  CUDA_CHECK_LAUNCH(what);
 }
 
 // fp8_record_amax then fp8_update_scale (ops/fp8.cpp), rule for rule, one tensor a thread. scaled_max is
@@ -192,21 +253,18 @@ void cuda_fp8_quantize_transpose(const void* x, DType x_dtype, int64_t rows, int
   HGRN_CHECK(rows >= 0 && cols >= 0, "cuda_fp8_quantize_transpose: negative shape [", rows, ", ", cols, "]");
   if (rows == 0 || cols == 0) return;
   check_cast_arguments("cuda_fp8_quantize_transpose", x, x_dtype, scale, out_t);
-  const long long col_tiles = (cols + kTile - 1) / kTile, row_tiles = (rows + kTile - 1) / kTile;
-  HGRN_CHECK(col_tiles <= 65535, "cuda_fp8_quantize_transpose: ", cols, " columns exceed ", 65535 * kTile);
-  // About 8 blocks an SM in all (as many as fit), however the tiles split between rows and columns.
-  const long long row_blocks =
-      std::clamp<long long>(8LL * cuda_device_properties().multiProcessorCount / col_tiles, 1, row_tiles);
-  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles));
-  const auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   HGRN_CUDA_DISPATCH_ACT(x_dtype, "cuda_fp8_quantize_transpose", [&] {
-    const bool packed = cols % kReadWidth == 0 && rows % kWriteWidth == 0 && aligned(x, sizeof(act_t) * kReadWidth) &&
-                        aligned(out, kReadWidth) && aligned(out_t, kWriteWidth);
-    const auto kernel = packed ? fp8_quantize_transpose_kernel<true, act_t> : fp8_quantize_transpose_kernel<false, act_t>;
-    kernel<<<grid, kTileThreads, 0, cuda_stream()>>>(static_cast<const act_t*>(x), rows, cols, scale,
-                                                     cuda_format(format), out, out_t, amax);
-    CUDA_CHECK_LAUNCH("fp8_quantize_transpose");
+    const CastCodes<act_t> source{static_cast<const act_t*>(x), scale, cuda_format(format)};
+    launch_transpose_tiles("cuda_fp8_quantize_transpose", source, x, sizeof(act_t), rows, cols, out, out_t, amax);
   });
+}
+
+void cuda_fp8_transpose_codes(const uint8_t* codes, int64_t rows, int64_t cols, uint8_t* codes_t) {
+  HGRN_CHECK(rows >= 0 && cols >= 0, "cuda_fp8_transpose_codes: negative shape [", rows, ", ", cols, "]");
+  if (rows == 0 || cols == 0) return;
+  HGRN_CHECK(codes && codes_t, "cuda_fp8_transpose_codes: null input or output pointer");
+  launch_transpose_tiles("cuda_fp8_transpose_codes", StoredCodes{codes}, codes, 1, rows, cols, nullptr, codes_t,
+                         nullptr);
 }
 
 void cuda_fp8_update_scales(float* amax_history, int64_t history_length, int64_t* positions, float* scales,

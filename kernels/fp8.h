@@ -1,6 +1,7 @@
 // fp8.h: the GPU pieces of FP8 linear layers, each the device counterpart of a CPU reference in ops/fp8.h: the scaled
-// cast that reports its input's amax, the cast that also writes the transpose, the delayed-scaling update, and the
-// scaled FP8 GEMMs of a linear layer through cuBLASLt. Nothing in training calls them yet (docs/fp8.md).
+// cast that reports its input's amax, the cast that also writes the transpose, the transpose of codes already cast, the
+// delayed-scaling update, and the scaled FP8 GEMMs of a linear layer through cuBLASLt. Nothing in training calls them
+// yet (docs/fp8.md).
 #pragma once
 #include <cstdint>
 
@@ -23,6 +24,12 @@ void cuda_fp8_quantize(const void* x, DType x_dtype, int64_t n, const float* sca
 // with the reduced dimension contiguous (cuda_fp8_linear_gemm).
 void cuda_fp8_quantize_transpose(const void* x, DType x_dtype, int64_t rows, int64_t cols, const float* scale,
                                  Fp8Format format, uint8_t* out, uint8_t* out_t, float* amax);
+
+// codes_t ([cols, rows], row-major) = the transpose of the row-major [rows, cols] FP8 codes, byte for byte, by the
+// transposed cast's tiles. The cast is elementwise, so codes cast once and transposed are the codes the transposed
+// cast writes at the same scale: a weight cast for the forward gives Wᵀ for the input gradient without a second read
+// of its fp32 values.
+void cuda_fp8_transpose_codes(const uint8_t* codes, int64_t rows, int64_t cols, uint8_t* codes_t);
 
 // The end-of-step delayed-scaling update of `tensors` tensors of one format, one thread each: tensor t's state is
 // amax_history[t·history_length, (t + 1)·history_length), positions[t] (within the history) and scales[t], all on

@@ -1,8 +1,9 @@
 // test_fp8_cuda.cpp: the GPU FP8 pieces (kernels/fp8.h) against the CPU reference (ops/fp8.h): the scaled cast bit for
-// bit on a sweep of fp32 bit patterns and every rounding boundary, its amax, the transposed cast, the delayed-scaling
-// update over hand-made and random histories, and the three FP8 GEMMs of a linear layer (and the general one with
-// padded rows) against fp8_gemm_cpu within tolerances; the GEMM's refusal of shapes cuBLASLt's FP8 kernels cannot
-// take. GPU tests skip without a GPU; the refusals are checked before any GPU call and run in every CUDA build.
+// bit on a sweep of fp32 bit patterns and every rounding boundary, its amax, the transposed cast, the transpose of
+// codes, the delayed-scaling update over hand-made and random histories, and the three FP8 GEMMs of a linear layer (and
+// the general one with padded rows) against fp8_gemm_cpu within tolerances; the GEMM's refusal of shapes cuBLASLt's FP8
+// kernels cannot take. GPU tests skip without a GPU; the refusals are checked before any GPU call and run in every CUDA
+// build.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -246,6 +247,31 @@ TEST(Fp8CastCuda, TransposedCastMatchesTheReference) {
         }
       }
     }
+  }
+#endif
+}
+
+// The transpose of codes (a weight's, for its input gradient) on multiples of 16 that are not whole tiles (the packed
+// path), one with more row tiles than blocks, and odd shapes (the unpacked path), of random bytes: exactly the host's
+// transpose, since bytes are only moved.
+TEST(Fp8CastCuda, CodeTransposeEqualsTheHostTranspose) {
+  HGRN_SKIP_WITHOUT_GPU();
+#ifdef HGRN_WITH_CUDA
+  struct Shape2 {
+    int64_t rows, cols;
+  };
+  std::mt19937_64 gen(13);
+  for (Shape2 s : {Shape2{16, 48}, Shape2{48, 16}, Shape2{80, 208}, Shape2{1024, 2816}, Shape2{4352, 1024},
+                   Shape2{1, 1}, Shape2{33, 17}, Shape2{100, 72}}) {
+    SCOPED_TRACE(detail::concat(s.rows, "x", s.cols));
+    const int64_t n = s.rows * s.cols;
+    std::vector<uint8_t> codes(static_cast<size_t>(n)), want_t(static_cast<size_t>(n));
+    for (uint8_t& c : codes) c = static_cast<uint8_t>(gen());
+    for (int64_t r = 0; r < s.rows; ++r)
+      for (int64_t c = 0; c < s.cols; ++c) want_t[c * s.rows + r] = codes[r * s.cols + c];
+    const DeviceBuffer device_codes(codes), codes_t(static_cast<size_t>(n));
+    cuda_fp8_transpose_codes(device_codes.as<uint8_t>(), s.rows, s.cols, codes_t.as<uint8_t>());
+    EXPECT_EQ(first_mismatch(codes_t.to_host<uint8_t>(), want_t), -1);
   }
 #endif
 }

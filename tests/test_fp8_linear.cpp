@@ -1,15 +1,16 @@
-// test_fp8_linear.cpp: FP8 linear layers (ops/fp8_linear.h), on the GPU and on the CPU path, against the reference
-// of the quantised arithmetic (ops/fp8.h): linear with a residual, linear_columns over adjacent weights and
-// swiglu_linear, forward and both gradients, over three steps so that the delayed-scaling update moves the scales
-// between them (the recorded amaxes and the new scales equal the CPU reference bit for bit); save and restore of the
-// scaling states; every member through the FP8 path near its fp32 loss, and with layer 0's weight gradients deferred
-// (data parallelism) giving the same bits (CPU); a short FP8 training run that tracks the bf16 run of the same config
-// and learns, and bitwise resume (GPU); the refusal of fp8 on the CPU. GPU tests skip without a GPU or FP8 tensor
-// cores.
+// test_fp8_linear.cpp: FP8 linear layers (ops/fp8_linear.h), on the GPU and on the CPU path, against the reference of
+// the quantised arithmetic (ops/fp8.h): linear with a residual, linear_columns over adjacent weights and swiglu_linear,
+// forward and both gradients, over three steps so that the delayed-scaling update moves the scales between them (the
+// recorded amaxes and the new scales equal the CPU reference bit for bit); a weight cast once a step giving the bits of
+// a cast at each use; save and restore of the scaling states; every member through the FP8 path near its fp32 loss, and
+// with layer 0's weight gradients deferred (data parallelism) giving the same bits (CPU); a short FP8 training run that
+// tracks the bf16 run of the same config and learns, and bitwise resume (GPU); the refusal of fp8 on the CPU. GPU tests
+// skip without a GPU or FP8 tensor cores.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <vector>
 
@@ -314,6 +315,83 @@ TEST(Fp8Linear, ColumnsAndSwigluMatchTheQuantisedReference) { check_columns_and_
 TEST(Fp8LinearCuda, ColumnsAndSwigluMatchTheQuantisedReference) {
   HGRN_SKIP_WITHOUT_FP8();
   check_columns_and_swiglu(Device::CUDA);
+}
+
+// What two steps of two forwards of one weight and their backward give: per step y1 = x1·Wᵀ, y2 = y1 + x2·Wᵀ, the
+// gradients of x1, x2 and W, all on the host, and the weight's scaling state before fp8_end_step. Between step 0 and
+// step 1 the weight changes in place, as the optimiser changes it; between_uses(step, w) runs after each forward.
+struct TwoStepsOfOneWeight {
+  std::vector<Tensor> values;
+  std::vector<Fp8ScalingSnapshot> states;
+};
+
+TwoStepsOfOneWeight two_steps_of_one_weight(Device device, const std::function<void(int, const Var&)>& between_uses) {
+  const int64_t rows = 32, in = 48, out = 80;
+  const DType act = activation(device);
+  Fp8LinearScope scope(Fp8Recipe{4, 0}, 1, {}, device);
+  Rng rng(23);
+  const Var w = make_var(on(random_tensor(rng, {out, in}, 0.1, DType::F32), DType::F32, device), true);
+  TwoStepsOfOneWeight run;
+  for (int step = 0; step < 2; ++step) {
+    if (step == 1) w->value.copy_from(on(random_tensor(rng, {out, in}, 0.3, DType::F32), DType::F32, device));
+    const Tensor x1 = random_tensor(rng, {rows, in}), x2 = random_tensor(rng, {rows, in}, 2.0),
+                 dy = random_tensor(rng, {rows, out}, 1e-2);
+    w->grad = Tensor();
+    Tape tape;
+    const Var x1g = make_var(on(x1, act, device), true), x2g = make_var(on(x2, act, device), true);
+    const Var y1 = linear(tape, x1g, w);
+    between_uses(step, w);
+    const Var y2 = linear(tape, x2g, w, y1);
+    between_uses(step, w);
+    tape.backward(y2, on(dy, act, device));
+    for (const Tensor& t : {y1->value, y2->value, x1g->grad, x2g->grad, w->grad})
+      run.values.push_back(t.to(Device::CPU).clone());
+    run.states.push_back(fp8_scaling_snapshot(w));
+    fp8_end_step();
+  }
+  return run;
+}
+
+void expect_bitwise_equal(const TwoStepsOfOneWeight& got, const TwoStepsOfOneWeight& want) {
+  static const char* const kNames[] = {"y1", "y2", "dx1", "dx2", "dW"};
+  ASSERT_EQ(got.values.size(), want.values.size());
+  for (size_t i = 0; i < want.values.size(); ++i) {
+    ASSERT_EQ(got.values[i].nbytes(), want.values[i].nbytes());
+    EXPECT_EQ(std::memcmp(got.values[i].raw_data(), want.values[i].raw_data(), want.values[i].nbytes()), 0)
+        << "step " << i / 5 << ", " << kNames[i % 5];
+  }
+  for (size_t s = 0; s < want.states.size(); ++s) {
+    EXPECT_EQ(got.states[s].scales, want.states[s].scales) << "step " << s;
+    EXPECT_EQ(got.states[s].step_amax, want.states[s].step_amax) << "step " << s;
+  }
+}
+
+// A weight is cast once a step: its forward codes serve the step's later forwards and, transposed, its input
+// gradients, and the step's end drops them. Against the same steps with the codes dropped before every use (a pause
+// drops them), where each use casts the fp32 weight again, as before the codes were kept. Bitwise: the cast is
+// elementwise at a scale that moves only at the step's end, and the weight's amax is folded as a maximum, so the
+// codes, the scales and hence every GEMM are the same. A change to the weight within the step (which training never
+// makes) reaches neither the later forward nor the input gradients; the change between the steps reaches the next.
+void check_weight_cast_once_a_step(Device device) {
+  const TwoStepsOfOneWeight kept = two_steps_of_one_weight(device, [](int, const Var&) {});
+  const TwoStepsOfOneWeight cast_at_each_use =
+      two_steps_of_one_weight(device, [](int, const Var&) { const Fp8LinearPause drops_the_codes; });
+  {
+    SCOPED_TRACE("codes kept against cast at each use");
+    expect_bitwise_equal(kept, cast_at_each_use);
+  }
+  const TwoStepsOfOneWeight changed_within_step = two_steps_of_one_weight(device, [](int step, const Var& w) {
+    if (step == 0) w->value.copy_from(Tensor::full(w->value.shape(), 0.5, DType::F32, w->value.device()));
+  });
+  SCOPED_TRACE("weight changed after its first forward");
+  expect_bitwise_equal(changed_within_step, kept);
+}
+
+TEST(Fp8Linear, WeightIsCastOnceAStep) { check_weight_cast_once_a_step(Device::CPU); }
+
+TEST(Fp8LinearCuda, WeightIsCastOnceAStep) {
+  HGRN_SKIP_WITHOUT_FP8();
+  check_weight_cast_once_a_step(Device::CUDA);
 }
 
 // The scaling states leave through fp8_scaling_save and come back through fp8_scaling_restore into a fresh scope: the

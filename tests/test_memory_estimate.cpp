@@ -91,7 +91,8 @@ TEST(MemoryEstimate, KnobsMoveItAsTheyMovedThePeak) {
   EXPECT_DOUBLE_EQ(keep(26), estimate_gib("hgrn1-385m.yaml", {"model.memory.recompute_elementwise=false"}));
 }
 
-// The items add up, activations scale with the micro-batch, and fp32 activations cost more than bf16 ones.
+// The items add up, activations scale with the micro-batch, fp32 activations cost more than bf16 ones, and fp8 holds
+// FP8 codes of the layers' weights instead of bf16 copies.
 TEST(MemoryEstimate, ItemsScaleWithBatchAndPrecision) {
   const Config c = load_config(std::string(HGRN_SOURCE_DIR) + "/configs/hgrn2-385m.yaml");
   const MemoryTarget bf16 = memory_target(c);
@@ -108,6 +109,14 @@ TEST(MemoryEstimate, ItemsScaleWithBatchAndPrecision) {
   const TrainingMemory wide = training_memory(c.model, 16, 2048, fp32);
   EXPECT_GT(wide.activations, 1.5 * full.activations);  // the fp32 gates and states stay fp32
   EXPECT_EQ(wide.weight_copies, 0);
+  // fp8: the head's bf16 copy, and 1 byte per layer weight (the FP8 codes a step keeps) instead of a bf16 copy.
+  const Config c8 = load_config(std::string(HGRN_SOURCE_DIR) + "/configs/hgrn2-385m.yaml", {"training.precision=fp8"});
+  const MemoryTarget fp8 = memory_target(c8);
+  EXPECT_TRUE(fp8.fp8);
+  const TrainingMemory codes = training_memory(c8.model, 16, 2048, fp8);
+  const double head = static_cast<double>(c.model.vocab_size * c.model.hidden_size);
+  EXPECT_DOUBLE_EQ(codes.weight_copies, full.weight_copies / 2 + head);
+  EXPECT_DOUBLE_EQ(codes.total(), full.total() - (full.weight_copies - codes.weight_copies));
 }
 
 // A CPU run keeps its gradients between steps and has no bf16 copies or per-chunk GPU states.

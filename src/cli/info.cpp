@@ -91,7 +91,10 @@ void print_info(const Config& config, std::ostream& out) {
       << (target.gpu ? "weights and moments, 12 bytes per parameter, and the gradients made by the peak"
                      : "weights, gradients and moments, 16 bytes per parameter")
       << ")\n";
-  if (memory.weight_copies > 0)
+  if (memory.weight_copies > 0 && target.fp8)
+    out << "  weight copies and codes     " << short_bytes(memory.weight_copies)
+        << "  (the head's bf16 copy, 2 bytes per weight; the layers' FP8 codes, 1 byte per weight, for a step)\n";
+  else if (memory.weight_copies > 0)
     out << "  bf16 weight copies          " << short_bytes(memory.weight_copies) << "  (2 bytes per matmul weight"
         << (m.memory.recompute_weight_copies ? ": the head's only, recompute_weight_copies" : "") << ")\n";
   out << "  backward working set        " << short_bytes(memory.working_set) << "  (the largest transient, at "

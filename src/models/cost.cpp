@@ -130,6 +130,7 @@ MemoryTarget memory_target(const Config& config) {
   target.gpu = device == "cuda" ||
                (device == "auto" && model_family(config.model.type).cuda_refusal(config.model).empty());
   target.bytes_per_activation = config.training.precision == "fp32" ? 4 : 2;
+  target.fp8 = target.gpu && config.training.precision == "fp8";
   return target;
 }
 
@@ -161,9 +162,13 @@ TrainingMemory training_memory(const ModelConfig& config, int64_t micro_batch, i
   m.weights_and_optimizer = (target.gpu ? 12.0 : 16.0) * params;
   const double new_gradient = target.gpu ? 4.0 : 0.0;  // bytes of a gradient made in the backward, per weight
   // bf16 copies of the matmul weights, kept between steps; recompute_weight_copies drops the layers' ones from their
-  // forward to their backward, leaving the head's.
-  if (target.gpu && b == 2)
-    m.weight_copies = 2.0 * (knobs.recompute_weight_copies ? head_weights : static_cast<double>(matmul.all));
+  // forward to their backward, leaving the head's. Under fp8 the layers' weights have no bf16 copies but their E4M3
+  // codes, 1 byte each, kept through the step (ops/fp8_linear.h); the head keeps its bf16 copy.
+  if (target.gpu && b == 2) {
+    const double all_weights = static_cast<double>(matmul.all), layer_weights = all_weights - head_weights;
+    m.weight_copies = target.fp8 ? 2.0 * head_weights + layer_weights
+                                 : 2.0 * (knobs.recompute_weight_copies ? head_weights : all_weights);
+  }
 
   // Kept per layer by the decoder: the residual stream entering the layer and after its mixer (the inputs of
   // attn_norm and mlp_norm, which the norms' backwards read) and those norms' statistics. Outside model.memory.

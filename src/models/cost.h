@@ -48,7 +48,8 @@ struct TrainingMemory {
   double states = 0;             // recurrent states kept for the backward: final states and per-chunk states
   double activations = 0;        // other tensors kept from the forward to the backward
   double weights_and_optimizer = 0;  // fp32 weights and AdamW moments, and the gradients that exist at the peak
-  double weight_copies = 0;      // GPU bf16: the matmul weights' bf16 copies
+  double weight_copies = 0;      // GPU bf16: the matmul weights' bf16 copies (fp8: the head's, and the layers' FP8
+                                 // codes kept through a step)
   double working_set = 0;        // the largest transient at the peak: the loss's chunked logits and fp32 gradient
                                  // sums, or the last layer's backward buffers
   std::string peak_at;           // where the peak lies: "the loss", "the last MLP's backward", ...

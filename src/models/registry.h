@@ -28,6 +28,7 @@ struct MixerCost {
 struct MemoryTarget {
   bool gpu = true;
   int64_t bytes_per_activation = 2;  // 2: bf16, 4: fp32
+  bool fp8 = false;                  // training.precision fp8: the layers' matmul weights as FP8 codes (GPU)
 };
 
 // What one layer's token mixer holds in a training step, in bytes per sequence of seq_len tokens, under the

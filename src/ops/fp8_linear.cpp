@@ -1,6 +1,8 @@
 // fp8_linear.cpp: see fp8_linear.h. The scaling states of all weights live in one set of arrays on the scope's
 // device, so that the end-of-step update is two kernel launches (one per format) and two for the inverses, whatever
-// the layer count. The CPU path is the reference arithmetic of ops/fp8.h on fp32 activations, for tests.
+// the layer count. Each weight is cast once a step: its forward codes are kept in the scope until the step ends and
+// transposed for the input gradient. The CPU path is the reference arithmetic of ops/fp8.h on fp32 activations, for
+// tests.
 #include "ops/fp8_linear.h"
 
 #include <algorithm>
@@ -47,6 +49,14 @@ struct FormatStates {
   }
 };
 
+// A weight's row-major E4M3 codes from its first forward cast of the step, and the master values they were cast from
+// (linear_columns casts a block of adjacent weights under its first weight's state).
+struct CachedWeightCodes {
+  const void* values = nullptr;
+  int64_t out = 0, in = 0;
+  Tensor codes;
+};
+
 struct Scope {
   Fp8Recipe recipe;
   Device device = Device::CUDA;
@@ -55,6 +65,9 @@ struct Scope {
   std::unordered_map<const Variable*, int64_t> slot;
   FormatStates forward, gradient;
   std::function<void(float*, int64_t)> reduce_max;  // over the ranks; null with one
+  // The weights' codes cast this step, for the later forwards and the input gradients: the weights and their scales
+  // do not change until the step ends (fp8_end_step), which drops them. 1 byte per FP8 weight element until then.
+  std::unordered_map<const Variable*, CachedWeightCodes> weight_codes;
 };
 
 Scope* active_scope = nullptr;
@@ -121,6 +134,26 @@ void cast(const Tensor& x, int64_t rows, int64_t cols, const float* scale, Fp8Fo
   if (amax) *amax = std::max(*amax, fp8_amax(v, rows * cols));
 }
 
+// codes_t ([cols, rows]) = the transpose of the row-major [rows, cols] codes, byte for byte.
+void transpose_codes(const uint8_t* codes, int64_t rows, int64_t cols, uint8_t* codes_t) {
+  if (active_scope->device == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_fp8_transpose_codes(codes, rows, cols, codes_t);
+    return;
+#endif
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) codes_t[c * rows + r] = codes[r * cols + c];
+}
+
+// The codes of w ([out, in]) cached for `weight` this step, or null where none are.
+const Tensor* cached_weight_codes(const Var& weight, const Tensor& w) {
+  const auto found = active_scope->weight_codes.find(weight.get());
+  if (found == active_scope->weight_codes.end()) return nullptr;
+  const CachedWeightCodes& c = found->second;
+  return c.values == w.raw_data() && c.out == w.size(0) && c.in == w.size(1) ? &c.codes : nullptr;
+}
+
 // A tensor's first cast, with no amax history yet (a fresh run), takes its scale from the tensor itself (current
 // scaling, the delayed rule applied to its own amax) rather than 1: at scale 1 the first steps' output gradients fall
 // below E5M2's range. The history is left to the end of the step, as for every cast.
@@ -150,6 +183,19 @@ void scale_on_first_cast(const TensorState& t, const Tensor& x) {
   fp8_update_scale(state, f.format, margin);
   *t.scale = state.scale;
   *t.inverse = fp8_scale_inverse(state.scale);
+}
+
+// W's row-major codes for the forward (w [out, in] with ws, its state): cast on the weight's first forward of the step,
+// its amax recorded, and kept for the rest of the step. Later casts of the unchanged weight at the unchanged scale
+// would give the same codes and fold the same amax into the step's maximum, so they are skipped.
+Tensor step_weight_codes(const Var& weight, const Tensor& w, const TensorState& ws) {
+  if (const Tensor* cached = cached_weight_codes(weight, w)) return *cached;
+  const int64_t out = w.size(0), in = w.size(1);
+  scale_on_first_cast(ws, w);
+  const Tensor wq = fp8_codes(out * in);
+  cast(w, out, in, ws.scale, Fp8Format::E4M3, codes_of(wq), nullptr, ws.step_amax);
+  active_scope->weight_codes[weight.get()] = {w.raw_data(), out, in, wq};
+  return wq;
 }
 
 struct Operand {
@@ -246,7 +292,11 @@ Fp8LinearScope::~Fp8LinearScope() {
   active_scope = nullptr;
 }
 
-Fp8LinearPause::Fp8LinearPause() : paused_(active_scope) { active_scope = nullptr; }
+// The paused scope's cached codes are dropped: nothing it sees stops the weights changing before it resumes.
+Fp8LinearPause::Fp8LinearPause() : paused_(active_scope) {
+  if (active_scope) active_scope->weight_codes.clear();
+  active_scope = nullptr;
+}
 Fp8LinearPause::~Fp8LinearPause() { active_scope = static_cast<Scope*>(paused_); }
 
 bool fp8_linear_active() { return active_scope != nullptr; }
@@ -265,11 +315,10 @@ bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w) {
 Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual) {
   const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
   const TensorState xs = state_of(weight, Role::Input), ws = state_of(weight, Role::Weight);
-  const Tensor xq = fp8_codes(rows * in), wq = fp8_codes(out * in);
+  const Tensor xq = fp8_codes(rows * in);
   scale_on_first_cast(xs, x);
-  scale_on_first_cast(ws, w);
+  const Tensor wq = step_weight_codes(weight, w, ws);
   cast(x, rows, in, xs.scale, Fp8Format::E4M3, codes_of(xq), nullptr, xs.step_amax);
-  cast(w, out, in, ws.scale, Fp8Format::E4M3, codes_of(wq), nullptr, ws.step_amax);
   Shape shape = x.shape();
   shape.back() = out;
   Tensor y = Tensor::empty(shape, x.dtype(), x.device());
@@ -307,7 +356,10 @@ void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, c
              "fp8 linear: the input gradient ", shape_str(dx.shape()), " does not fit ", dy.rows, " rows of ", in);
   const TensorState gs = state_of(weight, Role::OutputGradient), ws = state_of(weight, Role::Weight);
   const Tensor wq_t = fp8_codes(out * in);  // Wᵀ [in, out], with the forward's scale (scales move at step ends)
-  cast(w, out, in, ws.scale, Fp8Format::E4M3, nullptr, codes_of(wq_t), nullptr);
+  if (const Tensor* wq = cached_weight_codes(weight, w))
+    transpose_codes(codes_of(*wq), out, in, codes_of(wq_t));
+  else  // no forward of this weight since the step began (a backward run on its own): its fp32 values cast again
+    cast(w, out, in, ws.scale, Fp8Format::E4M3, nullptr, codes_of(wq_t), nullptr);
   gemm(dy.rows, in, out, {codes_of(dy.codes), active_scope->recipe.gradient_format, gs.inverse}, out,
        {codes_of(wq_t), Fp8Format::E4M3, ws.inverse}, out, beta, dx.raw_data(), in, dx.dtype(), false);
 }
@@ -335,8 +387,10 @@ void fp8_set_amax_reduction(const std::function<void(float*, int64_t)>& reduce_m
 }
 
 void fp8_end_step() {
-  if (!active_scope || active_scope->used == 0) return;
+  if (!active_scope) return;
   Scope& s = *active_scope;
+  s.weight_codes.clear();  // the weights' scales move here, and their values have moved (the step's update)
+  if (s.used == 0) return;
   for (FormatStates* f : {&s.forward, &s.gradient}) {
     const int64_t tensors = f == &s.forward ? 2 * s.used : s.used;
     if (s.reduce_max) s.reduce_max(f->step_amax.data<float>(), tensors);
@@ -390,6 +444,7 @@ void fp8_scaling_restore(const std::vector<std::pair<std::string, Tensor>>& save
              ": expected int64 [at most ", s.capacity, "]");
   const int64_t used = owners.size(0);
   s.slot.clear();
+  s.weight_codes.clear();  // cast at the scales being replaced
   for (int64_t i = 0; i < used; ++i) {
     const int64_t p = owners.data<int64_t>()[i];
     HGRN_CHECK(p >= 0 && p < static_cast<int64_t>(params.size()), source, ": FP8 scaling state ", i,

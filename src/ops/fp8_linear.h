@@ -38,7 +38,8 @@ class Fp8LinearScope {
 };
 
 // Suspends the active scope for its lifetime (evaluation during training: the model's bf16 forward, as `hgrn eval`
-// and the exports see it, and no amax recorded into the training's histories).
+// and the exports see it, and no amax recorded into the training's histories). The weights' codes the scope kept are
+// dropped: the next forward after it casts the weights again.
 class Fp8LinearPause {
  public:
   Fp8LinearPause();
@@ -58,7 +59,9 @@ bool fp8_linear_active();
 bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w);
 
 // y = x·Wᵀ, or residual + x·Wᵀ, a new tensor [..., out] of x's dtype: x and W cast to E4M3 with their scales (their amaxes
-// recorded for this step), one FP8 GEMM with fp32 accumulation.
+// recorded for this step), one FP8 GEMM with fp32 accumulation. W is cast once a step, at the weight's first forward:
+// its codes are kept until fp8_end_step for the step's later forwards (micro-batches, recomputed layers) and input
+// gradients, since neither the weight nor its scale changes within a step.
 Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual);
 
 // The output gradient dy [rows, width] cast once to E5M2 for both backward GEMMs: row-major and transposed codes.
@@ -68,7 +71,8 @@ struct Fp8OutputGradient {
 };
 Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy);
 
-// dx = dy·W + beta·dx (dx [rows, in] of the activation dtype, contiguous).
+// dx = dy·W + beta·dx (dx [rows, in] of the activation dtype, contiguous). Wᵀ's codes are the transpose of those the
+// weight's forward cast this step; without a forward since the step began, w is cast again.
 void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, const Tensor& w, float beta,
                                Tensor& dx);
 // dw = dy[:, first_column .. first_column + n)ᵀ·x + beta·dw, dw the fp32 gradient [n, in] (contiguous).
@@ -80,8 +84,9 @@ void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, 
 // so that every rank derives the same scales. Null (one rank) by default; a new scope starts without one.
 void fp8_set_amax_reduction(const std::function<void(float*, int64_t)>& reduce_max);
 
-// End of a training step: each tensor's amax of the step (reduced over the ranks) goes into its history and its scale
-// is updated (fp8_update_scale's rule on the GPU). Nothing without an active scope.
+// End of a training step, after the optimiser's update: each tensor's amax of the step (reduced over the ranks) goes
+// into its history and its scale is updated (fp8_update_scale's rule on the GPU), and the weights' codes kept through
+// the step are dropped, so the next forward casts the updated weights. Nothing without an active scope.
 void fp8_end_step();
 
 // The scaling states as named CPU arrays for a checkpoint, and back. "slot_params" (int64) names each state's owner

@@ -21,6 +21,7 @@ void require_training_fits(const Config& config, Device device, int64_t activati
   MemoryTarget target;
   target.gpu = device == Device::CUDA;
   target.bytes_per_activation = target.gpu ? activation_bytes : 4;  // the CPU's op-by-op path runs in fp32
+  target.fp8 = target.gpu && config.training.precision == "fp8";
   const TrainingMemory memory =
       training_memory(config.model, config.training.micro_batch_size, config.data.seq_len, target);
   double available = 0;
