@@ -149,10 +149,6 @@ __global__ void sigmoid_backward_kernel(const T* y, const T* dy, T* dx, bool add
     store_pack<V>(dx, i, acc);
   }
 }
-// log σ(x) = min(x, 0) − log1p(e^{−|x|}), as the CPU's: IEEE expf and log1pf, since GLA's gates are this value
-// divided by 16, small numbers whose relative accuracy the recurrence's decays carry.
-__device__ __forceinline__ float log_sigmoid_value(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
-
 template <typename In, typename Out>
 __global__ void log_sigmoid_forward_kernel(const In* x, Out* y, float divisor, long long n) {
   HGRN_FOR_EACH_PACK(i, n) y[i] = store_f<Out>(log_sigmoid_value(load_f(x[i])) / divisor);

@@ -1,5 +1,5 @@
 // activations.h: silu and swiglu = silu(gate) ⊙ up on the GPU, forward and backward, the sigmoid (the complex
-// HGRU's output gate) and log σ (GLA's log forget gate). Act dtype (fp32 or bf16);
+// HGRU's output gate) and log σ (a log gate). Act dtype (fp32 or bf16);
 // arithmetic in fp32. The tensors are `rows` rows of `width` elements: gate, up and their gradients may be
 // row-strided (rows *_stride elements apart: column blocks of a fused projection's output), y and dy are contiguous.
 // A contiguous problem is one row of n elements.

@@ -1,5 +1,6 @@
-// sigmoid.cuh: the logistic sigmoid and silu's derivative in fp32, shared by the activation kernels (activations.cu)
-// and the fused HGRN2 gates (hgrn2_gates.cu, where q = silu(q̂)), so both compute the very same bits for a dtype.
+// sigmoid.cuh: the logistic sigmoid, the log-sigmoid and silu's derivative in fp32, shared by the activation kernels
+// (activations.cu), the fused HGRN2 gates (hgrn2_gates.cu, where q = silu(q̂)) and GLA's low-rank gate
+// (low_rank_gate.cu), so all compute the very same bits for a dtype.
 #pragma once
 
 #include "dtype_cuda.cuh"
@@ -15,6 +16,10 @@ __device__ __forceinline__ float stable_sigmoid(float x) {
   const float e = act_exp<Act>(-fabsf(x));
   return __fdividef(x >= 0.f ? 1.f : e, 1.f + e);
 }
+
+// log σ(x) = min(x, 0) − log1p(e^{−|x|}), as the CPU's: IEEE expf and log1pf, since GLA's gates are this value
+// divided by 16, small numbers whose relative accuracy the recurrence's decays carry.
+__device__ __forceinline__ float log_sigmoid_value(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
 
 // silu'(x) · dy with s = σ(x): dy · s · (1 + x · (1 − s)).
 __device__ __forceinline__ float silu_backward_value(float x, float s, float dy) {

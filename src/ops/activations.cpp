@@ -11,14 +11,6 @@
 
 namespace hgrn {
 
-// The logistic sigmoid without overflow: exp is only ever taken of a non-positive number. Written without a branch so
-// that element loops over it vectorise.
-template <typename T>
-static inline T stable_sigmoid(T x) {
-  const T e = cpu_exp(-std::abs(x));
-  return (x >= T(0) ? T(1) : e) / (T(1) + e);
-}
-
 template <typename T>
 HGRN_VECTOR_CLONES static void silu_forward_cpu(const T* x, T* y, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kMinParallelElements)
@@ -253,12 +245,6 @@ Var sigmoid(Tape& tape, const Var& x) {
     });
   });
   return out;
-}
-
-// log σ(x) = min(x, 0) − log1p(e^{−|x|}): exp only of a non-positive number, no cancellation for large |x|.
-template <typename T>
-static inline T stable_log_sigmoid(T x) {
-  return (T(0) < x ? T(0) : x) - cpu_log1p(cpu_exp(-std::abs(x)));  // std::min(x, 0) as a select
 }
 
 template <typename T>

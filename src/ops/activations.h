@@ -1,6 +1,6 @@
 // activations.h: silu (the query activation), swiglu = silu(gate) ⊙ up (the GatedMLP's activation), fused so
 // that the MLP's product is one op with one saved pair of inputs, sigmoid (the complex HGRU's output gate) and
-// log_sigmoid (GLA's log forget gate).
+// log_sigmoid (a log gate; GLA's forget gate runs it fused with its projection: ops/low_rank_gate.h).
 #pragma once
 #include "core/autograd.h"
 
@@ -14,7 +14,7 @@ Var sigmoid(Tape& tape, const Var& x);
 
 // y = log σ(x) / divisor (<= 0 for divisor > 0), in out_dtype: x's, or on the GPU fp32 for bf16 or fp32 x (the log
 // gates gla_recurrence reads in fp32). x contiguous. dx = dy · σ(−x) / divisor. GLA's forget gate is
-// log_sigmoid(x, gate_logit_normalizer).
+// log_sigmoid(x, gate_logit_normalizer) of its low-rank logits, computed in one op by low_rank_log_sigmoid_gate.
 Var log_sigmoid(Tape& tape, const Var& x, double divisor, DType out_dtype);
 
 // y = silu(gate) ⊙ up; gate and up have the same shape.

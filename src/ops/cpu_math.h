@@ -1,4 +1,5 @@
-// cpu_math.h: what the CPU ops' element loops need to vectorise: exp, expm1 and log1p, and HGRN_VECTOR_CLONES.
+// cpu_math.h: what the CPU ops' element loops need to vectorise: exp, expm1 and log1p, the sigmoid and log-sigmoid
+// made of them, and HGRN_VECTOR_CLONES.
 // exp, expm1 and log1p: fp64 calls the C library. fp32 is evaluated in fp64 with no branches, tables or calls, so
 // that a loop over it vectorises, and rounded once to fp32: the result is the correctly rounded value except where
 // the exact one lies within ~1e-12 (relative) of a rounding boundary, at least as accurate as the C library's fp32
@@ -80,6 +81,20 @@ inline float cpu_log1p(float z) {
   constexpr std::array<double, 11> kOddSeries = {1.0 / 21.0, 1.0 / 19.0, 1.0 / 17.0, 1.0 / 15.0, 1.0 / 13.0, 1.0 / 11.0,
                                                  1.0 / 9.0,  1.0 / 7.0,  1.0 / 5.0,  1.0 / 3.0,  1.0};
   return static_cast<float>(2.0 * s * cpu_math_detail::horner(kOddSeries, s * s));
+}
+
+// The logistic sigmoid without overflow: exp is only ever taken of a non-positive number. Written without a branch so
+// that element loops over it vectorise.
+template <typename T>
+inline T stable_sigmoid(T x) {
+  const T e = cpu_exp(-std::abs(x));
+  return (x >= T(0) ? T(1) : e) / (T(1) + e);
+}
+
+// log σ(x) = min(x, 0) − log1p(e^{−|x|}): exp only of a non-positive number, no cancellation for large |x|.
+template <typename T>
+inline T stable_log_sigmoid(T x) {
+  return (T(0) < x ? T(0) : x) - cpu_log1p(cpu_exp(-std::abs(x)));  // std::min(x, 0) as a select
 }
 
 }  // namespace hgrn

@@ -8,10 +8,9 @@
 #include "models/cost.h"
 #include "models/linear_attention.h"
 #include "models/registry.h"
-#include "ops/activations.h"
-#include "ops/elementwise.h"
 #include "ops/gla_recurrence.h"
 #include "ops/linear.h"
+#include "ops/low_rank_gate.h"
 
 namespace hgrn {
 namespace {
@@ -87,11 +86,11 @@ class GlaMixer final : public TokenMixer {
     return {blocks[0], blocks[1], blocks[2], blocks[3], blocks[4]};
   }
 
-  // gk: fp32 on the GPU, the activation dtype on the CPU.
+  // gk: fp32 on the GPU, the activation dtype on the CPU; read from u in place, its logits never stored.
   static Var forget_gate(Tape& tape, const std::vector<Var>& w, const Projections& p) {
-    const Var logits = add_bias(tape, linear(tape, contiguous(tape, p.low_rank), w[5]), w[6]);
-    const DType gate_dtype = logits->value.device() == Device::CUDA ? DType::F32 : logits->value.dtype();
-    return log_sigmoid(tape, logits, kGateLogitNormalizer, gate_dtype);
+    const Tensor& u = p.low_rank->value;
+    const DType gate_dtype = u.device() == Device::CUDA ? DType::F32 : u.dtype();
+    return low_rank_log_sigmoid_gate(tape, p.low_rank, w[5], w[6], kGateLogitNormalizer, gate_dtype);
   }
 
   ModelConfig config_;
@@ -142,16 +141,16 @@ class GlaFamily final : public ModelFamily {
     return cost;
   }
 
-  // The fused projection's output (q, k, v, ĝ and u: 2Fk + 2Fv + 16; the recurrence reads q and k in it), u's copy
-  // for the second gate GEMM and the gate's logits (Fk); the forget gate gk, and its gradient (fp32 on the GPU) in
-  // the backward; RMSNorm(o) and the gated product made from o.
+  // The fused projection's output (q, k, v, ĝ and u: 2Fk + 2Fv + 16; the recurrence reads q and k in it, the gate
+  // reads u, and the gate's logits are never stored); the forget gate gk, and its gradient (fp32 on the GPU) in the
+  // backward; RMSNorm(o) and the gated product made from o.
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     const HeadLayout h = head_layout(c, kGlaDefaults);
     const double Fk = static_cast<double>(h.keys()), Fv = static_cast<double>(h.values());
     const double r = static_cast<double>(kGateLowRankDim);
     GlaMixerTensors tensors{h.heads, h.key_dim, h.value_dim};
-    tensors.projection_width = 2.0 * Fk + 2.0 * Fv + 2.0 * r + Fk;
+    tensors.projection_width = 2.0 * Fk + 2.0 * Fv + r;
     tensors.own_query_key = false;
     tensors.key_wide_gate = true;
     tensors.gate_backward_bytes = target.gpu ? 4.0 : static_cast<double>(target.bytes_per_activation);
