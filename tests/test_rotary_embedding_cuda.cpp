@@ -78,16 +78,17 @@ TEST(RotaryEmbeddingCuda, PackedAndGeneralKernelsGiveTheSameBits) {
     const int64_t batch = 3, time = 130, heads = 4, head_dim = 64, width = heads * head_dim;
     const Tensor whole = round_through(testing::random_tensor(rng, {batch, time, 1 + width}), dtype);
     const Tensor dy = round_through(testing::random_tensor(rng, {batch, time, width}), dtype);
-    Tape tape;
+    Tape general_tape, packed_tape;
     const Var w = make_var(to_gpu(whole, dtype), true, "x");
-    const Var offset = split_columns(tape, w, {1, width})[1];  // starts one element past a 16-byte boundary
+    const Var offset = split_columns(general_tape, w, {1, width})[1];  // starts one element past a 16-byte boundary
     Tensor dense = Tensor::empty(offset->value.shape(), dtype, Device::CUDA);
     dense.copy_from(offset->value);
     const Var aligned = make_var(dense, true, "aligned x");
-    const Var y_general = rotary_embedding(tape, offset, heads, 1500);
-    const Var y_packed = rotary_embedding(tape, aligned, heads, 1500);
-    tape.backward(y_general, to_gpu(dy, dtype));
-    tape.backward(y_packed, to_gpu(dy, dtype));
+    const Var y_general = rotary_embedding(general_tape, offset, heads, 1500);
+    const Var y_packed = rotary_embedding(packed_tape, aligned, heads, 1500);
+    general_tape.backward(y_general, to_gpu(dy, dtype));
+    packed_tape.backward(y_packed, to_gpu(dy, dtype));
+    ASSERT_TRUE(w->grad.defined() && aligned->grad.defined());
     EXPECT_EQ(testing::compare(y_packed->value, y_general->value).max_abs, 0.0) << "y";
     Tensor d_offset = Tensor::empty(aligned->grad.shape(), dtype, Device::CUDA);
     d_offset.copy_from(w->grad.columns(1, width));
