@@ -22,6 +22,17 @@ __device__ __forceinline__ void rotate(float x0, float x1, float c, float s, flo
   y1 = x0 * s + x1 * c;
 }
 
+// One position's cosines and sines (negated for the inverse rotation) into the block's tables.
+__device__ __forceinline__ void fill_tables(float position, const RotaryFrequencies& f, int half, bool inverse,
+                                            float* cosines, float* sines) {
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    float s, c;
+    sincosf(position * f.inv_freq[i], &s, &c);
+    cosines[i] = c;
+    sines[i] = inverse ? -s : s;
+  }
+}
+
 template <typename T>
 __global__ void rotary_kernel(const T* in, T* out, bool add, RotaryRows d, RotaryFrequencies f, int pairs_per_row,
                               long long in_stride, long long out_stride) {
@@ -30,12 +41,7 @@ __global__ void rotary_kernel(const T* in, T* out, bool add, RotaryRows d, Rotar
   for (long long r = blockIdx.x; r < d.rows; r += gridDim.x) {
     const float position = static_cast<float>(d.first_position + r % d.time);
     __syncthreads();  // the previous row's readers are done with the tables
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      float s, c;
-      sincosf(position * f.inv_freq[i], &s, &c);
-      cosines[i] = c;
-      sines[i] = d.inverse ? -s : s;
-    }
+    fill_tables(position, f, half, d.inverse, cosines, sines);
     __syncthreads();
     const T* x = in + r * in_stride;
     T* y = out + r * out_stride;
@@ -64,13 +70,7 @@ __global__ void rotary_packed_kernel(const T* in, T* out, bool add, RotaryRows d
   __shared__ float cosines[kMaxRotaryPairs], sines[kMaxRotaryPairs];
   const int half = static_cast<int>(d.head_dim / 2);
   const long long t = blockIdx.x;
-  const float position = static_cast<float>(d.first_position + t);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float s, c;
-    sincosf(position * f.inv_freq[i], &s, &c);
-    cosines[i] = c;
-    sines[i] = d.inverse ? -s : s;
-  }
+  fill_tables(static_cast<float>(d.first_position + t), f, half, d.inverse, cosines, sines);
   __syncthreads();
   const int packs_per_head = half / V, packs_per_row = static_cast<int>(d.heads) * packs_per_head;
   const long long sequences = d.rows / d.time, work = sequences * packs_per_row;
