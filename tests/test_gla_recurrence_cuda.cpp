@@ -202,6 +202,29 @@ void expect_gpu_matches_cpu(const Problem& p, int64_t heads, DType act, double s
   expect_matches(got, want, tol_for(act), context, dg_tol);
 }
 
+// a + b, element by element (host tensors of one shape).
+Tensor plus(const Tensor& a, const Tensor& b) {
+  Tensor r = a.clone();
+  for (int64_t i = 0; i < r.numel(); ++i) r.set_item(i, a.item(i) + b.item(i));
+  return r;
+}
+
+// The GPU's backward onto existing gradients (before's q, k, v, g and s0 as their old values, fp32 for g and s0)
+// against the CPU reference's gradients plus those old values as the GPU holds them: the backward adds (+=).
+void expect_accumulates_onto(const Problem& p, const Problem& before, int64_t heads, DType act, Tol tol,
+                             const std::string& context, const QkvColumns* columns = nullptr) {
+  const Result want = run(rounded(p, act), heads, Device::CPU, DType::F64, 0.3);
+  const Result got = run(p, heads, Device::CUDA, act, 0.3, Wants{}, &before, RecurrenceMode::Chunk, columns);
+  const Problem old = rounded(before, act);
+  Result want_sum = want;
+  want_sum.dq = plus(want.dq, old.q);
+  want_sum.dk = plus(want.dk, old.k);
+  want_sum.dv = plus(want.dv, old.v);
+  want_sum.dg = plus(want.dg, round_through(before.g, DType::F32));
+  want_sum.ds0 = plus(want.ds0, old.s0);
+  expect_matches(got, want_sum, tol, context);
+}
+
 // ---------------------------------------------------------------------------------------------------------------------
 
 TEST(GlaRecurrenceCuda, MatchesCpuReferenceAcrossShapes) {
@@ -283,21 +306,7 @@ TEST(GlaRecurrenceCuda, RowStridedInputsAccumulateIntoExistingGradients) {
       const Problem p = make_problem(rng, s, true, true, true);
       Problem before = make_problem(rng, s, true, false, false);
       before.g = random_tensor(rng, p.g.shape());
-      const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
-      const Result got = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, &before, RecurrenceMode::Chunk, &layout);
-      const Problem before_rounded = rounded(before, act);
-      auto plus = [](const Tensor& a, const Tensor& b) {
-        Tensor r = a.clone();
-        for (int64_t i = 0; i < r.numel(); ++i) r.set_item(i, a.item(i) + b.item(i));
-        return r;
-      };
-      Result want_sum = want;
-      want_sum.dq = plus(want.dq, before_rounded.q);
-      want_sum.dk = plus(want.dk, before_rounded.k);
-      want_sum.dv = plus(want.dv, before_rounded.v);
-      want_sum.dg = plus(want.dg, round_through(before.g, DType::F32));
-      want_sum.ds0 = plus(want.ds0, before_rounded.s0);
-      expect_matches(got, want_sum, tol_for(act), context);
+      expect_accumulates_onto(p, before, s.heads, act, tol_for(act), context, &layout);
     }
   }
 }
@@ -308,11 +317,6 @@ TEST(GlaRecurrenceCuda, RowStridedInputsAccumulateIntoExistingGradients) {
 TEST(GlaRecurrenceCuda, OneBlockAsSeveralInputsGetsTheirGradientsSummed) {
   HGRN_SKIP_WITHOUT_GPU();
   const Sizes s{2, 100, 3, 40, 40};
-  auto plus = [](const Tensor& a, const Tensor& b) {
-    Tensor r = a.clone();
-    for (int64_t i = 0; i < r.numel(); ++i) r.set_item(i, a.item(i) + b.item(i));
-    return r;
-  };
   for (DType act : {DType::F32, DType::BF16}) {
     for (bool as_v : {false, true}) {
       const std::string context = std::string(dtype_name(act)) + (as_v ? " one block as q, k and v" : " as q and k");
@@ -506,21 +510,7 @@ TEST(GlaRecurrenceCuda, RowStridedInputsWithScalarDecaysMatchCpuReference) {
       p.g = make_gate(rng, {s.batch, s.time, s.heads}, 1.0);
       Problem before = make_problem(rng, s, true, false, false);
       before.g = random_tensor(rng, p.g.shape());
-      const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
-      const Result got = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, &before, RecurrenceMode::Chunk, &layout);
-      const Problem before_rounded = rounded(before, act);
-      auto plus = [](const Tensor& a, const Tensor& b) {
-        Tensor r = a.clone();
-        for (int64_t i = 0; i < r.numel(); ++i) r.set_item(i, a.item(i) + b.item(i));
-        return r;
-      };
-      Result want_sum = want;
-      want_sum.dq = plus(want.dq, before_rounded.q);
-      want_sum.dk = plus(want.dk, before_rounded.k);
-      want_sum.dv = plus(want.dv, before_rounded.v);
-      want_sum.dg = plus(want.dg, round_through(before.g, DType::F32));
-      want_sum.ds0 = plus(want.ds0, before_rounded.s0);
-      expect_matches(got, want_sum, tol_for(act), context);
+      expect_accumulates_onto(p, before, s.heads, act, tol_for(act), context, &layout);
     }
   }
 }
@@ -566,24 +556,10 @@ TEST(GlaRecurrenceCuda, AccumulatesIntoExistingGradientsAndHonoursRequests) {
   // Existing gradients: the backward adds to them (+=), as every hgrn backward does.
   Problem before = make_problem(rng, s, true, false, false);
   before.g = random_tensor(rng, p.g.shape());
-  const Problem ref_in = rounded(p, act);
-  const Result want = run(ref_in, s.heads, Device::CPU, DType::F64, 0.3);
-  const Result got = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, &before);
-  auto plus = [](const Tensor& a, const Tensor& b) {
-    Tensor r = a.clone();
-    for (int64_t i = 0; i < r.numel(); ++i) r.set_item(i, a.item(i) + b.item(i));
-    return r;
-  };
-  const Problem before_rounded = rounded(before, act);
-  Result want_sum = want;
-  want_sum.dq = plus(want.dq, before_rounded.q);
-  want_sum.dk = plus(want.dk, before_rounded.k);
-  want_sum.dv = plus(want.dv, before_rounded.v);
-  want_sum.dg = plus(want.dg, round_through(before.g, DType::F32));
-  want_sum.ds0 = plus(want.ds0, before_rounded.s0);
-  expect_matches(got, want_sum, kFp32, "accumulation");
+  expect_accumulates_onto(p, before, s.heads, act, kFp32, "accumulation");
 
   // Only some inputs want a gradient: the others get none, and the wanted ones are unchanged.
+  const Result want = run(rounded(p, act), s.heads, Device::CPU, DType::F64, 0.3);
   for (const Wants& w : {Wants{false, false, true, false, false}, Wants{false, false, false, true, false},
                          Wants{true, false, false, false, true}, Wants{false, false, false, false, true}}) {
     const Result part = run(p, s.heads, Device::CUDA, act, 0.3, w);

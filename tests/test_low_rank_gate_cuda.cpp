@@ -123,20 +123,25 @@ void expect_matches_cpu(const GateProblem& p) {
   }
 }
 
+// One shape in each layout of u: contiguous, a column block of a wider parent, and with existing gradients.
+void expect_matches_cpu_in_each_layout(Rng& rng, DType act, int64_t rows, int64_t out, int64_t rank) {
+  for (int layout = 0; layout < 3; ++layout) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(act) << ", rows " << rows << ", out " << out << ", rank " << rank
+                                      << ", layout " << layout);
+    GateProblem p = make_problem(rng, act, rows, out, rank);
+    p.column_block = layout == 1;
+    p.existing_grads = layout == 2;
+    expect_matches_cpu(p);
+  }
+}
+
 TEST(LowRankGateCuda, MatchesCpuFp64) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(601);
   for (DType act : {DType::F32, DType::BF16})
     for (int64_t rows : {1, 37, 4099})
       for (const auto& [out, rank] : std::vector<std::pair<int64_t, int64_t>>{{512, 16}, {20, 3}})
-        for (int layout = 0; layout < 3; ++layout) {  // contiguous, column block, existing gradients
-          SCOPED_TRACE(::testing::Message() << dtype_name(act) << ", rows " << rows << ", out " << out << ", rank "
-                                          << rank << ", layout " << layout);
-          GateProblem p = make_problem(rng, act, rows, out, rank);
-          p.column_block = layout == 1;
-          p.existing_grads = layout == 2;
-          expect_matches_cpu(p);
-        }
+        expect_matches_cpu_in_each_layout(rng, act, rows, out, rank);
 }
 
 // Wider problems: several 512-wide output tiles (du summed over tiles by a second kernel), several 16-rank chunks,
@@ -147,14 +152,7 @@ TEST(LowRankGateCuda, WideOutputsAndRanksMatchCpuFp64) {
   for (DType act : {DType::F32, DType::BF16})
     for (const auto& [out, rank] :
          std::vector<std::pair<int64_t, int64_t>>{{1100, 16}, {512, 40}, {700, kLowRankGateMaxRank}, {5, 3}})
-      for (int layout = 0; layout < 3; ++layout) {
-        SCOPED_TRACE(::testing::Message() << dtype_name(act) << ", out " << out << ", rank " << rank << ", layout "
-                                        << layout);
-        GateProblem p = make_problem(rng, act, 301, out, rank);
-        p.column_block = layout == 1;
-        p.existing_grads = layout == 2;
-        expect_matches_cpu(p);
-      }
+      expect_matches_cpu_in_each_layout(rng, act, 301, out, rank);
 }
 
 // Logits of ±60 (bias ~ N(0, 30)): log σ and σ(−x) underflow to tiny numbers, never to NaN.

@@ -109,49 +109,29 @@ std::vector<Recurrence> recurrences() {
                      return std::pair{r.output, r.final_state};
                    };
                  }});
-  all.push_back({"gla_recurrence", true,
-                 [](Rng& rng, int64_t B, int64_t T, bool with_initial) {
-                   RecurrenceProblem p;
-                   const Shape keys{B, T, kHeads * kKey};
-                   p.steps = {random_tensor(rng, keys), random_tensor(rng, keys),
-                              random_tensor(rng, {B, T, kHeads * kValue}), log_gates(rng, keys)};
-                   if (with_initial) p.initial = random_tensor(rng, {B, kHeads, kKey, kValue});
-                   p.d_output = random_tensor(rng, {B, T, kHeads * kValue});
-                   p.d_final = random_tensor(rng, {B, kHeads, kKey, kValue});
-                   return p;
-                 },
-                 [](bool chunk, int64_t chunk_size) -> RecurrenceCall {
-                   return [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&,
-                              const Tensor& resets) {
-                     const GlaOutputs r =
-                         gla_recurrence(t, s[0], s[1], s[2], s[3], s0, kHeads, 0.5,
-                                        chunk ? RecurrenceMode::Chunk : RecurrenceMode::Naive, chunk_size, nullptr,
-                                        false, resets);
-                     return std::pair{r.output, r.final_state};
-                   };
-                 }});
-  // The scalar-decay mode: one log decay per head and step (g [B, T, H]).
-  all.push_back({"gla_recurrence_scalar_decay", true,
-                 [](Rng& rng, int64_t B, int64_t T, bool with_initial) {
-                   RecurrenceProblem p;
-                   const Shape keys{B, T, kHeads * kKey};
-                   p.steps = {random_tensor(rng, keys), random_tensor(rng, keys),
-                              random_tensor(rng, {B, T, kHeads * kValue}), log_gates(rng, {B, T, kHeads})};
-                   if (with_initial) p.initial = random_tensor(rng, {B, kHeads, kKey, kValue});
-                   p.d_output = random_tensor(rng, {B, T, kHeads * kValue});
-                   p.d_final = random_tensor(rng, {B, kHeads, kKey, kValue});
-                   return p;
-                 },
-                 [](bool chunk, int64_t chunk_size) -> RecurrenceCall {
-                   return [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&,
-                              const Tensor& resets) {
-                     const GlaOutputs r =
-                         gla_recurrence(t, s[0], s[1], s[2], s[3], s0, kHeads, 0.5,
-                                        chunk ? RecurrenceMode::Chunk : RecurrenceMode::Naive, chunk_size, nullptr,
-                                        false, resets);
-                     return std::pair{r.output, r.final_state};
-                   };
-                 }});
+  // q, k, v and a log gate per key channel [B, T, H·K], or per head [B, T, H] (the scalar-decay mode).
+  const auto gla_problem = [](bool per_head_gate) {
+    return [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
+      RecurrenceProblem p;
+      const Shape keys{B, T, kHeads * kKey};
+      p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, kHeads * kValue}),
+                 log_gates(rng, per_head_gate ? Shape{B, T, kHeads} : keys)};
+      if (with_initial) p.initial = random_tensor(rng, {B, kHeads, kKey, kValue});
+      p.d_output = random_tensor(rng, {B, T, kHeads * kValue});
+      p.d_final = random_tensor(rng, {B, kHeads, kKey, kValue});
+      return p;
+    };
+  };
+  const auto gla_call = [](bool chunk, int64_t chunk_size) -> RecurrenceCall {
+    return [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&, const Tensor& resets) {
+      const GlaOutputs r = gla_recurrence(t, s[0], s[1], s[2], s[3], s0, kHeads, 0.5,
+                                          chunk ? RecurrenceMode::Chunk : RecurrenceMode::Naive, chunk_size, nullptr,
+                                          false, resets);
+      return std::pair{r.output, r.final_state};
+    };
+  };
+  all.push_back({"gla_recurrence", true, gla_problem(false), gla_call});
+  all.push_back({"gla_recurrence_scalar_decay", true, gla_problem(true), gla_call});
   return all;
 }
 

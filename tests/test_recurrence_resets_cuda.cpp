@@ -146,44 +146,30 @@ std::vector<GpuRecurrence> recurrences(int64_t channels, int64_t heads, int64_t 
     return Tolerances{t, t, t, {t, t, t, t}, {}};
   };
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
-  all.push_back({"gla_recurrence",
-                 [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
-                   RecurrenceProblem p;
-                   const Shape keys{B, T, H * K};
-                   p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, H * V}),
-                              log_gates(rng, keys)};
-                   if (with_initial) p.initial = random_tensor(rng, {B, H, K, V});
-                   p.d_output = random_tensor(rng, {B, T, H * V});
-                   p.d_final = random_tensor(rng, {B, H, K, V});
-                   return p;
-                 },
-                 [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&, const Tensor& r) {
-                   const int64_t chunk = s[0]->value.device() == Device::CUDA ? 0 : 64;
-                   const GlaOutputs o = gla_recurrence(t, s[0], s[1], s[2], s[3], s0, H, scale, RecurrenceMode::Chunk,
-                                                       chunk, nullptr, false, r);
-                   return std::pair{o.output, o.final_state};
-                 },
-                 [](DType act) { return std::vector<DType>{act, act, act, DType::F32}; }, gla_tolerances});
-  // The scalar-decay mode (g [B, T, H]): the kernels' scalar-decay builds on the GPU (dg summed per K-tile, then
-  // over the K-tiles where K > 64).
-  all.push_back({"gla_recurrence_scalar_decay",
-                 [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
-                   RecurrenceProblem p;
-                   const Shape keys{B, T, H * K};
-                   p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, H * V}),
-                              log_gates(rng, {B, T, H})};
-                   if (with_initial) p.initial = random_tensor(rng, {B, H, K, V});
-                   p.d_output = random_tensor(rng, {B, T, H * V});
-                   p.d_final = random_tensor(rng, {B, H, K, V});
-                   return p;
-                 },
-                 [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&, const Tensor& r) {
-                   const int64_t chunk = s[0]->value.device() == Device::CUDA ? 0 : 64;
-                   const GlaOutputs o = gla_recurrence(t, s[0], s[1], s[2], s[3], s0, H, scale, RecurrenceMode::Chunk,
-                                                       chunk, nullptr, false, r);
-                   return std::pair{o.output, o.final_state};
-                 },
-                 [](DType act) { return std::vector<DType>{act, act, act, DType::F32}; }, gla_tolerances});
+  // q, k, v and a log gate of the given shape: per key channel [B, T, H·K], or per head [B, T, H] (the scalar-decay
+  // mode: the kernels' scalar-decay builds on the GPU, dg summed per K-tile, then over the K-tiles where K > 64).
+  const auto gla_problem = [=](bool per_head_gate) {
+    return [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
+      RecurrenceProblem p;
+      const Shape keys{B, T, H * K};
+      p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, H * V}),
+                 log_gates(rng, per_head_gate ? Shape{B, T, H} : keys)};
+      if (with_initial) p.initial = random_tensor(rng, {B, H, K, V});
+      p.d_output = random_tensor(rng, {B, T, H * V});
+      p.d_final = random_tensor(rng, {B, H, K, V});
+      return p;
+    };
+  };
+  const auto gla_call = [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&,
+                            const Tensor& r) {
+    const int64_t chunk = s[0]->value.device() == Device::CUDA ? 0 : 64;
+    const GlaOutputs o =
+        gla_recurrence(t, s[0], s[1], s[2], s[3], s0, H, scale, RecurrenceMode::Chunk, chunk, nullptr, false, r);
+    return std::pair{o.output, o.final_state};
+  };
+  const auto gla_dtypes = [](DType act) { return std::vector<DType>{act, act, act, DType::F32}; };
+  all.push_back({"gla_recurrence", gla_problem(false), gla_call, gla_dtypes, gla_tolerances});
+  all.push_back({"gla_recurrence_scalar_decay", gla_problem(true), gla_call, gla_dtypes, gla_tolerances});
   // The scalar-decay mode with a constant g [H] (RetNet's decays, packed sequences): the kernels' scalar-decay builds
   // reading g with row stride 0. g is a constant (no gradient), made in the call on q's device, its values exact in
   // fp32 so that both devices see the same.
