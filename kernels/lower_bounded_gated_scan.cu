@@ -142,14 +142,15 @@ __global__ void __launch_bounds__(kThreads) forward_carry_kernel(const ForwardPa
   chunked_scan::carry_forward<false>(p.d, p.initial_state, p.chunk_states, p.decays);
 }
 
-// Chunk k = blockIdx.y: the scan from the state entering it, writing o; the last chunk writes the final state.
-template <typename Act, int V, bool kResets>
-__global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardParams p) {
+// Chunk k = first_chunk + blockIdx.y: the scan from the state entering it, writing o; the last chunk writes the final
+// state. kWhole: every chunk of the launch is whole (see launch_chunks).
+template <typename Act, int V, bool kResets, bool kWhole>
+__global__ void __launch_bounds__(kThreads) forward_output_kernel(const ForwardParams p, int first_chunk) {
   const Geometry& d = p.d;
   int c;
   if (!thread_channel<V>(d, c)) return;
-  const int k = blockIdx.y, b = blockIdx.z;
-  const int t0 = k * kChunk, n = min(kChunk, d.T - t0);
+  const int k = first_chunk + blockIdx.y, b = blockIdx.z;
+  const int t0 = k * kChunk, n = kWhole ? kChunk : min(kChunk, d.T - t0);
   const int64_t row = static_cast<int64_t>(b) * d.T + t0;
   float h[V] = {};
   if (k > 0)
@@ -209,15 +210,15 @@ struct BackwardParams {
   const uint64_t* reset_masks;  // null: no resets
 };
 
-// Chunk k = blockIdx.y + 1 (>= 1; only the last may be partial): the reverse scan from zero, u^(k) = λ_s dh_s at its
-// first row s, and the product of its decays.
-template <typename Act, int V, bool kResets>
-__global__ void __launch_bounds__(kThreads) backward_summary_kernel(const BackwardParams p) {
+// Chunk k = first_chunk + blockIdx.y (>= 1; only the last may be partial): the reverse scan from zero, u^(k) = λ_s dh_s
+// at its first row s, and the product of its decays.
+template <typename Act, int V, bool kResets, bool kWhole>
+__global__ void __launch_bounds__(kThreads) backward_summary_kernel(const BackwardParams p, int first_chunk) {
   const Geometry& d = p.d;
   int c;
   if (!thread_channel<V>(d, c)) return;
-  const int k = blockIdx.y + 1, b = blockIdx.z;
-  const int t0 = k * kChunk, n = min(kChunk, d.T - t0);
+  const int k = first_chunk + blockIdx.y, b = blockIdx.z;
+  const int t0 = k * kChunk, n = kWhole ? kChunk : min(kChunk, d.T - t0);
   const int64_t row = static_cast<int64_t>(b) * d.T + t0;
   float gamma[V];
   load_gamma<V>(p.gamma_row, c, gamma);
@@ -255,16 +256,16 @@ __global__ void __launch_bounds__(kThreads) backward_carry_kernel(const Backward
   chunked_scan::carry_backward<false>(p.d, p.d_final_state, p.boundary, p.decays);
 }
 
-// Chunk k = blockIdx.y: the reverse scan from β^(k), rows in batches of kGradBatch, last first, writing dî and df̂
-// and summing the chunk's share of γ's gradient; chunk 0 ends with the initial state's. h_{t−1} is the forward's
-// output o_{t−1} (the model keeps o for its norm), or the exact chunk-entry state at the chunk's first row.
-template <typename Act, int V, bool kResets>
-__global__ void __launch_bounds__(kThreads) backward_grads_kernel(const BackwardParams p) {
+// Chunk k = first_chunk + blockIdx.y: the reverse scan from β^(k), rows in batches of kGradBatch, last first, writing
+// dî and df̂ and summing the chunk's share of γ's gradient; chunk 0 ends with the initial state's. h_{t−1} is the
+// forward's output o_{t−1} (the model keeps o for its norm), or the exact chunk-entry state at the chunk's first row.
+template <typename Act, int V, bool kResets, bool kWhole>
+__global__ void __launch_bounds__(kThreads) backward_grads_kernel(const BackwardParams p, int first_chunk) {
   const Geometry& d = p.d;
   int c;
   if (!thread_channel<V>(d, c)) return;
-  const int k = blockIdx.y, b = blockIdx.z;
-  const int t0 = k * kChunk, n = min(kChunk, d.T - t0);
+  const int k = first_chunk + blockIdx.y, b = blockIdx.z;
+  const int t0 = k * kChunk, n = kWhole ? kChunk : min(kChunk, d.T - t0);
   const int64_t row = static_cast<int64_t>(b) * d.T + t0;
   const int64_t state_at = static_cast<int64_t>(b) * d.C + c;
   float entry[V] = {};  // the state entering the chunk
@@ -350,6 +351,27 @@ Geometry make_geometry(const LowerBoundedScanCudaShape& s, int64_t i_stride, int
     CUDA_CHECK_LAUNCH(#KERNEL);                                                                           \
   } while (0)
 
+// Launches a per-chunk kernel over chunks first .. NT − 1: the whole ones with its kWhole build (a row loop of
+// constant length: no per-row bounds, so the compiler keeps fewer values live), a partial last one with the other.
+#define HGRN_LAUNCH_CHUNKS(KERNEL, ACT, WIDE, WIDE_OK, FIRST, PARAMS)                                              \
+  do {                                                                                                          \
+    const int first = (FIRST), partial = d.T % kChunk != 0 ? 1 : 0, whole = d.NT - first - partial;             \
+    if (whole > 0) {                                                                                            \
+      if (WIDE_OK)                                                                                              \
+        KERNEL<ACT, WIDE, kResets, true><<<chunk_grid(d, WIDE, whole), kThreads, 0, cuda_stream()>>>(PARAMS, first); \
+      else                                                                                                      \
+        KERNEL<ACT, 1, kResets, true><<<chunk_grid(d, 1, whole), kThreads, 0, cuda_stream()>>>(PARAMS, first);       \
+      CUDA_CHECK_LAUNCH(#KERNEL);                                                                               \
+    }                                                                                                           \
+    if (partial) {                                                                                              \
+      if (WIDE_OK)                                                                                              \
+        KERNEL<ACT, WIDE, kResets, false><<<chunk_grid(d, WIDE, 1), kThreads, 0, cuda_stream()>>>(PARAMS, d.NT - 1); \
+      else                                                                                                      \
+        KERNEL<ACT, 1, kResets, false><<<chunk_grid(d, 1, 1), kThreads, 0, cuda_stream()>>>(PARAMS, d.NT - 1);       \
+      CUDA_CHECK_LAUNCH(#KERNEL);                                                                               \
+    }                                                                                                           \
+  } while (0)
+
 template <typename Act, bool kResets>
 void forward_impl(const Geometry& d, const LowerBoundedScanCudaForwardArgs& a) {
   const ForwardParams p{d,        a.i_hat,        a.f_hat,           a.gamma_row,  a.initial_state,
@@ -369,7 +391,7 @@ void forward_impl(const Geometry& d, const LowerBoundedScanCudaForwardArgs& a) {
     forward_carry_kernel<<<carry_blocks(d), kThreads, 0, cuda_stream()>>>(p);
     CUDA_CHECK_LAUNCH("lower_bounded_scan_forward_carry");
   }
-  HGRN_LAUNCH_WIDE(forward_output_kernel, Act, kWide, wide, d.NT, p);
+  HGRN_LAUNCH_CHUNKS(forward_output_kernel, Act, kWide, wide, 0, p);
 }
 
 template <typename Act, bool kResets>
@@ -406,7 +428,7 @@ void backward_impl(const Geometry& d, const LowerBoundedScanCudaBackwardArgs& a)
                                    {a.d_output, d.C, act},
                                    {a.scratch_a, d.C, f32},
                                    {a.scratch_b, d.C, f32}});
-    HGRN_LAUNCH_WIDE(backward_summary_kernel, Act, kWide, wide, d.NT - 1, p);
+    HGRN_LAUNCH_CHUNKS(backward_summary_kernel, Act, kWide, wide, 1, p);
     backward_carry_kernel<<<carry_blocks(d), kThreads, 0, cuda_stream()>>>(p);
     CUDA_CHECK_LAUNCH("lower_bounded_scan_backward_carry");
   }
@@ -424,13 +446,14 @@ void backward_impl(const Geometry& d, const LowerBoundedScanCudaBackwardArgs& a)
                                  {a.d_initial_state, d.C, f32},
                                  {p.partials, d.C, f32},
                                  {a.scratch_a, d.C, f32}});
-  HGRN_LAUNCH_WIDE(backward_grads_kernel, Act, kWide, wide, d.NT, p);
+  HGRN_LAUNCH_CHUNKS(backward_grads_kernel, Act, kWide, wide, 0, p);
   if (p.partials)
     add_chunk_sums<kSumLanes>(p.partials, a.dgamma_row, static_cast<long long>(d.B) * d.NT, d.C,
                               "lower_bounded_scan_dgamma_reduce");
 }
 
 #undef HGRN_LAUNCH_WIDE
+#undef HGRN_LAUNCH_CHUNKS
 
 }  // namespace
 
