@@ -1,6 +1,7 @@
 // elementwise.cuh: what the elementwise kernels (elementwise.cu, activations.cu) share: 16-byte packed loads and
 // stores of act-dtype elements (widened to fp32), and a launch that runs a kernel packed over the aligned bulk of an
-// array and unpacked over what is left, so odd sizes and unaligned views still work.
+// array and unpacked over what is left, so odd sizes and unaligned views still work; and the shared-memory layout in
+// which warp kernels (rmsnorm.cu, small_batch_gemv.cu) keep packs as fp32.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -31,6 +32,15 @@ __device__ __forceinline__ void store_pack(T* p, long long i, const float (&in)[
 #pragma unroll
   for (int k = 0; k < V; ++k) pk.v[k] = store_f<T>(in[k]);
   reinterpret_cast<Pack<T, V>*>(p)[i] = pk;
+}
+
+// A shared-memory layout of fp32 values for warps whose lane l handles packs l, l + 32, …: a lane's V values of pack
+// p (its pack 32·p + lane) lie as V / 4 float4s, slot (p·(V/4) + q)·32 + lane for float4 q, so that a warp's float4
+// accesses are 512 contiguous bytes (conflict-free), where a lane-contiguous V-float layout (32-byte lane strides)
+// takes two passes per access.
+template <int V>
+__device__ __forceinline__ int lane_slot(int p, int q, int lane) {
+  return (p * (V / 4) + q) * 32 + lane;
 }
 
 // The grid-stride loop over packs every elementwise kernel runs.

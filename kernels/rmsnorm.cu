@@ -95,19 +95,8 @@ constexpr int kMaxWarpPacks = 8;      // 64 bf16 or 32 fp32 values per lane: row
 constexpr int kRowWarps = 8;          // warps per block
 constexpr int kRowsPerWarp = 8;       // backward rows per warp of a block: its chunk, 8·warps rows, fixes dW's bits
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// The backward's shared arrays (the weight, and each warp's weight-gradient sums) hold a lane's V columns of pack p as
-// V / 4 float4s, slot (p·(V/4) + q)·32 + lane for float4 q: a warp's float4 accesses are then 512 contiguous bytes
-// (conflict-free), where a lane-contiguous V-float layout (32-byte lane strides) took two passes per access.
-template <int V>
-__device__ __forceinline__ int lane_slot(int p, int q, int lane) {
-  return (p * (V / 4) + q) * 32 + lane;
-}
-// The slot (in floats) of column c in that layout.
+// The backward's shared arrays (the weight, and each warp's weight-gradient sums) are in the lane_slot layout
+// (elementwise.cuh); column_slot is the slot (in floats) of column c in that layout.
 template <int V>
 __device__ __forceinline__ int column_slot(int c) {
   const int pk = c / V, k = c % V;

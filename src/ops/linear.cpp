@@ -1,5 +1,5 @@
 // linear.cpp: forward y = x·Wᵀ and backward dx += dy·W, dW += dyᵀ·x; on the CPU through the CPU GEMM (OpenBLAS),
-// on the GPU through cuBLASLt.
+// on the GPU through cuBLASLt (linear_product_into's few-row products: kernels/small_batch_gemv.h).
 // Mixed precision on the GPU: the weight is an fp32 master parameter while x may be bf16. Then the weight is cast to
 // bf16 once (Variable::compute_copy, 2 bytes per weight), after which the GPU optimiser's update writes the copy
 // along with the weight (src/train/optimizer.cpp), and that copy feeds the forward GEMM
@@ -22,6 +22,7 @@
 #include "ops/recompute.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/gemm.h"
+#include "kernels/small_batch_gemv.h"
 #endif
 
 namespace hgrn {
@@ -249,6 +250,14 @@ void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Te
              " and ", total, " output features");
   for_column_blocks(weights, widths, true, [&](const Tensor& w, int64_t col, int64_t n, size_t) {
     Tensor block = y.columns(col, n);
+#ifdef HGRN_WITH_CUDA
+    // A few rows (decoding's tokens): matrix-vector products that read W once, in place of the GEMM.
+    if (y.device() == Device::CUDA && w.dtype() == x.dtype() && y.dtype() == x.dtype() &&
+        small_batch_gemv_applies(rows, n, in, x.raw_data(), w.raw_data(), x.dtype())) {
+      cuda_small_batch_gemv(x.raw_data(), w.raw_data(), block.raw_data(), width, rows, n, in, x.dtype(), accumulate);
+      return;
+    }
+#endif
     linear_gemm(false, true, rows, n, in, x, in, w, in, accumulate ? 1.0f : 0.0f, block, width);
   });
 }

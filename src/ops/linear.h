@@ -36,7 +36,8 @@ std::vector<Tensor> column_weights_for_input(const std::vector<Var>& weights, co
 Tensor linear_product(const Tensor& x, const Tensor& w, const Tensor* residual = nullptr);
 // y (+)= x·[W_0; W_1; …]ᵀ into y [..., Σ out_i] (contiguous, x's dtype and device; accumulate: add to it), from the
 // weights' compute tensors: one GEMM where they lie adjacent, else one per weight into its column block. Allocates
-// nothing (decoding's buffers made once, models/fused_decoder.h; linear_columns' forward).
+// nothing (decoding's buffers made once, models/fused_decoder.h; linear_columns' forward). On the GPU, up to 8 rows
+// (decoding's tokens) take matrix-vector products that read each weight once (kernels/small_batch_gemv.h) instead.
 void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Tensor& y, bool accumulate);
 // dx = dy·W + beta·dx (beta 0: dx may be a fresh, uninitialised buffer):
 void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor& dx);

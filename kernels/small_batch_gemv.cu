@@ -1,0 +1,133 @@
+// small_batch_gemv.cu: y (+)= x·Wᵀ for at most 8 rows of x (small_batch_gemv.h), bound by reading W once.
+// Each block first stages x's rows in shared memory as fp32; then each warp computes one output column j for every
+// row of x: its lanes stream W's row j in 16-byte packs (lane l takes packs l, l + 32, …, several loads in flight),
+// multiply them into one fp32 sum per row of x, and a warp shuffle tree adds the lanes' sums. Lane r writes row r's.
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda_check.h"
+#include "cuda_context.h"
+#include "dtype_cuda.cuh"
+#include "elementwise.cuh"
+#include "row_sums.cuh"
+#include "small_batch_gemv.h"
+
+namespace hgrn {
+
+namespace {
+
+constexpr int kWarps = 8;  // output columns per block, one per warp
+constexpr int kThreads = kWarps * 32;
+constexpr int kPacksInFlight = 4;  // W packs a lane loads before it uses them
+// x's staged rows at most (fp32): 8 rows of 4096, or 1 row of 32768; more falls back to the GEMM.
+constexpr int64_t kMaxStagedBytes = 128 * 1024;
+
+// The shared memory a block may take for x: kMaxStagedBytes, or less where the device has less.
+int64_t staged_bytes_limit() {
+  return std::min<int64_t>(kMaxStagedBytes, static_cast<int64_t>(cuda_device_properties().sharedMemPerBlockOptin));
+}
+
+// The floats one staged row of x takes: its packs rounded up to a whole warp's, in the lane_slot layout.
+__host__ __device__ int64_t staged_row_floats(int64_t k, int64_t pack) { return (k / pack + 31) / 32 * 32 * pack; }
+
+template <typename T, int Rows>
+__global__ void __launch_bounds__(kThreads)
+    small_batch_gemv_kernel(const T* x, const T* w, T* y, long long ldy, int n, int k, bool accumulate) {
+  constexpr int V = 16 / sizeof(T);  // values of a pack
+  extern __shared__ float4 staged[];  // row r's pack p at staged[r·row_float4s + lane_slot<V>(p / 32, q, p % 32)]
+  const int packs = k / V;
+  const int row_float4s = static_cast<int>(staged_row_floats(k, V) / 4);
+  for (int r = 0; r < Rows; ++r)
+    for (int p = threadIdx.x; p < packs; p += kThreads) {
+      float v[V];
+      load_pack<V>(x + static_cast<long long>(r) * k, p, v);
+#pragma unroll
+      for (int q = 0; q < V / 4; ++q)
+        staged[r * row_float4s + lane_slot<V>(p / 32, q, p % 32)] =
+            make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+    }
+  __syncthreads();
+
+  const int lane = threadIdx.x % 32;
+  const long long j = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (j >= n) return;
+  const T* wj = w + j * k;
+  const int lane_packs = (packs - lane + 31) / 32;  // this lane's packs: lane, lane + 32, …
+  float sum[Rows];
+#pragma unroll
+  for (int r = 0; r < Rows; ++r) sum[r] = 0.f;
+  for (int p0 = 0; p0 < lane_packs; p0 += kPacksInFlight) {
+    float wv[kPacksInFlight][V];
+#pragma unroll
+    for (int u = 0; u < kPacksInFlight; ++u)
+      if (p0 + u < lane_packs) load_pack<V>(wj, static_cast<long long>(p0 + u) * 32 + lane, wv[u]);
+#pragma unroll
+    for (int u = 0; u < kPacksInFlight; ++u) {
+      if (p0 + u >= lane_packs) continue;
+#pragma unroll
+      for (int r = 0; r < Rows; ++r)
+#pragma unroll
+        for (int q = 0; q < V / 4; ++q) {
+          const float4 xv = staged[r * row_float4s + lane_slot<V>(p0 + u, q, lane)];
+          sum[r] = fmaf(wv[u][4 * q], xv.x, sum[r]);
+          sum[r] = fmaf(wv[u][4 * q + 1], xv.y, sum[r]);
+          sum[r] = fmaf(wv[u][4 * q + 2], xv.z, sum[r]);
+          sum[r] = fmaf(wv[u][4 * q + 3], xv.w, sum[r]);
+        }
+    }
+  }
+  float mine = 0.f;  // lane r's: row r's total
+#pragma unroll
+  for (int r = 0; r < Rows; ++r) {
+    const float total = warp_sum(sum[r]);
+    if (lane == r) mine = total;
+  }
+  if (lane < Rows) {
+    T* out = y + lane * ldy + j;
+    *out = store_f<T>(accumulate ? load_f(*out) + mine : mine);
+  }
+}
+
+// The kernel for `rows` rows (Rows is a template argument: each warp's sums stay in registers).
+template <typename T, int Rows = 1>
+void launch_for_rows(int rows, const T* x, const T* w, T* y, long long ldy, int n, int k, bool accumulate,
+                     size_t smem) {
+  if constexpr (Rows < kSmallBatchGemvMaxRows) {
+    if (rows != Rows) return launch_for_rows<T, Rows + 1>(rows, x, w, y, ldy, n, k, accumulate, smem);
+  }
+  constexpr auto kernel = small_batch_gemv_kernel<T, Rows>;
+  if (smem > 48 * 1024) allow_dynamic_smem<kernel>(static_cast<size_t>(staged_bytes_limit()));  // default: 48 KB
+  const unsigned blocks = static_cast<unsigned>((static_cast<int64_t>(n) + kWarps - 1) / kWarps);
+  kernel<<<blocks, kThreads, smem, cuda_stream()>>>(x, w, y, ldy, n, k, accumulate);
+}
+
+size_t staged_bytes(int64_t rows, int64_t k, DType dtype) {
+  return static_cast<size_t>(rows * staged_row_floats(k, 16 / static_cast<int64_t>(dtype_size(dtype))) *
+                             static_cast<int64_t>(sizeof(float)));
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool small_batch_gemv_applies(int64_t rows, int64_t n, int64_t k, const void* x, const void* w, DType dtype) {
+  if (dtype != DType::F32 && dtype != DType::BF16) return false;
+  if (rows < 1 || rows > kSmallBatchGemvMaxRows || n < 1 || n > 0x7fffffff || k < 1 || k > 0x7fffffff) return false;
+  if (k % (16 / static_cast<int64_t>(dtype_size(dtype))) != 0 || !aligned16(x) || !aligned16(w)) return false;
+  return static_cast<int64_t>(staged_bytes(rows, k, dtype)) <= staged_bytes_limit();
+}
+
+void cuda_small_batch_gemv(const void* x, const void* w, void* y, int64_t ldy, int64_t rows, int64_t n, int64_t k,
+                           DType dtype, bool accumulate) {
+  HGRN_CHECK(small_batch_gemv_applies(rows, n, k, x, w, dtype) && ldy >= n, "small_batch_gemv: ", rows,
+             " rows, n ", n, ", k ", k, ", ldy ", ldy, " in ", dtype_name(dtype),
+             " (or unaligned operands) is not a shape it takes");
+  HGRN_CUDA_DISPATCH_ACT(dtype, "small_batch_gemv", [&] {
+    launch_for_rows<act_t>(static_cast<int>(rows), static_cast<const act_t*>(x), static_cast<const act_t*>(w),
+                           static_cast<act_t*>(y), static_cast<long long>(ldy), static_cast<int>(n),
+                           static_cast<int>(k), accumulate, staged_bytes(rows, k, dtype));
+  });
+  CUDA_CHECK_LAUNCH("small_batch_gemv");
+}
+
+}  // namespace hgrn

@@ -1,0 +1,165 @@
+// test_small_batch_gemv_cuda.cpp: the small-batch matrix-vector product (kernels/small_batch_gemv.h) against fp64
+// sums of the very values the GPU sees, every element within its own error bound, for 1 to 8 rows, fp32 and bf16,
+// with and without accumulation, written into a column block of a wider buffer whose other columns must stay
+// untouched; its bits repeating launch to launch; and linear_product_into with a few rows (which takes it) against the
+// same call on the CPU. Skipped (never passed) without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "gpu_test.h"
+#include "gradcheck.h"
+#include "ops/linear.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/small_batch_gemv.h"
+#endif
+
+namespace hgrn {
+namespace {
+
+using testing::expect_close;
+using testing::random_tensor;
+using testing::round_through;
+using testing::to_gpu;
+using testing::to_host_f64;
+
+#ifdef HGRN_WITH_CUDA
+struct GemvOperands {
+  Tensor x, w, y0;  // fp64 host tensors holding values exact in the dtype: x [B, K], w [N, K], y0 [B, width]
+};
+
+constexpr int64_t kFirstColumn = 5, kExtraColumns = 11;  // the output block's place in its wider buffer
+
+GemvOperands random_operands(int64_t B, int64_t K, int64_t N, DType dtype) {
+  Rng rng(B * 1009 + K * 31 + N);
+  return {round_through(random_tensor(rng, {B, K}), dtype), round_through(random_tensor(rng, {N, K}, 0.1), dtype),
+          round_through(random_tensor(rng, {B, N + kExtraColumns}), dtype)};
+}
+
+// The kernel's result: y0 on the GPU with columns [kFirstColumn, kFirstColumn + N) of each row (+)= x·wᵀ.
+Tensor run_gemv(const GemvOperands& o, DType dtype, bool accumulate) {
+  const int64_t B = o.x.size(0), K = o.x.size(1), N = o.w.size(0), width = o.y0.size(1);
+  const Tensor x = to_gpu(o.x, dtype), w = to_gpu(o.w, dtype);
+  Tensor y = to_gpu(o.y0, dtype);
+  EXPECT_TRUE(small_batch_gemv_applies(B, N, K, x.raw_data(), w.raw_data(), dtype));
+  cuda_small_batch_gemv(x.raw_data(), w.raw_data(), y.columns(kFirstColumn, N).raw_data(), width, B, N, K, dtype,
+                        accumulate);
+  return y;
+}
+
+// Each element against its fp64 sum: fp32 sums of the K exact products (and y_old) are off by at most (K + 2)·2^-24
+// of the sum of their magnitudes (a summation's worst case, whatever the order, with the final rounding to fp32), and
+// a bf16 output adds its rounding, at most half a bf16 ulp: 2^-8 relative. The other columns keep y0's bits.
+void check_gemv(int64_t B, int64_t K, int64_t N, DType dtype, bool accumulate) {
+  SCOPED_TRACE(::testing::Message() << "B " << B << " K " << K << " N " << N << " " << dtype_name(dtype)
+                                    << (accumulate ? ", accumulating" : ""));
+  const GemvOperands o = random_operands(B, K, N, dtype);
+  const Tensor got = to_host_f64(run_gemv(o, dtype, accumulate));
+  const int64_t width = o.y0.size(1);
+  const double* x = o.x.data<double>();
+  const double* w = o.w.data<double>();
+  const double* y0 = o.y0.data<double>();
+  const double* y = got.data<double>();
+  int64_t bad = 0, changed = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < width; ++c) {
+      const int64_t at = b * width + c;
+      const int64_t j = c - kFirstColumn;
+      if (j < 0 || j >= N) {
+        changed += y[at] != y0[at];
+        continue;
+      }
+      double want = accumulate ? y0[at] : 0.0, magnitude = std::fabs(want);
+      for (int64_t k = 0; k < K; ++k) {
+        want += x[b * K + k] * w[j * K + k];
+        magnitude += std::fabs(x[b * K + k] * w[j * K + k]);
+      }
+      const double sum_error = static_cast<double>(K + 2) * std::ldexp(magnitude, -24);
+      const double bound = dtype == DType::BF16 ? sum_error + std::ldexp(std::fabs(want) + sum_error, -8) : sum_error;
+      if (!(std::fabs(y[at] - want) <= bound) && bad++ < 5)
+        ADD_FAILURE() << "row " << b << " column " << j << ": " << y[at] << ", want " << want << " within " << bound;
+    }
+  EXPECT_EQ(bad, 0) << "elements outside their bound";
+  EXPECT_EQ(changed, 0) << "elements outside the output block changed";
+}
+#endif
+
+TEST(SmallBatchGemvCuda, MatchesFp64SumsWithinTheirBounds) {
+  HGRN_SKIP_WITHOUT_GPU();
+#ifdef HGRN_WITH_CUDA
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int64_t B : {1, 3, 8})
+      for (int64_t K : {8, 1024, 2816})
+        for (int64_t N : {1, 37, 1024, 3072})
+          for (bool accumulate : {false, true}) check_gemv(B, K, N, dtype, accumulate);
+#endif
+}
+
+// The sums' order is fixed by the shapes: two launches give the same bits.
+TEST(SmallBatchGemvCuda, RepeatsItsBits) {
+  HGRN_SKIP_WITHOUT_GPU();
+#ifdef HGRN_WITH_CUDA
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const GemvOperands o = random_operands(8, 2816, 1024, dtype);
+    const Tensor a = run_gemv(o, dtype, true).to(Device::CPU), b = run_gemv(o, dtype, true).to(Device::CPU);
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << dtype_name(dtype);
+  }
+#endif
+}
+
+// What it does not take, the GEMM does: more than kSmallBatchGemvMaxRows rows, k off the 16-byte pack, unaligned
+// operands, x's rows too wide for a block's shared memory.
+TEST(SmallBatchGemvCuda, RefusesWhatItDoesNotTake) {
+  HGRN_SKIP_WITHOUT_GPU();
+#ifdef HGRN_WITH_CUDA
+  const Tensor x = Tensor::empty({8, 1 << 16}, DType::BF16, Device::CUDA);
+  const char* p = static_cast<const char*>(x.raw_data());
+  EXPECT_TRUE(small_batch_gemv_applies(8, 64, 1024, p, p, DType::BF16));
+  EXPECT_FALSE(small_batch_gemv_applies(kSmallBatchGemvMaxRows + 1, 64, 1024, p, p, DType::BF16));
+  EXPECT_FALSE(small_batch_gemv_applies(1, 64, 1020, p, p, DType::BF16));
+  EXPECT_TRUE(small_batch_gemv_applies(1, 64, 1020, p, p, DType::F32));
+  EXPECT_FALSE(small_batch_gemv_applies(1, 64, 1024, p + 2, p, DType::BF16));
+  EXPECT_FALSE(small_batch_gemv_applies(1, 64, 1024, p, p + 8, DType::BF16));
+  EXPECT_FALSE(small_batch_gemv_applies(8, 64, 1 << 16, p, p, DType::BF16));
+#endif
+}
+
+// linear_product_into with a few rows on the GPU (the small-batch GEMV) against the same call on the CPU in fp64, on
+// the rounded values the GPU sees: weights adjacent (one block) or apart (a block each, the second at column 96),
+// fresh or accumulating. fp32: summation order alone, 1e-5 relative RMS; bf16: the output's rounding, 2^-8 relative
+// at most, so 1e-2 relative RMS and 0.05·sqrt(in) absolute (test_linear_cuda.cpp's bounds).
+TEST(SmallBatchGemvCuda, LinearProductIntoMatchesTheCpu) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const int64_t in = 1000;
+  const std::vector<int64_t> outs{96, 200};
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int64_t rows : {1, 5, 8})
+      for (bool adjacent : {true, false})
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << ", " << rows << " rows"
+                                            << (adjacent ? ", adjacent" : ", apart")
+                                            << (accumulate ? ", accumulating" : ""));
+          Rng rng(rows * 7 + adjacent * 2 + accumulate);
+          const Tensor x = round_through(random_tensor(rng, {rows, in}), dtype);
+          const Tensor w = round_through(random_tensor(rng, {296, in}, 0.1), dtype);
+          const Tensor y0 = round_through(random_tensor(rng, {rows, 296}), dtype);
+          const Tensor w_gpu = to_gpu(w, dtype);
+          std::vector<Tensor> cpu_weights, gpu_weights;
+          int64_t row = 0;
+          for (int64_t out : outs) {
+            cpu_weights.push_back(w.rows(row, out));
+            gpu_weights.push_back(adjacent ? w_gpu.rows(row, out) : to_gpu(w.rows(row, out), dtype));
+            row += out;
+          }
+          Tensor want = y0.clone();
+          linear_product_into(x, cpu_weights, want, accumulate);
+          Tensor got = to_gpu(y0, dtype);
+          linear_product_into(to_gpu(x, dtype), gpu_weights, got, accumulate);
+          const bool f32 = dtype == DType::F32;
+          expect_close(got, want, f32 ? 1e-5 : 1e-2, f32 ? 1e-4 : 0.05 * std::sqrt(in), "y");
+        }
+}
+
+}  // namespace
+}  // namespace hgrn
