@@ -19,6 +19,7 @@
 #include "elementwise.cuh"
 #include "rmsnorm.h"
 #include "row_sums.cuh"
+#include "sigmoid.cuh"
 
 namespace hgrn {
 
@@ -26,6 +27,26 @@ namespace {
 // The op's output element x̂ · w = (x · rstd) · w, w = 1 without a weight (exact), as every kernel here writes it: the
 // forwards, and the backwards that write it again for a caller that freed it, so all give the same bits.
 __device__ __forceinline__ float normalized(float x, float rstd, float w) { return x * rstd * w; }
+
+// The gated forms' gate (RmsnormGate) as the warp kernels take it; gate null: no gate.
+template <typename T>
+struct GateRows {
+  const T* gate = nullptr;
+  T* dgate = nullptr;
+  long long stride = 0, dgate_stride = 0;
+  int groups = 1, width = 0;  // norm rows per gate row, and their width
+  bool add = false;
+  // Where norm row `row` starts in a gate-shaped array whose rows are `s` elements apart.
+  __device__ long long offset(long long row, long long s) const {
+    return (row / groups) * s + (row % groups) * (long long)width;
+  }
+};
+
+// A value as it reads back once stored as T: the norm's output n as swiglu reads it from memory.
+template <typename T>
+__device__ __forceinline__ float as_stored(float v) { return load_f(store_f<T>(v)); }
+// The gated output silu(g) · n (sigmoid_g = σ(g)), in swiglu's order of products.
+__device__ __forceinline__ float gated_output(float g, float sigmoid_g, float n) { return g * sigmoid_g * n; }
 
 // A row per block (grid-striding over rows).
 template <typename T>
@@ -170,7 +191,8 @@ struct RowStage {
 // shared memory: kRowWarps · RowStage<T, P, 1>::kBytesPerWarp).
 template <typename T, int P>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    rmsnorm_forward_warp_kernel(const T* x, const float* w, T* y, float* rstd, long long rows, int width, float eps) {
+    rmsnorm_forward_warp_kernel(const T* x, const float* w, T* y, float* rstd, long long rows, int width, float eps,
+                                GateRows<T> gate) {
   constexpr int V = 16 / sizeof(T);
   const int lane = threadIdx.x % 32;
   const int row_packs = width / V;
@@ -209,6 +231,12 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = normalized(v[k], s, wv[k]);  // wv = 1 without a weight (stage_weight)
+      if (gate.gate) {
+        float g[V];
+        load_pack<V>(gate.gate + gate.offset(row, gate.stride), pk, g);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] = gated_output(g[k], stable_sigmoid<T>(g[k]), as_stored<T>(v[k]));
+      }
       store_pack<V>(y + base, pk, v);
     }
   }
@@ -236,7 +264,7 @@ __host__ __device__ constexpr int backward_chunk_rows() {
 template <typename T, int P>
 __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
     rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx, bool add,
-                                 float* partial, T* y, long long rows, int width) {
+                                 float* partial, T* y, long long rows, int width, GateRows<T> gate) {
   constexpr int V = 16 / sizeof(T);
   constexpr int W = backward_row_warps<T, P>();
   __shared__ __align__(16) float warp_dw[W][32 * P * V];  // at most 32 KB
@@ -278,6 +306,34 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
     cp_async_wait<1>();  // this row has landed; the next one may still be in flight
     const T* xr = stage.row(buffer, 0);
     const T* dyr = stage.row(buffer, 1);  // holds the row only with dy
+    if (gate.gate) {
+      // The gated output's gradient dy becomes the norm output's, dn = dy · silu(g), in the staged row (this lane's
+      // packs only), as swiglu's backward stores it; the gate's gradient and the gated output are written on the way.
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const int pk = p * 32 + lane;
+        if (pk >= row_packs) continue;
+        float xv[V], dv[V], g[V], wv[V], out[V], dg[V];
+        load_pack<V>(xr, pk, xv);
+        load_pack<V>(dyr, pk, dv);
+        load_pack<V>(gate.gate + gate.offset(row, gate.stride), pk, g);
+        shared_weight<V>(weight, p, lane, wv);
+        T* dgate_row = gate.dgate ? gate.dgate + gate.offset(row, gate.dgate_stride) : nullptr;
+        if (dgate_row && gate.add) load_pack<V>(dgate_row, pk, dg);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float sg = stable_sigmoid<T>(g[k]);
+          const float n = as_stored<T>(normalized(xv[k], s, wv[k]));
+          out[k] = gated_output(g[k], sg, n);
+          const float v = silu_backward_value(g[k], sg, dv[k] * n);
+          dg[k] = dgate_row && gate.add ? dg[k] + v : v;
+          dv[k] = dv[k] * g[k] * sg;
+        }
+        if (y) store_pack<V>(y + base, pk, out);
+        if (dgate_row) store_pack<V>(dgate_row, pk, dg);
+        store_pack<V>(const_cast<T*>(dyr), pk, dv);
+      }
+    }
     float mean_dot = 0.f;
     if (dy) {
       float dot = 0.f;
@@ -300,7 +356,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       float xv[V], g[V], wv[V];
       load_pack<V>(xr, pk, xv);
       if (dy || y) shared_weight<V>(weight, p, lane, wv);
-      if (y) {  // the forward's output again
+      if (y && !gate.gate) {  // the forward's output again (the gated one was written above)
         float out[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) out[k] = normalized(xv[k], s, wv[k]);
@@ -386,14 +442,41 @@ void finalize_dweight(const float* partial, float* dweight, int64_t chunks, int6
   add_chunk_sums<kFinalLanes>(partial, dweight, chunks, width, "rmsnorm_dw_finalize");
 }
 
+// The warp kernels' view of an RmsnormGate (null: none), its rows checked to fit (cuda_rmsnorm_gate_fits).
+template <typename T>
+GateRows<T> gate_rows(const RmsnormGate* gate, int64_t width) {
+  GateRows<T> g;
+  if (!gate) return g;
+  g.gate = static_cast<const T*>(gate->gate);
+  g.dgate = static_cast<T*>(gate->dgate);
+  g.stride = gate->stride;
+  g.dgate_stride = gate->dgate_stride;
+  g.groups = static_cast<int>(gate->groups);
+  g.width = static_cast<int>(width);
+  g.add = gate->add_dgate;
+  return g;
+}
+
 }  // namespace
 
+bool cuda_rmsnorm_gate_fits(int64_t width, const void* x, const RmsnormGate& gate, DType dtype) {
+  const int64_t pack = 16 / static_cast<int64_t>(dtype_size(dtype));
+  if (gate.groups < 1 || gate.groups > 0x7fffffffLL || width > 0x7fffffffLL) return false;
+  if (gate.stride % pack != 0 || (gate.dgate && gate.dgate_stride % pack != 0)) return false;
+  int packs = 0;
+  HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm gate", [&] { packs = warp_packs<act_t>(width, {x, gate.gate, gate.dgate}); });
+  return packs > 0;
+}
+
 void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rstd, int64_t rows, int64_t width,
-                          double eps, DType dtype) {
+                          double eps, DType dtype, const RmsnormGate* gate) {
   check_row_width(width, "rmsnorm");
+  HGRN_CHECK(!gate || cuda_rmsnorm_gate_fits(width, x, *gate, dtype), "rmsnorm: a gated norm of rows ", width,
+             " wide that the warp kernels do not take (see cuda_rmsnorm_gate_fits)");
   if (rows == 0) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm", [&] {
     const int packs = warp_packs<act_t>(width, {x, weight, y});
+    HGRN_CHECK(!gate || packs > 0, "rmsnorm: the gated norm's output or weight is not on 16 bytes");
     if (packs > 0) {
       with_packs(packs, [&](auto p) {
         constexpr int P = decltype(p)::value;
@@ -401,7 +484,7 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
         constexpr size_t smem = kRowWarps * RowStage<act_t, P, 1>::kBytesPerWarp;
         kernel<<<rmsnorm_forward_blocks<kernel>(rows, smem), kRowWarps * 32, smem, cuda_stream()>>>(
             static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
-            static_cast<float>(eps));
+            static_cast<float>(eps), gate_rows<act_t>(gate, width));
       });
     } else {
       rmsnorm_forward_kernel<act_t><<<row_blocks(rows), row_block_threads(width), 0, cuda_stream()>>>(
@@ -413,16 +496,20 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
 }
 
 void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, void* dx, bool add,
-                           float* dweight, void* y, int64_t rows, int64_t width, DType dtype) {
+                           float* dweight, void* y, int64_t rows, int64_t width, DType dtype,
+                           const RmsnormGate* gate) {
   check_row_width(width, "rmsnorm backward");
+  HGRN_CHECK(!gate || (dy && cuda_rmsnorm_gate_fits(width, x, *gate, dtype)),
+             "rmsnorm backward: a gated norm needs the output's gradient and rows the warp kernels take");
   if (rows == 0) return;
   const bool want_dx = dx && dy, want_dw = dweight && dy;
-  if (!want_dx && !want_dw && !y) return;
+  if (!want_dx && !want_dw && !y && !(gate && gate->dgate)) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm backward", [&] {
     const act_t* xt = static_cast<const act_t*>(x);
     const act_t* dyt = static_cast<const act_t*>(dy);
     act_t* dxt = want_dx ? static_cast<act_t*>(dx) : nullptr;
     const int packs = warp_packs<act_t>(width, {x, weight, dy, dx, y});
+    HGRN_CHECK(!gate || packs > 0, "rmsnorm backward: the gated norm's buffers are not on 16 bytes");
     if (packs > 0) {
       // One pass for both gradients; the chunk partials of dweight go to a scratch summed by finalize_dweight.
       with_packs(packs, [&](auto p) {
@@ -437,7 +524,8 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
         constexpr size_t smem = backward_row_warps<act_t, P>() * RowStage<act_t, P, 2>::kBytesPerWarp;
         allow_dynamic_smem<kernel>(smem);
         kernel<<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, smem, cuda_stream()>>>(
-                xt, weight, rstd, dyt, dxt, add, partial_data, static_cast<act_t*>(y), rows, static_cast<int>(width));
+                xt, weight, rstd, dyt, dxt, add, partial_data, static_cast<act_t*>(y), rows, static_cast<int>(width),
+                gate_rows<act_t>(gate, width));
         CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
         if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);
       });

@@ -151,10 +151,8 @@ void read_head_layout(const HfConfigReader& in, const HeadDefaults& d, bool rota
 
 Var gated_head_norm_output(Tape& tape, const Var& o, const Var& g, const Var& norm_weight, const Var& o_proj,
                            int64_t value_dim, double eps, const ModelMemoryConfig& memory, const Var& residual) {
-  const Var normed = rmsnorm(tape, o, norm_weight, eps, value_dim);
-  const Var out = swiglu_linear(tape, g, normed, o_proj, /*keep_hidden=*/!memory.recompute_elementwise, residual);
-  free_norm_output(tape, memory, normed, o, norm_weight, eps, /*read_early=*/true, value_dim);
-  return out;
+  const UpNorm norm{norm_weight, eps, value_dim};
+  return swiglu_linear(tape, g, o, o_proj, /*keep_hidden=*/!memory.recompute_elementwise, residual, &norm);
 }
 
 }  // namespace hgrn

@@ -54,9 +54,9 @@ void write_head_layout(const ModelConfig& config, const HeadDefaults& defaults, 
 void read_head_layout(const HfConfigReader& in, const HeadDefaults& defaults, bool rotary_keys, ModelConfig& config);
 
 // residual + o_proj(RMSNorm(o) ⊙ silu(g)), the RMSNorm over each head's value_dim features with the shared weight
-// norm_weight [value_dim] and `eps`: the gated norm as rmsnorm (per head) and swiglu_linear (the gate, the product
-// and o_proj in one op). o: [B, T, H·V] contiguous; g: [B, T, H·V] (a column block of the fused projection).
-// `memory` decides what the backward recomputes (the norm's output and the gated product, under
+// norm_weight [value_dim] and `eps`: swiglu_linear with o normalised per head (UpNorm: the norm, the gate, the
+// product and o_proj in one op; the norm's output is never stored). o: [B, T, H·V] contiguous; g: [B, T, H·V] (a
+// column block of the fused projection). `memory` decides whether the backward recomputes the gated product (under
 // recompute_elementwise).
 Var gated_head_norm_output(Tape& tape, const Var& o, const Var& g, const Var& norm_weight, const Var& o_proj,
                            int64_t value_dim, double eps, const ModelMemoryConfig& memory, const Var& residual);

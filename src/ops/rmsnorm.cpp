@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "ops/activations.h"
 #include "ops/cpu_parallel.h"
 #include "ops/recompute.h"
 #ifdef HGRN_WITH_CUDA
@@ -175,6 +176,96 @@ Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps, int64_t gro
     if (y.defined()) restore_value(out, std::move(y));
   });
   return out;
+}
+
+// ---- the swish-gated norm ----
+
+namespace {
+struct GatedNormShape {
+  int64_t rows = 0, width = 0;  // the norm's rows (groups of a row are rows of their own) and their width
+};
+
+GatedNormShape gated_norm_shape(const char* op, const Tensor& x, const Tensor* weight, const Tensor& gate, double eps,
+                                int64_t group_width) {
+  HGRN_CHECK(group_width >= 0, op, ": group width must be >= 0 (0: the whole last axis), got ", group_width);
+  const int64_t width = group_width > 0 ? group_width : x.dim() >= 1 ? x.size(-1) : 0;
+  check_norm_args(op, x, weight, eps, width);
+  HGRN_CHECK(gate.shape() == x.shape() && gate.dtype() == x.dtype() && gate.device() == x.device() &&
+                 gate.is_row_strided(),
+             op, ": gate ", dtype_name(gate.dtype()), " ", shape_str(gate.shape()), " must be a row-strided ",
+             dtype_name(x.dtype()), " tensor shaped as the input ", shape_str(x.shape()));
+  return {x.numel() / width, width};
+}
+
+#ifdef HGRN_WITH_CUDA
+// The gate as the fused GPU kernels take it, with dgate (may be null) laid out as the gate.
+RmsnormGate gpu_gate(const Tensor& x, const Tensor& gate, const GatedNormShape& shape, Tensor* dgate, bool add_dgate) {
+  RmsnormGate g;
+  g.gate = gate.raw_data();
+  g.stride = gate.dim() >= 2 ? gate.row_stride() : gate.numel();
+  g.groups = x.size(-1) / shape.width;
+  if (dgate) {
+    g.dgate = dgate->raw_data();
+    g.dgate_stride = dgate->dim() >= 2 ? dgate->row_stride() : dgate->numel();
+    g.add_dgate = add_dgate;
+  }
+  return g;
+}
+
+bool gated_norm_fused(const Tensor& x, const Tensor& gate, const GatedNormShape& shape) {
+  return x.device() == Device::CUDA &&
+         cuda_rmsnorm_gate_fits(shape.width, x.raw_data(), gpu_gate(x, gate, shape, nullptr, false), x.dtype());
+}
+#endif
+}  // namespace
+
+Tensor gated_rmsnorm_forward(const Tensor& x, const Tensor* weight, const Tensor& gate, double eps, int64_t group_width,
+                             Tensor& y) {
+  const GatedNormShape shape = gated_norm_shape("gated rmsnorm", x, weight, gate, eps, group_width);
+  HGRN_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device() && y.is_contiguous(),
+             "gated rmsnorm: the output buffer does not match the input");
+  Tensor rstd = empty_rstd(x, shape.rows);
+#ifdef HGRN_WITH_CUDA
+  if (gated_norm_fused(x, gate, shape)) {
+    const RmsnormGate g = gpu_gate(x, gate, shape, nullptr, false);
+    cuda_rmsnorm_forward(x.raw_data(), weight ? weight->data<float>() : nullptr, y.raw_data(), rstd.data<float>(),
+                         shape.rows, shape.width, eps, x.dtype(), &g);
+    return rstd;
+  }
+#endif
+  Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
+  norm_forward(x, weight, normed, rstd, shape.rows, shape.width, eps);
+  swiglu_forward(gate, &normed, y);
+  return rstd;
+}
+
+void gated_rmsnorm_backward(const Var& x, const Var& weight, const Var& gate, const Tensor& rstd, double eps,
+                            int64_t group_width, const Tensor& dy, Tensor* y) {
+  const Tensor& xv = x->value;
+  const Tensor* wv = weight ? &weight->value : nullptr;
+  const GatedNormShape shape = gated_norm_shape("gated rmsnorm backward", xv, wv, gate->value, eps, group_width);
+  HGRN_CHECK(dy.shape() == xv.shape() && dy.dtype() == xv.dtype() && dy.device() == xv.device() && dy.is_contiguous(),
+             "gated rmsnorm backward: the output gradient does not match the input");
+#ifdef HGRN_WITH_CUDA
+  if (gated_norm_fused(xv, gate->value, shape)) {
+    bool add_dx = false, add_dgate = false;
+    Tensor* dx = wants_grad(x) ? &grad_buffer_for_write(x, &add_dx) : nullptr;
+    Tensor* dgate = wants_grad(gate) ? &grad_buffer_for_write(gate, &add_dgate, GradLayout::RowStrided) : nullptr;
+    Tensor* dw = wants_grad(weight) ? &grad_buffer(weight) : nullptr;
+    const RmsnormGate g = gpu_gate(xv, gate->value, shape, dgate, add_dgate);
+    cuda_rmsnorm_backward(xv.raw_data(), wv ? wv->data<float>() : nullptr, rstd.data<float>(), dy.raw_data(),
+                          dx ? dx->raw_data() : nullptr, add_dx, dw ? dw->data<float>() : nullptr,
+                          y ? y->raw_data() : nullptr, shape.rows, shape.width, xv.dtype(), &g);
+    return;
+  }
+#endif
+  // The composition: the norm's output again (the forward's bits), swiglu's backward into its gradient, then the
+  // norm's backward from that.
+  const Var normed = make_var(Tensor::empty(xv.shape(), xv.dtype(), xv.device()), /*requires_grad=*/true);
+  Tensor rstd_again = empty_rstd(xv, shape.rows);
+  norm_forward(xv, wv, normed->value, rstd_again, shape.rows, shape.width, eps);
+  swiglu_backward(gate, normed, dy, y);
+  norm_backward(xv, weight, rstd, &normed->grad, x, wants_grad(weight), nullptr, shape.rows, shape.width);
 }
 
 void rmsnorm_forward_into(const Tensor& x, const Tensor* weight, double eps, Tensor& y, Tensor& rstd) {

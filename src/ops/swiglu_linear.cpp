@@ -5,11 +5,12 @@
 #include "ops/elementwise.h"
 #include "ops/fp8_linear.h"
 #include "ops/linear.h"
+#include "ops/rmsnorm.h"
 
 namespace hgrn {
 
 Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& weight, bool keep_hidden,
-                  const Var& residual) {
+                  const Var& residual, const UpNorm* up_norm) {
   HGRN_CHECK(gate_in && up_in && weight, "swiglu_linear: an input is null");
   // gate and up may be row-strided (column blocks of the fused gate/up projection: linear_columns), read in place.
   const Var& gate = gate_in;
@@ -22,7 +23,14 @@ Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& w
              dtype_name(gv.dtype()), " on ", device_name(gv.device()), ", up is ", dtype_name(up->value.dtype()),
              " on ", device_name(up->value.device()));
   Tensor hidden = Tensor::empty(gv.shape(), gv.dtype(), gv.device());
-  swiglu_forward(gv, &up->value, hidden);
+  const UpNorm norm = up_norm ? *up_norm : UpNorm{};
+  Tensor rstd;  // the norm's, with up_norm
+  if (up_norm) {
+    rstd = gated_rmsnorm_forward(up->value, norm.weight ? &norm.weight->value : nullptr, gv, norm.eps,
+                                 norm.group_width, hidden);
+  } else {
+    swiglu_forward(gv, &up->value, hidden);
+  }
   // FP8 (ops/fp8_linear.h), or the GEMMs of linear on the weight or its bf16 copy.
   const bool fp8 = fp8_linear_applies(weight, hidden, weight->value);
   const Tensor w_compute = fp8 ? Tensor() : weight_for_input(weight, hidden);
@@ -30,28 +38,39 @@ Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& w
   Var out = op_output(tape,
                       fp8 ? fp8_linear_forward(weight, hidden, weight->value, residual_value)
                           : linear_product(hidden, w_compute, residual_value),
-                      {gate, up, weight, residual});
+                      {gate, up, weight, residual, norm.weight});
   if (!out->requires_grad) return out;
   const bool copied = !fp8 && w_compute.dtype() != weight->value.dtype();
   if (!keep_hidden) hidden = Tensor();
   // gate and up are read through their Vars when the backward runs: a model may release and rematerialize them.
-  tape.record([gate, up, weight, residual, out, hidden, copied, fp8] {
+  tape.record([gate, up, weight, residual, out, hidden, copied, fp8, norm, rstd] {
     if (!out->grad.defined()) return;
     const Tensor& dy = out->grad;
     const Fp8OutputGradient dy_fp8 = fp8 ? fp8_output_gradient(weight, dy) : Fp8OutputGradient{};
     const Tensor& g = gate->value;
     Tensor h = hidden;
-    if (wants_grad(gate) || wants_grad(up)) {
+    // hidden from gate and up (and the norm's rstd) into h.
+    const auto hidden_again = [&](Tensor& h) {
+      if (rstd.defined())
+        gated_rmsnorm_forward(up->value, norm.weight ? &norm.weight->value : nullptr, g, norm.eps, norm.group_width, h);
+      else
+        swiglu_forward(g, &up->value, h);
+    };
+    if (wants_grad(gate) || wants_grad(up) || wants_grad(norm.weight)) {
       Tensor dhidden = Tensor::empty(g.shape(), g.dtype(), g.device());
       if (fp8)
         fp8_linear_input_gradient(weight, dy_fp8, weight->value, 0.0f, dhidden);
       else
         linear_input_gradient(dy, copied ? bf16_weight_copy(weight) : weight->value, 0.0f, dhidden);
-      swiglu_backward(gate, up, dhidden, h.defined() ? nullptr : &dhidden);
+      if (rstd.defined())
+        gated_rmsnorm_backward(up, norm.weight, gate, rstd, norm.eps, norm.group_width, dhidden,
+                               h.defined() ? nullptr : &dhidden);
+      else
+        swiglu_backward(gate, up, dhidden, h.defined() ? nullptr : &dhidden);
       if (!h.defined()) h = dhidden;  // dhidden's buffer now holds hidden
     } else if (!h.defined()) {
       h = Tensor::empty(g.shape(), g.dtype(), g.device());
-      swiglu_forward(g, &up->value, h);
+      hidden_again(h);
     }
     if (wants_grad(weight) && fp8)
       linear_weight_gradient(dy_fp8, h, weight);

@@ -16,7 +16,18 @@ namespace hgrn {
 // bf16 inputs through its bf16 copy). keep_hidden: keep hidden from the forward for the backward (F values per row
 // held across the step) instead of recomputing it there. residual (optional, [..., out]): y = residual + hidden·Wᵀ,
 // added by the GEMM as in linear.
+//
+// up_norm (optional): up enters normalised, RMSNorm(up) ⊙ up_norm->weight over runs of group_width features (0: the
+// whole row), which makes the op fla's FusedRMSNormGated (swish) followed by the output projection. up is then the
+// contiguous norm input, and the norm's output is never stored: one pass makes hidden from up and gate, and one pass
+// of the backward makes the gradients of up, gate and the norm's weight (ops/rmsnorm.h: gated_rmsnorm_*), with the
+// bits of rmsnorm followed by swiglu_linear.
+struct UpNorm {
+  Var weight;
+  double eps = 0;
+  int64_t group_width = 0;
+};
 Var swiglu_linear(Tape& tape, const Var& gate, const Var& up, const Var& weight, bool keep_hidden,
-                  const Var& residual = nullptr);
+                  const Var& residual = nullptr, const UpNorm* up_norm = nullptr);
 
 }  // namespace hgrn

@@ -143,7 +143,7 @@ class GlaFamily final : public ModelFamily {
 
   // The fused projection's output (q, k, v, ĝ and u: 2Fk + 2Fv + 16; the recurrence reads q and k in it, the gate
   // reads u, and the gate's logits are never stored); the forget gate gk, and its gradient (fp32 on the GPU) in the
-  // backward; RMSNorm(o) and the gated product made from o.
+  // backward; the gated product made from o (the gated norm never stores RMSNorm(o)).
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     const HeadLayout h = head_layout(c, kGlaDefaults);
@@ -154,7 +154,7 @@ class GlaFamily final : public ModelFamily {
     tensors.own_query_key = false;
     tensors.key_wide_gate = true;
     tensors.gate_backward_bytes = target.gpu ? 4.0 : static_cast<double>(target.bytes_per_activation);
-    tensors.normed_outputs = 2;
+    tensors.normed_outputs = 1;
     return gla_mixer_memory(c, tensors, layer, seq_len, target);
   }
 

@@ -81,11 +81,9 @@ class Hgrn1Mixer final : public TokenMixer {
     if (call.state) *call.state = r.final_state;
     TraceLayer trace(tape, "g_norm + o_proj");
     // FusedRMSNormGated: RMSNorm(o) ⊙ silu(ĝ), then o_proj; eps is the model's norm_eps here (unlike HGRN2's).
-    const Var normed = rmsnorm(tape, r.output, g_norm, config_.norm_eps);
-    const Var out = swiglu_linear(tape, g_hat, normed, o_proj, /*keep_hidden=*/!memory.recompute_elementwise,
-                                  /*residual=*/call.h);
-    free_norm_output(tape, memory, normed, r.output, g_norm, config_.norm_eps, /*read_early=*/true);
-    return out;
+    const UpNorm norm{g_norm, config_.norm_eps, 0};
+    return swiglu_linear(tape, g_hat, r.output, o_proj, /*keep_hidden=*/!memory.recompute_elementwise,
+                         /*residual=*/call.h, &norm);
   }
 
   // One token: h ← e^g ⊙ h + silu(î) ⊙ (1 − e^g), then RMSNorm(h) ⊙ silu(ĝ) and o_proj as in forward.
@@ -95,8 +93,8 @@ class Hgrn1Mixer final : public TokenMixer {
     const GatedScanOutputs r = lower_bounded_gated_scan(tape, ifg[0], ifg[1], call.gamma, call.layer,
                                                         state.as_initial_state(), ScanMode::Sequential);
     state.tensor = r.final_state->value;
-    const Var normed = rmsnorm(tape, r.output, w[3], config_.norm_eps);
-    return swiglu_linear(tape, ifg[2], normed, w[4], /*keep_hidden=*/false, /*residual=*/call.h);
+    const UpNorm norm{w[3], config_.norm_eps, 0};
+    return swiglu_linear(tape, ifg[2], r.output, w[4], /*keep_hidden=*/false, /*residual=*/call.h, &norm);
   }
 
   std::string fused_step_refusal() const override { return {}; }
@@ -193,10 +191,10 @@ class Hgrn1Family final : public ModelFamily {
   }
 
   // Per layer, kept for the backward: the i/f/g projection's output î, f̂, ĝ (3E) and the recurrence's output o (E);
-  // without recompute_elementwise also RMSNorm(o) and the output gate's product (2E). On the GPU the fused scan keeps
-  // the fp32 state entering each 64-token chunk after the first; on the CPU the composition keeps k = 1 − e^g, and
-  // g and u unless the gates are recomputed (3E). The backward holds the output gate's input gradient, the
-  // projection's gradient (3E), RMSNorm(o)'s gradient and, recomputed, RMSNorm(o) itself.
+  // without recompute_elementwise also the output gate's product (E; the gated norm never stores RMSNorm(o)). On the
+  // GPU the fused scan keeps the fp32 state entering each 64-token chunk after the first; on the CPU the composition
+  // keeps k = 1 − e^g, and g and u unless the gates are recomputed (3E). The backward holds the output gate's input
+  // gradient, the projection's gradient (3E) and o's gradient.
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     if (c.complex) return complex_hgru_memory(c, seq_len, target);
@@ -210,14 +208,14 @@ class Hgrn1Family final : public ModelFamily {
     const double gates = target.gpu ? 0.0 : (gates_recomputed ? 1.0 : 3.0) * width;
     const double output_gate_hidden = knobs.recompute_elementwise ? 0.0 : width;
     MixerMemory memory;
-    if (knobs.recompute) {  // the replay keeps RMSNorm(o) as well
-      memory.replayed = 5.0 * width + gates + output_gate_hidden + chunk_states + final_state;
+    if (knobs.recompute) {
+      memory.replayed = 4.0 * width + gates + output_gate_hidden + chunk_states + final_state;
       memory.backward = 5.0 * width + 2.0 * chunk_states;
       return memory;
     }
     memory.states = final_state + chunk_states;
-    memory.activations = 4.0 * width + gates + (knobs.recompute_elementwise ? 0.0 : width) + output_gate_hidden;
-    memory.backward = 5.0 * width + 2.0 * chunk_states + (knobs.recompute_elementwise ? width : 0.0);
+    memory.activations = 4.0 * width + gates + output_gate_hidden;
+    memory.backward = 5.0 * width + 2.0 * chunk_states;
     return memory;
   }
 

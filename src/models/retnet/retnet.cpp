@@ -153,7 +153,7 @@ class RetNetFamily final : public ModelFamily {
   }
 
   // The fused projection's output (q̂, k̂, v, ĝ: 2Fk + 2Fv); the rotated q and k and no gate kept (the [H] decays are
-  // read as they are, no gradient); RMSNorm(o) and the gated product made from o.
+  // read as they are, no gradient); the gated product made from o (the gated norm never stores RMSNorm(o)).
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     const HeadLayout h = head_layout(c, kRetNetDefaults);
@@ -162,7 +162,7 @@ class RetNetFamily final : public ModelFamily {
     tensors.projection_width = 2.0 * Fk + 2.0 * Fv;
     tensors.key_wide_gate = false;
     tensors.gate_backward_bytes = 0.0;
-    tensors.normed_outputs = 2;
+    tensors.normed_outputs = 1;
     return gla_mixer_memory(c, tensors, layer, seq_len, target);
   }
 
