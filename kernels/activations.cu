@@ -69,7 +69,7 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, 
         float dyu = d[k];
         if constexpr (kHasUp) dyu *= u[k];
         const float v = silu_backward_value(g[k], s[k], dyu);
-        acc[k] = add_gate ? acc[k] + v : v;
+        acc[k] = add_gate ? accumulated(acc[k], v) : v;
       }
       store_pack<V>(dg, i, acc);
     }
@@ -80,7 +80,7 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, 
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float v = d[k] * g[k] * s[k];
-          acc[k] = add_up ? acc[k] + v : v;
+          acc[k] = add_up ? accumulated(acc[k], v) : v;
         }
         store_pack<V>(du, i, acc);
       }

@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
           const float n = as_stored<T>(normalized(xv[k], s, wv[k]));
           out[k] = gated_output(g[k], sg, n);
           const float v = silu_backward_value(g[k], sg, dv[k] * n);
-          dg[k] = dgate_row && gate.add ? dg[k] + v : v;
+          dg[k] = dgate_row && gate.add ? accumulated(dg[k], v) : v;
           dv[k] = dv[k] * g[k] * sg;
         }
         if (y) store_pack<V>(y + base, pk, out);

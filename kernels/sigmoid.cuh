@@ -26,4 +26,8 @@ __device__ __forceinline__ float silu_backward_value(float x, float s, float dy)
   return dy * s * (1.f + x * (1.f - s));
 }
 
+// acc + v for a gradient accumulated onto one already stored, never contracted with v's last product into an FMA
+// (which the compiler may or may not do, kernel by kernel): kernels that add the same term give the same bits.
+__device__ __forceinline__ float accumulated(float acc, float v) { return __fadd_rn(acc, v); }
+
 }  // namespace hgrn
