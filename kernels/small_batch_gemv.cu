@@ -1,5 +1,5 @@
 // small_batch_gemv.cu: y (+)= x·Wᵀ for at most 8 rows of x (small_batch_gemv.h), bound by reading W once.
-// Each block first stages x's rows in shared memory as fp32; then each warp computes one output column j for every
+// Each block first stages x's rows in shared memory as fp32 (normalised or gated on the way: GemvInput); then each warp computes one output column j for every
 // row of x: its lanes stream W's row j in 16-byte packs (lane l takes packs l, l + 32, …, several loads in flight),
 // multiply them into one fp32 sum per row of x, and a warp shuffle tree adds the lanes' sums. Lane r writes row r's.
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "dtype_cuda.cuh"
 #include "elementwise.cuh"
 #include "row_sums.cuh"
+#include "sigmoid.cuh"
 #include "small_batch_gemv.h"
 
 namespace hgrn {
@@ -30,17 +31,55 @@ int64_t staged_bytes_limit() {
 // The floats one staged row of x takes: its packs rounded up to a whole warp's, in the lane_slot layout.
 __host__ __device__ int64_t staged_row_floats(int64_t k, int64_t pack) { return (k / pack + 31) / 32 * 32 * pack; }
 
-template <typename T, int Rows>
+// What the kernel stages from x (GemvInput): x itself, RMSNorm(x)·w, or silu(x)·up.
+enum class Prologue { Plain, RmsNorm, Swiglu };
+
+// The kernel's view of a GemvInput: strides resolved, pointers typed.
+template <typename T>
+struct StagedInput {
+  const float* norm_weight;
+  float eps;
+  const T* up;
+  long long x_stride, up_stride;
+};
+
+template <typename T, int Rows, Prologue kPrologue>
 __global__ void __launch_bounds__(kThreads)
-    small_batch_gemv_kernel(const T* x, const T* w, T* y, long long ldy, int n, int k, bool accumulate) {
+    small_batch_gemv_kernel(const T* x, const T* w, T* y, long long ldy, int n, int k, bool accumulate,
+                            StagedInput<T> in) {
   constexpr int V = 16 / sizeof(T);  // values of a pack
   extern __shared__ float4 staged[];  // row r's pack p at staged[r·row_float4s + lane_slot<V>(p / 32, q, p % 32)]
   const int packs = k / V;
   const int row_float4s = static_cast<int>(staged_row_floats(k, V) / 4);
+  float rstd[Rows];  // RmsNorm: each row's, in every thread (a block sum per row: the rows are a few KB)
+  if constexpr (kPrologue == Prologue::RmsNorm) {
+    __shared__ float warp_sums[32];
+    for (int r = 0; r < Rows; ++r) {
+      float sum_sq = 0.f;
+      for (int p = threadIdx.x; p < packs; p += kThreads) {
+        float v[V];
+        load_pack<V>(x + r * in.x_stride, p, v);
+#pragma unroll
+        for (int q = 0; q < V; ++q) sum_sq += v[q] * v[q];
+      }
+      rstd[r] = 1.f / sqrtf(block_sum(sum_sq, warp_sums) / (float)k + in.eps);
+    }
+  }
   for (int r = 0; r < Rows; ++r)
     for (int p = threadIdx.x; p < packs; p += kThreads) {
       float v[V];
-      load_pack<V>(x + static_cast<long long>(r) * k, p, v);
+      load_pack<V>(x + r * in.x_stride, p, v);
+      if constexpr (kPrologue == Prologue::RmsNorm) {
+        // rmsnorm's output element (x · rstd) · w, as stored.
+#pragma unroll
+        for (int q = 0; q < V; ++q) v[q] = load_f(store_f<T>(v[q] * rstd[r] * in.norm_weight[p * V + q]));
+      } else if constexpr (kPrologue == Prologue::Swiglu) {
+        // swiglu's output element silu(gate) · up, as stored.
+        float u[V];
+        load_pack<V>(in.up + r * in.up_stride, p, u);
+#pragma unroll
+        for (int q = 0; q < V; ++q) v[q] = load_f(store_f<T>(v[q] * stable_sigmoid<T>(v[q]) * u[q]));
+      }
 #pragma unroll
       for (int q = 0; q < V / 4; ++q)
         staged[r * row_float4s + lane_slot<V>(p / 32, q, p % 32)] =
@@ -89,16 +128,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The kernel for `rows` rows (Rows is a template argument: each warp's sums stay in registers).
-template <typename T, int Rows = 1>
+template <typename T, Prologue kPrologue, int Rows = 1>
 void launch_for_rows(int rows, const T* x, const T* w, T* y, long long ldy, int n, int k, bool accumulate,
-                     size_t smem) {
+                     const StagedInput<T>& in, size_t smem) {
   if constexpr (Rows < kSmallBatchGemvMaxRows) {
-    if (rows != Rows) return launch_for_rows<T, Rows + 1>(rows, x, w, y, ldy, n, k, accumulate, smem);
+    if (rows != Rows)
+      return launch_for_rows<T, kPrologue, Rows + 1>(rows, x, w, y, ldy, n, k, accumulate, in, smem);
   }
-  constexpr auto kernel = small_batch_gemv_kernel<T, Rows>;
+  constexpr auto kernel = small_batch_gemv_kernel<T, Rows, kPrologue>;
   if (smem > 48 * 1024) allow_dynamic_smem<kernel>(static_cast<size_t>(staged_bytes_limit()));  // default: 48 KB
   const unsigned blocks = static_cast<unsigned>((static_cast<int64_t>(n) + kWarps - 1) / kWarps);
-  kernel<<<blocks, kThreads, smem, cuda_stream()>>>(x, w, y, ldy, n, k, accumulate);
+  kernel<<<blocks, kThreads, smem, cuda_stream()>>>(x, w, y, ldy, n, k, accumulate, in);
 }
 
 size_t staged_bytes(int64_t rows, int64_t k, DType dtype) {
@@ -118,14 +158,32 @@ bool small_batch_gemv_applies(int64_t rows, int64_t n, int64_t k, const void* x,
 }
 
 void cuda_small_batch_gemv(const void* x, const void* w, void* y, int64_t ldy, int64_t rows, int64_t n, int64_t k,
-                           DType dtype, bool accumulate) {
+                           DType dtype, bool accumulate, const GemvInput* input) {
   HGRN_CHECK(small_batch_gemv_applies(rows, n, k, x, w, dtype) && ldy >= n, "small_batch_gemv: ", rows,
              " rows, n ", n, ", k ", k, ", ldy ", ldy, " in ", dtype_name(dtype),
              " (or unaligned operands) is not a shape it takes");
+  const GemvInput plain;
+  const GemvInput& in = input ? *input : plain;
+  const int64_t pack = 16 / static_cast<int64_t>(dtype_size(dtype));
+  const int64_t x_stride = in.x_stride ? in.x_stride : k, up_stride = in.up_stride ? in.up_stride : k;
+  HGRN_CHECK(!(in.norm_weight && in.up) && x_stride >= k && up_stride >= k && x_stride % pack == 0 &&
+                 up_stride % pack == 0 && (!in.up || aligned16(in.up)),
+             "small_batch_gemv: an input that is both normalised and gated, or rows ", x_stride, " / ", up_stride,
+             " apart that are not whole 16-byte packs");
   HGRN_CUDA_DISPATCH_ACT(dtype, "small_batch_gemv", [&] {
-    launch_for_rows<act_t>(static_cast<int>(rows), static_cast<const act_t*>(x), static_cast<const act_t*>(w),
-                           static_cast<act_t*>(y), static_cast<long long>(ldy), static_cast<int>(n),
-                           static_cast<int>(k), accumulate, staged_bytes(rows, k, dtype));
+    const StagedInput<act_t> staged{in.norm_weight, in.eps, static_cast<const act_t*>(in.up), x_stride, up_stride};
+    const auto launch = [&](auto prologue) {
+      launch_for_rows<act_t, decltype(prologue)::value>(
+          static_cast<int>(rows), static_cast<const act_t*>(x), static_cast<const act_t*>(w), static_cast<act_t*>(y),
+          static_cast<long long>(ldy), static_cast<int>(n), static_cast<int>(k), accumulate, staged,
+          staged_bytes(rows, k, dtype));
+    };
+    if (in.norm_weight)
+      launch(std::integral_constant<Prologue, Prologue::RmsNorm>{});
+    else if (in.up)
+      launch(std::integral_constant<Prologue, Prologue::Swiglu>{});
+    else
+      launch(std::integral_constant<Prologue, Prologue::Plain>{});
   });
   CUDA_CHECK_LAUNCH("small_batch_gemv");
 }

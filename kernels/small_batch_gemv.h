@@ -11,6 +11,18 @@ namespace hgrn {
 // The most rows of x one launch takes (each warp keeps one fp32 sum per row).
 constexpr int64_t kSmallBatchGemvMaxRows = 8;
 
+// How the kernel makes the rows it multiplies from x (each block stages them once, rounded to x's dtype as a stored
+// intermediate would be, so that no launch and no buffer of their own are needed): x as it is; RMSNorm'd, x·rstd·w
+// with rstd = (mean(x²) + eps)^−½ per row (norm_weight: fp32 [k]; decoding's pre-norms); or SwiGLU, silu(x)·up with
+// x the gate (the MLP's activation; activations.h's arithmetic). x's and up's rows are x_stride and up_stride elements
+// apart (0: k; column blocks of the MLP's fused gate/up output).
+struct GemvInput {
+  const float* norm_weight = nullptr;
+  float eps = 0.f;
+  const void* up = nullptr;
+  int64_t x_stride = 0, up_stride = 0;
+};
+
 // Whether cuda_small_batch_gemv takes these operands: fp32 or bf16, 1 to kSmallBatchGemvMaxRows rows, k a multiple of
 // a 16-byte pack (8 bf16 or 4 fp32 values) with x and w 16-byte aligned, and x's rows (as fp32) fitting the shared
 // memory of a block. Otherwise the caller takes the GEMM.
@@ -19,7 +31,8 @@ bool small_batch_gemv_applies(int64_t rows, int64_t n, int64_t k, const void* x,
 // y[r, j] = Σ_c x[r, c]·w[j, c] for r < rows, j < n, summed in fp32 in an order fixed by the shapes (no atomics: the
 // bits repeat launch to launch). x [rows, k] and w [n, k] contiguous, y rows ldy elements apart (a column block of a
 // wider buffer), all of one dtype. accumulate: y = y_old + Σ, rounded once to y's dtype (a GEMM's beta 1).
+// input (may be null: x as it is) says how x becomes the multiplied rows (GemvInput; strides on 16 bytes, up aligned).
 void cuda_small_batch_gemv(const void* x, const void* w, void* y, int64_t ldy, int64_t rows, int64_t n, int64_t k,
-                           DType dtype, bool accumulate);
+                           DType dtype, bool accumulate, const GemvInput* input = nullptr);
 
 }  // namespace hgrn

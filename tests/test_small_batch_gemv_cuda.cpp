@@ -2,7 +2,8 @@
 // sums of the very values the GPU sees, every element within its own error bound, for 1 to 8 rows, fp32 and bf16,
 // with and without accumulation, written into a column block of a wider buffer whose other columns must stay
 // untouched; its bits repeating launch to launch; and linear_product_into with a few rows (which takes it) against the
-// same call on the CPU. Skipped (never passed) without a GPU.
+// same call on the CPU, also with its input normalised or gated as the GEMV stages it (normed_ and
+// swiglu_linear_product_into). Skipped (never passed) without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,8 @@
 
 #include "gpu_test.h"
 #include "gradcheck.h"
+#include "ops/activations.h"
+#include "ops/rmsnorm.h"
 #include "ops/linear.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/small_batch_gemv.h"
@@ -159,6 +162,55 @@ TEST(SmallBatchGemvCuda, LinearProductIntoMatchesTheCpu) {
           const bool f32 = dtype == DType::F32;
           expect_close(got, want, f32 ? 1e-5 : 1e-2, f32 ? 1e-4 : 0.05 * std::sqrt(in), "y");
         }
+}
+
+// normed_linear_product_into and swiglu_linear_product_into on the GPU (the GEMV makes the input as it stages x; at 9
+// rows the GEMM reads the input's op's output) against the same calls on the CPU in fp64, with linear_product_into's
+// bounds above plus the input's own rounding to bf16 (2^-9 relative per element). gate and up are column blocks of one
+// [rows, 2·in] buffer, as decoding's gate/up projection writes them. The gated input matches the GPU composition
+// (swiglu_forward, then linear_product_into) bit for bit: the same staged values, the same sums.
+TEST(SmallBatchGemvCuda, InputsMadeInTheProductMatchTheCpu) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const int64_t in = 1000, out = 296;
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int64_t rows : {1, 5, 8, 9})
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << ", " << rows << " rows"
+                                          << (accumulate ? ", accumulating" : ""));
+        Rng rng(rows * 11 + accumulate);
+        const Tensor x = round_through(random_tensor(rng, {rows, in}), dtype);
+        const Tensor gate_up = round_through(random_tensor(rng, {rows, 2 * in}, 2.0), dtype);
+        Tensor norm_weight = round_through(random_tensor(rng, {in}, 0.3), DType::F32);
+        for (int64_t i = 0; i < in; ++i) norm_weight.data<double>()[i] += 1.0;
+        const Tensor w = round_through(random_tensor(rng, {out, in}, 0.1), dtype);
+        const Tensor y0 = round_through(random_tensor(rng, {rows, out}), dtype);
+        const bool f32 = dtype == DType::F32;
+        const double rel = f32 ? 1e-5 : 1.5e-2, abs = f32 ? 1e-4 : 0.05 * std::sqrt(in);
+        const Tensor w_gpu = to_gpu(w, dtype), norm_gpu = to_gpu(norm_weight, DType::F32);
+        {
+          Tensor want = y0.clone(), scratch = Tensor::empty({rows, in}, DType::F64);
+          Tensor rstd = Tensor::empty({rows}, DType::F64);
+          normed_linear_product_into(x, norm_weight, 1e-6, scratch, rstd, {w}, want, accumulate);
+          Tensor got = to_gpu(y0, dtype), gpu_scratch = Tensor::empty({rows, in}, dtype, Device::CUDA);
+          Tensor gpu_rstd = Tensor::empty({rows}, DType::F32, Device::CUDA);
+          normed_linear_product_into(to_gpu(x, dtype), norm_gpu, 1e-6, gpu_scratch, gpu_rstd, {w_gpu}, got, accumulate);
+          expect_close(got, want, rel, abs, "normed y");
+        }
+        {
+          Tensor want = y0.clone(), scratch = Tensor::empty({rows, in}, DType::F64);
+          swiglu_linear_product_into(gate_up.columns(0, in), gate_up.columns(in, in), scratch, {w}, want, accumulate);
+          const Tensor gu = to_gpu(gate_up, dtype);
+          Tensor got = to_gpu(y0, dtype), gpu_scratch = Tensor::empty({rows, in}, dtype, Device::CUDA);
+          swiglu_linear_product_into(gu.columns(0, in), gu.columns(in, in), gpu_scratch, {w_gpu}, got, accumulate);
+          expect_close(got, want, rel, abs, "gated y");
+          Tensor composed = to_gpu(y0, dtype), hidden = Tensor::empty({rows, in}, dtype, Device::CUDA);
+          const Tensor up = gu.columns(in, in);
+          swiglu_forward(gu.columns(0, in), &up, hidden);
+          linear_product_into(hidden, {w_gpu}, composed, accumulate);
+          const Tensor a = got.to(Device::CPU), b = composed.to(Device::CPU);
+          EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << "the gated product's bits";
+        }
+      }
 }
 
 }  // namespace

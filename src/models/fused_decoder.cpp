@@ -68,7 +68,8 @@ FusedDecoder::FusedDecoder(const ModelConfig& config, const FusedDecoderWeights&
     layer.mlp_norm = w.mlp_norm->value;
     layer.gate_up = column_weights_for_input({w.gate_proj, w.up_proj}, x_);
     layer.down = weight_for_input(w.down_proj, hidden_);
-    layer.mixer = mixer.make_fused_step(FusedStepSetup{l, num_layers, batch_, w.mixer, gamma_, x_});
+    layer.mixer = mixer.make_fused_step(
+        FusedStepSetup{l, num_layers, batch_, w.mixer, gamma_, x_, w.attn_norm->value, norm_eps_, rstd_});
     layers_.push_back(std::move(layer));
   }
 
@@ -141,19 +142,16 @@ std::vector<int32_t> FusedDecoder::greedy_tokens() const {
 
 void FusedDecoder::enqueue_step() {
   embedding_lookup_into(embeddings_, ids_, h_);
-  rmsnorm_forward_into(h_, layers_.empty() ? &final_norm_ : &layers_[0].attn_norm, norm_eps_, x_, rstd_);
   const Tensor gate = gate_up_.columns(0, mlp_width_), up = gate_up_.columns(mlp_width_, mlp_width_);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    Layer& layer = layers_[l];
+  // The norms and SwiGLU are made inside the products that read them where the small-batch GEMV takes those
+  // (ops/linear.h); the mixer's step normalises its own input (FusedStepSetup).
+  for (Layer& layer : layers_) {
     layer.mixer->run(h_);
-    rmsnorm_forward_into(h_, &layer.mlp_norm, norm_eps_, x_, rstd_);
-    linear_product_into(x_, layer.gate_up, gate_up_, /*accumulate=*/false);
-    swiglu_forward(gate, &up, hidden_);
-    linear_product_into(hidden_, {layer.down}, h_, /*accumulate=*/true);
-    const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].attn_norm : final_norm_;
-    rmsnorm_forward_into(h_, &next_norm, norm_eps_, x_, rstd_);
+    normed_linear_product_into(h_, layer.mlp_norm, norm_eps_, x_, rstd_, layer.gate_up, gate_up_,
+                               /*accumulate=*/false);
+    swiglu_linear_product_into(gate, up, hidden_, {layer.down}, h_, /*accumulate=*/true);
   }
-  linear_product_into(x_, {lm_head_}, logits_, /*accumulate=*/false);
+  normed_linear_product_into(h_, final_norm_, norm_eps_, x_, rstd_, {lm_head_}, logits_, /*accumulate=*/false);
   row_argmax(logits_, vocab_limit_, greedy_);
 }
 

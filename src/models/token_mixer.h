@@ -53,10 +53,14 @@ struct FusedStepSetup {
   int64_t batch = 0;                          // sequences decoded side by side
   const std::vector<Var>* weights = nullptr;  // as MixerCall::weights
   Tensor gamma;                               // γ [L, gate width] (lower_bound_transform), undefined without bounds
-  // The step's input buffer [batch, D], attn_norm(h) of the new tokens, filled before every run: its dtype is the
-  // decoding dtype (the GEMMs' operands: bf16 or fp32 on the GPU, the model's dtype on the CPU), its device the
-  // model's.
+  // The step's input is attn_norm(h) of the new tokens, which run(h) makes itself as its first product reads it
+  // (ops/linear.h: normed_linear_product_into, with input_norm's weight and norm_eps). x [batch, D] is the buffer for
+  // it where that product cannot make it, rstd [batch] the norm's statistics'; x's dtype is the decoding dtype (the
+  // GEMMs' operands: bf16 or fp32 on the GPU, the model's dtype on the CPU), its device the model's.
   Tensor x;
+  Tensor input_norm;
+  double norm_eps = 0;
+  Tensor rstd;
 };
 
 // A layer's mixer step on the fused decoding path: made once with every buffer it uses, so that run() allocates

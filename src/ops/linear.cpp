@@ -16,10 +16,12 @@
 #include <functional>
 #include <numeric>
 
+#include "ops/activations.h"
 #include "ops/elementwise.h"
 #include "ops/fp8_linear.h"
 #include "ops/gemm_cpu.h"
 #include "ops/recompute.h"
+#include "ops/rmsnorm.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/gemm.h"
 #include "kernels/small_batch_gemv.h"
@@ -260,6 +262,72 @@ void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Te
 #endif
     linear_gemm(false, true, rows, n, in, x, in, w, in, accumulate ? 1.0f : 0.0f, block, width);
   });
+}
+
+#ifdef HGRN_WITH_CUDA
+// linear_product_into's small-batch GEMVs with the input made from x as they stage it (GemvInput), when they take
+// every weight (all checked before any launch); false: nothing was done.
+static bool gemv_with_input(const Tensor& x, int64_t rows, int64_t in, const std::vector<Tensor>& weights, Tensor& y,
+                            bool accumulate, const GemvInput& input) {
+  if (x.device() != Device::CUDA || y.device() != Device::CUDA || y.dtype() != x.dtype() || !y.is_contiguous())
+    return false;
+  std::vector<int64_t> widths;
+  int64_t total = 0;
+  for (const Tensor& w : weights) {
+    if (w.dim() != 2 || w.size(1) != in || !w.is_contiguous() || w.device() != x.device() || w.dtype() != x.dtype())
+      return false;
+    widths.push_back(w.size(0));
+    total += w.size(0);
+  }
+  if (y.size(-1) != total || y.numel() != rows * total) return false;
+  bool all = true;
+  for_column_blocks(weights, widths, true, [&](const Tensor& w, int64_t, int64_t n, size_t) {
+    all = all && small_batch_gemv_applies(rows, n, in, x.raw_data(), w.raw_data(), x.dtype());
+  });
+  if (!all) return false;
+  for_column_blocks(weights, widths, true, [&](const Tensor& w, int64_t col, int64_t n, size_t) {
+    cuda_small_batch_gemv(x.raw_data(), w.raw_data(), y.columns(col, n).raw_data(), total, rows, n, in, x.dtype(),
+                          accumulate, &input);
+  });
+  return true;
+}
+#endif
+
+void normed_linear_product_into(const Tensor& x, const Tensor& norm_weight, double eps, Tensor& scratch,
+                                Tensor& rstd_scratch, const std::vector<Tensor>& weights, Tensor& y, bool accumulate) {
+#ifdef HGRN_WITH_CUDA
+  const int64_t in = x.dim() >= 1 ? x.size(-1) : 0;
+  if (in > 0 && x.is_contiguous() && norm_weight.device() == Device::CUDA && norm_weight.dtype() == DType::F32 &&
+      norm_weight.is_contiguous() && norm_weight.numel() == in && eps >= 0) {
+    GemvInput input;
+    input.norm_weight = norm_weight.data<float>();
+    input.eps = static_cast<float>(eps);
+    if (gemv_with_input(x, x.numel() / in, in, weights, y, accumulate, input)) return;
+  }
+#endif
+  rmsnorm_forward_into(x, &norm_weight, eps, scratch, rstd_scratch);
+  linear_product_into(scratch, weights, y, accumulate);
+}
+
+void swiglu_linear_product_into(const Tensor& gate, const Tensor& up, Tensor& scratch,
+                                const std::vector<Tensor>& weights, Tensor& y, bool accumulate) {
+#ifdef HGRN_WITH_CUDA
+  const int64_t in = gate.dim() >= 1 ? gate.size(-1) : 0;
+  if (in > 0 && gate.dim() == 2 && gate.is_row_strided() && up.is_row_strided() && up.shape() == gate.shape() &&
+      up.dtype() == gate.dtype() && up.device() == gate.device()) {
+    GemvInput input;
+    input.up = up.raw_data();
+    input.x_stride = gate.row_stride();
+    input.up_stride = up.row_stride();
+    const int64_t pack = 16 / static_cast<int64_t>(dtype_size(gate.dtype()));
+    if (input.x_stride % pack == 0 && input.up_stride % pack == 0 &&
+        reinterpret_cast<uintptr_t>(input.up) % 16 == 0 &&
+        gemv_with_input(gate, gate.size(0), in, weights, y, accumulate, input))
+      return;
+  }
+#endif
+  swiglu_forward(gate, &up, scratch);
+  linear_product_into(scratch, weights, y, accumulate);
 }
 
 // dW_i (+)= dy[:, columns of W_i]ᵀ·x for linear_columns: one GEMM where the gradients are adjacent and all fresh or

@@ -39,6 +39,15 @@ Tensor linear_product(const Tensor& x, const Tensor& w, const Tensor* residual =
 // nothing (decoding's buffers made once, models/fused_decoder.h; linear_columns' forward). On the GPU, up to 8 rows
 // (decoding's tokens) take matrix-vector products that read each weight once (kernels/small_batch_gemv.h) instead.
 void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Tensor& y, bool accumulate);
+// linear_product_into of an input made from x first, for decoding: where the small-batch GEMV takes every weight it
+// makes the input as it stages x (no launch and no buffer of its own; the input rounded to x's dtype as stored),
+// else the input's op writes `scratch` (like the input) and linear_product_into reads it.
+//   RMSNorm(x)·norm_weight (rmsnorm_forward_into's; rstd_scratch [rows] as it takes) for the pre-norms;
+void normed_linear_product_into(const Tensor& x, const Tensor& norm_weight, double eps, Tensor& scratch,
+                                Tensor& rstd_scratch, const std::vector<Tensor>& weights, Tensor& y, bool accumulate);
+//   silu(gate)·up (swiglu_forward's; gate and up may be column blocks) for the MLP's down projection.
+void swiglu_linear_product_into(const Tensor& gate, const Tensor& up, Tensor& scratch,
+                                const std::vector<Tensor>& weights, Tensor& y, bool accumulate);
 // dx = dy·W + beta·dx (beta 0: dx may be a fresh, uninitialised buffer):
 void linear_input_gradient(const Tensor& dy, const Tensor& w, float beta, Tensor& dx);
 // weight's gradient += dyᵀ·x (into the fp32 master gradient for bf16 inputs: accumulated in fp32, never rounded to

@@ -110,7 +110,8 @@ class Hgrn1Mixer final : public TokenMixer {
 class Hgrn1FusedStep final : public FusedMixerStep {
  public:
   Hgrn1FusedStep(const ModelConfig& c, const FusedStepSetup& s)
-      : layer_(s.layer), width_(input_dim(c)), eps_(c.norm_eps), gamma_(s.gamma), x_(s.x) {
+      : layer_(s.layer), width_(input_dim(c)), eps_(c.norm_eps), input_eps_(s.norm_eps), gamma_(s.gamma), x_(s.x),
+        input_norm_(s.input_norm), input_rstd_(s.rstd) {
     const std::vector<Var>& w = *s.weights;  // i_proj, f_proj, g_proj, g_norm, o_proj
     const Device device = x_.device();
     const DType fp = device == Device::CUDA ? DType::F32 : x_.dtype();  // the state's
@@ -123,7 +124,7 @@ class Hgrn1FusedStep final : public FusedMixerStep {
   }
 
   void run(Tensor& h) override {
-    linear_product_into(x_, ifg_weights_, ifg_, /*accumulate=*/false);
+    normed_linear_product_into(h, input_norm_, input_eps_, x_, input_rstd_, ifg_weights_, ifg_, /*accumulate=*/false);
     lower_bounded_gated_scan_step(ifg_.columns(0, width_), ifg_.columns(width_, width_), gamma_, layer_, state_,
                                   ifg_.columns(2 * width_, width_), g_norm_, eps_, output_);
     linear_product_into(output_, {o_weight_}, h, /*accumulate=*/true);
@@ -132,8 +133,8 @@ class Hgrn1FusedStep final : public FusedMixerStep {
 
  private:
   int64_t layer_, width_;
-  double eps_;
-  Tensor gamma_, x_, g_norm_, o_weight_;
+  double eps_, input_eps_;
+  Tensor gamma_, x_, input_norm_, input_rstd_, g_norm_, o_weight_;
   std::vector<Tensor> ifg_weights_;
   Tensor ifg_, output_, state_;
 };

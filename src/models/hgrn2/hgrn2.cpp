@@ -104,7 +104,8 @@ class Hgrn2Mixer final : public TokenMixer {
 class Hgrn2FusedStep final : public FusedMixerStep {
  public:
   Hgrn2FusedStep(const ModelConfig& c, const FusedStepSetup& s, double scale)
-      : layer_(s.layer), heads_(c.heads()), scale_(scale), gamma_(s.gamma), x_(s.x) {
+      : layer_(s.layer), heads_(c.heads()), scale_(scale), input_eps_(s.norm_eps), gamma_(s.gamma), x_(s.x),
+        input_norm_(s.input_norm) {
     const std::vector<Var>& w = *s.weights;  // q_proj, f_proj, i_proj, g_norm, o_proj
     const Device device = x_.device();
     const DType fp = device == Device::CUDA ? DType::F32 : x_.dtype();  // the state's and the norm's statistics'
@@ -122,20 +123,19 @@ class Hgrn2FusedStep final : public FusedMixerStep {
   }
 
   void run(Tensor& h) override {
-    linear_product_into(x_, qfi_weights_, qfi_, /*accumulate=*/false);
+    normed_linear_product_into(h, input_norm_, input_eps_, x_, rstd_, qfi_weights_, qfi_, /*accumulate=*/false);
     lower_bounded_gla_step(qfi_.columns(0, keys_), qfi_.columns(keys_, keys_), qfi_.columns(2 * keys_, values_),
                            gamma_, layer_, heads_, scale_, state_, output_);
-    rmsnorm_forward_into(output_, &g_norm_, kOutputNormEps, normed_, rstd_);
-    linear_product_into(normed_, {o_weight_}, h, /*accumulate=*/true);
+    normed_linear_product_into(output_, g_norm_, kOutputNormEps, normed_, rstd_, {o_weight_}, h, /*accumulate=*/true);
   }
   Tensor& state() override { return state_; }
 
  private:
   int64_t layer_, heads_, keys_ = 0, values_ = 0;
-  double scale_;
-  Tensor gamma_, x_, g_norm_, o_weight_;
+  double scale_, input_eps_;
+  Tensor gamma_, x_, input_norm_, g_norm_, o_weight_;
   std::vector<Tensor> qfi_weights_;
-  Tensor qfi_, output_, normed_, rstd_, state_;
+  Tensor qfi_, output_, normed_, rstd_, state_;  // rstd_: the input norm's, then g_norm's
 };
 
 std::unique_ptr<FusedMixerStep> Hgrn2Mixer::make_fused_step(const FusedStepSetup& setup) const {
