@@ -4,11 +4,9 @@
 #include "models/fused_decoder.h"
 
 #include "core/allocator.h"
-#include "ops/activations.h"
 #include "ops/embedding.h"
 #include "ops/hgrn2_gates.h"
 #include "ops/linear.h"
-#include "ops/rmsnorm.h"
 #include "ops/row_argmax.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/cuda_graph.h"

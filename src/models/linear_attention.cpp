@@ -13,7 +13,6 @@
 #include "kernels/rotary_embedding.h"
 #include "models/cost.h"
 #include "models/token_mixer.h"
-#include "ops/rmsnorm.h"
 #include "ops/swiglu_linear.h"
 
 namespace hgrn {

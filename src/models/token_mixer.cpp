@@ -37,14 +37,14 @@ void recompute_in_backward(Tape& tape, const ModelMemoryConfig& memory, const st
 // memory.recompute_mlp_projections), a forward recomputes it from input (the same bits) before the first consumer's
 // backward.
 void free_norm_output(Tape& tape, const ModelMemoryConfig& memory, const Var& normed, const Var& input,
-                      const Var& weight, double eps, bool read_early, int64_t group_width) {
+                      const Var& weight, double eps, bool read_early) {
   if (!memory.recompute_elementwise) return;
   if (!read_early) {
     release_until_producer_backward(tape, normed);
     return;
   }
-  recompute_in_backward(tape, memory, {normed}, [input, weight, eps, group_width](Tape& untaped) {
-    return std::vector<Tensor>{rmsnorm(untaped, input, weight, eps, group_width)->value};
+  recompute_in_backward(tape, memory, {normed}, [input, weight, eps](Tape& untaped) {
+    return std::vector<Tensor>{rmsnorm(untaped, input, weight, eps)->value};
   });
 }
 

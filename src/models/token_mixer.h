@@ -108,8 +108,7 @@ void recompute_in_backward(Tape& tape, const ModelMemoryConfig& memory, const st
                            RematerializeFn values);
 // Under recompute_elementwise: an RMSNorm output `normed` of `input` is not kept for the backward; it comes back in
 // the norm's own backward, or (read_early: something reads it before then) by a forward of its own.
-// group_width: the norm's (ops/rmsnorm.h; 0: the whole last axis).
 void free_norm_output(Tape& tape, const ModelMemoryConfig& memory, const Var& normed, const Var& input,
-                      const Var& weight, double eps, bool read_early, int64_t group_width = 0);
+                      const Var& weight, double eps, bool read_early);
 
 }  // namespace hgrn

@@ -16,7 +16,6 @@
 #include "ops/hgrn2_gates.h"
 #include "ops/linear.h"
 #include "ops/lower_bounded_gated_scan.h"
-#include "ops/rmsnorm.h"
 #include "ops/swiglu_linear.h"
 
 namespace hgrn {
