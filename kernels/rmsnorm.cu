@@ -189,7 +189,7 @@ struct RowStage {
 // Forward: rows grid-stride over all warps of the grid (sized to what is resident: rmsnorm_forward_blocks), so that
 // the block stages the weight once (stage_weight) for many rows; each warp's rows arrive through a RowStage (dynamic
 // shared memory: kRowWarps · RowStage<T, P, 1>::kBytesPerWarp).
-template <typename T, int P>
+template <typename T, int P, bool kGated>
 __global__ void __launch_bounds__(kRowWarps * 32)
     rmsnorm_forward_warp_kernel(const T* x, const float* w, T* y, float* rstd, long long rows, int width, float eps,
                                 GateRows<T> gate) {
@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       shared_weight<V>(weight, p, lane, wv);
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = normalized(v[k], s, wv[k]);  // wv = 1 without a weight (stage_weight)
-      if (gate.gate) {
+      if constexpr (kGated) {
         float g[V];
         load_pack<V>(gate.gate + gate.offset(row, gate.stride), pk, g);
 #pragma unroll
@@ -261,7 +261,7 @@ __host__ __device__ constexpr int backward_chunk_rows() {
 // backward_row_warps); with partial non-null (weight gradient wanted; needs dy) it writes the chunk's Σ dy ⊙ x̂ to
 // partial[b, :], warps added in warp order. dx (needs dy) is accumulated into (add) or overwritten. y non-null: the
 // forward's output x̂ · w written again from the x it reads anyway.
-template <typename T, int P>
+template <typename T, int P, bool kGated>
 __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
     rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx, bool add,
                                  float* partial, T* y, long long rows, int width, GateRows<T> gate) {
@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
     cp_async_wait<1>();  // this row has landed; the next one may still be in flight
     const T* xr = stage.row(buffer, 0);
     const T* dyr = stage.row(buffer, 1);  // holds the row only with dy
-    if (gate.gate) {
+    if constexpr (kGated) {
       // The gated output's gradient dy becomes the norm output's, dn = dy · silu(g), in the staged row (this lane's
       // packs only), as swiglu's backward stores it; the gate's gradient and the gated output are written on the way.
 #pragma unroll
@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       float xv[V], g[V], wv[V];
       load_pack<V>(xr, pk, xv);
       if (dy || y) shared_weight<V>(weight, p, lane, wv);
-      if (y && !gate.gate) {  // the forward's output again (the gated one was written above)
+      if (y && !kGated) {  // the forward's output again (the gated one was written above)
         float out[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) out[k] = normalized(xv[k], s, wv[k]);
@@ -429,6 +429,15 @@ void with_packs(int packs, F&& f) {
   }
 }
 
+// Calls f(std::integral_constant<bool, gate != nullptr>{}): the warp kernels' gated and plain builds.
+template <typename F>
+void with_gate(const RmsnormGate* gate, F&& f) {
+  if (gate)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 // Blocks for the forward's warp kernel: as many as the GPU holds at once (each warp then takes several rows, reading
 // its weights once), never more than one row per warp needs.
 template <auto kernel>
@@ -479,12 +488,14 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
     HGRN_CHECK(!gate || packs > 0, "rmsnorm: the gated norm's output or weight is not on 16 bytes");
     if (packs > 0) {
       with_packs(packs, [&](auto p) {
-        constexpr int P = decltype(p)::value;
-        constexpr auto kernel = rmsnorm_forward_warp_kernel<act_t, P>;
-        constexpr size_t smem = kRowWarps * RowStage<act_t, P, 1>::kBytesPerWarp;
-        kernel<<<rmsnorm_forward_blocks<kernel>(rows, smem), kRowWarps * 32, smem, cuda_stream()>>>(
-            static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
-            static_cast<float>(eps), gate_rows<act_t>(gate, width));
+        with_gate(gate, [&](auto gated) {
+          constexpr int P = decltype(p)::value;
+          constexpr auto kernel = rmsnorm_forward_warp_kernel<act_t, P, decltype(gated)::value>;
+          constexpr size_t smem = kRowWarps * RowStage<act_t, P, 1>::kBytesPerWarp;
+          kernel<<<rmsnorm_forward_blocks<kernel>(rows, smem), kRowWarps * 32, smem, cuda_stream()>>>(
+              static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
+              static_cast<float>(eps), gate_rows<act_t>(gate, width));
+        });
       });
     } else {
       rmsnorm_forward_kernel<act_t><<<row_blocks(rows), row_block_threads(width), 0, cuda_stream()>>>(
@@ -520,12 +531,14 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
         Tensor partial;
         if (want_dw) partial = Tensor::empty({chunks, width}, DType::F32, Device::CUDA);
         float* partial_data = want_dw ? static_cast<float*>(partial.raw_data()) : nullptr;
-        constexpr auto kernel = rmsnorm_backward_warp_kernel<act_t, P>;
-        constexpr size_t smem = backward_row_warps<act_t, P>() * RowStage<act_t, P, 2>::kBytesPerWarp;
-        allow_dynamic_smem<kernel>(smem);
-        kernel<<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, smem, cuda_stream()>>>(
-                xt, weight, rstd, dyt, dxt, add, partial_data, static_cast<act_t*>(y), rows, static_cast<int>(width),
-                gate_rows<act_t>(gate, width));
+        with_gate(gate, [&](auto gated) {
+          constexpr auto kernel = rmsnorm_backward_warp_kernel<act_t, P, decltype(gated)::value>;
+          constexpr size_t smem = backward_row_warps<act_t, P>() * RowStage<act_t, P, 2>::kBytesPerWarp;
+          allow_dynamic_smem<kernel>(smem);
+          kernel<<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, smem, cuda_stream()>>>(
+              xt, weight, rstd, dyt, dxt, add, partial_data, static_cast<act_t*>(y), rows, static_cast<int>(width),
+              gate_rows<act_t>(gate, width));
+        });
         CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
         if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);
       });
