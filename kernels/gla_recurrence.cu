@@ -936,12 +936,7 @@ struct FwdOutputSmem {
       s->G = c.take<float>(kChunk);
       s->seg = c.take<float>(kChunk / kSub);
       s->k_in = c.take<In>(kChunk * TileLd<In>::in);
-      const size_t scores_end = c.off;
-      c.off = region;
-      s->Y = c.take<In>((std::is_same_v<In, float> ? 1 : 2) * kChunk * TileLd<In>::in);
-      s->W = c.take<In>(kChunk * TileLd<In>::in);
-      s->O = c.take<float>(kChunk * TileLd<In>::acc);
-      return scores_end > c.off ? scores_end : c.off;
+      return carve_output_phase(c, region, s);
     }
     s->Ain = c.take<In>(std::max<size_t>(kChunk * TileLd<In>::in, kChunk * kTile * sizeof(float) / sizeof(In)));
     s->g_raw = reinterpret_cast<float*>(s->Ain);
@@ -955,6 +950,10 @@ struct FwdOutputSmem {
     constexpr bool kSimtOffDiagonal = std::is_same_v<In, float>;
     s->Khat = c.take<float>(kSimtOffDiagonal ? 48 * kLdF : 0);
     s->Qhat = c.take<float>(kSimtOffDiagonal ? kSub * kLdF : 0);
+    return carve_output_phase(c, region, s);
+  }
+  // The output phase's tiles, over the scores phase's from `region` on; the bytes both phases take.
+  __host__ __device__ static size_t carve_output_phase(Carver& c, size_t region, FwdOutputSmem* s) {
     const size_t scores_end = c.off;
     c.off = region;
     s->Y = c.take<In>((std::is_same_v<In, float> ? 1 : 2) * kChunk * TileLd<In>::in);

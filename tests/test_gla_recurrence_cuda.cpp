@@ -82,6 +82,18 @@ struct Result {
   Tensor output, final_state, dq, dk, dv, dg, ds0;  // fp64 host copies (gradients undefined where none was asked)
 };
 
+// a and b hold the same bits in every result, undefined in both where no gradient was asked.
+void expect_same_bits(const Result& a, const Result& b) {
+  const Tensor* xs[] = {&a.output, &a.final_state, &a.dq, &a.dk, &a.dv, &a.dg, &a.ds0};
+  const Tensor* ys[] = {&b.output, &b.final_state, &b.dq, &b.dk, &b.dv, &b.dg, &b.ds0};
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_EQ(xs[i]->defined(), ys[i]->defined()) << "result " << i;
+    if (!xs[i]->defined()) continue;
+    ASSERT_EQ(xs[i]->numel(), ys[i]->numel()) << "result " << i;
+    EXPECT_EQ(std::memcmp(xs[i]->raw_data(), ys[i]->raw_data(), xs[i]->nbytes()), 0) << "result " << i;
+  }
+}
+
 // Which inputs ask for a gradient.
 struct Wants {
   bool q = true, k = true, v = true, g = true, s0 = true;
@@ -456,13 +468,7 @@ TEST(GlaRecurrenceCuda, PerStepScalarDecaysMatchCpuReference) {
     const Result b = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, nullptr, RecurrenceMode::Chunk, nullptr, true);
     const Result c = run(p, s.heads, Device::CUDA, act, 0.3);
     for (const Result* other : {&b, &c}) {
-      const Tensor* xs[] = {&a.output, &a.final_state, &a.dq, &a.dk, &a.dv, &a.dg, &a.ds0};
-      const Tensor* ys[] = {&other->output, &other->final_state, &other->dq, &other->dk,
-                            &other->dv,     &other->dg,          &other->ds0};
-      for (int i = 0; i < 7; ++i) {
-        ASSERT_EQ(xs[i]->numel(), ys[i]->numel());
-        EXPECT_EQ(std::memcmp(xs[i]->raw_data(), ys[i]->raw_data(), xs[i]->nbytes()), 0) << "result " << i;
-      }
+      expect_same_bits(a, *other);
     }
   }
 }
@@ -588,13 +594,7 @@ TEST(GlaRecurrenceCuda, BitwiseDeterministic) {
     const Result b = run(p, s.heads, Device::CUDA, act, 0.3);
     const Result c = run(p, s.heads, Device::CUDA, act, 0.3, Wants{}, nullptr, RecurrenceMode::Naive);
     for (const Result* other : {&b, &c}) {
-      const Tensor* xs[] = {&a.output, &a.final_state, &a.dq, &a.dk, &a.dv, &a.dg, &a.ds0};
-      const Tensor* ys[] = {&other->output, &other->final_state, &other->dq, &other->dk,
-                            &other->dv,     &other->dg,          &other->ds0};
-      for (int i = 0; i < 7; ++i) {
-        ASSERT_EQ(xs[i]->numel(), ys[i]->numel());
-        EXPECT_EQ(std::memcmp(xs[i]->raw_data(), ys[i]->raw_data(), xs[i]->nbytes()), 0) << "result " << i;
-      }
+      expect_same_bits(a, *other);
     }
   }
 }
@@ -616,15 +616,7 @@ TEST(GlaRecurrenceCuda, KeptStatesGiveTheRecomputedBits) {
         const Result recomputed = run(p, s.heads, Device::CUDA, act, 0.3, wants);
         const Result kept =
             run(p, s.heads, Device::CUDA, act, 0.3, wants, nullptr, RecurrenceMode::Chunk, nullptr, true);
-        const Tensor* xs[] = {&recomputed.output, &recomputed.final_state, &recomputed.dq, &recomputed.dk,
-                              &recomputed.dv,     &recomputed.dg,          &recomputed.ds0};
-        const Tensor* ys[] = {&kept.output, &kept.final_state, &kept.dq, &kept.dk, &kept.dv, &kept.dg, &kept.ds0};
-        for (int i = 0; i < 7; ++i) {
-          ASSERT_EQ(xs[i]->defined(), ys[i]->defined()) << "result " << i;
-          if (!xs[i]->defined()) continue;
-          ASSERT_EQ(xs[i]->numel(), ys[i]->numel());
-          EXPECT_EQ(std::memcmp(xs[i]->raw_data(), ys[i]->raw_data(), xs[i]->nbytes()), 0) << "result " << i;
-        }
+        expect_same_bits(recomputed, kept);
         EXPECT_TRUE(kept.dv.defined());
         EXPECT_EQ(kept.dq.defined(), !only_v);
       }
