@@ -43,9 +43,9 @@ struct StagedInput {
   long long x_stride, up_stride;
 };
 
-template <typename T, int Rows, Prologue kPrologue>
+template <typename T, typename TOut, int Rows, Prologue kPrologue>
 __global__ void __launch_bounds__(kThreads)
-    small_batch_gemv_kernel(const T* x, const T* w, T* y, long long ldy, int n, int k, bool accumulate,
+    small_batch_gemv_kernel(const T* x, const T* w, TOut* y, long long ldy, int n, int k, bool accumulate,
                             StagedInput<T> in) {
   constexpr int V = 16 / sizeof(T);  // values of a pack
   extern __shared__ float4 staged[];  // row r's pack p at staged[r·row_float4s + lane_slot<V>(p / 32, q, p % 32)]
@@ -122,20 +122,20 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == r) mine = total;
   }
   if (lane < Rows) {
-    T* out = y + lane * ldy + j;
-    *out = store_f<T>(accumulate ? load_f(*out) + mine : mine);
+    TOut* out = y + lane * ldy + j;
+    *out = store_f<TOut>(accumulate ? load_f(*out) + mine : mine);
   }
 }
 
 // The kernel for `rows` rows (Rows is a template argument: each warp's sums stay in registers).
-template <typename T, Prologue kPrologue, int Rows = 1>
-void launch_for_rows(int rows, const T* x, const T* w, T* y, long long ldy, int n, int k, bool accumulate,
+template <typename T, typename TOut, Prologue kPrologue, int Rows = 1>
+void launch_for_rows(int rows, const T* x, const T* w, TOut* y, long long ldy, int n, int k, bool accumulate,
                      const StagedInput<T>& in, size_t smem) {
   if constexpr (Rows < kSmallBatchGemvMaxRows) {
     if (rows != Rows)
-      return launch_for_rows<T, kPrologue, Rows + 1>(rows, x, w, y, ldy, n, k, accumulate, in, smem);
+      return launch_for_rows<T, TOut, kPrologue, Rows + 1>(rows, x, w, y, ldy, n, k, accumulate, in, smem);
   }
-  constexpr auto kernel = small_batch_gemv_kernel<T, Rows, kPrologue>;
+  constexpr auto kernel = small_batch_gemv_kernel<T, TOut, Rows, kPrologue>;
   if (smem > 48 * 1024) allow_dynamic_smem<kernel>(static_cast<size_t>(staged_bytes_limit()));  // default: 48 KB
   const unsigned blocks = static_cast<unsigned>((static_cast<int64_t>(n) + kWarps - 1) / kWarps);
   kernel<<<blocks, kThreads, smem, cuda_stream()>>>(x, w, y, ldy, n, k, accumulate, in);
@@ -157,8 +157,10 @@ bool small_batch_gemv_applies(int64_t rows, int64_t n, int64_t k, const void* x,
   return static_cast<int64_t>(staged_bytes(rows, k, dtype)) <= staged_bytes_limit();
 }
 
-void cuda_small_batch_gemv(const void* x, const void* w, void* y, int64_t ldy, int64_t rows, int64_t n, int64_t k,
-                           DType dtype, bool accumulate, const GemvInput* input) {
+void cuda_small_batch_gemv(const void* x, const void* w, void* y, DType y_dtype, int64_t ldy, int64_t rows, int64_t n,
+                           int64_t k, DType dtype, bool accumulate, const GemvInput* input) {
+  HGRN_CHECK(y_dtype == dtype || (dtype == DType::BF16 && y_dtype == DType::F32), "small_batch_gemv: a ",
+             dtype_name(dtype), " product into ", dtype_name(y_dtype), " (expected the input's dtype, or fp32)");
   HGRN_CHECK(small_batch_gemv_applies(rows, n, k, x, w, dtype) && ldy >= n, "small_batch_gemv: ", rows,
              " rows, n ", n, ", k ", k, ", ldy ", ldy, " in ", dtype_name(dtype),
              " (or unaligned operands) is not a shape it takes");
@@ -173,10 +175,16 @@ void cuda_small_batch_gemv(const void* x, const void* w, void* y, int64_t ldy, i
   HGRN_CUDA_DISPATCH_ACT(dtype, "small_batch_gemv", [&] {
     const StagedInput<act_t> staged{in.norm_weight, in.eps, static_cast<const act_t*>(in.up), x_stride, up_stride};
     const auto launch = [&](auto prologue) {
-      launch_for_rows<act_t, decltype(prologue)::value>(
-          static_cast<int>(rows), static_cast<const act_t*>(x), static_cast<const act_t*>(w), static_cast<act_t*>(y),
-          static_cast<long long>(ldy), static_cast<int>(n), static_cast<int>(k), accumulate, staged,
-          staged_bytes(rows, k, dtype));
+      const auto into = [&](auto* out) {
+        launch_for_rows<act_t, std::remove_pointer_t<decltype(out)>, decltype(prologue)::value>(
+            static_cast<int>(rows), static_cast<const act_t*>(x), static_cast<const act_t*>(w), out,
+            static_cast<long long>(ldy), static_cast<int>(n), static_cast<int>(k), accumulate, staged,
+            staged_bytes(rows, k, dtype));
+      };
+      if (y_dtype == dtype)
+        into(static_cast<act_t*>(y));
+      else
+        into(static_cast<float*>(y));
     };
     if (in.norm_weight)
       launch(std::integral_constant<Prologue, Prologue::RmsNorm>{});

@@ -29,10 +29,11 @@ struct GemvInput {
 bool small_batch_gemv_applies(int64_t rows, int64_t n, int64_t k, const void* x, const void* w, DType dtype);
 
 // y[r, j] = Σ_c x[r, c]·w[j, c] for r < rows, j < n, summed in fp32 in an order fixed by the shapes (no atomics: the
-// bits repeat launch to launch). x [rows, k] and w [n, k] contiguous, y rows ldy elements apart (a column block of a
-// wider buffer), all of one dtype. accumulate: y = y_old + Σ, rounded once to y's dtype (a GEMM's beta 1).
-// input (may be null: x as it is) says how x becomes the multiplied rows (GemvInput; strides on 16 bytes, up aligned).
-void cuda_small_batch_gemv(const void* x, const void* w, void* y, int64_t ldy, int64_t rows, int64_t n, int64_t k,
-                           DType dtype, bool accumulate, const GemvInput* input = nullptr);
+// bits repeat launch to launch). x [rows, k] and w [n, k] contiguous, of one dtype; y rows ldy elements apart (a
+// column block of a wider buffer), of y_dtype: x's, or fp32 for bf16 x (decoding's logits). accumulate: y = y_old + Σ,
+// rounded once to y's dtype (a GEMM's beta 1). input (may be null: x as it is) says how x becomes the multiplied rows
+// (GemvInput; strides on 16 bytes, up aligned).
+void cuda_small_batch_gemv(const void* x, const void* w, void* y, DType y_dtype, int64_t ldy, int64_t rows, int64_t n,
+                           int64_t k, DType dtype, bool accumulate, const GemvInput* input = nullptr);
 
 }  // namespace hgrn

@@ -46,8 +46,8 @@ Tensor run_gemv(const GemvOperands& o, DType dtype, bool accumulate) {
   const Tensor x = to_gpu(o.x, dtype), w = to_gpu(o.w, dtype);
   Tensor y = to_gpu(o.y0, dtype);
   EXPECT_TRUE(small_batch_gemv_applies(B, N, K, x.raw_data(), w.raw_data(), dtype));
-  cuda_small_batch_gemv(x.raw_data(), w.raw_data(), y.columns(kFirstColumn, N).raw_data(), width, B, N, K, dtype,
-                        accumulate);
+  cuda_small_batch_gemv(x.raw_data(), w.raw_data(), y.columns(kFirstColumn, N).raw_data(), dtype, width, B, N, K,
+                        dtype, accumulate);
   return y;
 }
 
@@ -162,6 +162,42 @@ TEST(SmallBatchGemvCuda, LinearProductIntoMatchesTheCpu) {
           const bool f32 = dtype == DType::F32;
           expect_close(got, want, f32 ? 1e-5 : 1e-2, f32 ? 1e-4 : 0.05 * std::sqrt(in), "y");
         }
+}
+
+// bf16 inputs into an fp32 output (decoding's logits): linear_product_into takes the GEMV for a few rows and the
+// GEMM for more, both against fp64 sums of the bf16 values; the output is never rounded to bf16, so fp32's bounds
+// apply (summation order alone: 1e-5 relative RMS, 1e-4 absolute), plain and with the input normalised inside.
+TEST(SmallBatchGemvCuda, Bf16IntoFp32MatchesTheCpu) {
+  HGRN_SKIP_WITHOUT_GPU();
+  const int64_t in = 1024, out = 777;
+  for (int64_t rows : {1, 8, 9})
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << rows << " rows" << (accumulate ? ", accumulating" : ""));
+      Rng rng(rows * 13 + accumulate);
+      const Tensor x = round_through(random_tensor(rng, {rows, in}), DType::BF16);
+      const Tensor w = round_through(random_tensor(rng, {out, in}, 0.1), DType::BF16);
+      const Tensor y0 = round_through(random_tensor(rng, {rows, out}), DType::F32);
+      Tensor want = y0.clone();
+      linear_product_into(x, {w}, want, accumulate);
+      Tensor got = to_gpu(y0, DType::F32);
+      linear_product_into(to_gpu(x, DType::BF16), {to_gpu(w, DType::BF16)}, got, accumulate);
+      ASSERT_EQ(got.dtype(), DType::F32);
+      expect_close(got, want, 1e-5, 1e-4, "y");
+      // The norm made inside: its output rounds to bf16 before the product, as the composition's stored output.
+      Tensor norm_weight = Tensor::full({in}, 1.0, DType::F64);
+      Tensor want_normed = y0.clone(), scratch = Tensor::empty({rows, in}, DType::F64);
+      Tensor rstd = Tensor::empty({rows}, DType::F64);
+      rmsnorm_forward_into(x, &norm_weight, 1e-6, scratch, rstd);
+      const Tensor normed = round_through(scratch, DType::BF16);
+      linear_product_into(normed, {w}, want_normed, accumulate);
+      Tensor got_normed = to_gpu(y0, DType::F32), gpu_scratch = Tensor::empty({rows, in}, DType::BF16, Device::CUDA);
+      Tensor gpu_rstd = Tensor::empty({rows}, DType::F32, Device::CUDA);
+      normed_linear_product_into(to_gpu(x, DType::BF16), to_gpu(norm_weight, DType::F32), 1e-6, gpu_scratch, gpu_rstd,
+                                 {to_gpu(w, DType::BF16)}, got_normed, accumulate);
+      // A normed value near a bf16 rounding boundary may round the other way (the norm's rstd differs in its last
+      // bits): a few such elements, 2^-8 relative each, bound the sum at 1e-3 relative RMS.
+      expect_close(got_normed, want_normed, 1e-3, 1e-2 * std::sqrt(in), "normed y");
+    }
 }
 
 // normed_linear_product_into and swiglu_linear_product_into on the GPU (the GEMV makes the input as it stages x; at 9

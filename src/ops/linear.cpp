@@ -235,6 +235,13 @@ static void for_column_blocks(const std::vector<Tensor>& parts, const std::vecto
   }
 }
 
+#ifdef HGRN_WITH_CUDA
+// Whether the small-batch GEMV writes y's dtype from x's: the same, or fp32 from bf16 (decoding's logits).
+static bool gemv_output_fits(const Tensor& x, const Tensor& y) {
+  return y.dtype() == x.dtype() || (x.dtype() == DType::BF16 && y.dtype() == DType::F32);
+}
+#endif
+
 void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Tensor& y, bool accumulate) {
   HGRN_CHECK(!weights.empty(), "linear: no weights");
   const int64_t in = x.size(-1), rows = x.numel() / in, width = y.size(-1);
@@ -254,9 +261,10 @@ void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Te
     Tensor block = y.columns(col, n);
 #ifdef HGRN_WITH_CUDA
     // A few rows (decoding's tokens): matrix-vector products that read W once, in place of the GEMM.
-    if (y.device() == Device::CUDA && w.dtype() == x.dtype() && y.dtype() == x.dtype() &&
+    if (y.device() == Device::CUDA && w.dtype() == x.dtype() && gemv_output_fits(x, y) &&
         small_batch_gemv_applies(rows, n, in, x.raw_data(), w.raw_data(), x.dtype())) {
-      cuda_small_batch_gemv(x.raw_data(), w.raw_data(), block.raw_data(), width, rows, n, in, x.dtype(), accumulate);
+      cuda_small_batch_gemv(x.raw_data(), w.raw_data(), block.raw_data(), y.dtype(), width, rows, n, in, x.dtype(),
+                            accumulate);
       return;
     }
 #endif
@@ -269,7 +277,7 @@ void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Te
 // every weight (all checked before any launch); false: nothing was done.
 static bool gemv_with_input(const Tensor& x, int64_t rows, int64_t in, const std::vector<Tensor>& weights, Tensor& y,
                             bool accumulate, const GemvInput& input) {
-  if (x.device() != Device::CUDA || y.device() != Device::CUDA || y.dtype() != x.dtype() || !y.is_contiguous())
+  if (x.device() != Device::CUDA || y.device() != Device::CUDA || !gemv_output_fits(x, y) || !y.is_contiguous())
     return false;
   std::vector<int64_t> widths;
   int64_t total = 0;
@@ -286,8 +294,8 @@ static bool gemv_with_input(const Tensor& x, int64_t rows, int64_t in, const std
   });
   if (!all) return false;
   for_column_blocks(weights, widths, true, [&](const Tensor& w, int64_t col, int64_t n, size_t) {
-    cuda_small_batch_gemv(x.raw_data(), w.raw_data(), y.columns(col, n).raw_data(), total, rows, n, in, x.dtype(),
-                          accumulate, &input);
+    cuda_small_batch_gemv(x.raw_data(), w.raw_data(), y.columns(col, n).raw_data(), y.dtype(), total, rows, n, in,
+                          x.dtype(), accumulate, &input);
   });
   return true;
 }
