@@ -11,6 +11,7 @@
 
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "dependent_launch.cuh"
 #include "dtype_cuda.cuh"
 #include "embedding.h"
 
@@ -40,6 +41,9 @@ __global__ void check_ids_kernel(const I* ids, long long n, long long vocab, uns
 // One block per row (n can exceed the 65535 limit of grid.y, not of grid.x); threads stride over the columns.
 template <typename I, typename act_t>
 __global__ void embedding_forward_kernel(const float* weight, const I* ids, act_t* y, long long width) {
+  // Launched in plain order, it lets a programmatic dependent start at once: one that keeps dependent_launch.cuh's
+  // rule reads nothing this kernel writes before it waits (decoding's first GEMV loads its weights meanwhile).
+  allow_dependent_launch();
   const long long r = blockIdx.x;
   const float* src = weight + static_cast<long long>(ids[r]) * width;
   act_t* dst = y + r * width;

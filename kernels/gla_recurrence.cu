@@ -11,7 +11,7 @@
 //                gates (GlaGatesEpilogue), the gates' backward on them in its epilogue: q̂'s, f̂'s and γ's gradients
 //                written instead, dq, dk and dg never stored.
 // On Hopper each kernel launches as a programmatic dependent of the one before it, so that fwd_output and bwd_dv do
-// their first phase while the state pass before them finishes (the rule they keep: above allow_dependent_launch).
+// their first phase while the state pass before them finishes (the rule they keep: dependent_launch.cuh).
 // Products, bf16 activations: every chunk-sized product is a 64×64×64 block product (tile_mma) on the tensor cores
 // (mma.sync, bf16 in, fp32 accumulate) with operands in shared memory and the accumulator in registers (WarpTile):
 // the state pass keeps its running tile there across the chunks, and sums over K- or V-tiles stay there too. The
@@ -65,6 +65,7 @@
 #include "cp_async.cuh"
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "dependent_launch.cuh"
 #include "dtype_cuda.cuh"
 #include "chunk_sums.cuh"
 #include "elementwise.cuh"
@@ -160,12 +161,10 @@ __device__ __forceinline__ int segment_start(uint64_t resets, int i) {
   return upto ? 63 - __clzll(static_cast<long long>(upto)) : 0;
 }
 
-// Programmatic dependent launch (Hopper and later; launch() below). Every kernel here launches as a programmatic
-// dependent of the kernel before it on the stream, which may then still be running, and obeys one rule: it calls
-// wait_for_previous_kernel (griddepcontrol.wait: the previous kernel has finished and its writes are visible) before it
-// touches memory that kernel, or one still running before it, may write or read. Only a kernel that allows it
-// (allow_dependent_launch) lets the next one start before it has finished; hgrn's other kernels never do (cuBLASLt's
-// might), so the kernels that follow them, the state passes, wait first thing:
+// Programmatic dependent launch (dependent_launch.cuh). Every kernel here launches as a programmatic dependent of the
+// kernel before it on the stream and keeps that header's rule. hgrn's other kernels allow their dependents only after
+// they have waited themselves, or never, and cuBLASLt's may allow at any point, so the kernels that follow them, the
+// state passes, wait first thing:
 //   state pass: waits first thing, then allows: so a dependent starting early sees everything before the pass done.
 //   fwd_output, bwd_dv: allow first thing and do the work that needs nothing from the state pass before them (the
 //     scores; the staging and decayed keys), then wait: their blocks take SMs as the pass frees them (or idle ones),
@@ -173,17 +172,7 @@ __device__ __forceinline__ int segment_start(uint64_t resets, int i) {
 //     pass started; they write nothing the pass reads.
 //   bwd_dqk: waits first thing (a dependent of bwd_dv, which may itself still wait for the reverse pass).
 // A kernel that allows before it waits lets its dependent start, but that one waits for it, and it for its own
-// predecessor, so the order holds along the chain. Both are no-ops where the launch is plain.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+// predecessor, so the order holds along the chain.
 
 // ---------------------------------------------------------------------------------------------------------------------
 // Tile movement. Every helper is called by all threads of the block.
@@ -2124,38 +2113,16 @@ Dims make_dims(const GlaCudaShape& shape, const GlaCudaRowStrides& strides) {
   return d;
 }
 
-// Whether kernels launch as programmatic dependents: compute capability 9.0 or later and this build's code for it
-// (without the griddepcontrol instructions a kernel would not wait). Every kernel of this file is built for the same
-// architectures, so the first one asked answers for all, once per process.
-bool dependent_launch_supported(const void* kernel) {
-  static const bool supported = [kernel] {
-    cudaFuncAttributes attributes{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    return cuda_device_properties().major >= 9 && attributes.binaryVersion >= 90;
-  }();
-  return supported;
-}
-
 // Launches `kernel` with `bytes` of dynamic shared memory (raising the kernel's limit past the 48 KB default once), as
-// a programmatic dependent of the kernel before it where that is supported (above), else in plain stream order.
-// Every kernel launched here keeps the rule above wait_for_previous_kernel.
+// a programmatic dependent of the kernel before it where that is supported, else in plain stream order. Every kernel
+// launched here keeps the rule in dependent_launch.cuh, as laid out above allow_dependent_launch's first use.
 template <typename... Args>
 void launch(void (*kernel)(Args...), dim3 grid, size_t bytes, const char* name, Args... args) {
   static_assert(sizeof...(Args) == 1, "one parameter struct");
   const size_t optin = cuda_device_properties().sharedMemPerBlockOptin;
   HGRN_CHECK(bytes <= optin, "gla_recurrence CUDA: ", name, " needs ", bytes, " bytes of shared memory, the device has ", optin);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = bytes;
-  config.stream = cuda_stream();
-  config.attrs = &attribute;
-  config.numAttrs = dependent_launch_supported(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  launch_as_dependent(kernel, grid, dim3(kThreads), bytes, args...);
   CUDA_CHECK_LAUNCH(name);
 }
 

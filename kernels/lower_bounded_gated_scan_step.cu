@@ -3,10 +3,12 @@
 // λ and k = 1 − λ (gate_math::decay_gate, as the chunked scan does), the new state h = λ h + silu(î)·k (written once)
 // and its square; the block's sum of squares (row_sums.cuh: a fixed order) gives the RMSNorm's rstd, and a second
 // pass over the same channels, by the same threads, reads the state it wrote and writes RMSNorm(h)·w·silu(ĝ).
+// It launches as a programmatic dependent (dependent_launch.cuh): before it waits it only asks L2 for its state.
 #include <cuda_bf16.h>
 
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "dependent_launch.cuh"
 #include "dtype_cuda.cuh"
 #include "hgrn2_gate_math.cuh"
 #include "lower_bounded_gated_scan.h"
@@ -26,6 +28,9 @@ __global__ void lower_bounded_scan_step_kernel(const LowerBoundedScanStepArgs p)
   const Act* f_row = static_cast<const Act*>(p.f_hat) + b * p.f_stride;
   const Act* g_row = static_cast<const Act*>(p.g_hat) + b * p.g_stride;
   float* h = p.state + b * C;
+  for (int c = threadIdx.x * 32; c < C; c += blockDim.x * 32) prefetch_l2(h + c);  // 128-byte lines
+  wait_for_previous_kernel();
+  allow_dependent_launch();
   float sum_sq = 0.f;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float i_hat = load_f(i_row[c]);
@@ -48,8 +53,8 @@ void lower_bounded_scan_cuda_step(const LowerBoundedScanStepArgs& a) {
   check_row_width(a.channels, "lower_bounded_gated_scan_step");
   HGRN_CHECK(a.batch > 0 && a.batch <= 0x7fffffff, "lower_bounded_gated_scan_step: batch ", a.batch, " out of range");
   HGRN_CUDA_DISPATCH_ACT(a.act, "lower_bounded_gated_scan_step", [&] {
-    lower_bounded_scan_step_kernel<act_t>
-        <<<static_cast<unsigned>(a.batch), row_block_threads(a.channels), 0, cuda_stream()>>>(a);
+    launch_as_dependent(lower_bounded_scan_step_kernel<act_t>, dim3(static_cast<unsigned>(a.batch)),
+                        dim3(static_cast<unsigned>(row_block_threads(a.channels))), 0, a);
   });
   CUDA_CHECK_LAUNCH("lower_bounded_gated_scan_step");
 }

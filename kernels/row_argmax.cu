@@ -5,6 +5,7 @@
 
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "dependent_launch.cuh"
 #include "dtype_cuda.cuh"
 #include "row_argmax.h"
 
@@ -27,6 +28,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) row_argmax_kernel(const T* x, long long stride, int limit, int32_t* out) {
   __shared__ float values[kThreads];
   __shared__ int indices[kThreads];
+  wait_for_previous_kernel();  // a programmatic dependent of the kernel that wrote x (dependent_launch.cuh)
   const T* row = x + static_cast<long long>(blockIdx.x) * stride;
   const int none = limit;
   float best_value = 0.f;
@@ -70,8 +72,8 @@ __global__ void __launch_bounds__(kThreads) row_argmax_kernel(const T* x, long l
 void cuda_row_argmax(const void* x, DType dtype, int64_t rows, int64_t stride, int64_t limit, int32_t* out) {
   HGRN_CHECK(rows <= 0x7fffffff, "row_argmax: ", rows, " rows is too many for one launch");
   HGRN_CUDA_DISPATCH_ACT(dtype, "row_argmax", [&] {
-    row_argmax_kernel<act_t><<<static_cast<unsigned>(rows), kThreads, 0, cuda_stream()>>>(
-        static_cast<const act_t*>(x), static_cast<long long>(stride), static_cast<int>(limit), out);
+    launch_as_dependent(row_argmax_kernel<act_t>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0,
+                        static_cast<const act_t*>(x), static_cast<long long>(stride), static_cast<int>(limit), out);
   });
   CUDA_CHECK_LAUNCH("row_argmax");
 }

@@ -2,11 +2,16 @@
 // Each block first stages x's rows in shared memory as fp32 (normalised or gated on the way: GemvInput); then each warp computes one output column j for every
 // row of x: its lanes stream W's row j in 16-byte packs (lane l takes packs l, l + 32, …, several loads in flight),
 // multiply them into one fp32 sum per row of x, and a warp shuffle tree adds the lanes' sums. Lane r writes row r's.
+// Each launch is a programmatic dependent of the kernel before it (dependent_launch.cuh): a warp loads its first W
+// packs into registers and asks L2 for the rest of its row before it waits for that kernel, so that decoding's chain
+// of small kernels overlaps each one's weight reads with the one before. W is read before the wait because no kernel
+// that may still run then writes weights: the optimizer's and the casts' kernels never allow dependents early.
 #include <algorithm>
 #include <cstdint>
 
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "dependent_launch.cuh"
 #include "dtype_cuda.cuh"
 #include "elementwise.cuh"
 #include "row_sums.cuh"
@@ -51,6 +56,18 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ float4 staged[];  // row r's pack p at staged[r·row_float4s + lane_slot<V>(p / 32, q, p % 32)]
   const int packs = k / V;
   const int row_float4s = static_cast<int>(staged_row_floats(k, V) / 4);
+  const int lane = threadIdx.x % 32;
+  const long long j = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const T* wj = w + (j < n ? j : 0) * k;
+  const int lane_packs = j < n ? (packs - lane + 31) / 32 : 0;  // this lane's packs: lane, lane + 32, …
+  float wv[kPacksInFlight][V];
+#pragma unroll
+  for (int u = 0; u < kPacksInFlight; ++u)
+    if (u < lane_packs) load_pack<V>(wj, static_cast<long long>(u) * 32 + lane, wv[u]);
+  for (int p = kPacksInFlight; p < lane_packs; ++p) prefetch_l2(wj + (static_cast<long long>(p) * 32 + lane) * V);
+  wait_for_previous_kernel();
+  allow_dependent_launch();
+
   float rstd[Rows];  // RmsNorm: each row's, in every thread (a block sum per row: the rows are a few KB)
   if constexpr (kPrologue == Prologue::RmsNorm) {
     __shared__ float warp_sums[32];
@@ -86,20 +103,17 @@ __global__ void __launch_bounds__(kThreads)
             make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
     }
   __syncthreads();
-
-  const int lane = threadIdx.x % 32;
-  const long long j = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (j >= n) return;
-  const T* wj = w + j * k;
-  const int lane_packs = (packs - lane + 31) / 32;  // this lane's packs: lane, lane + 32, …
+
   float sum[Rows];
 #pragma unroll
   for (int r = 0; r < Rows; ++r) sum[r] = 0.f;
   for (int p0 = 0; p0 < lane_packs; p0 += kPacksInFlight) {
-    float wv[kPacksInFlight][V];
+    if (p0 > 0) {  // the first packs came before the wait
 #pragma unroll
-    for (int u = 0; u < kPacksInFlight; ++u)
-      if (p0 + u < lane_packs) load_pack<V>(wj, static_cast<long long>(p0 + u) * 32 + lane, wv[u]);
+      for (int u = 0; u < kPacksInFlight; ++u)
+        if (p0 + u < lane_packs) load_pack<V>(wj, static_cast<long long>(p0 + u) * 32 + lane, wv[u]);
+    }
 #pragma unroll
     for (int u = 0; u < kPacksInFlight; ++u) {
       if (p0 + u >= lane_packs) continue;
@@ -138,7 +152,7 @@ void launch_for_rows(int rows, const T* x, const T* w, TOut* y, long long ldy, i
   constexpr auto kernel = small_batch_gemv_kernel<T, TOut, Rows, kPrologue>;
   if (smem > 48 * 1024) allow_dynamic_smem<kernel>(static_cast<size_t>(staged_bytes_limit()));  // default: 48 KB
   const unsigned blocks = static_cast<unsigned>((static_cast<int64_t>(n) + kWarps - 1) / kWarps);
-  kernel<<<blocks, kThreads, smem, cuda_stream()>>>(x, w, y, ldy, n, k, accumulate, in);
+  launch_as_dependent(kernel, dim3(blocks), dim3(kThreads), smem, x, w, y, ldy, n, k, accumulate, in);
 }
 
 size_t staged_bytes(int64_t rows, int64_t k, DType dtype) {
