@@ -1,11 +1,15 @@
 // small_batch_gemv.cu: y (+)= x·Wᵀ for at most 8 rows of x (small_batch_gemv.h), bound by reading W once.
-// Each block first stages x's rows in shared memory as fp32 (normalised or gated on the way: GemvInput); then each warp computes one output column j for every
-// row of x: its lanes stream W's row j in 16-byte packs (lane l takes packs l, l + 32, …, several loads in flight),
-// multiply them into one fp32 sum per row of x, and a warp shuffle tree adds the lanes' sums. Lane r writes row r's.
+// Each block first stages x's rows in shared memory as fp32 (normalised or gated on the way: GemvInput); then each
+// warp computes output columns j, j + (the grid's warps), … for every row of x: its lanes stream W's row j in 16-byte
+// packs (lane l takes packs l, l + 32, …, several loads in flight), multiply them into one fp32 sum per row of x, and
+// a warp shuffle tree adds the lanes' sums. Lane r writes row r's. The grid is about half the blocks the GPU holds at
+// once, so that every block is resident while the kernel before it ends, and asks L2 for the next column's row as it
+// starts each one.
 // Each launch is a programmatic dependent of the kernel before it (dependent_launch.cuh): a warp loads its first W
-// packs into registers and asks L2 for the rest of its row before it waits for that kernel, so that decoding's chain
-// of small kernels overlaps each one's weight reads with the one before. W is read before the wait because no kernel
-// that may still run then writes weights: the optimizer's and the casts' kernels never allow dependents early.
+// packs into registers and asks L2 for the rest of its first two rows and for the norm's weights before it waits for
+// that kernel, so that decoding's chain of small kernels overlaps each one's weight reads with the one before. W is
+// read before the wait because no kernel that may still run then writes weights: the optimizer's and the casts'
+// kernels never allow dependents early.
 #include <algorithm>
 #include <cstdint>
 
@@ -57,39 +61,37 @@ __global__ void __launch_bounds__(kThreads)
   const int packs = k / V;
   const int row_float4s = static_cast<int>(staged_row_floats(k, V) / 4);
   const int lane = threadIdx.x % 32;
-  const long long j = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const T* wj = w + (j < n ? j : 0) * k;
-  const int lane_packs = j < n ? (packs - lane + 31) / 32 : 0;  // this lane's packs: lane, lane + 32, …
+  const long long grid_warps = static_cast<long long>(gridDim.x) * kWarps;
+  const long long first = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;  // this warp's first column
+  const int lane_packs = (packs - lane + 31) / 32;  // this lane's packs of a row: lane, lane + 32, …
+  const auto prefetch_row = [&](long long j, int from) {
+    if (j < n)
+      for (int p = from; p < lane_packs; ++p) prefetch_l2(w + j * k + (static_cast<long long>(p) * 32 + lane) * V);
+  };
   float wv[kPacksInFlight][V];
+  if (first < n) {
 #pragma unroll
-  for (int u = 0; u < kPacksInFlight; ++u)
-    if (u < lane_packs) load_pack<V>(wj, static_cast<long long>(u) * 32 + lane, wv[u]);
-  for (int p = kPacksInFlight; p < lane_packs; ++p) prefetch_l2(wj + (static_cast<long long>(p) * 32 + lane) * V);
+    for (int u = 0; u < kPacksInFlight; ++u)
+      if (u < lane_packs) load_pack<V>(w + first * k, static_cast<long long>(u) * 32 + lane, wv[u]);
+  }
+  prefetch_row(first, kPacksInFlight);
+  prefetch_row(first + grid_warps, 0);
+  if constexpr (kPrologue == Prologue::RmsNorm)
+    for (int c = threadIdx.x * 32; c < k; c += kThreads * 32) prefetch_l2(in.norm_weight + c);  // 128-byte lines
   wait_for_previous_kernel();
   allow_dependent_launch();
 
-  float rstd[Rows];  // RmsNorm: each row's, in every thread (a block sum per row: the rows are a few KB)
-  if constexpr (kPrologue == Prologue::RmsNorm) {
-    __shared__ float warp_sums[32];
-    for (int r = 0; r < Rows; ++r) {
-      float sum_sq = 0.f;
-      for (int p = threadIdx.x; p < packs; p += kThreads) {
-        float v[V];
-        load_pack<V>(x + r * in.x_stride, p, v);
-#pragma unroll
-        for (int q = 0; q < V; ++q) sum_sq += v[q] * v[q];
-      }
-      rstd[r] = 1.f / sqrtf(block_sum(sum_sq, warp_sums) / (float)k + in.eps);
-    }
-  }
-  for (int r = 0; r < Rows; ++r)
+  // x's rows into shared memory: as they are, gated (silu(x)·up), or, for the norm, as they are with each row's sum
+  // of squares, then normalised in place by the thread that staged them.
+  __shared__ float warp_sums[32];
+  for (int r = 0; r < Rows; ++r) {
+    float sum_sq = 0.f;
     for (int p = threadIdx.x; p < packs; p += kThreads) {
       float v[V];
       load_pack<V>(x + r * in.x_stride, p, v);
       if constexpr (kPrologue == Prologue::RmsNorm) {
-        // rmsnorm's output element (x · rstd) · w, as stored.
 #pragma unroll
-        for (int q = 0; q < V; ++q) v[q] = load_f(store_f<T>(v[q] * rstd[r] * in.norm_weight[p * V + q]));
+        for (int q = 0; q < V; ++q) sum_sq += v[q] * v[q];
       } else if constexpr (kPrologue == Prologue::Swiglu) {
         // swiglu's output element silu(gate) · up, as stored.
         float u[V];
@@ -102,42 +104,58 @@ __global__ void __launch_bounds__(kThreads)
         staged[r * row_float4s + lane_slot<V>(p / 32, q, p % 32)] =
             make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
     }
-  __syncthreads();
-  if (j >= n) return;
-
-  float sum[Rows];
-#pragma unroll
-  for (int r = 0; r < Rows; ++r) sum[r] = 0.f;
-  for (int p0 = 0; p0 < lane_packs; p0 += kPacksInFlight) {
-    if (p0 > 0) {  // the first packs came before the wait
-#pragma unroll
-      for (int u = 0; u < kPacksInFlight; ++u)
-        if (p0 + u < lane_packs) load_pack<V>(wj, static_cast<long long>(p0 + u) * 32 + lane, wv[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kPacksInFlight; ++u) {
-      if (p0 + u >= lane_packs) continue;
-#pragma unroll
-      for (int r = 0; r < Rows; ++r)
+    if constexpr (kPrologue == Prologue::RmsNorm) {
+      const float rstd = 1.f / sqrtf(block_sum(sum_sq, warp_sums) / (float)k + in.eps);
+      for (int p = threadIdx.x; p < packs; p += kThreads)
 #pragma unroll
         for (int q = 0; q < V / 4; ++q) {
-          const float4 xv = staged[r * row_float4s + lane_slot<V>(p0 + u, q, lane)];
-          sum[r] = fmaf(wv[u][4 * q], xv.x, sum[r]);
-          sum[r] = fmaf(wv[u][4 * q + 1], xv.y, sum[r]);
-          sum[r] = fmaf(wv[u][4 * q + 2], xv.z, sum[r]);
-          sum[r] = fmaf(wv[u][4 * q + 3], xv.w, sum[r]);
+          float4& v = staged[r * row_float4s + lane_slot<V>(p / 32, q, p % 32)];
+          const float* nw = in.norm_weight + p * V + 4 * q;
+          // rmsnorm's output element (x · rstd) · w, as stored.
+          v = make_float4(load_f(store_f<T>(v.x * rstd * nw[0])), load_f(store_f<T>(v.y * rstd * nw[1])),
+                          load_f(store_f<T>(v.z * rstd * nw[2])), load_f(store_f<T>(v.w * rstd * nw[3])));
         }
     }
   }
-  float mine = 0.f;  // lane r's: row r's total
+  __syncthreads();
+
+  for (long long j = first; j < n; j += grid_warps) {
+    if (j != first) prefetch_row(j + grid_warps, 0);
+    const T* wj = w + j * k;
+    float sum[Rows];
 #pragma unroll
-  for (int r = 0; r < Rows; ++r) {
-    const float total = warp_sum(sum[r]);
-    if (lane == r) mine = total;
-  }
-  if (lane < Rows) {
-    TOut* out = y + lane * ldy + j;
-    *out = store_f<TOut>(accumulate ? load_f(*out) + mine : mine);
+    for (int r = 0; r < Rows; ++r) sum[r] = 0.f;
+    for (int p0 = 0; p0 < lane_packs; p0 += kPacksInFlight) {
+      if (j != first || p0 > 0) {  // the first column's first packs came before the wait
+#pragma unroll
+        for (int u = 0; u < kPacksInFlight; ++u)
+          if (p0 + u < lane_packs) load_pack<V>(wj, static_cast<long long>(p0 + u) * 32 + lane, wv[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kPacksInFlight; ++u) {
+        if (p0 + u >= lane_packs) continue;
+#pragma unroll
+        for (int r = 0; r < Rows; ++r)
+#pragma unroll
+          for (int q = 0; q < V / 4; ++q) {
+            const float4 xv = staged[r * row_float4s + lane_slot<V>(p0 + u, q, lane)];
+            sum[r] = fmaf(wv[u][4 * q], xv.x, sum[r]);
+            sum[r] = fmaf(wv[u][4 * q + 1], xv.y, sum[r]);
+            sum[r] = fmaf(wv[u][4 * q + 2], xv.z, sum[r]);
+            sum[r] = fmaf(wv[u][4 * q + 3], xv.w, sum[r]);
+          }
+      }
+    }
+    float mine = 0.f;  // lane r's: row r's total
+#pragma unroll
+    for (int r = 0; r < Rows; ++r) {
+      const float total = warp_sum(sum[r]);
+      if (lane == r) mine = total;
+    }
+    if (lane < Rows) {
+      TOut* out = y + lane * ldy + j;
+      *out = store_f<TOut>(accumulate ? load_f(*out) + mine : mine);
+    }
   }
 }
 
@@ -151,7 +169,14 @@ void launch_for_rows(int rows, const T* x, const T* w, TOut* y, long long ldy, i
   }
   constexpr auto kernel = small_batch_gemv_kernel<T, TOut, Rows, kPrologue>;
   if (smem > 48 * 1024) allow_dynamic_smem<kernel>(static_cast<size_t>(staged_bytes_limit()));  // default: 48 KB
-  const unsigned blocks = static_cast<unsigned>((static_cast<int64_t>(n) + kWarps - 1) / kWarps);
+  // Half the blocks the GPU holds at once (the other half: the kernel before, still ending), at most one per
+  // kWarps columns.
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  const int64_t half_resident =
+      std::max<int64_t>(1, per_sm / 2) * static_cast<int64_t>(cuda_device_properties().multiProcessorCount);
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>((static_cast<int64_t>(n) + kWarps - 1) / kWarps, half_resident));
   launch_as_dependent(kernel, dim3(blocks), dim3(kThreads), smem, x, w, y, ldy, n, k, accumulate, in);
 }
 
