@@ -2,8 +2,9 @@
 // Each block first stages x's rows in shared memory as fp32 (normalised or gated on the way: GemvInput); then each
 // warp computes output columns j, j + (the grid's warps), … for every row of x: its lanes stream W's row j in 16-byte
 // packs (lane l takes packs l, l + 32, …, several loads in flight), multiply them into one fp32 sum per row of x, and
-// a warp shuffle tree adds the lanes' sums. Lane r writes row r's. The grid is at most the blocks the GPU holds at
-// once (one wave), and a warp asks L2 for its next column's row as it starts each one.
+// a warp shuffle tree adds the lanes' sums. Lane r writes row r's. The grid is about half the blocks the GPU holds at
+// once, so that every block is resident while the kernel before it ends, and asks L2 for the next column's row as it
+// starts each one.
 // Each launch is a programmatic dependent of the kernel before it (dependent_launch.cuh): a warp loads its first W
 // packs into registers and asks L2 for the rest of its first two rows and for the norm's weights before it waits for
 // that kernel, so that decoding's chain of small kernels overlaps each one's weight reads with the one before. W is
@@ -27,9 +28,7 @@ namespace {
 
 constexpr int kWarps = 8;  // output columns per block, one per warp
 constexpr int kThreads = kWarps * 32;
-// W packs a lane loads before it uses them, kept as loaded: 8 (32 registers) for rows of more than 4 packs a lane;
-// rows of at most 4 take 4, and keep the registers for more resident blocks.
-constexpr int kMaxPacksInFlight = 8;
+constexpr int kPacksInFlight = 4;  // W packs a lane loads before it uses them
 // x's staged rows at most (fp32): 8 rows of 4096, or 1 row of 32768; more falls back to the GEMM.
 constexpr int64_t kMaxStagedBytes = 128 * 1024;
 
@@ -53,8 +52,8 @@ struct StagedInput {
   long long x_stride, up_stride;
 };
 
-template <typename T, typename TOut, int Rows, Prologue kPrologue, int kPacksInFlight>
-__global__ void __launch_bounds__(kThreads, kPacksInFlight > 4 ? 3 : 4)  // 85 or 64 registers at most
+template <typename T, typename TOut, int Rows, Prologue kPrologue>
+__global__ void __launch_bounds__(kThreads)
     small_batch_gemv_kernel(const T* x, const T* w, TOut* y, long long ldy, int n, int k, bool accumulate,
                             StagedInput<T> in) {
   constexpr int V = 16 / sizeof(T);  // values of a pack
@@ -69,12 +68,11 @@ __global__ void __launch_bounds__(kThreads, kPacksInFlight > 4 ? 3 : 4)  // 85 o
     if (j < n)
       for (int p = from; p < lane_packs; ++p) prefetch_l2(w + j * k + (static_cast<long long>(p) * 32 + lane) * V);
   };
-  using WPack = Pack<T, V>;
-  WPack wv[kPacksInFlight];
+  float wv[kPacksInFlight][V];
   if (first < n) {
 #pragma unroll
     for (int u = 0; u < kPacksInFlight; ++u)
-      if (u < lane_packs) wv[u] = reinterpret_cast<const WPack*>(w + first * k)[u * 32 + lane];
+      if (u < lane_packs) load_pack<V>(w + first * k, static_cast<long long>(u) * 32 + lane, wv[u]);
   }
   prefetch_row(first, kPacksInFlight);
   prefetch_row(first + grid_warps, 0);
@@ -131,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, kPacksInFlight > 4 ? 3 : 4)  // 85 o
       if (j != first || p0 > 0) {  // the first column's first packs came before the wait
 #pragma unroll
         for (int u = 0; u < kPacksInFlight; ++u)
-          if (p0 + u < lane_packs) wv[u] = reinterpret_cast<const WPack*>(wj)[(p0 + u) * 32 + lane];
+          if (p0 + u < lane_packs) load_pack<V>(wj, static_cast<long long>(p0 + u) * 32 + lane, wv[u]);
       }
 #pragma unroll
       for (int u = 0; u < kPacksInFlight; ++u) {
@@ -141,10 +139,10 @@ __global__ void __launch_bounds__(kThreads, kPacksInFlight > 4 ? 3 : 4)  // 85 o
 #pragma unroll
           for (int q = 0; q < V / 4; ++q) {
             const float4 xv = staged[r * row_float4s + lane_slot<V>(p0 + u, q, lane)];
-            sum[r] = fmaf(load_f(wv[u].v[4 * q]), xv.x, sum[r]);
-            sum[r] = fmaf(load_f(wv[u].v[4 * q + 1]), xv.y, sum[r]);
-            sum[r] = fmaf(load_f(wv[u].v[4 * q + 2]), xv.z, sum[r]);
-            sum[r] = fmaf(load_f(wv[u].v[4 * q + 3]), xv.w, sum[r]);
+            sum[r] = fmaf(wv[u][4 * q], xv.x, sum[r]);
+            sum[r] = fmaf(wv[u][4 * q + 1], xv.y, sum[r]);
+            sum[r] = fmaf(wv[u][4 * q + 2], xv.z, sum[r]);
+            sum[r] = fmaf(wv[u][4 * q + 3], xv.w, sum[r]);
           }
       }
     }
@@ -161,22 +159,6 @@ __global__ void __launch_bounds__(kThreads, kPacksInFlight > 4 ? 3 : 4)  // 85 o
   }
 }
 
-// The kernel with kPacksInFlight W packs a lane in flight, at most one wave of blocks.
-template <typename T, typename TOut, int Rows, Prologue kPrologue, int kPacksInFlight>
-void launch_in_flight(const T* x, const T* w, TOut* y, long long ldy, int n, int k, bool accumulate,
-                      const StagedInput<T>& in, size_t smem) {
-  constexpr auto kernel = small_batch_gemv_kernel<T, TOut, Rows, kPrologue, kPacksInFlight>;
-  if (smem > 48 * 1024) allow_dynamic_smem<kernel>(static_cast<size_t>(staged_bytes_limit()));  // default: 48 KB
-  // One block per kWarps columns, at most the blocks the GPU holds at once.
-  int per_sm = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  const int64_t resident =
-      std::max<int64_t>(1, per_sm) * static_cast<int64_t>(cuda_device_properties().multiProcessorCount);
-  const unsigned blocks =
-      static_cast<unsigned>(std::min<int64_t>((static_cast<int64_t>(n) + kWarps - 1) / kWarps, resident));
-  launch_as_dependent(kernel, dim3(blocks), dim3(kThreads), smem, x, w, y, ldy, n, k, accumulate, in);
-}
-
 // The kernel for `rows` rows (Rows is a template argument: each warp's sums stay in registers).
 template <typename T, typename TOut, Prologue kPrologue, int Rows = 1>
 void launch_for_rows(int rows, const T* x, const T* w, TOut* y, long long ldy, int n, int k, bool accumulate,
@@ -185,10 +167,17 @@ void launch_for_rows(int rows, const T* x, const T* w, TOut* y, long long ldy, i
     if (rows != Rows)
       return launch_for_rows<T, TOut, kPrologue, Rows + 1>(rows, x, w, y, ldy, n, k, accumulate, in, smem);
   }
-  if ((k / (16 / static_cast<int>(sizeof(T))) + 31) / 32 <= kMaxPacksInFlight / 2)
-    launch_in_flight<T, TOut, Rows, kPrologue, kMaxPacksInFlight / 2>(x, w, y, ldy, n, k, accumulate, in, smem);
-  else
-    launch_in_flight<T, TOut, Rows, kPrologue, kMaxPacksInFlight>(x, w, y, ldy, n, k, accumulate, in, smem);
+  constexpr auto kernel = small_batch_gemv_kernel<T, TOut, Rows, kPrologue>;
+  if (smem > 48 * 1024) allow_dynamic_smem<kernel>(static_cast<size_t>(staged_bytes_limit()));  // default: 48 KB
+  // Half the blocks the GPU holds at once (the other half: the kernel before, still ending), at most one per
+  // kWarps columns.
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  const int64_t half_resident =
+      std::max<int64_t>(1, per_sm / 2) * static_cast<int64_t>(cuda_device_properties().multiProcessorCount);
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>((static_cast<int64_t>(n) + kWarps - 1) / kWarps, half_resident));
+  launch_as_dependent(kernel, dim3(blocks), dim3(kThreads), smem, x, w, y, ldy, n, k, accumulate, in);
 }
 
 size_t staged_bytes(int64_t rows, int64_t k, DType dtype) {
