@@ -88,15 +88,6 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, 
   }
 }
 
-// Calls f(std::integral_constant<bool, up != nullptr>{}).
-template <typename F>
-void with_has_up(const void* up, F&& f) {
-  if (up)
-    f(std::true_type{});
-  else
-    f(std::false_type{});
-}
-
 // Launches kernel(V, grid, block, rows) over `shape`: 16-byte packs where the width, every stride and every pointer
 // allow, else single elements. The block's x threads cover a row's packs with the least overshoot (a width of 352
 // packs: 11 × 32, not 2 × 256); its y threads and the grid's y blocks walk the rows.
@@ -239,7 +230,7 @@ void cuda_sigmoid_backward(const void* y, const void* dy, void* dx, bool add, in
 void cuda_swiglu_forward(const void* gate, const void* up, void* y, const SwigluRows& shape, DType dtype) {
   if (shape.rows * shape.width == 0) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu", [&] {
-    with_has_up(up, [&](auto has_up) {
+    with_flag(up != nullptr, [&](auto has_up) {
       launch_rows<act_t>(shape, {gate, up, y}, [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
         swiglu_forward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value><<<grid, block, 0, cuda_stream()>>>(
             static_cast<const act_t*>(gate), static_cast<const act_t*>(up), static_cast<act_t*>(y), R);
@@ -254,7 +245,7 @@ void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void
   HGRN_CHECK(up || !dup, "swiglu backward: a gradient for `up` was asked without an `up` input");
   if (shape.rows * shape.width == 0 || (!dgate && !dup && !y)) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu backward", [&] {
-    with_has_up(up, [&](auto has_up) {
+    with_flag(up != nullptr, [&](auto has_up) {
       launch_rows<act_t>(shape, {gate, up, dy, dgate, dup, y}, [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
         swiglu_backward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value>
             <<<grid, block, 0, cuda_stream()>>>(

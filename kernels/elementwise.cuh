@@ -43,6 +43,15 @@ __device__ __forceinline__ int lane_slot(int p, int q, int lane) {
   return (p * (V / 4) + q) * 32 + lane;
 }
 
+// Calls f(std::true_type{}) or f(std::false_type{}) as flag is: a launcher's choice between a kernel's two builds.
+template <typename F>
+void with_flag(bool flag, F&& f) {
+  if (flag)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 // The grid-stride loop over packs every elementwise kernel runs.
 #define HGRN_FOR_EACH_PACK(i, packs)                                                         \
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (packs); \

@@ -429,15 +429,6 @@ void with_packs(int packs, F&& f) {
   }
 }
 
-// Calls f(std::integral_constant<bool, gate != nullptr>{}): the warp kernels' gated and plain builds.
-template <typename F>
-void with_gate(const RmsnormGate* gate, F&& f) {
-  if (gate)
-    f(std::true_type{});
-  else
-    f(std::false_type{});
-}
-
 // Blocks for the forward's warp kernel: as many as the GPU holds at once (each warp then takes several rows, reading
 // its weights once), never more than one row per warp needs.
 template <auto kernel>
@@ -488,7 +479,7 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
     HGRN_CHECK(!gate || packs > 0, "rmsnorm: the gated norm's output or weight is not on 16 bytes");
     if (packs > 0) {
       with_packs(packs, [&](auto p) {
-        with_gate(gate, [&](auto gated) {
+        with_flag(gate != nullptr, [&](auto gated) {
           constexpr int P = decltype(p)::value;
           constexpr auto kernel = rmsnorm_forward_warp_kernel<act_t, P, decltype(gated)::value>;
           constexpr size_t smem = kRowWarps * RowStage<act_t, P, 1>::kBytesPerWarp;
@@ -531,7 +522,7 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
         Tensor partial;
         if (want_dw) partial = Tensor::empty({chunks, width}, DType::F32, Device::CUDA);
         float* partial_data = want_dw ? static_cast<float*>(partial.raw_data()) : nullptr;
-        with_gate(gate, [&](auto gated) {
+        with_flag(gate != nullptr, [&](auto gated) {
           constexpr auto kernel = rmsnorm_backward_warp_kernel<act_t, P, decltype(gated)::value>;
           constexpr size_t smem = backward_row_warps<act_t, P>() * RowStage<act_t, P, 2>::kBytesPerWarp;
           allow_dynamic_smem<kernel>(smem);

@@ -111,6 +111,30 @@ struct RecurrenceProblem {
   Tensor d_output, d_final;
 };
 
+// fp64 log decays logsigmoid(u), u ~ N(1, 1): from almost none to strong decay per step.
+inline Tensor log_gates(Rng& rng, const Shape& shape) {
+  const auto log_sigmoid = [](double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); };
+  Tensor g = Tensor::empty(shape, DType::F64);
+  for (int64_t i = 0; i < g.numel(); ++i) g.set_item(i, log_sigmoid(1.0 + rng.normal()));
+  return g;
+}
+
+// The GLA recurrence's problems for H heads of K keys and V values: q, k, v and a log gate per key channel
+// [B, T, H·K], or per head [B, T, H] (the scalar-decay mode).
+inline std::function<RecurrenceProblem(Rng&, int64_t, int64_t, bool)> gla_problem(int64_t H, int64_t K, int64_t V,
+                                                                                  bool per_head_gate) {
+  return [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
+    RecurrenceProblem p;
+    const Shape keys{B, T, H * K};
+    p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, H * V}),
+               log_gates(rng, per_head_gate ? Shape{B, T, H} : keys)};
+    if (with_initial) p.initial = random_tensor(rng, {B, H, K, V});
+    p.d_output = random_tensor(rng, {B, T, H * V});
+    p.d_final = random_tensor(rng, {B, H, K, V});
+    return p;
+  };
+}
+
 // Everything a call produces, as fp64 host tensors.
 struct RecurrenceOutcome {
   Tensor output, final_state;

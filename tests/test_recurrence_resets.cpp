@@ -25,16 +25,8 @@ using testing::RecurrenceCall;
 using testing::RecurrenceOutcome;
 using testing::RecurrenceProblem;
 using testing::ResetRows;
+using testing::log_gates;
 using testing::random_tensor;
-
-double log_sigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
-
-// fp64 log decays logsigmoid(u), u ~ N(1, 1): from almost none to strong decay per step.
-Tensor log_gates(Rng& rng, const Shape& shape) {
-  Tensor g = Tensor::empty(shape, DType::F64);
-  for (int64_t i = 0; i < g.numel(); ++i) g.set_item(i, log_sigmoid(1.0 + rng.normal()));
-  return g;
-}
 
 // One recurrence under test: its problems and its call in a given form.
 struct Recurrence {
@@ -109,18 +101,8 @@ std::vector<Recurrence> recurrences() {
                      return std::pair{r.output, r.final_state};
                    };
                  }});
-  // q, k, v and a log gate per key channel [B, T, H·K], or per head [B, T, H] (the scalar-decay mode).
   const auto gla_problem = [](bool per_head_gate) {
-    return [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
-      RecurrenceProblem p;
-      const Shape keys{B, T, kHeads * kKey};
-      p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, kHeads * kValue}),
-                 log_gates(rng, per_head_gate ? Shape{B, T, kHeads} : keys)};
-      if (with_initial) p.initial = random_tensor(rng, {B, kHeads, kKey, kValue});
-      p.d_output = random_tensor(rng, {B, T, kHeads * kValue});
-      p.d_final = random_tensor(rng, {B, kHeads, kKey, kValue});
-      return p;
-    };
+    return testing::gla_problem(kHeads, kKey, kValue, per_head_gate);
   };
   const auto gla_call = [](bool chunk, int64_t chunk_size) -> RecurrenceCall {
     return [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&, const Tensor& resets) {

@@ -32,18 +32,11 @@ namespace {
 using testing::RecurrenceCall;
 using testing::RecurrenceOutcome;
 using testing::RecurrenceProblem;
+using testing::log_gates;
 using testing::random_tensor;
 using testing::expect_close;
 using testing::round_through;
 using testing::Tol;
-
-double log_sigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
-
-Tensor log_gates(Rng& rng, const Shape& shape) {
-  Tensor g = Tensor::empty(shape, DType::F64);
-  for (int64_t i = 0; i < g.numel(); ++i) g.set_item(i, log_sigmoid(1.0 + rng.normal()));
-  return g;
-}
 
 // Per-result tolerances of one op in one activation dtype.
 struct Tolerances {
@@ -146,20 +139,9 @@ std::vector<GpuRecurrence> recurrences(int64_t channels, int64_t heads, int64_t 
     return Tolerances{t, t, t, {t, t, t, t}, {}};
   };
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
-  // q, k, v and a log gate of the given shape: per key channel [B, T, H·K], or per head [B, T, H] (the scalar-decay
-  // mode: the kernels' scalar-decay builds on the GPU, dg summed per K-tile, then over the K-tiles where K > 64).
-  const auto gla_problem = [=](bool per_head_gate) {
-    return [=](Rng& rng, int64_t B, int64_t T, bool with_initial) {
-      RecurrenceProblem p;
-      const Shape keys{B, T, H * K};
-      p.steps = {random_tensor(rng, keys), random_tensor(rng, keys), random_tensor(rng, {B, T, H * V}),
-                 log_gates(rng, per_head_gate ? Shape{B, T, H} : keys)};
-      if (with_initial) p.initial = random_tensor(rng, {B, H, K, V});
-      p.d_output = random_tensor(rng, {B, T, H * V});
-      p.d_final = random_tensor(rng, {B, H, K, V});
-      return p;
-    };
-  };
+  // The scalar-decay mode (a log gate per head) runs the kernels' scalar-decay builds on the GPU: dg summed per
+  // K-tile, then over the K-tiles where K > 64.
+  const auto gla_problem = [=](bool per_head_gate) { return testing::gla_problem(H, K, V, per_head_gate); };
   const auto gla_call = [=](Tape& t, const std::vector<Var>& s, const Var& s0, const std::vector<Var>&,
                             const Tensor& r) {
     const int64_t chunk = s[0]->value.device() == Device::CUDA ? 0 : 64;
