@@ -94,9 +94,10 @@ std::vector<double> losses(const std::string& run_dir) {
 // and without ZeRO-1, and compares every step's loss (relative loss_tolerance), the final weights and the final
 // optimiser moments (relative weight_tolerance over each tensor): the gradients are summed in another order (the
 // ranks' partial sums, then the collective's), so they differ by rounding only.
+// `extra`: settings for the multi-rank runs alone (" --set key=value ...").
 void expect_ranks_train_like_one_process(const testing::ScratchDir& dir, const std::string& config, int ranks,
                                          double loss_tolerance, double weight_tolerance,
-                                         double moment_tolerance = -1) {
+                                         double moment_tolerance = -1, const std::string& extra = "") {
   if (moment_tolerance < 0) moment_tolerance = weight_tolerance;
   auto one = run_hgrn({"train", "-c", config, "--set", "logging.run_dir=" + dir / "one"});
   ASSERT_EQ(one.status, 0) << one.err;
@@ -109,7 +110,7 @@ void expect_ranks_train_like_one_process(const testing::ScratchDir& dir, const s
     const std::string run = dir / (zero1 ? "zero1" : "ranks");
     auto many = run_command(mpirun(ranks) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=" +
                             std::to_string(8 / ranks) + " --set training.zero1=" + (zero1 ? "true" : "false") +
-                            " --set logging.run_dir=" + shell_quote(run));
+                            extra + " --set logging.run_dir=" + shell_quote(run));
     ASSERT_EQ(many.status, 0) << many.err;
     EXPECT_NE(many.out.find(std::to_string(ranks) + " data-parallel ranks"), std::string::npos) << many.out;
     if (zero1) {  // the moments really are sharded: rank 0 keeps about 1/ranks of them
@@ -146,9 +147,9 @@ void expect_ranks_train_like_one_process(const testing::ScratchDir& dir, const s
 // A `ranks`-rank run (ZeRO-1 or not) stopped at step 3 and resumed continues bit for bit: the same losses and final
 // weights as the straight run; one process refuses the multi-rank checkpoint.
 void expect_multi_rank_resume_is_bitwise(const testing::ScratchDir& dir, const std::string& config, int ranks,
-                                         bool zero1) {
+                                         bool zero1, const std::string& extra = "") {
   const std::string launch = mpirun(ranks) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=" +
-                             std::to_string(8 / ranks) + " --set training.zero1=" + (zero1 ? "true" : "false");
+                             std::to_string(8 / ranks) + " --set training.zero1=" + (zero1 ? "true" : "false") + extra;
   auto straight = run_command(launch + " --set logging.run_dir=" + shell_quote(dir / "straight"));
   ASSERT_EQ(straight.status, 0) << straight.err;
   // A fresh run directory holding only the step-3 checkpoint, resumed to step 6.
@@ -183,6 +184,37 @@ TEST(Distributed, TwoRanksTrainLikeOneProcessWithTheSameGlobalBatch) {
   testing::ScratchDir dir;
   // fp32 on the CPU: 1e-5 relative on the losses, 1e-4 on weights and moments.
   expect_ranks_train_like_one_process(dir, write_config(dir), 2, 1e-5, 1e-4);
+}
+
+// Gradients summed in bf16 (training.grad_reduce_dtype): each rank's gradients and each partial sum are rounded to
+// bf16 (8 significant bits). After six AdamW steps on 2 CPU ranks the losses moved by up to 2e-5 relative, the
+// weights by up to 5e-3 and the moments by 7e-3 (a rank's gradients left out move them by O(1)); held to 2e-4, 2e-2
+// and 5e-2. The weights must differ from those of the same ranks summing in fp32, or the option did nothing.
+void expect_bf16_sums_train_like_one_process(const testing::ScratchDir& dir, const std::string& config, int ranks) {
+  const std::string fp32_run = dir / "fp32-sums";
+  auto fp32 = run_command(mpirun(ranks) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=" +
+                          std::to_string(8 / ranks) + " --set logging.run_dir=" + shell_quote(fp32_run));
+  ASSERT_EQ(fp32.status, 0) << fp32.err;
+  expect_ranks_train_like_one_process(dir, config, ranks, 2e-4, 2e-2, 5e-2, " --set training.grad_reduce_dtype=bf16");
+  const TrainingState summed_fp32 = load_checkpoint(fp32_run + "/checkpoints/step_00000006.h5");
+  const TrainingState summed_bf16 = load_checkpoint(dir / "ranks/checkpoints/step_00000006.h5");
+  bool any_differs = false;
+  for (size_t p = 0; p < summed_fp32.params.size(); ++p)
+    any_differs |= std::memcmp(summed_fp32.params[p].second.raw_data(), summed_bf16.params[p].second.raw_data(),
+                               summed_fp32.params[p].second.nbytes()) != 0;
+  EXPECT_TRUE(any_differs) << "the bf16 sums gave the fp32 sums' weights bit for bit";
+}
+
+TEST(Distributed, GradientsSummedInBf16TrainLikeOneProcessWithinTheirRounding) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  expect_bf16_sums_train_like_one_process(dir, write_config(dir), 2);
+}
+
+TEST(Distributed, GradientsSummedInBf16ResumeBitwise) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  expect_multi_rank_resume_is_bitwise(dir, write_config(dir), 2, true, " --set training.grad_reduce_dtype=bf16");
 }
 
 // Every family member: its gradient groups and parameters go through the same data-parallel path.
@@ -443,6 +475,24 @@ TEST(DistributedCuda, FourGpusTrainLikeOneWithAndWithoutZeroOne) {
   SKIP_WITHOUT_GPUS(4);
   testing::ScratchDir dir;
   expect_ranks_train_like_one_process(dir, write_config(dir, "cuda"), 4, 1e-4, 1e-3);
+}
+
+TEST(DistributedCuda, FourGpusSummingGradientsInBf16TrainLikeOne) {
+  SKIP_WITHOUT_GPUS(4);
+  testing::ScratchDir dir;
+  expect_bf16_sums_train_like_one_process(dir, write_config(dir, "cuda"), 4);
+}
+
+TEST(DistributedCuda, TwoGpusSummingGradientsInBf16TrainLikeOne) {
+  SKIP_WITHOUT_GPUS(2);
+  testing::ScratchDir dir;
+  expect_bf16_sums_train_like_one_process(dir, write_config(dir, "cuda"), 2);
+}
+
+TEST(DistributedCuda, TwoGpusSummingGradientsInBf16ResumeBitwise) {
+  SKIP_WITHOUT_GPUS(2);
+  testing::ScratchDir dir;
+  expect_multi_rank_resume_is_bitwise(dir, write_config(dir, "cuda"), 2, true, " --set training.grad_reduce_dtype=bf16");
 }
 
 // training.precision fp8 over two GPUs: the ranks' amaxes reduced to shared scales, so the run resumes bit for bit

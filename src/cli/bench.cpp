@@ -172,7 +172,8 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
             {"timed_driver_allocations", r.timed_driver_allocations}, {"gpu_peak_tflops", r.gpu_peak_tflops},
             {"model_tflops", r.model_tflops}, {"mfu", r.mfu}, {"first_loss", r.first_loss},
             {"last_loss", r.last_loss}, {"precision", config.training.precision},
-            {"ranks", r.ranks}, {"zero1", config.training.zero1}, {"stateful", config.data.stateful},
+            {"ranks", r.ranks}, {"zero1", config.training.zero1},
+            {"grad_reduce_dtype", config.training.grad_reduce_dtype}, {"stateful", config.data.stateful},
             {"document_tokens", args.document_tokens}};
   } else if (!args.scan.empty()) {
     const Device device = resolve_device(args.device);

@@ -147,6 +147,7 @@ std::vector<Field> config_fields(Config& c) {
       {"training.decay_embeddings", &t.decay_embeddings},
       {"training.deterministic", &t.deterministic},
       {"training.zero1", &t.zero1},
+      {"training.grad_reduce_dtype", &t.grad_reduce_dtype},
       {"training.collective_timeout_s", &t.collective_timeout_s},
       {"training.beta1", &t.beta1},
       {"training.beta2", &t.beta2},
@@ -672,6 +673,7 @@ void ConfigReader::validate() {
   const TrainingConfig& t = config_.training;
   require_one_of("training.device", t.device, {"auto", "cpu", "cuda"});
   require_one_of("training.precision", t.precision, {"fp32", "bf16", "fp8"});
+  require_one_of("training.grad_reduce_dtype", t.grad_reduce_dtype, {"fp32", "bf16"});
   if (const std::string why = model_family(m.type).cuda_refusal(m); !why.empty() && t.device == "cuda")
     fail_key("training.device", "expected cpu or auto: " + why + " (set training.device to cpu)");
   if (t.precision != "fp32" && t.device == "cpu")

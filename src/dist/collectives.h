@@ -1,5 +1,5 @@
-// collectives.h: the in-place collectives data parallelism runs over fp32 ranges of its flat gradient and parameter
-// buffers. On the CPU they are MPI calls that complete before returning; between GPUs they are NCCL calls queued on
+// collectives.h: the in-place collectives data parallelism runs over ranges of its flat gradient and parameter
+// buffers (fp32; the gradient sums also in bf16). On the CPU they are MPI calls that complete before returning; between GPUs they are NCCL calls queued on
 // a communication stream of their own, so that they overlap the backward pass on the compute stream.
 #pragma once
 #include <cstddef>
@@ -15,13 +15,14 @@ class Collectives {
   virtual ~Collectives() = default;
   // The collectives queued next read what the compute stream has queued so far (GPU: an event; CPU: nothing).
   virtual void after_compute() = 0;
-  // data[0, count): the sum over all ranks, on every rank.
-  virtual void all_reduce_sum(float* data, int64_t count) = 0;
+  // data[0, count) of `dtype` (F32 or BF16): the sum over all ranks, on every rank. In BF16 every partial sum is
+  // rounded to bf16 (fp32 arithmetic inside each addition).
+  virtual void all_reduce_sum(void* data, int64_t count, DType dtype) = 0;
   // data[0, count): the elementwise maximum over all ranks, on every rank.
   virtual void all_reduce_max(float* data, int64_t count) = 0;
   // data[0, size * count) in, each rank's share out: data[rank * count, (rank + 1) * count) becomes the sum over
-  // all ranks of that range (the rest of data is left unspecified).
-  virtual void reduce_scatter_sum(float* data, int64_t count) = 0;
+  // all ranks of that range (the rest of data is left unspecified). F32 or BF16, as all_reduce_sum.
+  virtual void reduce_scatter_sum(void* data, int64_t count, DType dtype) = 0;
   // Each rank's data[rank * count, (rank + 1) * count) in; every rank ends with all ranks' shares in data.
   virtual void all_gather(float* data, int64_t count) = 0;
   // Blocks until every collective queued so far is complete, inside a PeerWait (world.h) named `what`: a hung peer

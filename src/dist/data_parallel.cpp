@@ -56,6 +56,9 @@ DataParallel::DataParallel(CausalLM& model, std::vector<ParamRef> params, const 
   // The parameters move into the flat buffer; the gradients start there as zeros (padding stays zero for good).
   flat_params_ = Tensor::zeros({offset}, DType::F32, device);
   flat_grads_ = Tensor::zeros({offset}, DType::F32, device);
+  HGRN_CHECK(options_.reduce_dtype == DType::F32 || options_.reduce_dtype == DType::BF16,
+             "DataParallel: gradients are summed in fp32 or bf16, not ", dtype_name(options_.reduce_dtype));
+  if (options_.reduce_dtype != DType::F32) reduce_buffer_ = Tensor::zeros({offset}, options_.reduce_dtype, device);
   for (size_t i = 0; i < params_.size(); ++i) {
     Variable& var = *params_[i].param;
     const Placement& p = placements_[i];
@@ -111,12 +114,17 @@ void DataParallel::on_gradients_ready(size_t group) {
   for (size_t i = 0; i < params_.size(); ++i)
     if (placements_[i].bucket == group) settle_grad(params_[i].param);
   if (b.size == 0) return;
-  float* grads = flat_grads_.data<float>() + b.offset;
+  Tensor grads = flat_grads_.flat_view(b.offset, b.size);
+  if (reduce_buffer_.defined()) {
+    Tensor rounded = reduce_buffer_.flat_view(b.offset, b.size);
+    rounded.copy_from(grads);
+    grads = rounded;
+  }
   collectives_->after_compute();
   if (options_.zero1)
-    collectives_->reduce_scatter_sum(grads, b.size / world().size);
+    collectives_->reduce_scatter_sum(grads.raw_data(), b.size / world().size, grads.dtype());
   else
-    collectives_->all_reduce_sum(grads, b.size);
+    collectives_->all_reduce_sum(grads.raw_data(), b.size, grads.dtype());
 }
 
 void DataParallel::finish_gradient_reduction() {
@@ -126,6 +134,12 @@ void DataParallel::finish_gradient_reduction() {
                " complete, so they were not reduced (a model change that forgot its gradient-ready marker?)");
   collectives_->wait("gradient reduction");
   std::fill(gathering_.begin(), gathering_.end(), false);  // queued before the reductions, so complete too
+  if (reduce_buffer_.defined())  // the sums back into the fp32 gradients: this rank's shares, or whole buckets
+    for (const Bucket& b : buckets_) {
+      const int64_t share = options_.zero1 ? b.size / world().size : b.size;
+      const int64_t at = b.offset + (options_.zero1 ? world().rank * share : 0);
+      if (share > 0) flat_grads_.flat_view(at, share).copy_from(reduce_buffer_.flat_view(at, share));
+    }
   reduce_in_next_backward(false);
 }
 

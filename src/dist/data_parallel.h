@@ -7,6 +7,9 @@
 // stream) it overlaps the backward of the layers before it. The embedding's bucket, complete last, overlaps layer
 // 0's weight gradients, which the model runs after it while the hook is set (models/decoder_lm.h).
 //
+// With training.grad_reduce_dtype = bf16 each bucket is rounded to bf16 before its reduction and the sum converted
+// back to fp32 after it (the accumulation over micro-batches and the update stay fp32).
+//
 // ZeRO-1 (training.zero1): instead of an all-reduce, each bucket is reduce-scattered: rank r receives the summed
 // gradients of the r-th 1/N of every bucket, keeps the AdamW moments for that share only, updates that share of
 // the weights, and an all-gather brings every rank the whole updated weights. The all-gathers are queued bucket by
@@ -28,6 +31,9 @@ namespace hgrn {
 
 struct DataParallelOptions {
   bool zero1 = false;
+  // The dtype the gradients are summed in across ranks: F32, or BF16 (each bucket rounded to bf16 in a buffer of its
+  // own, summed there, and this rank's sum converted back into the fp32 gradients), which halves the bytes sent.
+  DType reduce_dtype = DType::F32;
 };
 
 class DataParallel {
@@ -84,6 +90,7 @@ class DataParallel {
   std::vector<Placement> placements_;  // per params_ entry
   std::vector<Bucket> buckets_;
   Tensor flat_params_, flat_grads_;
+  Tensor reduce_buffer_;  // reduce_dtype BF16 only: the gradients in bf16, the flat layout again
   bool reduce_ = false;
   std::vector<bool> queued_;
   std::vector<bool> gathering_;  // per bucket: all-gather queued by finish_update, not yet waited for

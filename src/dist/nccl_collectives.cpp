@@ -34,6 +34,11 @@ namespace hgrn {
 #ifdef HGRN_WITH_NCCL
 namespace {
 
+ncclDataType_t nccl_type(DType dtype) {
+  HGRN_CHECK(dtype == DType::F32 || dtype == DType::BF16, "NCCL sums fp32 or bf16, not ", dtype_name(dtype));
+  return dtype == DType::F32 ? ncclFloat : ncclBfloat16;
+}
+
 class NcclCollectives : public Collectives {
  public:
   NcclCollectives() {
@@ -62,16 +67,17 @@ class NcclCollectives : public Collectives {
     CUDA_CHECK(cudaEventRecord(compute_ready_, cuda_stream()));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_ready_, 0));
   }
-  void all_reduce_sum(float* data, int64_t count) override {
-    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat, ncclSum, comm_, stream_));
+  void all_reduce_sum(void* data, int64_t count, DType dtype) override {
+    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_, stream_));
   }
   void all_reduce_max(float* data, int64_t count) override {
     NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat, ncclMax, comm_, stream_));
   }
   // In place as NCCL defines it: the receive buffer is the rank's share of the send buffer.
-  void reduce_scatter_sum(float* data, int64_t count) override {
-    NCCL_CHECK(ncclReduceScatter(data, data + world().rank * count, static_cast<size_t>(count), ncclFloat, ncclSum,
-                                 comm_, stream_));
+  void reduce_scatter_sum(void* data, int64_t count, DType dtype) override {
+    char* bytes = static_cast<char*>(data);
+    NCCL_CHECK(ncclReduceScatter(bytes, bytes + world().rank * count * static_cast<int64_t>(dtype_size(dtype)),
+                                 static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_, stream_));
   }
   void all_gather(float* data, int64_t count) override {
     NCCL_CHECK(ncclAllGather(data + world().rank * count, data, static_cast<size_t>(count), ncclFloat, comm_, stream_));

@@ -161,7 +161,10 @@ TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device de
       model(*owned_model),
       data_parallel(world().size > 1 ? std::make_unique<DataParallel>(
                                            model, make_param_groups(model.parameters(), config.training.decay_embeddings),
-                                           DataParallelOptions{config.training.zero1})
+                                           DataParallelOptions{config.training.zero1,
+                                                               config.training.grad_reduce_dtype == "bf16"
+                                                                   ? DType::BF16
+                                                                   : DType::F32})
                                      : nullptr),
       optimizer(data_parallel ? data_parallel->optimizer_params()
                               : make_param_groups(model.parameters(), config.training.decay_embeddings),
@@ -280,7 +283,7 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
   }
   if (w.size > 1)
     log << w.size << " data-parallel ranks (" << (device == Device::CUDA ? "NCCL" : "MPI") << (tc.zero1 ? ", ZeRO-1" : "")
-        << "); global batch " << w.size << " x " << tc.micro_batch_size << " x " << tc.grad_accum_steps
+        << (tc.grad_reduce_dtype == "bf16" ? ", gradients summed in bf16" : "") << "); global batch " << w.size << " x " << tc.micro_batch_size << " x " << tc.grad_accum_steps
         << " sequences\n";
   log << "---- resolved config (" << config.source << ") ----\n" << config_to_yaml(config) << "----\n";
   for (const std::string& note : config.notes) log << "note: " << note << "\n";
