@@ -299,11 +299,15 @@ TEST(ModelSize, CheckedArithmeticRefusesOverflow) {
   EXPECT_THROW(model_cost(huge, 32), Error);
 }
 
+// A 4 GB address-space limit for the commands below. One BLAS and OpenMP thread: on a many-core host their thread
+// pools alone (stacks and buffers per core) would not fit, and the tests are about the model's size.
+const std::string kBoundedMemory = "ulimit -v 4000000; export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1; exec ";
+
 TEST(ModelSize, InfoRefusesHugeModelsQuicklyNamingTheKey) {
   for (const std::string& setting : {"model.num_hidden_layers=100000000", "model.hidden_size=1000000000",
                                      "model.vocab_size=100000000000", "model.hidden_ratio=1000000000000"}) {
     // Bounded memory: a run that started to build such a model would fail differently under this limit.
-    const std::string command = "bash -c " + shell_quote("ulimit -v 4000000; exec " + shell_quote(hgrn_binary()) +
+    const std::string command = "bash -c " + shell_quote(kBoundedMemory + shell_quote(hgrn_binary()) +
                                                          " info -c configs/mqar-tiny.yaml -s " + setting);
     const CommandResult r = run_command("cd " + shell_quote(HGRN_SOURCE_DIR) + " && " + command);
     EXPECT_EQ(r.status, 2) << setting << ": " << r.err;
@@ -314,7 +318,7 @@ TEST(ModelSize, InfoRefusesHugeModelsQuicklyNamingTheKey) {
 TEST(ModelSize, TrainRefusesAModelLargerThanTheHostWithTheEstimate) {
   ScratchDir scratch;
   const std::string command =
-      "bash -c " + shell_quote("ulimit -v 4000000; exec " + shell_quote(hgrn_binary()) +
+      "bash -c " + shell_quote(kBoundedMemory + shell_quote(hgrn_binary()) +
                                " train -c configs/mqar-tiny.yaml -s training.device=cpu -s model.hidden_size=65536 "
                                "-s model.num_hidden_layers=1024 -s model.expand_ratio=64 -s logging.run_dir=" +
                                shell_quote(scratch / "run"));
