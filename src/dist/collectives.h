@@ -1,6 +1,7 @@
 // collectives.h: the in-place collectives data parallelism runs over ranges of its flat gradient and parameter
-// buffers (fp32; the gradient sums also in bf16). On the CPU they are MPI calls that complete before returning; between GPUs they are NCCL calls queued on
-// a communication stream of their own, so that they overlap the backward pass on the compute stream.
+// buffers (fp32; the gradient sums also in bf16). On the CPU they are MPI calls that complete before returning;
+// between GPUs they are NCCL calls queued on a communication stream of their own, so that they overlap the backward
+// pass on the compute stream.
 #pragma once
 #include <cstddef>
 #include <cstdint>

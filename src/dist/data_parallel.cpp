@@ -56,8 +56,6 @@ DataParallel::DataParallel(CausalLM& model, std::vector<ParamRef> params, const 
   // The parameters move into the flat buffer; the gradients start there as zeros (padding stays zero for good).
   flat_params_ = Tensor::zeros({offset}, DType::F32, device);
   flat_grads_ = Tensor::zeros({offset}, DType::F32, device);
-  HGRN_CHECK(options_.reduce_dtype == DType::F32 || options_.reduce_dtype == DType::BF16,
-             "DataParallel: gradients are summed in fp32 or bf16, not ", dtype_name(options_.reduce_dtype));
   if (options_.reduce_dtype != DType::F32) reduce_buffer_ = Tensor::zeros({offset}, options_.reduce_dtype, device);
   for (size_t i = 0; i < params_.size(); ++i) {
     Variable& var = *params_[i].param;

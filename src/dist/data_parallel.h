@@ -7,8 +7,9 @@
 // stream) it overlaps the backward of the layers before it. The embedding's bucket, complete last, overlaps layer
 // 0's weight gradients, which the model runs after it while the hook is set (models/decoder_lm.h).
 //
-// With training.grad_reduce_dtype = bf16 each bucket is rounded to bf16 before its reduction and the sum converted
-// back to fp32 after it (the accumulation over micro-batches and the update stay fp32).
+// With training.grad_reduce_dtype = bf16 each bucket is rounded into a bf16 copy of the flat buffer before its
+// reduction, which halves the bytes sent, and this rank's sums are converted back into the fp32 gradients after the
+// backward (the accumulation over micro-batches and the update stay fp32).
 //
 // ZeRO-1 (training.zero1): instead of an all-reduce, each bucket is reduce-scattered: rank r receives the summed
 // gradients of the r-th 1/N of every bucket, keeps the AdamW moments for that share only, updates that share of
@@ -31,9 +32,7 @@ namespace hgrn {
 
 struct DataParallelOptions {
   bool zero1 = false;
-  // The dtype the gradients are summed in across ranks: F32, or BF16 (each bucket rounded to bf16 in a buffer of its
-  // own, summed there, and this rank's sum converted back into the fp32 gradients), which halves the bytes sent.
-  DType reduce_dtype = DType::F32;
+  DType reduce_dtype = DType::F32;  // F32 or BF16: the dtype the gradients are summed in across ranks (above)
 };
 
 class DataParallel {
