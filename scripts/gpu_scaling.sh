@@ -19,19 +19,16 @@ counts=${SCALING_GPUS:-$(for n in 1 2 4 8; do if [ "$n" -le "$gpus" ]; then echo
 root_flag=$([ "$(id -u)" -eq 0 ] && echo --allow-run-as-root || true)
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/machine.txt"
-hgrn_set=()
-for option in ${HGRN_SET:-}; do hgrn_set+=(--set "$option"); done
+bench=(./build-gpu/hgrn bench --config "$config" --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-10}")
+for option in ${HGRN_SET:-}; do bench+=(--set "$option"); done
 run() {  # run N ZERO1 NAME
-  mpirun $root_flag -np "$1" --bind-to none -x NCCL_NVLS_ENABLE ./build-gpu/hgrn bench --config "$config" \
-    ${hgrn_set[@]+"${hgrn_set[@]}"} --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-10}" \
-    --set training.zero1="$2" --json "$out/$3.json" \
-    > "$out/$3.txt" 2>&1 || { echo "bench $3 failed:"; tail -20 "$out/$3.txt"; }
+  mpirun $root_flag -np "$1" --bind-to none -x NCCL_NVLS_ENABLE "${bench[@]}" --set training.zero1="$2" \
+    --json "$out/$3.json" > "$out/$3.txt" 2>&1 || { echo "bench $3 failed:"; tail -20 "$out/$3.txt"; }
 }
 run_apart() {  # run_apart N: N 1-GPU benches at once, GPU g writing gpus<N>-apart-<g>
   for ((g = 0; g < $1; ++g)); do
-    CUDA_VISIBLE_DEVICES=$g ./build-gpu/hgrn bench --config "$config" ${hgrn_set[@]+"${hgrn_set[@]}"} \
-      --warmup "${BENCH_WARMUP:-3}" --steps "${BENCH_STEPS:-10}" --json "$out/gpus$1-apart-$g.json" \
-      > "$out/gpus$1-apart-$g.txt" 2>&1 || echo "bench gpus$1-apart-$g failed (see $out/gpus$1-apart-$g.txt)" &
+    CUDA_VISIBLE_DEVICES=$g "${bench[@]}" --json "$out/gpus$1-apart-$g.json" > "$out/gpus$1-apart-$g.txt" 2>&1 ||
+      echo "bench gpus$1-apart-$g failed (see $out/gpus$1-apart-$g.txt)" &
   done
   wait
 }

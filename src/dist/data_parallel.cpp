@@ -17,6 +17,13 @@ constexpr int64_t kAlignment = 64;
 int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 }  // namespace
 
+std::string describe(const DataParallelOptions& options) {
+  std::string text = options.zero1 ? "ZeRO-1" : "";
+  if (options.reduce_dtype != DType::F32)
+    text += std::string(text.empty() ? "" : ", ") + "gradients summed in " + dtype_name(options.reduce_dtype);
+  return text;
+}
+
 DataParallel::DataParallel(CausalLM& model, std::vector<ParamRef> params, const DataParallelOptions& options)
     : model_(model), options_(options), params_(std::move(params)) {
   const World& w = world();

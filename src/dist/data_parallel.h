@@ -22,6 +22,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dist/collectives.h"
@@ -34,6 +35,9 @@ struct DataParallelOptions {
   bool zero1 = false;
   DType reduce_dtype = DType::F32;  // F32 or BF16: the dtype the gradients are summed in across ranks (above)
 };
+
+// What the options change from plain fp32 all-reduces, for logs: "ZeRO-1, gradients summed in bf16" ("" for none).
+std::string describe(const DataParallelOptions& options);
 
 class DataParallel {
  public:

@@ -101,9 +101,10 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
   RandomTokens data(config.model.vocab_size, config.data.seq_len, tc.micro_batch_size,
                     tc.seed + 1 + static_cast<uint64_t>(world().rank), document_tokens);
   log << "bench: " << r.params << " parameters, " << r.tokens_per_step << " tokens per step";
-  if (r.ranks > 1)
-    log << " over " << r.ranks << " data-parallel ranks" << (tc.zero1 ? " (ZeRO-1)" : "")
-        << (tc.grad_reduce_dtype == "bf16" ? ", gradients summed in bf16" : "");
+  if (r.ranks > 1) {
+    const std::string options = describe(data_parallel_options(tc));
+    log << " over " << r.ranks << " data-parallel ranks" << (options.empty() ? "" : " (" + options + ")");
+  }
   log << ", " << dtype_name(act) << " activations on " << r.device_name
       << (setup->carried_states ? ", recurrent states carried from step to step (data.stateful)" : "") << "; "
       << warmup << " warm-up + " << steps << " timed steps";

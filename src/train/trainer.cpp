@@ -116,6 +116,10 @@ Device resolve_device(const std::string& device) {
   return Device::CPU;
 }
 
+DataParallelOptions data_parallel_options(const TrainingConfig& tc) {
+  return {tc.zero1, tc.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32};
+}
+
 // fp32, or bf16 activations with fp32 master weights (GPU only).
 uint64_t evaluation_data_seed(uint64_t seed) { return stream_seed(seed, kEvalDataStream); }
 
@@ -161,10 +165,7 @@ TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device de
       model(*owned_model),
       data_parallel(world().size > 1 ? std::make_unique<DataParallel>(
                                            model, make_param_groups(model.parameters(), config.training.decay_embeddings),
-                                           DataParallelOptions{config.training.zero1,
-                                                               config.training.grad_reduce_dtype == "bf16"
-                                                                   ? DType::BF16
-                                                                   : DType::F32})
+                                           data_parallel_options(config.training))
                                      : nullptr),
       optimizer(data_parallel ? data_parallel->optimizer_params()
                               : make_param_groups(model.parameters(), config.training.decay_embeddings),
@@ -281,10 +282,12 @@ TrainingSummary train(const Config& config, std::ostream& root_log, const TrainO
   } else {
     log << "cpu with " << omp_get_max_threads() << " threads\n";
   }
-  if (w.size > 1)
-    log << w.size << " data-parallel ranks (" << (device == Device::CUDA ? "NCCL" : "MPI") << (tc.zero1 ? ", ZeRO-1" : "")
-        << (tc.grad_reduce_dtype == "bf16" ? ", gradients summed in bf16" : "") << "); global batch " << w.size << " x " << tc.micro_batch_size << " x " << tc.grad_accum_steps
-        << " sequences\n";
+  if (w.size > 1) {
+    const std::string options = describe(data_parallel_options(tc));
+    log << w.size << " data-parallel ranks (" << (device == Device::CUDA ? "NCCL" : "MPI")
+        << (options.empty() ? "" : ", " + options) << "); global batch " << w.size << " x " << tc.micro_batch_size
+        << " x " << tc.grad_accum_steps << " sequences\n";
+  }
   log << "---- resolved config (" << config.source << ") ----\n" << config_to_yaml(config) << "----\n";
   for (const std::string& note : config.notes) log << "note: " << note << "\n";
 

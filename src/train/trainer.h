@@ -60,6 +60,9 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
 Device resolve_device(const std::string& device);
 DType activation_dtype(const std::string& precision, Device device);
 
+// The data parallelism training.zero1 and training.grad_reduce_dtype ask for.
+DataParallelOptions data_parallel_options(const TrainingConfig& tc);
+
 // The seed of the held-out MQAR stream a run with this training.seed evaluates on (its evaluations and `hgrn eval`).
 uint64_t evaluation_data_seed(uint64_t seed);
 
