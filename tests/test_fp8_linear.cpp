@@ -233,18 +233,21 @@ TEST(Fp8LinearCuda, LinearWithResidualMatchesTheQuantisedReferenceOverThreeSteps
 
 // The LM head in FP8 (training.fp8_lm_head): linear_cross_entropy's chunked GPU head (logits, each chunk's dlogits
 // cast to E5M2, dx and dW per chunk) against the CPU path's composition under the same recipe (linear's quantised
-// reference arithmetic, then cross_entropy) on the same values, over two steps so that the delayed scales move.
-// Chunks of 32 rows: dW sums over chunks and the chunks' amaxes fold into one. The GPU's logits are bf16, so its
-// dlogits move by ~4e-3 relative and an element near an E5M2 rounding boundary (2 mantissa bits) may round the other
-// way: dx and dW are held to 3e-2 relative RMS (a wrong operand, chunk or scale is off by O(1)), the loss to 2e-3.
-TEST(Fp8LinearCuda, LanguageModelHeadMatchesTheCpuCompositionOverTwoSteps) {
+// reference arithmetic, then cross_entropy) on the same values. Chunks of 32 rows: dW sums over chunks and the
+// chunks' amaxes fold into one. A first cast takes its scale from what it sees, one chunk on the GPU and the whole
+// tensor on the CPU, so step 0 only fills the histories (its input and weight amaxes must already be equal); steps 1
+// and 2 run at the histories' scales and are compared. The GPU's logits are bf16, so its dlogits (and their amax,
+// hence their scale) move by ~4e-3 relative and an element near an E5M2 rounding boundary (2 mantissa bits, steps of
+// 25%) may round the other way: dx and dW are held to 5e-2 relative RMS (a wrong operand, chunk or scale is off by
+// O(1)), the loss to 2e-3.
+TEST(Fp8LinearCuda, LanguageModelHeadMatchesTheCpuComposition) {
   HGRN_SKIP_WITHOUT_FP8();
-  const int64_t rows = 96, width = 64, vocab = 160, history = 2;
+  const int64_t rows = 96, width = 64, vocab = 160, history = 4, steps = 3;
   Rng rng(23);
   const Tensor w = random_tensor(rng, {vocab, width}, 0.3, DType::F32);
   std::vector<Tensor> inputs, targets;
-  for (int step = 0; step < 2; ++step) {
-    inputs.push_back(round_through(random_tensor(rng, {rows, width}, step == 0 ? 1.0 : 4.0, DType::F32), DType::BF16));
+  for (int step = 0; step < steps; ++step) {
+    inputs.push_back(round_through(random_tensor(rng, {rows, width}, step == 2 ? 2.0 : 1.0, DType::F32), DType::BF16));
     std::vector<int32_t> t;
     for (int64_t r = 0; r < rows; ++r)
       t.push_back(r % 7 == 0 ? -100 : static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
@@ -259,7 +262,7 @@ TEST(Fp8LinearCuda, LanguageModelHeadMatchesTheCpuCompositionOverTwoSteps) {
     Run r;
     Fp8LinearScope scope(Fp8Recipe{history, 0}, 1, {}, device);
     const Var wg = make_var(on(w, DType::F32, device), true);
-    for (int step = 0; step < 2; ++step) {
+    for (int step = 0; step < steps; ++step) {
       wg->grad = Tensor();
       Tape tape;
       const Var xg = make_var(on(inputs[step], activation(device), device), true);
@@ -275,22 +278,22 @@ TEST(Fp8LinearCuda, LanguageModelHeadMatchesTheCpuCompositionOverTwoSteps) {
     return r;
   };
   const Run cpu = run(Device::CPU), gpu = run(Device::CUDA);
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < steps; ++step) {
     SCOPED_TRACE(::testing::Message() << "step " << step);
-    EXPECT_NEAR(gpu.loss[step], cpu.loss[step], 2e-3 * std::fabs(cpu.loss[step]));
-    expect_close(gpu.dx[step], cpu.dx[step], 3e-2, 1.0, "dx");
-    expect_close(gpu.dw[step], cpu.dw[step], 3e-2, 1.0, "dW");
     const Fp8ScalingSnapshot &g = gpu.states[step], &c = cpu.states[step];
     ASSERT_EQ(g.scales.size(), 3u) << "the head took the FP8 path on the GPU";
     ASSERT_EQ(c.scales.size(), 3u) << "and on the CPU";
-    // The input's and the weight's amaxes and scales are those of the same values; the output gradient's come from
-    // dlogits formed from bf16 logits on the GPU.
+    // The step's input and weight amaxes are those of the same values, folded over the GPU's chunks.
     EXPECT_EQ(g.step_amax[0], c.step_amax[0]);
     EXPECT_EQ(g.step_amax[1], c.step_amax[1]);
+    EXPECT_NEAR(g.step_amax[2], c.step_amax[2], 1e-2 * c.step_amax[2]);
+    if (step == 0) continue;
     EXPECT_EQ(g.scales[0], c.scales[0]);
     EXPECT_EQ(g.scales[1], c.scales[1]);
-    EXPECT_NEAR(g.step_amax[2], c.step_amax[2], 1e-2 * c.step_amax[2]);
-    EXPECT_GT(g.step_amax[2], 0.0f);
+    EXPECT_NEAR(g.scales[2], c.scales[2], 1e-2 * c.scales[2]);
+    EXPECT_NEAR(gpu.loss[step], cpu.loss[step], 2e-3 * std::fabs(cpu.loss[step]));
+    expect_close(gpu.dx[step], cpu.dx[step], 5e-2, 1.0, "dx");
+    expect_close(gpu.dw[step], cpu.dw[step], 5e-2, 1.0, "dW");
   }
 }
 
