@@ -8,7 +8,8 @@
 #
 # Environment: DATA (data/wikitext-2-gpt2/wiki: the prefix of the prepared splits, see configs/wikitext2-gpt2.yaml),
 # STEPS (2000), BATCH (8) x SEQ (512) tokens a step (about four epochs of WikiText-2 in 2,000 steps), LR (1e-3),
-# GPUS ("0 1": the two runs side by side on these GPUs; one GPU runs them one after the other), HGRN (build/hgrn).
+# GPUS ("0 1": the two runs side by side on these GPUs; one GPU runs them one after the other), HGRN (build/hgrn),
+# FP8_SET (space-separated --set options for the fp8 run alone, e.g. "training.fp8_lm_head=true").
 # The gap is measured from step 100 on (both runs' first steps are dominated by the warm-up and FP8's first step
 # runs at scale 1, before any amax history exists), over the logged steps.
 set -euo pipefail
@@ -23,14 +24,18 @@ for split in train valid test; do
     { echo "fp8_quality: no ${data}_$split shard: prepare WikiText-2 as configs/wikitext2-gpt2.yaml says" >&2; exit 1; }
 done
 mkdir -p "$out"
+fp8_set=()
+for option in ${FP8_SET:-}; do fp8_set+=(--set "$option"); done
 run() {  # precision gpu
+  local extra=()
+  if [ "$1" = fp8 ]; then extra=(${fp8_set[@]+"${fp8_set[@]}"}); fi
   CUDA_VISIBLE_DEVICES=$2 "$hgrn" train --config configs/hgrn2-150m.yaml --set data.task=tokens \
     --set data.train_data="${data}_train" --set data.valid_data="${data}_valid" --set data.seq_len="${SEQ:-512}" \
     --set training.micro_batch_size="${BATCH:-8}" --set training.max_steps="${STEPS:-2000}" \
     --set training.warmup_steps=100 --set training.lr="${LR:-1e-3}" --set training.deterministic=true \
     --set training.precision="$1" --set training.eval_interval=250 --set training.eval_batches=16 \
     --set checkpoint.interval="${STEPS:-2000}" --set logging.log_interval=10 --set logging.run_dir="$out/$1" \
-    > "$out/$1.log" 2>&1
+    ${extra[@]+"${extra[@]}"} > "$out/$1.log" 2>&1
   CUDA_VISIBLE_DEVICES=$2 "$hgrn" eval --config "$out/$1/config.yaml" --data "${data}_test" >> "$out/$1.log" 2>&1
   echo "fp8_quality: $1 done ($out/$1.log)"
 }

@@ -325,6 +325,20 @@ TEST(ConfigErrors, UnknownEnumValues) {
   expect_rejected("training.schedule", "cosin", "expected one of cosine | linear | inverse_sqrt | constant | wsd");
   expect_rejected("model.attn_mode", "fused_chunk", "expected one of chunk | fused_recurrent");
   expect_rejected("data.task", "lm", "expected one of mqar | tokens, got 'lm'");
+  expect_rejected("training.grad_reduce_dtype", "fp16", "expected one of fp32 | bf16, got 'fp16'");
+}
+
+// The LM head in FP8 only under precision fp8, and only untied (a tied head is the embedding table).
+TEST(ConfigErrors, Fp8LmHeadNeedsFp8AndAnUntiedHead) {
+  const std::string cuda = with_value("training.device", "cuda").text;
+  EXPECT_NE(error_of(cuda, {"training.precision=bf16", "training.fp8_lm_head=true"})
+                .find("training.fp8_lm_head: expected false with training.precision = bf16"),
+            std::string::npos);
+  EXPECT_NE(error_of(cuda, {"training.precision=fp8", "training.fp8_lm_head=true", "model.tie_word_embeddings=true"})
+                .find("training.fp8_lm_head: expected false with model.tie_word_embeddings = true"),
+            std::string::npos);
+  const Config ok = parse_config(cuda, kSource, {"training.precision=fp8", "training.fp8_lm_head=true"});
+  EXPECT_TRUE(ok.training.fp8_lm_head);
 }
 
 TEST(ConfigErrors, ResumeMustBeAutoNeverOrAnExistingPath) {

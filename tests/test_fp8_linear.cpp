@@ -23,6 +23,7 @@
 #include "ops/fp8.h"
 #include "ops/fp8_linear.h"
 #include "ops/linear.h"
+#include "ops/linear_cross_entropy.h"
 #include "ops/swiglu_linear.h"
 #include "scratch_dir.h"
 #include "train/trainer.h"
@@ -228,6 +229,74 @@ TEST(Fp8Linear, ScalesFollowTheReducedAmaxes) {
 TEST(Fp8LinearCuda, LinearWithResidualMatchesTheQuantisedReferenceOverThreeSteps) {
   HGRN_SKIP_WITHOUT_FP8();
   check_linear_over_three_steps(Device::CUDA);
+}
+
+// The LM head in FP8 (training.fp8_lm_head): linear_cross_entropy's chunked GPU head (logits, each chunk's dlogits
+// cast to E5M2, dx and dW per chunk) against the CPU path's composition under the same recipe (linear's quantised
+// reference arithmetic, then cross_entropy) on the same values. Chunks of 32 rows: dW sums over chunks and the
+// chunks' amaxes fold into one. A first cast takes its scale from what it sees, one chunk on the GPU and the whole
+// tensor on the CPU, so step 0 only fills the histories (its input and weight amaxes must already be equal); steps 1
+// and 2 run at the histories' scales and are compared. The GPU's logits are bf16, so its dlogits (and their amax,
+// hence their scale) move by ~4e-3 relative and an element near an E5M2 rounding boundary (2 mantissa bits, steps of
+// 25%) may round the other way: dx and dW are held to 5e-2 relative RMS (a wrong operand, chunk or scale is off by
+// O(1)), the loss to 2e-3. The GPU casts each chunk's dlogits before 1/num_targets is known, so its gradient amax is
+// that of softmax − one-hot: the CPU's times num_targets, and its scale the CPU's over num_targets.
+TEST(Fp8LinearCuda, LanguageModelHeadMatchesTheCpuComposition) {
+  HGRN_SKIP_WITHOUT_FP8();
+  const int64_t rows = 96, width = 64, vocab = 160, history = 4, steps = 3;
+  Rng rng(23);
+  const Tensor w = random_tensor(rng, {vocab, width}, 0.3, DType::F32);
+  std::vector<Tensor> inputs, targets;
+  for (int step = 0; step < steps; ++step) {
+    inputs.push_back(round_through(random_tensor(rng, {rows, width}, step == 2 ? 2.0 : 1.0, DType::F32), DType::BF16));
+    std::vector<int32_t> t;
+    for (int64_t r = 0; r < rows; ++r)
+      t.push_back(r % 7 == 0 ? -100 : static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+    targets.push_back(Tensor::from_vector(t, {rows}));
+  }
+  struct Run {
+    std::vector<double> loss;
+    std::vector<Tensor> dx, dw;
+    std::vector<Fp8ScalingSnapshot> states;
+  };
+  const auto run = [&](Device device) {
+    Run r;
+    Fp8LinearScope scope(Fp8Recipe{history, 0}, 1, {}, device);
+    const Var wg = make_var(on(w, DType::F32, device), true);
+    for (int step = 0; step < steps; ++step) {
+      wg->grad = Tensor();
+      Tape tape;
+      const Var xg = make_var(on(inputs[step], activation(device), device), true);
+      const Tensor t = device == Device::CUDA ? to_gpu(targets[step], DType::I32) : targets[step];
+      const CrossEntropyResult ce = linear_cross_entropy(tape, xg, wg, t, -100, device == Device::CUDA ? 32 : 0);
+      tape.backward(ce.loss, on(Tensor::full({}, 1.0, DType::F32), DType::F32, device));
+      r.loss.push_back(ce.loss->value.item());
+      r.dx.push_back(to_host_f64(xg->grad));
+      r.dw.push_back(to_host_f64(wg->grad));
+      r.states.push_back(fp8_scaling_snapshot(wg));
+      fp8_end_step();
+    }
+    return r;
+  };
+  const Run cpu = run(Device::CPU), gpu = run(Device::CUDA);
+  const double num_targets = static_cast<double>(rows - (rows + 6) / 7);  // every 7th row is ignored
+  for (int step = 0; step < steps; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    const Fp8ScalingSnapshot &g = gpu.states[step], &c = cpu.states[step];
+    ASSERT_EQ(g.scales.size(), 3u) << "the head took the FP8 path on the GPU";
+    ASSERT_EQ(c.scales.size(), 3u) << "and on the CPU";
+    // The step's input and weight amaxes are those of the same values, folded over the GPU's chunks.
+    EXPECT_EQ(g.step_amax[0], c.step_amax[0]);
+    EXPECT_EQ(g.step_amax[1], c.step_amax[1]);
+    EXPECT_NEAR(g.step_amax[2], c.step_amax[2] * num_targets, 1e-2 * c.step_amax[2] * num_targets);
+    if (step == 0) continue;
+    EXPECT_EQ(g.scales[0], c.scales[0]);
+    EXPECT_EQ(g.scales[1], c.scales[1]);
+    EXPECT_NEAR(g.scales[2], c.scales[2] / num_targets, 1e-2 * c.scales[2] / num_targets);
+    EXPECT_NEAR(gpu.loss[step], cpu.loss[step], 2e-3 * std::fabs(cpu.loss[step]));
+    expect_close(gpu.dx[step], cpu.dx[step], 5e-2, 1.0, "dx");
+    expect_close(gpu.dw[step], cpu.dw[step], 5e-2, 1.0, "dW");
+  }
 }
 
 void check_columns_and_swiglu(Device device) {
@@ -601,8 +670,11 @@ TEST(Fp8Linear, PauseRunsThePlainPathAndRecordsNothing) {
   EXPECT_EQ(fp8_scaling_snapshot(w).step_amax.at(0), fp8_amax(x.data<float>(), x.numel()));
 }
 
-TrainingSummary mqar_run(const std::string& precision) {
+// `extra`: more overrides (the tests of the FP8 head set an untied head whose vocabulary FP8 takes, 32).
+TrainingSummary mqar_run(const std::string& precision, std::vector<std::string> extra = {}) {
   const testing::ScratchDir scratch;
+  extra.push_back("logging.run_dir=" + (scratch / precision));
+  extra.push_back("training.precision=" + precision);
   const Config config = parse_config(R"(
 model: {hidden_size: 64, num_hidden_layers: 2, expand_ratio: 16, vocab_size: 17}
 data: {task: mqar, seq_len: 16, mqar: {num_kv_pairs: 2}}
@@ -610,8 +682,7 @@ training: {micro_batch_size: 32, max_steps: 300, lr: 0.003, warmup_steps: 20, we
            eval_interval: 0, eval_batches: 4, seed: 5, device: cuda}
 logging: {log_interval: 50}
 )",
-                                     "fp8-run.yaml",
-                                     {"logging.run_dir=" + (scratch / precision), "training.precision=" + precision});
+                                     "fp8-run.yaml", extra);
   std::ostringstream log;
   TrainingSummary s = train(config, log);
   EXPECT_EQ(s.steps, 300) << log.str();
@@ -624,6 +695,20 @@ TEST(Fp8TrainingCuda, RunTracksTheBf16RunAndLearns) {
   ASSERT_EQ(fp8.step_losses.size(), bf16.step_losses.size());
   // From the first step (each tensor's first cast scaled by its own amax) the losses stay within 5% of bf16's for 20
   // steps.
+  for (int s = 0; s < 20; ++s)
+    EXPECT_NEAR(fp8.step_losses[s], bf16.step_losses[s], 0.05 * bf16.step_losses[s]) << "step " << s + 1;
+  EXPECT_LT(fp8.final_loss, 1.0);
+  EXPECT_GT(fp8.eval_accuracy, 4 * fp8.chance_accuracy);
+  EXPECT_NEAR(fp8.final_loss, bf16.final_loss, 0.25);
+}
+
+// training.fp8_lm_head: the same run with the LM head's GEMMs in FP8 too (vocabulary 32, a multiple of 16) tracks
+// the bf16 run of the same config as closely and learns.
+TEST(Fp8TrainingCuda, RunWithTheHeadInFp8TracksTheBf16RunAndLearns) {
+  HGRN_SKIP_WITHOUT_FP8();
+  const TrainingSummary bf16 = mqar_run("bf16", {"model.vocab_size=32"}),
+                        fp8 = mqar_run("fp8", {"model.vocab_size=32", "training.fp8_lm_head=true"});
+  ASSERT_EQ(fp8.step_losses.size(), bf16.step_losses.size());
   for (int s = 0; s < 20; ++s)
     EXPECT_NEAR(fp8.step_losses[s], bf16.step_losses[s], 0.05 * bf16.step_losses[s]) << "step " << s + 1;
   EXPECT_LT(fp8.final_loss, 1.0);

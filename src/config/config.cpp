@@ -133,6 +133,7 @@ std::vector<Field> config_fields(Config& c) {
       {"data.mqar.num_train_sequences", &d.mqar.num_train_sequences},
       {"training.device", &t.device},
       {"training.precision", &t.precision},
+      {"training.fp8_lm_head", &t.fp8_lm_head},
       {"training.seed", &t.seed},
       {"training.micro_batch_size", &t.micro_batch_size},
       {"training.grad_accum_steps", &t.grad_accum_steps},
@@ -674,6 +675,12 @@ void ConfigReader::validate() {
   require_one_of("training.device", t.device, {"auto", "cpu", "cuda"});
   require_one_of("training.precision", t.precision, {"fp32", "bf16", "fp8"});
   require_one_of("training.grad_reduce_dtype", t.grad_reduce_dtype, {"fp32", "bf16"});
+  if (t.fp8_lm_head && t.precision != "fp8")
+    fail_key("training.fp8_lm_head", "expected false with training.precision = " + t.precision +
+                                         ": the LM head runs in FP8 only under precision fp8");
+  if (t.fp8_lm_head && m.tie_word_embeddings)
+    fail_key("training.fp8_lm_head", "expected false with model.tie_word_embeddings = true: a head tied to the "
+                                     "embeddings stays in bf16");
   if (const std::string why = model_family(m.type).cuda_refusal(m); !why.empty() && t.device == "cuda")
     fail_key("training.device", "expected cpu or auto: " + why + " (set training.device to cpu)");
   if (t.precision != "fp32" && t.device == "cpu")

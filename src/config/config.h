@@ -102,6 +102,7 @@ TrainingConfig resolve_batch_for_world(const TrainingConfig& training, int64_t w
 struct TrainingConfig {
   std::string device = "auto";     // auto | cpu | cuda
   std::string precision = "fp32";  // fp32 | bf16 | fp8 (bf16 and fp8 need cuda; fp8 FP8 tensor cores: sm_89+)
+  bool fp8_lm_head = false;        // fp8: the LM head's GEMMs in FP8 too (an untied head); false keeps it in bf16
   uint64_t seed = 1234;
   int64_t micro_batch_size = 32;
   int64_t grad_accum_steps = 1;

@@ -312,16 +312,15 @@ bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w) {
          w.is_contiguous();
 }
 
-Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual) {
+namespace {
+// y = x·Wᵀ (+ residual) into y, laid out [rows, out] and contiguous (fp8_linear_forward's arithmetic).
+void forward_into(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual, Tensor& y) {
   const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
   const TensorState xs = state_of(weight, Role::Input), ws = state_of(weight, Role::Weight);
   const Tensor xq = fp8_codes(rows * in);
   scale_on_first_cast(xs, x);
   const Tensor wq = step_weight_codes(weight, w, ws);
   cast(x, rows, in, xs.scale, Fp8Format::E4M3, codes_of(xq), nullptr, xs.step_amax);
-  Shape shape = x.shape();
-  shape.back() = out;
-  Tensor y = Tensor::empty(shape, x.dtype(), x.device());
   // The GEMM reads the residual as its addend where it is laid out as y; otherwise y starts as a copy of it.
   const bool addend_apart = residual && residual->dtype() == y.dtype() && residual->is_contiguous() &&
                             residual->numel() == y.numel() &&
@@ -331,7 +330,22 @@ Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, c
   gemm(rows, out, in, {codes_of(xq), Fp8Format::E4M3, xs.inverse}, in, {codes_of(wq), Fp8Format::E4M3, ws.inverse}, in,
        residual ? 1.0f : 0.0f, y.raw_data(), out, y.dtype(), /*fast_accumulation=*/true,
        addend_apart ? residual->raw_data() : nullptr);
+}
+}  // namespace
+
+Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual) {
+  Shape shape = x.shape();
+  shape.back() = w.size(0);
+  Tensor y = Tensor::empty(shape, x.dtype(), x.device());
+  forward_into(weight, x, w, residual, y);
   return y;
+}
+
+void fp8_linear_forward_into(const Var& weight, const Tensor& x, const Tensor& w, Tensor& y) {
+  HGRN_CHECK(y.is_contiguous() && y.dtype() == x.dtype() && y.numel() == x.numel() / w.size(1) * w.size(0),
+             "fp8 linear: the output ", shape_str(y.shape()), " does not fit ", x.numel() / w.size(1), " rows of ",
+             w.size(0));
+  forward_into(weight, x, w, nullptr, y);
 }
 
 Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy_in) {
@@ -348,18 +362,26 @@ Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy_in) {
   return g;
 }
 
-void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, const Tensor& w, float beta,
-                               Tensor& dx) {
+Tensor fp8_weight_codes_transposed(const Var& weight, const Tensor& w) {
   const int64_t in = w.size(1), out = w.size(0);
-  HGRN_CHECK(out == dy.width && dx.is_contiguous() && dx.dtype() == activation_dtype_of(active_scope->device) &&
-                 dx.numel() == dy.rows * in,
-             "fp8 linear: the input gradient ", shape_str(dx.shape()), " does not fit ", dy.rows, " rows of ", in);
-  const TensorState gs = state_of(weight, Role::OutputGradient), ws = state_of(weight, Role::Weight);
+  const TensorState ws = state_of(weight, Role::Weight);
   const Tensor wq_t = fp8_codes(out * in);  // Wᵀ [in, out], with the forward's scale (scales move at step ends)
   if (const Tensor* wq = cached_weight_codes(weight, w))
     transpose_codes(codes_of(*wq), out, in, codes_of(wq_t));
   else  // no forward of this weight since the step began (a backward run on its own): its fp32 values cast again
     cast(w, out, in, ws.scale, Fp8Format::E4M3, nullptr, codes_of(wq_t), nullptr);
+  return wq_t;
+}
+
+void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, const Tensor& w, float beta,
+                               Tensor& dx, const Tensor* weight_codes_transposed) {
+  const int64_t in = w.size(1), out = w.size(0);
+  HGRN_CHECK(out == dy.width && dx.is_contiguous() &&
+                 (dx.dtype() == activation_dtype_of(active_scope->device) || dx.dtype() == DType::F32) &&
+                 dx.numel() == dy.rows * in,
+             "fp8 linear: the input gradient ", shape_str(dx.shape()), " does not fit ", dy.rows, " rows of ", in);
+  const TensorState gs = state_of(weight, Role::OutputGradient), ws = state_of(weight, Role::Weight);
+  const Tensor wq_t = weight_codes_transposed ? *weight_codes_transposed : fp8_weight_codes_transposed(weight, w);
   gemm(dy.rows, in, out, {codes_of(dy.codes), active_scope->recipe.gradient_format, gs.inverse}, out,
        {codes_of(wq_t), Fp8Format::E4M3, ws.inverse}, out, beta, dx.raw_data(), in, dx.dtype(), false);
 }

@@ -2,9 +2,10 @@
 // (kernels/fp8.h): the input and the weight in E4M3, the output gradient in E5M2, each with a per-tensor scale from
 // delayed scaling (ops/fp8.h: Transformer Engine's default recipe, the amax of the last history_length steps). The
 // outputs, the activations between layers, the fp32 master weights and their fp32 gradients stay as in bf16.
-// linear, linear_columns and swiglu_linear (ops/linear.h, ops/swiglu_linear.h) take this path while an
-// Fp8LinearScope is active, for an input of the scope's activation dtype on its device, an fp32 master weight not
-// excluded (the LM head) and sizes that are multiples of 16 (cuBLASLt's FP8 kernels); anything else runs as before.
+// linear, linear_columns, swiglu_linear and the LM head's linear_cross_entropy (ops/linear.h, ops/swiglu_linear.h,
+// ops/linear_cross_entropy.h) take this path while an Fp8LinearScope is active, for an input of the scope's
+// activation dtype on its device, an fp32 master weight not excluded (the LM head, unless training.fp8_lm_head) and
+// sizes that are multiples of 16 (cuBLASLt's FP8 kernels); anything else runs as before.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -25,7 +26,8 @@ struct Fp8Recipe {
 
 // FP8 linear layers for the scope's lifetime (one training run or bench): the scaling states of up to
 // `max_weights` weights (one per weight, or per block of adjacent weights that linear_columns multiplies as one),
-// made on their first use. `excluded` weights (the LM head, tied embeddings) stay in bf16. One scope at a time.
+// made on their first use. `excluded` weights (training: the LM head unless training.fp8_lm_head, and embeddings tied
+// to it) stay in bf16. One scope at a time.
 // On the GPU (bf16 activations; sm_89+) or on the CPU, where the reference arithmetic of ops/fp8.h runs on fp32
 // activations: the tests' check of everything around the GPU kernels (training refuses fp8 on the CPU).
 class Fp8LinearScope {
@@ -64,6 +66,10 @@ bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w);
 // gradients, since neither the weight nor its scale changes within a step.
 Tensor fp8_linear_forward(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual);
 
+// y = x·Wᵀ into y ([rows, out], contiguous, x's dtype), as fp8_linear_forward computes it without a residual: for
+// callers that own the output's buffer (the language-model head's chunks).
+void fp8_linear_forward_into(const Var& weight, const Tensor& x, const Tensor& w, Tensor& y);
+
 // The output gradient dy [rows, width] cast once to E5M2 for both backward GEMMs: row-major and transposed codes.
 struct Fp8OutputGradient {
   Tensor codes, codes_transposed;  // FP8 codes in I32 storage (four a element): [rows, width] and [width, rows]
@@ -71,10 +77,13 @@ struct Fp8OutputGradient {
 };
 Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy);
 
-// dx = dy·W + beta·dx (dx [rows, in] of the activation dtype, contiguous). Wᵀ's codes are the transpose of those the
-// weight's forward cast this step; without a forward since the step began, w is cast again.
+// Wᵀ's codes [in, out] for w [out, in]: the transpose of those the weight's forward cast this step; without a forward
+// since the step began, w is cast again.
+Tensor fp8_weight_codes_transposed(const Var& weight, const Tensor& w);
+// dx = dy·W + beta·dx (dx [rows, in] of the activation dtype or fp32, contiguous), with Wᵀ's codes from
+// fp8_weight_codes_transposed: made here, or passed in by a caller with several input gradients of one weight.
 void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, const Tensor& w, float beta,
-                               Tensor& dx);
+                               Tensor& dx, const Tensor* weight_codes_transposed = nullptr);
 // dw = dy[:, first_column .. first_column + n)ᵀ·x + beta·dw, dw the fp32 gradient [n, in] (contiguous).
 void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, int64_t first_column,
                                 const Tensor& x, float beta, Tensor& dw);

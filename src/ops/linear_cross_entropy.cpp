@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ops/elementwise.h"
+#include "ops/fp8_linear.h"
 #include "ops/linear.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/cross_entropy.h"
@@ -33,15 +34,21 @@ namespace {
 
 CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var& weight, const Tensor& targets,
                                              int64_t ignore_index, int64_t chunk_rows) {
-  const Tensor w = weight_for_input(weight, x->value);
-  const int64_t vocab = w.size(0), width = w.size(1), rows = x->value.numel() / width;
+  const int64_t vocab = weight->value.size(0), width = weight->value.size(1), rows = x->value.numel() / width;
   const Tensor xr = x->value.reshape({rows, width});
   const DType act = xr.dtype();
   HGRN_CHECK(targets.defined() && (targets.dtype() == DType::I32 || targets.dtype() == DType::I64) &&
                  targets.device() == Device::CUDA && targets.is_contiguous() && targets.numel() == rows,
              "linear_cross_entropy: targets must be a contiguous int32/int64 GPU tensor of ", rows,
              " elements (one per row of x)");
-  const int64_t chunk = chunk_rows > 0 ? std::min(rows, chunk_rows) : linear_cross_entropy_chunk_rows(rows, vocab * dtype_size(act));
+  // FP8 (ops/fp8_linear.h): the three GEMMs on FP8 tensor cores, each chunk's dlogits cast to FP8 beside it (two
+  // more bytes an element, so the chunks hold half the rows for the same memory). Every chunk's rows must then be a
+  // multiple of 16, as the whole is.
+  const bool fp8 = fp8_linear_applies(weight, xr, weight->value) && (chunk_rows == 0 || chunk_rows % 16 == 0);
+  const Tensor w = fp8 ? weight->value : weight_for_input(weight, x->value);
+  const int64_t row_bytes = vocab * static_cast<int64_t>(dtype_size(act) + (fp8 ? 2 : 0));
+  int64_t chunk = chunk_rows > 0 ? std::min(rows, chunk_rows) : linear_cross_entropy_chunk_rows(rows, row_bytes);
+  if (fp8 && chunk < rows) chunk = std::max<int64_t>(16, chunk / 16 * 16);
   const bool records = tape.enabled() && (wants_grad(x) || wants_grad(weight));
   // The gradient is computed here, from each chunk's logits while they exist, rather than by computing the logits
   // again in the backward (one GEMM fewer). The factor dloss / num_targets is not known yet: each chunk's
@@ -64,10 +71,15 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
   Tensor scratch = Tensor::empty({static_cast<int64_t>((cross_entropy_scratch_bytes(chunk) + 7) / 8)}, DType::I64,
                                  Device::CUDA);
   const char* target_bytes = static_cast<const char*>(targets.raw_data());
+  Tensor w_codes_transposed;  // FP8: Wᵀ's codes for every chunk's dx, transposed once after the first forward
   for (int64_t r0 = 0, i = 0; r0 < rows; r0 += chunk, ++i) {
     const int64_t n = std::min(chunk, rows - r0);
     const Tensor x_rows = xr.flat_view(r0 * width, n * width);
-    linear_gemm(false, true, n, vocab, width, x_rows, width, w, width, 0.0f, logits, vocab);
+    Tensor chunk_logits = logits.flat_view(0, n * vocab).reshape({n, vocab});
+    if (fp8)
+      fp8_linear_forward_into(weight, x_rows, w, chunk_logits);
+    else
+      linear_gemm(false, true, n, vocab, width, x_rows, width, w, width, 0.0f, logits, vocab);
     const void* chunk_targets = target_bytes + r0 * static_cast<int64_t>(dtype_size(targets.dtype()));
     float* chunk_loss = chunk_losses.data<float>() + i;
     int64_t* chunk_count_slots = chunk_counts.data<int64_t>() + i * kCrossEntropyCountSlots;
@@ -88,13 +100,23 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
       cross_entropy_backward_cuda(logits.raw_data(), act, chunk_lse, chunk_row_target, one.data<float>(),
                                   /*num_targets=*/1, logits.raw_data(), n, vocab, /*accumulate=*/false);
     }
+    const float dw_beta = r0 == 0 ? 0.0f : 1.0f;
+    if (fp8) {
+      const Fp8OutputGradient dlogits = fp8_output_gradient(weight, chunk_logits);
+      if (dx_unscaled.defined()) {
+        if (!w_codes_transposed.defined()) w_codes_transposed = fp8_weight_codes_transposed(weight, w);
+        Tensor dx_rows = dx_unscaled.flat_view(r0 * width, n * width).reshape({n, width});
+        fp8_linear_input_gradient(weight, dlogits, w, 0.0f, dx_rows, &w_codes_transposed);
+      }
+      if (dw_unscaled.defined()) fp8_linear_weight_gradient(weight, dlogits, 0, x_rows, dw_beta, dw_unscaled);
+      continue;
+    }
     if (dx_unscaled.defined()) {
       Tensor dx_rows = dx_unscaled.flat_view(r0 * width, n * width);
       linear_gemm(false, false, n, width, vocab, logits, vocab, w, width, 0.0f, dx_rows, width);
     }
     if (dw_unscaled.defined())
-      linear_gemm(true, false, vocab, width, n, logits, vocab, x_rows, width, r0 == 0 ? 0.0f : 1.0f, dw_unscaled,
-                  width);
+      linear_gemm(true, false, vocab, width, n, logits, vocab, x_rows, width, dw_beta, dw_unscaled, width);
   }
   const std::vector<CrossEntropyCounts> counts =
       cross_entropy_counts_to_host(chunk_counts.data<int64_t>(), num_chunks, targets.raw_data(), targets.dtype(), chunk);

@@ -133,11 +133,12 @@ DType activation_dtype(const std::string& precision, Device device) {
 
 namespace {
 // training.precision fp8: the model's projections on FP8 tensor cores; the LM head (and the embeddings where tied
-// to it) stay in bf16, as Transformer Engine's recipes keep the output layer.
-std::unique_ptr<Fp8LinearScope> fp8_linear_scope(const CausalLM& model) {
+// to it) stay in bf16, as Transformer Engine's recipes keep the output layer, unless training.fp8_lm_head.
+std::unique_ptr<Fp8LinearScope> fp8_linear_scope(const CausalLM& model, bool fp8_lm_head) {
   std::vector<Var> excluded;
   for (const auto& [spec, param] : model.parameters())
-    if (param->name == "lm_head.weight" || param->name == "model.embeddings.weight") excluded.push_back(param);
+    if ((param->name == "lm_head.weight" && !fp8_lm_head) || param->name == "model.embeddings.weight")
+      excluded.push_back(param);
   return std::make_unique<Fp8LinearScope>(Fp8Recipe{}, static_cast<int64_t>(model.parameters().size()), excluded);
 }
 
@@ -176,7 +177,7 @@ TrainingModel::TrainingModel(const Config& config, uint64_t init_seed, Device de
     carried_states = std::make_unique<CarriedStates>(model, tc.micro_batch_size, tc.grad_accum_steps);
   }
   if (config.training.precision == "fp8") {
-    fp8 = fp8_linear_scope(model);
+    fp8 = fp8_linear_scope(model, config.training.fp8_lm_head);
     // Several ranks: every amax a scale comes from is the maximum over the ranks, so that all derive the same scales.
     if (DataParallel* dp = data_parallel.get())
       fp8_set_amax_reduction([dp](float* amax, int64_t count) { dp->all_reduce_max(amax, count, "fp8 amax reduction"); });
