@@ -1,6 +1,6 @@
 // fp8.h: the reference arithmetic of FP8 training on the CPU: the two OCP FP8 formats and their conversions, per-tensor
 // delayed scaling (Transformer Engine's default recipe) and the scaled FP8 GEMM as cuBLASLt defines it. These are the
-// building blocks that a GPU FP8 path is tested against (docs/fp8.md); nothing here is wired into training.
+// building blocks that a GPU FP8 path is tested against (docs/fp8.md), and Fp8CodesOut, where an op writes codes.
 #pragma once
 #include <cstdint>
 #include <vector>
