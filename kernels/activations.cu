@@ -7,6 +7,7 @@
 
 #include "cuda_check.h"
 #include "elementwise.cuh"
+#include "fp8_codes.cuh"
 #include "sigmoid.cuh"
 
 namespace hgrn {
@@ -25,27 +26,45 @@ struct Rows {
   for (long long r = blockIdx.y * (long long)blockDim.y + threadIdx.y; r < (R).rows; \
        r += (long long)gridDim.y * blockDim.y)
 
-template <typename T, int V, bool kHasUp>
-__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, Rows R) {
-  HGRN_FOR_EACH_ROW_PACK(r, i, R) {
-    float g[V], u[V];
-    load_pack<V>(gate + r * R.gate, i, g);
-    if constexpr (kHasUp) load_pack<V>(up + r * R.up, i, u);
+// kCodes: the output as FP8 codes (Fp8CodesOut: contiguous [rows, width]) with its amax folded, in place of y. Every
+// thread reaches the block's amax fold, so the loop does not return early.
+template <typename T, int V, bool kHasUp, bool kCodes>
+__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, Fp8CodesOut codes_out, Rows R) {
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  DeviceCodesOut out{};
+  if constexpr (kCodes) out = device_codes_out(codes_out);
+  float local = 0.0f;
+  if (i < R.packs) {
+    for (long long r = blockIdx.y * (long long)blockDim.y + threadIdx.y; r < R.rows;
+         r += (long long)gridDim.y * blockDim.y) {
+      float g[V], u[V];
+      load_pack<V>(gate + r * R.gate, i, g);
+      if constexpr (kHasUp) load_pack<V>(up + r * R.up, i, u);
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      g[k] = g[k] * stable_sigmoid<T>(g[k]);
-      if constexpr (kHasUp) g[k] *= u[k];
+      for (int k = 0; k < V; ++k) {
+        g[k] = g[k] * stable_sigmoid<T>(g[k]);
+        if constexpr (kHasUp) g[k] *= u[k];
+      }
+      if constexpr (kCodes)
+        store_codes<T, V>(out, r * R.width + i * V, g, local);
+      else
+        store_pack<V>(y + r * R.width, i, g);
     }
-    store_pack<V>(y + r * R.width, i, g);
+  }
+  if constexpr (kCodes) {
+    if (out.amax) fold_block_amax(local, out.amax);
   }
 }
 
 // add_gate / add_up: accumulate into dgate / dup, else overwrite them (a fresh, uninitialised buffer). dgate and dup
 // may alias (swiglu(x, x)): dgate is stored before dup is read, by the same thread, so the second adds to the first.
-// y (may be null, may alias dy): the forward's output again, silu(gate) ⊙ up, stored after dy's pack was read.
-template <typename T, int V, bool kHasUp>
+// y (may be null, may alias dy): the forward's output again, silu(gate) ⊙ up, stored after dy's pack was read; with
+// kCodes as FP8 codes instead (no amax: the backward's cast reuses the forward's scale and records nothing).
+template <typename T, int V, bool kHasUp, bool kCodes>
 __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y,
-                                       bool add_gate, bool add_up, Rows R) {
+                                       Fp8CodesOut codes_out, bool add_gate, bool add_up, Rows R) {
+  DeviceCodesOut out{};
+  if constexpr (kCodes) out = device_codes_out(codes_out);
   HGRN_FOR_EACH_ROW_PACK(r, i, R) {
     float g[V], u[V], d[V], s[V], acc[V];
     load_pack<V>(gate + r * R.gate, i, g);
@@ -53,13 +72,18 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, 
     if constexpr (kHasUp) load_pack<V>(up + r * R.up, i, u);
 #pragma unroll
     for (int k = 0; k < V; ++k) s[k] = stable_sigmoid<T>(g[k]);
-    if (y) {
+    if (kCodes || y) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         acc[k] = g[k] * s[k];
         if constexpr (kHasUp) acc[k] *= u[k];
       }
-      store_pack<V>(y + r * R.width, i, acc);
+      if constexpr (kCodes) {
+        float unused = 0.0f;
+        store_codes<T, V>(out, r * R.width + i * V, acc, unused);
+      } else {
+        store_pack<V>(y + r * R.width, i, acc);
+      }
     }
     if (dgate) {
       T* dg = dgate + r * R.dgate;
@@ -90,9 +114,11 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, 
 
 // Launches kernel(V, grid, block, rows) over `shape`: 16-byte packs where the width, every stride and every pointer
 // allow, else single elements. The block's x threads cover a row's packs with the least overshoot (a width of 352
-// packs: 11 × 32, not 2 × 256); its y threads and the grid's y blocks walk the rows.
+// packs: 11 × 32, not 2 × 256); its y threads and the grid's y blocks walk the rows. few_blocks: about 16 blocks an
+// SM in all, each walking more rows (a kernel that folds an amax with one atomic per block).
 template <typename T, typename Launch>
-void launch_rows(const SwigluRows& shape, std::initializer_list<const void*> pointers, Launch&& launch) {
+void launch_rows(const SwigluRows& shape, std::initializer_list<const void*> pointers, Launch&& launch,
+                 bool few_blocks = false) {
   constexpr int kPack = 16 / sizeof(T);
   const auto stride = [&](int64_t s) { return s ? s : shape.width; };
   Rows R{shape.rows, 0, shape.width, stride(shape.gate_stride), stride(shape.up_stride), stride(shape.dgate_stride),
@@ -108,7 +134,10 @@ void launch_rows(const SwigluRows& shape, std::initializer_list<const void*> poi
   const int ty = kElementwiseThreads / tx;
   const long long col_blocks = (R.packs + tx - 1) / tx, row_blocks = (R.rows + ty - 1) / ty;
   HGRN_CHECK(col_blocks <= 0x7fffffffLL, "swiglu: a row of ", shape.width, " elements exceeds the launch grid");
-  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(std::min<long long>(row_blocks, 65535)));
+  const long long max_row_blocks =
+      few_blocks ? std::max<long long>(1, 16LL * cuda_device_properties().multiProcessorCount / col_blocks) : 65535;
+  const dim3 grid(static_cast<unsigned>(col_blocks),
+                  static_cast<unsigned>(std::min({row_blocks, max_row_blocks, 65535LL})));
   if (packed)
     launch(std::integral_constant<int, kPack>{}, grid, dim3(tx, ty), R);
   else
@@ -227,31 +256,45 @@ void cuda_sigmoid_backward(const void* y, const void* dy, void* dx, bool add, in
   });
 }
 
-void cuda_swiglu_forward(const void* gate, const void* up, void* y, const SwigluRows& shape, DType dtype) {
+void cuda_swiglu_forward(const void* gate, const void* up, void* y, const SwigluRows& shape, DType dtype,
+                         const Fp8CodesOut* codes) {
+  HGRN_CHECK(!codes || (up && codes->codes && codes->scale), "swiglu: FP8 codes need up, a buffer and a scale");
   if (shape.rows * shape.width == 0) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu", [&] {
     with_flag(up != nullptr, [&](auto has_up) {
-      launch_rows<act_t>(shape, {gate, up, y}, [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
-        swiglu_forward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value><<<grid, block, 0, cuda_stream()>>>(
-            static_cast<const act_t*>(gate), static_cast<const act_t*>(up), static_cast<act_t*>(y), R);
-        CUDA_CHECK_LAUNCH("swiglu_forward");
+      with_flag(codes != nullptr, [&](auto to_codes) {
+        launch_rows<act_t>(
+            shape, {gate, up, y, codes ? codes->codes : nullptr},
+            [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
+              swiglu_forward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value, decltype(to_codes)::value>
+                  <<<grid, block, 0, cuda_stream()>>>(static_cast<const act_t*>(gate), static_cast<const act_t*>(up),
+                                                      static_cast<act_t*>(y), codes ? *codes : Fp8CodesOut{}, R);
+              CUDA_CHECK_LAUNCH("swiglu_forward");
+            },
+            /*few_blocks=*/codes && codes->amax);
       });
     });
   });
 }
 
 void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, void* y,
-                          bool add_gate, bool add_up, const SwigluRows& shape, DType dtype) {
+                          bool add_gate, bool add_up, const SwigluRows& shape, DType dtype, const Fp8CodesOut* codes) {
   HGRN_CHECK(up || !dup, "swiglu backward: a gradient for `up` was asked without an `up` input");
-  if (shape.rows * shape.width == 0 || (!dgate && !dup && !y)) return;
+  HGRN_CHECK(!codes || (up && !y && codes->codes && codes->scale && !codes->amax),
+             "swiglu backward: FP8 codes of the output need up, a buffer and a scale, and replace y (no amax)");
+  if (shape.rows * shape.width == 0 || (!dgate && !dup && !y && !codes)) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu backward", [&] {
     with_flag(up != nullptr, [&](auto has_up) {
-      launch_rows<act_t>(shape, {gate, up, dy, dgate, dup, y}, [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
-        swiglu_backward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value>
-            <<<grid, block, 0, cuda_stream()>>>(
-                static_cast<const act_t*>(gate), static_cast<const act_t*>(up), static_cast<const act_t*>(dy),
-                static_cast<act_t*>(dgate), static_cast<act_t*>(dup), static_cast<act_t*>(y), add_gate, add_up, R);
-        CUDA_CHECK_LAUNCH("swiglu_backward");
+      with_flag(codes != nullptr, [&](auto to_codes) {
+        launch_rows<act_t>(shape, {gate, up, dy, dgate, dup, y, codes ? codes->codes : nullptr},
+                           [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
+                             swiglu_backward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value,
+                                                    decltype(to_codes)::value><<<grid, block, 0, cuda_stream()>>>(
+                                 static_cast<const act_t*>(gate), static_cast<const act_t*>(up),
+                                 static_cast<const act_t*>(dy), static_cast<act_t*>(dgate), static_cast<act_t*>(dup),
+                                 static_cast<act_t*>(y), codes ? *codes : Fp8CodesOut{}, add_gate, add_up, R);
+                             CUDA_CHECK_LAUNCH("swiglu_backward");
+                           });
       });
     });
   });

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/fp8.h"
 
 namespace hgrn {
 
@@ -14,14 +15,18 @@ struct SwigluRows {
   int64_t rows = 0, width = 0;
   int64_t gate_stride = 0, up_stride = 0, dgate_stride = 0, dup_stride = 0;  // 0: width (contiguous rows)
 };
-// y = silu(gate) ⊙ up, or y = silu(gate) when up is null.
-void cuda_swiglu_forward(const void* gate, const void* up, void* y, const SwigluRows& shape, DType dtype);
+// y = silu(gate) ⊙ up, or y = silu(gate) when up is null. codes (swiglu only): the output as FP8 codes in place of y
+// (y unused), their amax folded where codes->amax is set (ops/fp8.h: Fp8CodesOut).
+void cuda_swiglu_forward(const void* gate, const void* up, void* y, const SwigluRows& shape, DType dtype,
+                         const Fp8CodesOut* codes = nullptr);
 // dgate (+)= ∂y/∂gate · dy and dup (+)= silu(gate) · dy: add_gate / add_up true accumulates, false overwrites
 // (every element is written). Either may be null (no gradient wanted); they may alias (dgate is written first).
 // up null: the silu backward (dup must be null). y (may be null, may be dy itself): also the forward's output again,
-// for a backward that recomputes it (swiglu_linear).
+// for a backward that recomputes it (swiglu_linear). codes (swiglu only, y null, no amax): that output as FP8 codes
+// instead, at the forward's scale.
 void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, void* y,
-                          bool add_gate, bool add_up, const SwigluRows& shape, DType dtype);
+                          bool add_gate, bool add_up, const SwigluRows& shape, DType dtype,
+                          const Fp8CodesOut* codes = nullptr);
 
 // y = log σ(x) / divisor over n contiguous elements; x in x_dtype (fp32 or bf16), y in y_dtype (x's or fp32).
 void cuda_log_sigmoid_forward(const void* x, DType x_dtype, void* y, DType y_dtype, float divisor, int64_t n);

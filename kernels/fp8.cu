@@ -1,6 +1,5 @@
 // fp8.cu: the scaled FP8 casts with their amax, the transpose of codes and the delayed-scaling update on the GPU
-// (fp8.h). The cast is CUDA's __nv_cvt_float_to_fp8 with __NV_SATFINITE (on sm_89+ the cvt.rn.satfinite instruction),
-// which ops/fp8.cpp's fp8_from_float mirrors bit for bit.
+// (fp8.h). The cast of one value and the amax fold: fp8_codes.cuh.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -13,35 +12,10 @@
 #include "dtype_cuda.cuh"
 #include "elementwise.cuh"
 #include "fp8.h"
+#include "fp8_codes.cuh"
 
 namespace hgrn {
 namespace {
-
-__nv_fp8_interpretation_t cuda_format(Fp8Format format) {
-  return format == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
-}
-
-__device__ __forceinline__ uint8_t fp8_code(float x, __nv_fp8_interpretation_t format) {
-  return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, format);
-}
-
-// Folds the block's largest |x| (each thread's `local`, built with fmaxf so that NaNs are skipped) into *amax with
-// one atomic per block. Non-negative floats order as their int bits, so an integer atomicMax is the float max.
-// Every thread of the block must call it.
-__device__ void fold_block_amax(float local, float* amax) {
-  __shared__ float warp_max[32];
-  const int thread = threadIdx.y * blockDim.x + threadIdx.x;
-  const int warps = (blockDim.x * blockDim.y + 31) / 32;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, offset));
-  if (thread % 32 == 0) warp_max[thread / 32] = local;
-  __syncthreads();
-  if (thread == 0) {
-    float block_max = 0.0f;
-    for (int w = 0; w < warps; ++w) block_max = fmaxf(block_max, warp_max[w]);
-    if (block_max > 0.0f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(block_max));
-  }
-}
 
 // Blocks for a cast that folds an amax: enough to fill the GPU, few enough that the atomics stay cheap.
 unsigned amax_grid(long long work_items, int threads) {

@@ -1,7 +1,7 @@
 // fp8.h: the GPU pieces of FP8 linear layers, each the device counterpart of a CPU reference in ops/fp8.h: the scaled
 // cast that reports its input's amax, the cast that also writes the transpose, the transpose of codes already cast, the
-// delayed-scaling update, and the scaled FP8 GEMMs of a linear layer through cuBLASLt. Nothing in training calls them
-// yet (docs/fp8.md).
+// delayed-scaling update, and the scaled FP8 GEMMs of a linear layer through cuBLASLt, for ops/fp8_linear.h
+// (docs/fp8.md).
 #pragma once
 #include <cstdint>
 

@@ -17,6 +17,7 @@
 #include "column_sums.cuh"
 #include "cp_async.cuh"
 #include "elementwise.cuh"
+#include "fp8_codes.cuh"
 #include "rmsnorm.h"
 #include "row_sums.cuh"
 #include "sigmoid.cuh"
@@ -36,6 +37,7 @@ struct GateRows {
   long long stride = 0, dgate_stride = 0;
   int groups = 1, width = 0;  // norm rows per gate row, and their width
   bool add = false;
+  Fp8CodesOut codes;  // the gated output as FP8 codes in place of y, where codes.codes is set
   // Where norm row `row` starts in a gate-shaped array whose rows are `s` elements apart.
   __device__ long long offset(long long row, long long s) const {
     return (row / groups) * s + (row % groups) * (long long)width;
@@ -201,6 +203,10 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   extern __shared__ __align__(16) char staged_rows[];
   RowStage<T, P, 1> stage(staged_rows, threadIdx.x / 32);
   stage_weight<P, V>(weight, w, row_packs);
+  const bool to_codes = kGated && gate.codes.codes;
+  DeviceCodesOut codes{};
+  if (to_codes) codes = device_codes_out(gate.codes);
+  float local_amax = 0.f;
   __syncthreads();
   const long long first = blockIdx.x * (long long)kRowWarps + threadIdx.x / 32;
   stage.fetch(0, {x}, first * width, first < rows, row_packs, lane);
@@ -237,9 +243,13 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 #pragma unroll
         for (int k = 0; k < V; ++k) v[k] = gated_output(g[k], stable_sigmoid<T>(g[k]), as_stored<T>(v[k]));
       }
-      store_pack<V>(y + base, pk, v);
+      if (to_codes)
+        store_codes<T, V>(codes, base + (long long)pk * V, v, local_amax);
+      else
+        store_pack<V>(y + base, pk, v);
     }
   }
+  if (to_codes && codes.amax) fold_block_amax(local_amax, codes.amax);  // uniform over the block
 }
 
 // Warps per backward block: kRowWarps, halved where their weight-gradient rows (32 P V floats each) would pass 32 KB
@@ -276,6 +286,9 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   // those words until the barrier). With the staged rows, shared memory (~100 KB a block for 1024-wide bf16 rows) is
   // what bounds the occupancy: two blocks an SM.
   stage_weight<P, V>(weight, w, row_packs);
+  const bool to_codes = kGated && gate.codes.codes;
+  DeviceCodesOut codes{};
+  if (to_codes) codes = device_codes_out(gate.codes);
   float4* dw = reinterpret_cast<float4*>(warp_dw[warp]);
   if (partial)
 #pragma unroll
@@ -329,7 +342,12 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
           dg[k] = dgate_row && gate.add ? accumulated(dg[k], v) : v;
           dv[k] = dv[k] * g[k] * sg;
         }
-        if (y) store_pack<V>(y + base, pk, out);
+        if (to_codes) {
+          float unused = 0.f;
+          store_codes<T, V>(codes, base + (long long)pk * V, out, unused);
+        } else if (y) {
+          store_pack<V>(y + base, pk, out);
+        }
         if (dgate_row) store_pack<V>(dgate_row, pk, dg);
         store_pack<V>(const_cast<T*>(dyr), pk, dv);
       }
@@ -454,6 +472,7 @@ GateRows<T> gate_rows(const RmsnormGate* gate, int64_t width) {
   g.groups = static_cast<int>(gate->groups);
   g.width = static_cast<int>(width);
   g.add = gate->add_dgate;
+  g.codes = gate->codes;
   return g;
 }
 
@@ -473,6 +492,8 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
   check_row_width(width, "rmsnorm");
   HGRN_CHECK(!gate || cuda_rmsnorm_gate_fits(width, x, *gate, dtype), "rmsnorm: a gated norm of rows ", width,
              " wide that the warp kernels do not take (see cuda_rmsnorm_gate_fits)");
+  HGRN_CHECK(!gate || !gate->codes.codes || (!y && gate->codes.scale),
+             "rmsnorm: the gated output's FP8 codes need a scale and replace y");
   if (rows == 0) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm", [&] {
     const int packs = warp_packs<act_t>(width, {x, weight, y});
@@ -505,7 +526,9 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
              "rmsnorm backward: a gated norm needs the output's gradient and rows the warp kernels take");
   if (rows == 0) return;
   const bool want_dx = dx && dy, want_dw = dweight && dy;
-  if (!want_dx && !want_dw && !y && !(gate && gate->dgate)) return;
+  HGRN_CHECK(!gate || !gate->codes.codes || (!y && !gate->codes.amax),
+             "rmsnorm backward: the gated output's FP8 codes replace y and record no amax");
+  if (!want_dx && !want_dw && !y && !(gate && (gate->dgate || gate->codes.codes))) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm backward", [&] {
     const act_t* xt = static_cast<const act_t*>(x);
     const act_t* dyt = static_cast<const act_t*>(dy);

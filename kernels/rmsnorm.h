@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/fp8.h"
 
 namespace hgrn {
 
@@ -19,6 +20,9 @@ struct RmsnormGate {
   void* dgate = nullptr;
   int64_t dgate_stride = 0;
   bool add_dgate = false;
+  // codes.codes set: the gated output as FP8 codes in place of y (y null; ops/fp8.h: Fp8CodesOut), with its amax in
+  // the forward where codes.amax is set, none in the backward.
+  Fp8CodesOut codes;
 };
 // Whether the gated forms below take a problem: rows of one warp (up to 2048 bf16 or 1024 fp32 values), every row and
 // gate row on 16 bytes. The caller composes rmsnorm and swiglu otherwise.

@@ -20,6 +20,7 @@
 #include "model_fixtures.h"
 #include "models/decoder_lm.h"
 #include "models/registry.h"
+#include "ops/activations.h"
 #include "ops/fp8.h"
 #include "ops/fp8_linear.h"
 #include "ops/linear.h"
@@ -441,6 +442,156 @@ void expect_bitwise_equal(const TwoStepsOfOneWeight& got, const TwoStepsOfOneWei
 // elementwise at a scale that moves only at the step's end, and the weight's amax is folded as a maximum, so the
 // codes, the scales and hence every GEMM are the same. A change to the weight within the step (which training never
 // makes) reaches neither the later forward nor the input gradients; the change between the steps reaches the next.
+// swiglu's output written as FP8 codes (ops/activations.h: swiglu_forward_codes, and the backward's recomputed_codes)
+// against the output stored in the act dtype and then cast by the reference (ops/fp8.h), which is what the cast path
+// does: the same codes bit for bit, the same amax, and the backward's gradients unchanged. gate and up are column
+// blocks of one buffer (row-strided), 37 rows; width 40 takes the 16-byte packs, width 20 the element-wise path.
+void check_swiglu_codes(Device device) {
+  const DType act = activation(device);
+  for (const int64_t width : {40, 20}) {
+    SCOPED_TRACE(::testing::Message() << "width " << width);
+    const int64_t rows = 37;
+    Rng rng(31 + width);
+    const Tensor both = on(random_tensor(rng, {rows, 2 * width}, 2.0, DType::F32), act, device);
+    const Tensor gate = both.columns(0, width), up = both.columns(width, width);
+    const float scale = 37.5f;
+    const auto device_float = [&](float v) { return on(Tensor::full({1}, v, DType::F32), DType::F32, device); };
+    const Tensor scale_t = device_float(scale), amax_t = device_float(0.0f);
+    const auto codes_of = [](const Tensor& t) { return static_cast<uint8_t*>(t.raw_data()); };
+    // The cast path's codes of a stored output y: the reference cast of its values.
+    const auto cast_codes = [&](const Tensor& y) {
+      const Tensor v = y.to(Device::CPU).to(DType::F32);
+      std::vector<uint8_t> c(static_cast<size_t>(v.numel()));
+      fp8_quantize(v.data<float>(), v.numel(), scale, Fp8Format::E4M3, c.data());
+      return std::make_pair(c, fp8_amax(v.data<float>(), v.numel()));
+    };
+    const auto host_codes = [&](const Tensor& codes) {
+      const Tensor h = codes.to(Device::CPU);
+      const uint8_t* p = static_cast<const uint8_t*>(h.raw_data());
+      return std::vector<uint8_t>(p, p + rows * width);
+    };
+    const auto code_buffer = [&] { return Tensor::zeros({(rows * width + 3) / 4}, DType::I32, device); };
+
+    Tensor y = Tensor::empty({rows, width}, act, device);
+    swiglu_forward(gate, &up, y);
+    const auto [want, want_amax] = cast_codes(y);
+    const Tensor codes = code_buffer();
+    swiglu_forward_codes(gate, up,
+                         Fp8CodesOut{codes_of(codes), scale_t.data<float>(), amax_t.data<float>(), Fp8Format::E4M3});
+    EXPECT_EQ(host_codes(codes), want) << "forward codes";
+    EXPECT_EQ(amax_t.to(Device::CPU).data<float>()[0], want_amax);
+    EXPECT_GT(want_amax, 0.0f);
+
+    // The backward: the gradients, and the output again as codes (no amax) or in the act dtype over dy.
+    const Tensor dy = on(random_tensor(rng, {rows, width}, 1.0, DType::F32), act, device);
+    const auto grads = [&](const Tensor* y_codes, Tensor* y_again) {
+      const Var g = make_var(gate.clone(), true), u = make_var(up.clone(), true);
+      Tensor d = dy.clone();
+      Fp8CodesOut out{y_codes ? codes_of(*y_codes) : nullptr, scale_t.data<float>(), nullptr, Fp8Format::E4M3};
+      swiglu_backward(g, u, d, y_again ? &d : nullptr, y_codes ? &out : nullptr);
+      if (y_again) *y_again = d;
+      return std::make_pair(to_host_f64(g->grad), to_host_f64(u->grad));
+    };
+    Tensor y_again;
+    const auto plain = grads(nullptr, &y_again);
+    const Tensor back_codes = code_buffer();
+    const auto coded = grads(&back_codes, nullptr);
+    expect_close(coded.first, plain.first, 0, 0, "dgate");
+    expect_close(coded.second, plain.second, 0, 0, "dup");
+    EXPECT_EQ(host_codes(back_codes), cast_codes(y_again).first) << "backward codes";
+    EXPECT_EQ(host_codes(back_codes), want) << "the backward's output is the forward's";
+  }
+}
+
+TEST(Fp8Linear, SwigluWritesTheCodesOfItsStoredOutput) { check_swiglu_codes(Device::CPU); }
+
+TEST(Fp8LinearCuda, SwigluWritesTheCodesOfItsStoredOutput) {
+  HGRN_SKIP_WITHOUT_GPU();
+  check_swiglu_codes(Device::CUDA);
+}
+
+// swiglu_linear without a kept hidden, once the projection's input has a scale, has SwiGLU (or the gated norm, normed)
+// write that input as FP8 codes (ops/fp8_linear.h: Fp8ProducedInput) in the forward and again in the backward, never
+// in the act dtype. Those are the codes of casting the stored hidden, so over three steps (the first a first cast,
+// which takes the act-dtype path) every output, gradient, amax and scale equals bit for bit the run that keeps hidden
+// (the cast path throughout). 80 rows, width 48, a residual; plain: gate and up column blocks of one projection, as
+// the MLP has them; normed: the gated norm over groups of 16 features with a weight, as the output projections.
+void check_produced_input_keeps_the_bits(Device device, bool normed) {
+  const int64_t rows = 80, in = 32, hidden = 48, out = 32, steps = 3;
+  const DType act = activation(device);
+  Rng rng(29);
+  const Tensor w_gate_up = random_tensor(rng, {2 * hidden, in}, 0.2, DType::F32),
+               w_down = random_tensor(rng, {out, hidden}, 0.2, DType::F32),
+               w_norm = random_tensor(rng, {16}, 1.0, DType::F32);
+  std::vector<Tensor> xs, dys, residuals;
+  for (int step = 0; step < steps; ++step) {
+    xs.push_back(round_through(random_tensor(rng, {rows, in}, step == 1 ? 3.0 : 1.0, DType::F32), act));
+    dys.push_back(round_through(random_tensor(rng, {rows, out}, 1e-2 * (step + 1), DType::F32), act));
+    residuals.push_back(round_through(random_tensor(rng, {rows, out}, 1.0, DType::F32), act));
+  }
+  struct Run {
+    std::vector<Tensor> values;
+    std::vector<Fp8ScalingSnapshot> states;
+    bool produced = false;
+  };
+  const auto run = [&](bool keep_hidden) {
+    Run r;
+    Fp8LinearScope scope(Fp8Recipe{4, 0}, 3, {}, device);
+    const Tensor gate_up = on(w_gate_up, DType::F32, device);
+    const Var gate_w = make_var(gate_up.rows(0, hidden), true), up_w = make_var(gate_up.rows(hidden, hidden), true);
+    const Var down_w = make_var(on(w_down, DType::F32, device), true);
+    const Var norm_w = make_var(on(w_norm, DType::F32, device), true);
+    for (int step = 0; step < steps; ++step) {
+      for (const Var& w : {gate_w, up_w, down_w, norm_w}) w->grad = Tensor();
+      if (step > 0)
+        r.produced = fp8_produced_input(down_w, down_w->value, device, act, rows, /*forward=*/true).codes.defined();
+      Tape tape;
+      const Var x = make_var(on(xs[step], act, device), true), res = make_var(on(residuals[step], act, device), true);
+      Var y;
+      if (normed) {
+        const UpNorm norm{norm_w, 1e-5, 16};
+        y = swiglu_linear(tape, linear(tape, x, gate_w), linear(tape, x, up_w), down_w, keep_hidden, res, &norm);
+      } else {
+        const std::vector<Var> gu = linear_columns(tape, x, {gate_w, up_w});
+        y = swiglu_linear(tape, gu[0], gu[1], down_w, keep_hidden, res);
+      }
+      tape.backward(y, on(dys[step], act, device));
+      for (const Tensor& t : {y->value, x->grad, res->grad, gate_w->grad, up_w->grad, down_w->grad})
+        r.values.push_back(to_host_f64(t));
+      if (normed) r.values.push_back(to_host_f64(norm_w->grad));
+      for (const Var& w : {gate_w, up_w, down_w})
+        if (!fp8_scaling_snapshot(w).scales.empty()) r.states.push_back(fp8_scaling_snapshot(w));
+      fp8_end_step();
+    }
+    return r;
+  };
+  const Run kept = run(true), produced = run(false);
+  EXPECT_TRUE(produced.produced) << "the projection's input had a scale after the first step";
+  ASSERT_EQ(kept.values.size(), produced.values.size());
+  const std::vector<std::string> names = {"y", "dx", "d residual", "dW gate", "dW up", "dW down", "d norm weight"};
+  const size_t per_step = normed ? 7 : 6;
+  for (size_t i = 0; i < kept.values.size(); ++i)
+    expect_close(produced.values[i], kept.values[i], 0, 0, names[i % per_step].c_str());
+  ASSERT_EQ(kept.states.size(), produced.states.size());
+  for (size_t i = 0; i < kept.states.size(); ++i) {
+    EXPECT_EQ(produced.states[i].scales, kept.states[i].scales) << "state " << i;
+    EXPECT_EQ(produced.states[i].step_amax, kept.states[i].step_amax) << "state " << i;
+  }
+  EXPECT_NE(kept.states.back().scales[0], kept.states[kept.states.size() / steps - 1].scales[0])
+      << "the projection input's scale moved over the steps";
+}
+
+TEST(Fp8Linear, SwigluWritingTheFp8InputKeepsTheBits) {
+  check_produced_input_keeps_the_bits(Device::CPU, false);
+  check_produced_input_keeps_the_bits(Device::CPU, true);
+}
+
+TEST(Fp8LinearCuda, SwigluWritingTheFp8InputKeepsTheBits) {
+  HGRN_SKIP_WITHOUT_FP8();
+  check_produced_input_keeps_the_bits(Device::CUDA, false);
+  check_produced_input_keeps_the_bits(Device::CUDA, true);
+}
+
 void check_weight_cast_once_a_step(Device device) {
   const TwoStepsOfOneWeight kept = two_steps_of_one_weight(device, [](int, const Var&) {});
   const TwoStepsOfOneWeight cast_at_each_use =

@@ -8,6 +8,7 @@
 #include "kernels/activations.h"  // SwigluRows, the layout both devices' kernels take
 #include "ops/cpu_math.h"
 #include "ops/cpu_parallel.h"
+#include "ops/fp8.h"
 
 namespace hgrn {
 
@@ -130,17 +131,51 @@ void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y) {
   });
 }
 
+namespace {
+// The CPU's producer-side cast: y's values (as stored) cast at *codes.scale, their amax folded.
+void cast_into_codes(const Tensor& y, const Fp8CodesOut& codes) {
+  const Tensor values = y.dtype() == DType::F32 ? y : y.to(DType::F32);
+  const float* v = values.data<float>();
+  fp8_quantize(v, values.numel(), *codes.scale, codes.format, codes.codes);
+  if (codes.amax) *codes.amax = std::max(*codes.amax, fp8_amax(v, values.numel()));
+}
+}  // namespace
+
+void swiglu_forward_codes(const Tensor& gate, const Tensor& up, const Fp8CodesOut& codes) {
+  HGRN_CHECK(codes.codes && codes.scale, "swiglu to FP8 codes: no buffer or scale");
+  HGRN_CHECK(gate.shape() == up.shape() && gate.dtype() == up.dtype() && gate.device() == up.device(),
+             "swiglu to FP8 codes: gate ", shape_str(gate.shape()), " and up ", shape_str(up.shape()), " differ");
+  if (gate.device() == Device::CUDA) {
+#ifdef HGRN_WITH_CUDA
+    cuda_swiglu_forward(gate.raw_data(), up.raw_data(), nullptr, gpu_rows(gate, &up, nullptr, nullptr), gate.dtype(),
+                        &codes);
+    return;
+#else
+    throw Error("swiglu: this hgrn was built without CUDA");
+#endif
+  }
+  Tensor y = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
+  swiglu_forward(gate, &up, y);
+  cast_into_codes(y, codes);
+}
+
 // silu (up and dup null) or swiglu backward on gate's device into the gradients of gate_var and up_var (each when it
 // wants one; up_var null for silu). The CPU accumulates into grad_buffer; the GPU overwrites a gradient it sees first
 // (grad_buffer_for_write: no zero fill), asking for gate's buffer before up's, the order the kernel writes them in,
 // so that swiglu(x, x) adds the second contribution to the first.
-void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, Tensor* recomputed_output) {
+void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, Tensor* recomputed_output,
+                     const Fp8CodesOut* recomputed_codes) {
   const Tensor& gate = gate_var->value;
   const Tensor* up = up_var ? &up_var->value : nullptr;
   HGRN_CHECK(dy.dtype() == gate.dtype() && dy.device() == gate.device() && dy.numel() == gate.numel() &&
                  dy.is_contiguous(),
              "silu/swiglu backward: the output gradient does not match the ", dtype_name(gate.dtype()), " input");
-  HGRN_CHECK(up || !recomputed_output, "silu backward: recomputing the output is only offered for swiglu");
+  HGRN_CHECK(up || (!recomputed_output && !recomputed_codes),
+             "silu backward: recomputing the output is only offered for swiglu");
+  HGRN_CHECK(!recomputed_codes || (!recomputed_output && recomputed_codes->codes && recomputed_codes->scale &&
+                                   !recomputed_codes->amax),
+             "swiglu backward: the recomputed output's FP8 codes need a buffer and a scale, no amax, and no act-dtype "
+             "output beside them");
   HGRN_CHECK(!recomputed_output ||
                  (recomputed_output->dtype() == gate.dtype() && recomputed_output->device() == gate.device() &&
                   recomputed_output->numel() == gate.numel() && recomputed_output->is_contiguous()),
@@ -156,7 +191,7 @@ void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, T
     cuda_swiglu_backward(gate.raw_data(), up ? up->raw_data() : nullptr, dy.raw_data(),
                          dgate ? dgate->raw_data() : nullptr, dup ? dup->raw_data() : nullptr,
                          recomputed_output ? recomputed_output->raw_data() : nullptr, add_gate, add_up,
-                         gpu_rows(gate, up, dgate, dup), gate.dtype());
+                         gpu_rows(gate, up, dgate, dup), gate.dtype(), recomputed_codes);
     return;
 #else
     throw Error("silu/swiglu backward: this hgrn was built without CUDA");
@@ -175,12 +210,14 @@ void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, T
   Tensor* dgate =
       wants_grad(gate_var) ? &grad_buffer_for_write(gate_var, &add_gate, GradLayout::RowStrided) : nullptr;
   Tensor* dup = wants_grad(up_var) ? &grad_buffer_for_write(up_var, &add_up, GradLayout::RowStrided) : nullptr;
+  Tensor recomputed = recomputed_codes ? Tensor::empty(gate.shape(), gate.dtype(), gate.device()) : Tensor();
+  Tensor* y = recomputed_codes ? &recomputed : recomputed_output;
   HGRN_DISPATCH_FLOAT(gate.dtype(), "swiglu backward", [&] {
     swiglu_backward_cpu(gate.data<scalar_t>(), up->data<scalar_t>(), dy.data<scalar_t>(),
                         dgate ? dgate->data<scalar_t>() : nullptr, dup ? dup->data<scalar_t>() : nullptr,
-                        recomputed_output ? recomputed_output->data<scalar_t>() : nullptr, add_gate, add_up,
-                        cpu_rows(gate, up, dgate, dup));
+                        y ? y->data<scalar_t>() : nullptr, add_gate, add_up, cpu_rows(gate, up, dgate, dup));
   });
+  if (recomputed_codes) cast_into_codes(recomputed, *recomputed_codes);
 }
 
 Var silu(Tape& tape, const Var& x) {

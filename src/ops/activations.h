@@ -3,6 +3,7 @@
 // log_sigmoid (a log gate; GLA's forget gate runs it fused with its projection: ops/low_rank_gate.h).
 #pragma once
 #include "core/autograd.h"
+#include "ops/fp8.h"
 
 namespace hgrn {
 
@@ -23,8 +24,14 @@ Var swiglu(Tape& tape, const Var& gate, const Var& up);
 // The pieces swiglu is made of, for ops that fuse it with what follows (swiglu_linear):
 // y = silu(gate) ⊙ up, or silu(gate) when up is null, into y (gate's shape, dtype and device).
 void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y);
+// swiglu's y written as FP8 codes only ([rows, width] contiguous, on gate's device; ops/fp8.h: Fp8CodesOut), its
+// amax folded where codes.amax is set: a projection's FP8 input with no act-dtype copy. On the GPU one kernel; on the
+// CPU y is made and then cast (the same values).
+void swiglu_forward_codes(const Tensor& gate, const Tensor& up, const Fp8CodesOut& codes);
 // The gradients of gate and up (each when it wants one) from dy. recomputed_output (swiglu only; may be null, may
-// be dy itself): also y again, each element written after dy's was read.
-void swiglu_backward(const Var& gate, const Var& up, const Tensor& dy, Tensor* recomputed_output);
+// be dy itself): also y again, each element written after dy's was read. recomputed_codes (swiglu only, in place of
+// recomputed_output, no amax): y again as FP8 codes.
+void swiglu_backward(const Var& gate, const Var& up, const Tensor& dy, Tensor* recomputed_output,
+                     const Fp8CodesOut* recomputed_codes = nullptr);
 
 }  // namespace hgrn

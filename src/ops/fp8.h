@@ -1,6 +1,6 @@
 // fp8.h: the reference arithmetic of FP8 training on the CPU: the two OCP FP8 formats and their conversions, per-tensor
 // delayed scaling (Transformer Engine's default recipe) and the scaled FP8 GEMM as cuBLASLt defines it. These are the
-// building blocks that a GPU FP8 path is tested against (docs/fp8.md); nothing here is wired into training.
+// building blocks that a GPU FP8 path is tested against (docs/fp8.md), and Fp8CodesOut, where an op writes codes.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -31,6 +31,17 @@ void fp8_quantize(const float* x, int64_t n, float scale, Fp8Format format, uint
 // max |x[i]| with the GPU's fmaxf rule (every NaN element skipped, signalling ones too; an infinity kept): the amax a
 // cast kernel reports; the order of the reduction then cannot change the result. 0 for n = 0.
 float fp8_amax(const float* x, int64_t n);
+
+// FP8 codes that an op writes in place of its output (its producer-side cast: a projection's input made as codes, with
+// no act-dtype copy): codes[i] = fp8_from_float(out[i] · *scale) with out[i] first rounded to the op's dtype, so the
+// codes are those of the output cast afterwards; *amax, where not null, folds max |out[i]| as a cast does. The
+// pointers live where the op runs.
+struct Fp8CodesOut {
+  uint8_t* codes = nullptr;
+  const float* scale = nullptr;
+  float* amax = nullptr;
+  Fp8Format format = Fp8Format::E4M3;
+};
 
 // Delayed scaling of one tensor: the scale used at a step comes from the amaxes of earlier steps. The state is flat
 // (a float vector, an index and a float) so that it checkpoints as is.

@@ -301,26 +301,27 @@ Fp8LinearPause::~Fp8LinearPause() { active_scope = static_cast<Scope*>(paused_);
 
 bool fp8_linear_active() { return active_scope != nullptr; }
 
-bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w) {
+bool fp8_linear_applies(const Var& weight, Device device, DType dtype, int64_t rows, const Tensor& w) {
   if (!active_scope || active_scope->excluded.count(weight.get())) return false;
-  const Device device = active_scope->device;
-  if (x.device() != device || w.device() != device || x.dtype() != activation_dtype_of(device) ||
-      w.dtype() != DType::F32 || w.dim() != 2 || x.dim() < 1)
+  if (device != active_scope->device || w.device() != device || dtype != activation_dtype_of(device) ||
+      w.dtype() != DType::F32 || w.dim() != 2)
     return false;
-  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / (in ? in : 1);
-  return x.size(-1) == in && in % 16 == 0 && out % 16 == 0 && rows % 16 == 0 && rows > 0 && x.is_contiguous() &&
-         w.is_contiguous();
+  const int64_t in = w.size(1), out = w.size(0);
+  return in % 16 == 0 && out % 16 == 0 && rows % 16 == 0 && rows > 0 && w.is_contiguous();
+}
+
+bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w) {
+  if (x.dim() < 1 || w.dim() != 2 || x.size(-1) != w.size(1) || !x.is_contiguous()) return false;
+  return fp8_linear_applies(weight, x.device(), x.dtype(), x.numel() / std::max<int64_t>(w.size(1), 1), w);
 }
 
 namespace {
-// y = x·Wᵀ (+ residual) into y, laid out [rows, out] and contiguous (fp8_linear_forward's arithmetic).
-void forward_into(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual, Tensor& y) {
-  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+// y = x·Wᵀ (+ residual) into y ([rows, out], contiguous) from x's codes xq [rows, in], cast at the input's scale.
+void forward_from_codes(const Var& weight, const Tensor& xq, int64_t rows, const Tensor& w, const Tensor* residual,
+                        Tensor& y) {
+  const int64_t in = w.size(1), out = w.size(0);
   const TensorState xs = state_of(weight, Role::Input), ws = state_of(weight, Role::Weight);
-  const Tensor xq = fp8_codes(rows * in);
-  scale_on_first_cast(xs, x);
   const Tensor wq = step_weight_codes(weight, w, ws);
-  cast(x, rows, in, xs.scale, Fp8Format::E4M3, codes_of(xq), nullptr, xs.step_amax);
   // The GEMM reads the residual as its addend where it is laid out as y; otherwise y starts as a copy of it.
   const bool addend_apart = residual && residual->dtype() == y.dtype() && residual->is_contiguous() &&
                             residual->numel() == y.numel() &&
@@ -330,6 +331,27 @@ void forward_into(const Var& weight, const Tensor& x, const Tensor& w, const Ten
   gemm(rows, out, in, {codes_of(xq), Fp8Format::E4M3, xs.inverse}, in, {codes_of(wq), Fp8Format::E4M3, ws.inverse}, in,
        residual ? 1.0f : 0.0f, y.raw_data(), out, y.dtype(), /*fast_accumulation=*/true,
        addend_apart ? residual->raw_data() : nullptr);
+}
+
+// y = x·Wᵀ (+ residual) into y, laid out [rows, out] and contiguous (fp8_linear_forward's arithmetic).
+void forward_into(const Var& weight, const Tensor& x, const Tensor& w, const Tensor* residual, Tensor& y) {
+  const int64_t in = w.size(1), rows = x.numel() / in;
+  const TensorState xs = state_of(weight, Role::Input);
+  const Tensor xq = fp8_codes(rows * in);
+  scale_on_first_cast(xs, x);
+  cast(x, rows, in, xs.scale, Fp8Format::E4M3, codes_of(xq), nullptr, xs.step_amax);
+  forward_from_codes(weight, xq, rows, w, residual, y);
+}
+
+// dw = dy[:, first_column .. first_column + n)ᵀ·x + beta·dw from Xᵀ's codes xq_t [in, rows].
+void weight_gradient_from_codes(const Var& weight, const Fp8OutputGradient& dy, int64_t first_column,
+                                const Tensor& xq_t, float beta, Tensor& dw) {
+  const int64_t n = dw.size(0), in = dw.size(1), rows = dy.rows;
+  const TensorState gs = state_of(weight, Role::OutputGradient), xs = state_of(weight, Role::Input);
+  // dy's columns [first, first + n) are rows of its transpose: an offset of first · rows codes (rows % 16 == 0).
+  gemm(n, in, rows,
+       {codes_of(dy.codes_transposed) + first_column * rows, active_scope->recipe.gradient_format, gs.inverse}, rows,
+       {codes_of(xq_t), Fp8Format::E4M3, xs.inverse}, rows, beta, dw.raw_data(), in, DType::F32, false);
 }
 }  // namespace
 
@@ -394,13 +416,44 @@ void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, 
              "fp8 linear: the weight gradient ", shape_str(dw.shape()), " does not fit columns ", first_column, "..",
              first_column + n, " of ", dy.width, " and the input ", shape_str(x.shape()));
   const Tensor xc = dense(x);
-  const TensorState gs = state_of(weight, Role::OutputGradient), xs = state_of(weight, Role::Input);
+  const TensorState xs = state_of(weight, Role::Input);
   const Tensor xq_t = fp8_codes(rows * in);  // Xᵀ [in, rows]
   cast(xc, rows, in, xs.scale, Fp8Format::E4M3, nullptr, codes_of(xq_t), nullptr);
-  // dy's columns [first, first + n) are rows of its transpose: an offset of first · rows codes (rows % 16 == 0).
-  gemm(n, in, rows,
-       {codes_of(dy.codes_transposed) + first_column * rows, active_scope->recipe.gradient_format, gs.inverse}, rows,
-       {codes_of(xq_t), Fp8Format::E4M3, xs.inverse}, rows, beta, dw.raw_data(), in, DType::F32, false);
+  weight_gradient_from_codes(weight, dy, first_column, xq_t, beta, dw);
+}
+
+Fp8ProducedInput fp8_produced_input(const Var& weight, const Tensor& w, Device device, DType dtype, int64_t rows,
+                                    bool forward) {
+  Fp8ProducedInput x;
+  if (!fp8_linear_applies(weight, device, dtype, rows, w)) return x;
+  const TensorState xs = state_of(weight, Role::Input);
+  if (!xs.states->scaled[static_cast<size_t>(xs.index)]) return x;  // the first cast scales by the values themselves
+  x.rows = rows;
+  x.in = w.size(1);
+  x.codes = fp8_codes(rows * x.in);
+  x.out = {codes_of(x.codes), xs.scale, forward ? xs.step_amax : nullptr, Fp8Format::E4M3};
+  return x;
+}
+
+Tensor fp8_linear_forward_produced(const Var& weight, const Fp8ProducedInput& x, const Tensor& w,
+                                   const Tensor* residual, const Shape& shape, DType dtype) {
+  HGRN_CHECK(x.codes.defined() && x.out.amax && x.in == w.size(1) && !shape.empty() && shape.back() == w.size(0) &&
+                 shape_numel(shape) == x.rows * w.size(0),
+             "fp8 linear: produced input of ", x.rows, " rows does not fit the output ", shape_str(shape));
+  Tensor y = Tensor::empty(shape, dtype, active_scope->device);
+  forward_from_codes(weight, x.codes, x.rows, w, residual, y);
+  return y;
+}
+
+void fp8_linear_weight_gradient_produced(const Var& weight, const Fp8OutputGradient& dy, const Fp8ProducedInput& x,
+                                         float beta, Tensor& dw) {
+  HGRN_CHECK(x.codes.defined() && x.rows == dy.rows && x.in == dw.size(1) && dw.dtype() == DType::F32 &&
+                 dw.is_contiguous() && dw.size(0) == dy.width,
+             "fp8 linear: the weight gradient ", shape_str(dw.shape()), " does not fit the produced input of ", x.rows,
+             " rows of ", x.in);
+  const Tensor xq_t = fp8_codes(x.rows * x.in);  // Xᵀ [in, rows]
+  transpose_codes(codes_of(x.codes), x.rows, x.in, codes_of(xq_t));
+  weight_gradient_from_codes(weight, dy, 0, xq_t, beta, dw);
 }
 
 void fp8_set_amax_reduction(const std::function<void(float*, int64_t)>& reduce_max) {

@@ -60,6 +60,9 @@ bool fp8_linear_active();
 // with input x take the FP8 path.
 bool fp8_linear_applies(const Var& weight, const Tensor& x, const Tensor& w);
 
+// The same test for an input of `rows` rows of the given dtype and device, with no tensor yet.
+bool fp8_linear_applies(const Var& weight, Device device, DType dtype, int64_t rows, const Tensor& w);
+
 // y = x·Wᵀ, or residual + x·Wᵀ, a new tensor [..., out] of x's dtype: x and W cast to E4M3 with their scales (their amaxes
 // recorded for this step), one FP8 GEMM with fp32 accumulation. W is cast once a step, at the weight's first forward:
 // its codes are kept until fp8_end_step for the step's later forwards (micro-batches, recomputed layers) and input
@@ -87,6 +90,28 @@ void fp8_linear_input_gradient(const Var& weight, const Fp8OutputGradient& dy, c
 // dw = dy[:, first_column .. first_column + n)ᵀ·x + beta·dw, dw the fp32 gradient [n, in] (contiguous).
 void fp8_linear_weight_gradient(const Var& weight, const Fp8OutputGradient& dy, int64_t first_column,
                                 const Tensor& x, float beta, Tensor& dw);
+
+// A projection's FP8 input written by the op that computes it (swiglu_linear: SwiGLU's output) instead of in the act
+// dtype and cast afterwards: one 1-byte write an element where there were a 2-byte write, a 2-byte read and a 1-byte
+// write. The producer writes `out` (ops/fp8.h: the codes [rows, in] at the input's scale; in the forward also its
+// amax for the step, in the backward none). The codes are those the cast would make, so the results keep their bits.
+struct Fp8ProducedInput {
+  Tensor codes;  // undefined where the producer cannot write codes (below)
+  Fp8CodesOut out;
+  int64_t rows = 0, in = 0;
+};
+// The buffer and scale for `weight`'s input of `rows` rows (w its master block), or an undefined one where the weight
+// does not take the FP8 path (fp8_linear_applies) or, in the forward, its input has no scale yet: a tensor's first
+// cast takes its scale from its own values (scale_on_first_cast), so the producer writes them in the act dtype then.
+Fp8ProducedInput fp8_produced_input(const Var& weight, const Tensor& w, Device device, DType dtype, int64_t rows,
+                                    bool forward);
+// fp8_linear_forward with the input's codes written by its producer: y [..., out] of `shape` (x's shape with its last
+// size out) and `dtype`.
+Tensor fp8_linear_forward_produced(const Var& weight, const Fp8ProducedInput& x, const Tensor& w,
+                                   const Tensor* residual, const Shape& shape, DType dtype);
+// fp8_linear_weight_gradient with the input's codes written by its producer in the backward (transposed here).
+void fp8_linear_weight_gradient_produced(const Var& weight, const Fp8OutputGradient& dy, const Fp8ProducedInput& x,
+                                         float beta, Tensor& dw);
 
 // With several ranks: reduce_max(data, count) makes `count` amaxes (device floats) the maximum over the ranks, in
 // place. The active scope passes every amax its scales come from through it (each step's, and a tensor's first cast's),

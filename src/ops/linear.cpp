@@ -172,6 +172,13 @@ void linear_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x, const 
   fp8_linear_weight_gradient(weight, dy, 0, x, accumulate ? 1.0f : 0.0f, dw);
 }
 
+void linear_weight_gradient(const Fp8OutputGradient& dy, const Fp8ProducedInput& x, const Var& weight) {
+  if (WeightGradientQueue::defer([dy, x, weight] { linear_weight_gradient(dy, x, weight); })) return;
+  bool accumulate = false;
+  Tensor& dw = grad_buffer_for_write(weight, &accumulate);
+  fp8_linear_weight_gradient_produced(weight, dy, x, accumulate ? 1.0f : 0.0f, dw);
+}
+
 // linear's FP8 form: dy is cast once (row-major for dx, transposed for dW), and dW waits for x as above.
 static Var fp8_linear(Tape& tape, const Var& x, const Var& weight, const Var& residual) {
   Var out = op_output(tape, fp8_linear_forward(weight, x->value, weight->value, residual ? &residual->value : nullptr),

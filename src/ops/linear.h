@@ -56,7 +56,10 @@ void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight
 // The same from dy's FP8 codes (ops/fp8_linear.h: fp8_linear_weight_gradient), for linear and swiglu_linear under an
 // Fp8LinearScope:
 struct Fp8OutputGradient;
+struct Fp8ProducedInput;
 void linear_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x, const Var& weight);
+// and from x's codes written by its producer (swiglu_linear's backward):
+void linear_weight_gradient(const Fp8OutputGradient& dy, const Fp8ProducedInput& x, const Var& weight);
 // While a WeightGradientQueue is open in this thread, the weight-gradient GEMMs of linear, linear_columns and
 // swiglu_linear (FP8 ones included) wait in it with their operands instead of running, until run() runs them in the
 // order they came: the same GEMMs on the same operands, so the same bits, later in the backward. Data parallelism runs

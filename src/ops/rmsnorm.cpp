@@ -219,40 +219,61 @@ bool gated_norm_fused(const Tensor& x, const Tensor& gate, const GatedNormShape&
 #endif
 }  // namespace
 
-Tensor gated_rmsnorm_forward(const Tensor& x, const Tensor* weight, const Tensor& gate, double eps, int64_t group_width,
-                             Tensor& y) {
+namespace {
+// gated_rmsnorm_forward into y, or as FP8 codes (codes non-null, y null).
+Tensor gated_forward(const Tensor& x, const Tensor* weight, const Tensor& gate, double eps, int64_t group_width,
+                     Tensor* y, const Fp8CodesOut* codes) {
   const GatedNormShape shape = gated_norm_shape("gated rmsnorm", x, weight, gate, eps, group_width);
-  HGRN_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device() && y.is_contiguous(),
+  HGRN_CHECK(codes || (y->shape() == x.shape() && y->dtype() == x.dtype() && y->device() == x.device() &&
+                       y->is_contiguous()),
              "gated rmsnorm: the output buffer does not match the input");
   Tensor rstd = empty_rstd(x, shape.rows);
 #ifdef HGRN_WITH_CUDA
   if (gated_norm_fused(x, gate, shape)) {
-    const RmsnormGate g = gpu_gate(x, gate, shape, nullptr, false);
-    cuda_rmsnorm_forward(x.raw_data(), weight ? weight->data<float>() : nullptr, y.raw_data(), rstd.data<float>(),
-                         shape.rows, shape.width, eps, x.dtype(), &g);
+    RmsnormGate g = gpu_gate(x, gate, shape, nullptr, false);
+    if (codes) g.codes = *codes;
+    cuda_rmsnorm_forward(x.raw_data(), weight ? weight->data<float>() : nullptr, y ? y->raw_data() : nullptr,
+                         rstd.data<float>(), shape.rows, shape.width, eps, x.dtype(), &g);
     return rstd;
   }
 #endif
   Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
   norm_forward(x, weight, normed, rstd, shape.rows, shape.width, eps);
-  swiglu_forward(gate, &normed, y);
+  if (codes)
+    swiglu_forward_codes(gate, normed, *codes);
+  else
+    swiglu_forward(gate, &normed, *y);
   return rstd;
+}
+}  // namespace
+
+Tensor gated_rmsnorm_forward(const Tensor& x, const Tensor* weight, const Tensor& gate, double eps, int64_t group_width,
+                             Tensor& y) {
+  return gated_forward(x, weight, gate, eps, group_width, &y, nullptr);
+}
+
+Tensor gated_rmsnorm_forward_codes(const Tensor& x, const Tensor* weight, const Tensor& gate, double eps,
+                                   int64_t group_width, const Fp8CodesOut& codes) {
+  HGRN_CHECK(codes.codes && codes.scale, "gated rmsnorm to FP8 codes: no buffer or scale");
+  return gated_forward(x, weight, gate, eps, group_width, nullptr, &codes);
 }
 
 void gated_rmsnorm_backward(const Var& x, const Var& weight, const Var& gate, const Tensor& rstd, double eps,
-                            int64_t group_width, const Tensor& dy, Tensor* y) {
+                            int64_t group_width, const Tensor& dy, Tensor* y, const Fp8CodesOut* y_codes) {
   const Tensor& xv = x->value;
   const Tensor* wv = weight ? &weight->value : nullptr;
   const GatedNormShape shape = gated_norm_shape("gated rmsnorm backward", xv, wv, gate->value, eps, group_width);
   HGRN_CHECK(dy.shape() == xv.shape() && dy.dtype() == xv.dtype() && dy.device() == xv.device() && dy.is_contiguous(),
              "gated rmsnorm backward: the output gradient does not match the input");
+  HGRN_CHECK(!y_codes || (!y && !y_codes->amax), "gated rmsnorm backward: the output's FP8 codes replace y, no amax");
 #ifdef HGRN_WITH_CUDA
   if (gated_norm_fused(xv, gate->value, shape)) {
     bool add_dx = false, add_dgate = false;
     Tensor* dx = wants_grad(x) ? &grad_buffer_for_write(x, &add_dx) : nullptr;
     Tensor* dgate = wants_grad(gate) ? &grad_buffer_for_write(gate, &add_dgate, GradLayout::RowStrided) : nullptr;
     Tensor* dw = wants_grad(weight) ? &grad_buffer(weight) : nullptr;
-    const RmsnormGate g = gpu_gate(xv, gate->value, shape, dgate, add_dgate);
+    RmsnormGate g = gpu_gate(xv, gate->value, shape, dgate, add_dgate);
+    if (y_codes) g.codes = *y_codes;
     cuda_rmsnorm_backward(xv.raw_data(), wv ? wv->data<float>() : nullptr, rstd.data<float>(), dy.raw_data(),
                           dx ? dx->raw_data() : nullptr, add_dx, dw ? dw->data<float>() : nullptr,
                           y ? y->raw_data() : nullptr, shape.rows, shape.width, xv.dtype(), &g);
@@ -264,7 +285,7 @@ void gated_rmsnorm_backward(const Var& x, const Var& weight, const Var& gate, co
   const Var normed = make_var(Tensor::empty(xv.shape(), xv.dtype(), xv.device()), /*requires_grad=*/true);
   Tensor rstd_again = empty_rstd(xv, shape.rows);
   norm_forward(xv, wv, normed->value, rstd_again, shape.rows, shape.width, eps);
-  swiglu_backward(gate, normed, dy, y);
+  swiglu_backward(gate, normed, dy, y, y_codes);
   norm_backward(xv, weight, rstd, &normed->grad, x, wants_grad(weight), nullptr, shape.rows, shape.width);
 }
 

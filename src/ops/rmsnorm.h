@@ -2,6 +2,7 @@
 // stream's add, h = h + f(...), is made by f's last GEMM: ops/linear.h.)
 #pragma once
 #include "core/autograd.h"
+#include "ops/fp8.h"
 
 namespace hgrn {
 
@@ -20,10 +21,14 @@ Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps, int64_t gro
 // Forward: writes y (like x, contiguous); returns the per-row rstd the backward takes (as rmsnorm saves it).
 Tensor gated_rmsnorm_forward(const Tensor& x, const Tensor* weight, const Tensor& gate, double eps, int64_t group_width,
                              Tensor& y);
+// The same with y written as FP8 codes only (ops/fp8.h: Fp8CodesOut; its amax folded where codes.amax is set): a
+// projection's FP8 input with no act-dtype copy (swiglu_linear).
+Tensor gated_rmsnorm_forward_codes(const Tensor& x, const Tensor* weight, const Tensor& gate, double eps,
+                                   int64_t group_width, const Fp8CodesOut& codes);
 // Backward from dy (like x, contiguous): the gradients of x, weight and gate, each where wanted; y non-null (may be
-// dy itself) also gets the forward's output again.
+// dy itself) also gets the forward's output again, or y_codes (in place of y, no amax) its FP8 codes.
 void gated_rmsnorm_backward(const Var& x, const Var& weight, const Var& gate, const Tensor& rstd, double eps,
-                            int64_t group_width, const Tensor& dy, Tensor* y);
+                            int64_t group_width, const Tensor& dy, Tensor* y, const Fp8CodesOut* y_codes = nullptr);
 
 // The forward alone into given buffers, for code that runs without a tape on buffers made once (decoding,
 // models/fused_decoder.h): y like x, rstd [rows] (fp32 on the GPU, x's dtype on the CPU). Allocates nothing.

@@ -22,8 +22,54 @@ Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& w
   HGRN_CHECK(gv.dtype() == up->value.dtype() && gv.device() == up->value.device(), "swiglu_linear: gate is ",
              dtype_name(gv.dtype()), " on ", device_name(gv.device()), ", up is ", dtype_name(up->value.dtype()),
              " on ", device_name(up->value.device()));
-  Tensor hidden = Tensor::empty(gv.shape(), gv.dtype(), gv.device());
   const UpNorm norm = up_norm ? *up_norm : UpNorm{};
+  const Tensor* residual_value = residual ? &residual->value : nullptr;
+  const int64_t width = gv.size(-1), rows = gv.numel() / std::max<int64_t>(width, 1);
+  // FP8 with hidden not kept: SwiGLU (or the gated norm) writes it as the projection's FP8 input, never in bf16
+  // (ops/fp8_linear.h: Fp8ProducedInput), and the backward writes it again as codes for dW.
+  const bool produce = !keep_hidden && weight->value.dim() == 2 && weight->value.size(1) == width;
+  const Fp8ProducedInput produced =
+      produce ? fp8_produced_input(weight, weight->value, gv.device(), gv.dtype(), rows, /*forward=*/true)
+              : Fp8ProducedInput{};
+  if (produced.codes.defined()) {
+    // hidden as codes from gate and up; with the norm, its rstd is returned.
+    const bool normed = up_norm != nullptr;
+    const auto hidden_codes = [normed](const Var& gate, const Var& up, const UpNorm& norm, const Fp8CodesOut& codes) {
+      if (normed)
+        return gated_rmsnorm_forward_codes(up->value, norm.weight ? &norm.weight->value : nullptr, gate->value,
+                                           norm.eps, norm.group_width, codes);
+      swiglu_forward_codes(gate->value, up->value, codes);
+      return Tensor();
+    };
+    const Tensor rstd = hidden_codes(gate, up, norm, produced.out);
+    Shape shape = gv.shape();
+    shape.back() = weight->value.size(0);
+    Var out = op_output(
+        tape, fp8_linear_forward_produced(weight, produced, weight->value, residual_value, shape, gv.dtype()),
+        {gate, up, weight, residual, norm.weight});
+    if (!out->requires_grad) return out;
+    tape.record([gate, up, weight, residual, out, rows, norm, rstd, hidden_codes] {
+      if (!out->grad.defined()) return;
+      const Fp8OutputGradient dy = fp8_output_gradient(weight, out->grad);
+      Fp8ProducedInput h =
+          fp8_produced_input(weight, weight->value, gate->value.device(), gate->value.dtype(), rows, false);
+      HGRN_CHECK(h.codes.defined(), "swiglu_linear backward: the FP8 input lost its scale since the forward");
+      if (wants_grad(gate) || wants_grad(up) || wants_grad(norm.weight)) {
+        Tensor dhidden = Tensor::empty(gate->value.shape(), gate->value.dtype(), gate->value.device());
+        fp8_linear_input_gradient(weight, dy, weight->value, 0.0f, dhidden);
+        if (rstd.defined())
+          gated_rmsnorm_backward(up, norm.weight, gate, rstd, norm.eps, norm.group_width, dhidden, nullptr, &h.out);
+        else
+          swiglu_backward(gate, up, dhidden, nullptr, &h.out);
+      } else {
+        hidden_codes(gate, up, norm, h.out);
+      }
+      if (wants_grad(weight)) linear_weight_gradient(dy, h, weight);
+      if (wants_grad(residual)) hand_over_gradient(out, residual);  // last: dy may become residual's buffer
+    });
+    return out;
+  }
+  Tensor hidden = Tensor::empty(gv.shape(), gv.dtype(), gv.device());
   Tensor rstd;  // the norm's, with up_norm
   if (up_norm) {
     rstd = gated_rmsnorm_forward(up->value, norm.weight ? &norm.weight->value : nullptr, gv, norm.eps,
@@ -34,7 +80,6 @@ Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& w
   // FP8 (ops/fp8_linear.h), or the GEMMs of linear on the weight or its bf16 copy.
   const bool fp8 = fp8_linear_applies(weight, hidden, weight->value);
   const Tensor w_compute = fp8 ? Tensor() : weight_for_input(weight, hidden);
-  const Tensor* residual_value = residual ? &residual->value : nullptr;
   Var out = op_output(tape,
                       fp8 ? fp8_linear_forward(weight, hidden, weight->value, residual_value)
                           : linear_product(hidden, w_compute, residual_value),
