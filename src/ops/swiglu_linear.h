@@ -6,6 +6,10 @@
 // The backward's order: dhidden = dy·W (a fresh buffer, never zero-filled); then one element-wise pass reads gate,
 // up and dhidden, writes dgate, dup and, over dhidden, hidden itself; then dW += dyᵀ·hidden. Same products and the
 // same element-wise arithmetic as linear(swiglu(gate, up)), so the same values (hidden is recomputed bit for bit).
+//
+// Under FP8 (ops/fp8_linear.h) with hidden not kept, hidden exists only as the projection's E4M3 codes: the forward's
+// element-wise pass writes them (and their amax) in place of bf16, and so does the backward's, for dW. A tensor's
+// first cast (no scale yet) takes the bf16 path above.
 #pragma once
 #include "core/autograd.h"
 
