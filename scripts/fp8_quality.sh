@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# fp8_quality.sh: does FP8 training keep bf16's quality? hgrn2-150m on WikiText-2 (GPT-2 tokenizer) trained twice
-# from the same initial weights on the same batches (one seed), in bf16 and with training.precision fp8, then
-# evaluated on the test split; prints the largest relative gap between the two training-loss curves, the held-out
-# losses and the test perplexities, and draws both runs (tools/plot_runs.py).
+# fp8_quality.sh: does FP8 training keep bf16's quality? hgrn2-150m (or CONFIG's model) on WikiText-2 (GPT-2
+# tokenizer) trained twice from the same initial weights on the same batches (one seed), in bf16 and with
+# training.precision fp8, then evaluated on the test split; prints the largest relative gap between the two
+# training-loss curves, the held-out losses and the test perplexities, and draws both runs (tools/plot_runs.py).
 #
 #   scripts/fp8_quality.sh [OUT_DIR]          (default runs/fp8-quality)
 #
 # Environment: DATA (data/wikitext-2-gpt2/wiki: the prefix of the prepared splits, see configs/wikitext2-gpt2.yaml),
 # STEPS (2000), BATCH (8) x SEQ (512) tokens a step (about four epochs of WikiText-2 in 2,000 steps), LR (1e-3),
 # GPUS ("0 1": the two runs side by side on these GPUs; one GPU runs them one after the other), HGRN (build/hgrn),
-# FP8_SET (space-separated --set options for the fp8 run alone, e.g. "training.fp8_lm_head=true").
+# FP8_SET (space-separated --set options for the fp8 run alone, e.g. "training.fp8_lm_head=true"), CONFIG
+# (configs/hgrn2-150m.yaml: the model, its memory settings and optimiser; the data and schedule are set here).
 # The gap is measured from step 100 on (both runs' first steps are dominated by the warm-up and FP8's first step
 # runs at scale 1, before any amax history exists), over the logged steps.
 set -euo pipefail
@@ -17,6 +18,8 @@ cd "$(dirname "$0")/.."
 out=${1:-runs/fp8-quality}
 data=${DATA:-data/wikitext-2-gpt2/wiki}
 hgrn=${HGRN:-build/hgrn}
+config=${CONFIG:-configs/hgrn2-150m.yaml}
+[ -f "$config" ] || { echo "fp8_quality: CONFIG $config not found" >&2; exit 1; }
 read -ra gpus <<< "${GPUS:-0 1}"
 [ -x "$hgrn" ] || { echo "fp8_quality: $hgrn not found: build first (scripts/setup.sh) or set HGRN" >&2; exit 1; }
 for split in train valid test; do
@@ -29,7 +32,7 @@ for option in ${FP8_SET:-}; do fp8_set+=(--set "$option"); done
 run() {  # precision gpu
   local extra=()
   if [ "$1" = fp8 ]; then extra=(${fp8_set[@]+"${fp8_set[@]}"}); fi
-  CUDA_VISIBLE_DEVICES=$2 "$hgrn" train --config configs/hgrn2-150m.yaml --set data.task=tokens \
+  CUDA_VISIBLE_DEVICES=$2 "$hgrn" train --config "$config" --set data.task=tokens \
     --set data.train_data="${data}_train" --set data.valid_data="${data}_valid" --set data.seq_len="${SEQ:-512}" \
     --set training.micro_batch_size="${BATCH:-8}" --set training.max_steps="${STEPS:-2000}" \
     --set training.warmup_steps=100 --set training.lr="${LR:-1e-3}" --set training.deterministic=true \
