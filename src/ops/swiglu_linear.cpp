@@ -25,102 +25,81 @@ Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& w
   const UpNorm norm = up_norm ? *up_norm : UpNorm{};
   const Tensor* residual_value = residual ? &residual->value : nullptr;
   const int64_t width = gv.size(-1), rows = gv.numel() / std::max<int64_t>(width, 1);
-  // FP8 with hidden not kept: SwiGLU (or the gated norm) writes it as the projection's FP8 input, never in bf16
-  // (ops/fp8_linear.h: Fp8ProducedInput), and the backward writes it again as codes for dW.
-  const bool produce = !keep_hidden && weight->value.dim() == 2 && weight->value.size(1) == width;
+  // hidden from gate and up, into `values` (the act dtype) or as FP8 codes; with the norm, its rstd is returned.
+  const bool normed = up_norm != nullptr;
+  const auto make_hidden = [normed](const Var& gate, const Var& up, const UpNorm& norm, Tensor* values,
+                                    const Fp8CodesOut* codes) {
+    const Tensor* norm_weight = norm.weight ? &norm.weight->value : nullptr;
+    if (normed)
+      return codes ? gated_rmsnorm_forward_codes(up->value, norm_weight, gate->value, norm.eps, norm.group_width, *codes)
+                   : gated_rmsnorm_forward(up->value, norm_weight, gate->value, norm.eps, norm.group_width, *values);
+    if (codes)
+      swiglu_forward_codes(gate->value, up->value, *codes);
+    else
+      swiglu_forward(gate->value, &up->value, *values);
+    return Tensor();
+  };
+  // FP8 with hidden not kept: hidden exists only as the projection's FP8 codes (swiglu_linear.h), once its input has
+  // a scale (ops/fp8_linear.h: Fp8ProducedInput).
   const Fp8ProducedInput produced =
-      produce ? fp8_produced_input(weight, weight->value, gv.device(), gv.dtype(), rows, /*forward=*/true)
-              : Fp8ProducedInput{};
-  if (produced.codes.defined()) {
-    // hidden as codes from gate and up; with the norm, its rstd is returned.
-    const bool normed = up_norm != nullptr;
-    const auto hidden_codes = [normed](const Var& gate, const Var& up, const UpNorm& norm, const Fp8CodesOut& codes) {
-      if (normed)
-        return gated_rmsnorm_forward_codes(up->value, norm.weight ? &norm.weight->value : nullptr, gate->value,
-                                           norm.eps, norm.group_width, codes);
-      swiglu_forward_codes(gate->value, up->value, codes);
-      return Tensor();
-    };
-    const Tensor rstd = hidden_codes(gate, up, norm, produced.out);
-    Shape shape = gv.shape();
-    shape.back() = weight->value.size(0);
-    Var out = op_output(
-        tape, fp8_linear_forward_produced(weight, produced, weight->value, residual_value, shape, gv.dtype()),
-        {gate, up, weight, residual, norm.weight});
-    if (!out->requires_grad) return out;
-    tape.record([gate, up, weight, residual, out, rows, norm, rstd, hidden_codes] {
-      if (!out->grad.defined()) return;
-      const Fp8OutputGradient dy = fp8_output_gradient(weight, out->grad);
-      Fp8ProducedInput h =
-          fp8_produced_input(weight, weight->value, gate->value.device(), gate->value.dtype(), rows, false);
-      HGRN_CHECK(h.codes.defined(), "swiglu_linear backward: the FP8 input lost its scale since the forward");
-      if (wants_grad(gate) || wants_grad(up) || wants_grad(norm.weight)) {
-        Tensor dhidden = Tensor::empty(gate->value.shape(), gate->value.dtype(), gate->value.device());
-        fp8_linear_input_gradient(weight, dy, weight->value, 0.0f, dhidden);
-        if (rstd.defined())
-          gated_rmsnorm_backward(up, norm.weight, gate, rstd, norm.eps, norm.group_width, dhidden, nullptr, &h.out);
-        else
-          swiglu_backward(gate, up, dhidden, nullptr, &h.out);
-      } else {
-        hidden_codes(gate, up, norm, h.out);
-      }
-      if (wants_grad(weight)) linear_weight_gradient(dy, h, weight);
-      if (wants_grad(residual)) hand_over_gradient(out, residual);  // last: dy may become residual's buffer
-    });
-    return out;
-  }
-  Tensor hidden = Tensor::empty(gv.shape(), gv.dtype(), gv.device());
-  Tensor rstd;  // the norm's, with up_norm
-  if (up_norm) {
-    rstd = gated_rmsnorm_forward(up->value, norm.weight ? &norm.weight->value : nullptr, gv, norm.eps,
-                                 norm.group_width, hidden);
-  } else {
-    swiglu_forward(gv, &up->value, hidden);
-  }
+      !keep_hidden && weight->value.dim() == 2 && weight->value.size(1) == width
+          ? fp8_produced_input(weight, weight->value, gv.device(), gv.dtype(), rows, /*forward=*/true)
+          : Fp8ProducedInput{};
+  const bool as_codes = produced.codes.defined();
+  Tensor hidden = as_codes ? Tensor() : Tensor::empty(gv.shape(), gv.dtype(), gv.device());
+  const Tensor rstd = make_hidden(gate, up, norm, &hidden, as_codes ? &produced.out : nullptr);
   // FP8 (ops/fp8_linear.h), or the GEMMs of linear on the weight or its bf16 copy.
-  const bool fp8 = fp8_linear_applies(weight, hidden, weight->value);
+  const bool fp8 = as_codes || fp8_linear_applies(weight, hidden, weight->value);
   const Tensor w_compute = fp8 ? Tensor() : weight_for_input(weight, hidden);
+  Shape shape = gv.shape();
+  shape.back() = weight->value.size(0);
   Var out = op_output(tape,
-                      fp8 ? fp8_linear_forward(weight, hidden, weight->value, residual_value)
-                          : linear_product(hidden, w_compute, residual_value),
+                      as_codes ? fp8_linear_forward_produced(weight, produced, weight->value, residual_value, shape,
+                                                             gv.dtype())
+                      : fp8    ? fp8_linear_forward(weight, hidden, weight->value, residual_value)
+                               : linear_product(hidden, w_compute, residual_value),
                       {gate, up, weight, residual, norm.weight});
   if (!out->requires_grad) return out;
   const bool copied = !fp8 && w_compute.dtype() != weight->value.dtype();
   if (!keep_hidden) hidden = Tensor();
   // gate and up are read through their Vars when the backward runs: a model may release and rematerialize them.
-  tape.record([gate, up, weight, residual, out, hidden, copied, fp8, norm, rstd] {
+  tape.record([gate, up, weight, residual, out, hidden, copied, fp8, as_codes, rows, norm, rstd, make_hidden] {
     if (!out->grad.defined()) return;
     const Tensor& dy = out->grad;
     const Fp8OutputGradient dy_fp8 = fp8 ? fp8_output_gradient(weight, dy) : Fp8OutputGradient{};
     const Tensor& g = gate->value;
+    // hidden again for dW where it was not kept: as codes where the forward made codes, else in h.
+    const Fp8ProducedInput h_codes =
+        as_codes ? fp8_produced_input(weight, weight->value, g.device(), g.dtype(), rows, /*forward=*/false)
+                 : Fp8ProducedInput{};
+    HGRN_CHECK(h_codes.codes.defined() == as_codes, "swiglu_linear backward: the FP8 input lost its scale");
+    const Fp8CodesOut* codes = as_codes ? &h_codes.out : nullptr;
     Tensor h = hidden;
-    // hidden from gate and up (and the norm's rstd) into h.
-    const auto hidden_again = [&](Tensor& h) {
-      if (rstd.defined())
-        gated_rmsnorm_forward(up->value, norm.weight ? &norm.weight->value : nullptr, g, norm.eps, norm.group_width, h);
-      else
-        swiglu_forward(g, &up->value, h);
-    };
     if (wants_grad(gate) || wants_grad(up) || wants_grad(norm.weight)) {
       Tensor dhidden = Tensor::empty(g.shape(), g.dtype(), g.device());
       if (fp8)
         fp8_linear_input_gradient(weight, dy_fp8, weight->value, 0.0f, dhidden);
       else
         linear_input_gradient(dy, copied ? bf16_weight_copy(weight) : weight->value, 0.0f, dhidden);
+      // hidden written over dhidden once read, where it is neither kept nor made as codes
+      Tensor* again = h.defined() || as_codes ? nullptr : &dhidden;
       if (rstd.defined())
-        gated_rmsnorm_backward(up, norm.weight, gate, rstd, norm.eps, norm.group_width, dhidden,
-                               h.defined() ? nullptr : &dhidden);
+        gated_rmsnorm_backward(up, norm.weight, gate, rstd, norm.eps, norm.group_width, dhidden, again, codes);
       else
-        swiglu_backward(gate, up, dhidden, h.defined() ? nullptr : &dhidden);
-      if (!h.defined()) h = dhidden;  // dhidden's buffer now holds hidden
+        swiglu_backward(gate, up, dhidden, again, codes);
+      if (again) h = dhidden;
     } else if (!h.defined()) {
-      h = Tensor::empty(g.shape(), g.dtype(), g.device());
-      hidden_again(h);
+      if (!as_codes) h = Tensor::empty(g.shape(), g.dtype(), g.device());
+      make_hidden(gate, up, norm, &h, codes);
     }
-    if (wants_grad(weight) && fp8)
-      linear_weight_gradient(dy_fp8, h, weight);
-    else if (wants_grad(weight))
-      linear_weight_gradient(dy, h, weight);
+    if (wants_grad(weight)) {
+      if (as_codes)
+        linear_weight_gradient(dy_fp8, h_codes, weight);
+      else if (fp8)
+        linear_weight_gradient(dy_fp8, h, weight);
+      else
+        linear_weight_gradient(dy, h, weight);
+    }
     if (wants_grad(residual)) hand_over_gradient(out, residual);  // last: dy may become residual's buffer
   });
   return out;
