@@ -8,6 +8,7 @@
 #   MODELS="hgrn2-150m hgrn2-385m hgrn2-1b" (or hgrn1-150m, hgrn1-385m, hgrn1-1b, gla-385m, retnet-385m)  PEER_MODES="amp-bf16 pure-bf16"  BENCH_WARMUP=5 BENCH_STEPS=20 (hgrn)
 #   PEER_MODES may add float8-amp (torchao's float8 training; its wheel beside fla's), which the table sets beside
 #   hgrn as its own column and ratio; HGRN_SET="training.precision=fp8" passes --set options to hgrn's bench.
+#   COMMIT: the commit to record (default: git's HEAD, marked where the tree has changes).
 #   ROUNDS=1: with more, each model's peer and hgrn runs repeat back to back (round r's files in OUTPUT_DIR/rR), and
 #   the table adds a row per model over all rounds (each side's mean tokens/s): the machine's state moves either side
 #   by 1-2% from one run to the next, as much as a target's margin, and alternating spreads that over both.
@@ -23,7 +24,9 @@ mkdir -p "$out"
 source scripts/peer_env.sh
 scripts/gpu_build.sh
 {
-  echo "commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+  # COMMIT names the tree where its git metadata is absent or stale (a copied working tree); a tree that differs from
+  # its HEAD says so.
+  echo "commit ${COMMIT:-$(git describe --always --abbrev=12 --dirty=' (with uncommitted changes)' 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   python3 -c "import torch, fla; print('torch', torch.__version__, 'fla', getattr(fla, '__version__', '?'))"
 } | tee "$out/machine.txt"
