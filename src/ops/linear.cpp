@@ -157,26 +157,34 @@ bool WeightGradientQueue::defer(std::function<void()>&& work) {
   return true;
 }
 
-void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight) {
-  if (WeightGradientQueue::defer([dy, x, weight] { linear_weight_gradient(dy, x, weight); })) return;
+namespace {
+// A weight's gradient from `gemm(beta, dw)`: queued while a WeightGradientQueue is open (the operands captured by
+// gemm wait with it), then written into the weight's fp32 gradient (beta 0) or added to it (beta 1).
+void weight_gradient_into(const Var& weight, std::function<void(float, Tensor&)> gemm) {
+  if (WeightGradientQueue::defer([weight, gemm] { weight_gradient_into(weight, gemm); })) return;
   bool accumulate = false;
   Tensor& dw = grad_buffer_for_write(weight, &accumulate);
-  const int64_t in = dw.size(1), out_features = dw.size(0), rows = dy.numel() / out_features;
-  linear_gemm(true, false, out_features, in, rows, dy, out_features, x, in, accumulate ? 1.0f : 0.0f, dw, in);
+  gemm(accumulate ? 1.0f : 0.0f, dw);
+}
+}  // namespace
+
+void linear_weight_gradient(const Tensor& dy, const Tensor& x, const Var& weight) {
+  weight_gradient_into(weight, [dy, x](float beta, Tensor& dw) {
+    const int64_t in = dw.size(1), out_features = dw.size(0), rows = dy.numel() / out_features;
+    linear_gemm(true, false, out_features, in, rows, dy, out_features, x, in, beta, dw, in);
+  });
 }
 
 void linear_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x, const Var& weight) {
-  if (WeightGradientQueue::defer([dy, x, weight] { linear_weight_gradient(dy, x, weight); })) return;
-  bool accumulate = false;
-  Tensor& dw = grad_buffer_for_write(weight, &accumulate);
-  fp8_linear_weight_gradient(weight, dy, 0, x, accumulate ? 1.0f : 0.0f, dw);
+  weight_gradient_into(weight, [dy, x, weight](float beta, Tensor& dw) {
+    fp8_linear_weight_gradient(weight, dy, 0, x, beta, dw);
+  });
 }
 
 void linear_weight_gradient(const Fp8OutputGradient& dy, const Fp8ProducedInput& x, const Var& weight) {
-  if (WeightGradientQueue::defer([dy, x, weight] { linear_weight_gradient(dy, x, weight); })) return;
-  bool accumulate = false;
-  Tensor& dw = grad_buffer_for_write(weight, &accumulate);
-  fp8_linear_weight_gradient_produced(weight, dy, x, accumulate ? 1.0f : 0.0f, dw);
+  weight_gradient_into(weight, [dy, x, weight](float beta, Tensor& dw) {
+    fp8_linear_weight_gradient_produced(weight, dy, x, beta, dw);
+  });
 }
 
 // linear's FP8 form: dy is cast once (row-major for dx, transposed for dW), and dW waits for x as above.
