@@ -17,6 +17,8 @@
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dtype_cuda.cuh"
+#include "elementwise.cuh"
+#include "fp8_codes.cuh"
 
 namespace hgrn {
 
@@ -97,11 +99,6 @@ __device__ S block_merge(S v) {
 }
 
 // VEC consecutive elements moved as one 16-byte access (VEC 1: element by element, for rows that are not aligned).
-template <typename act_t, int VEC>
-struct alignas(sizeof(act_t) * VEC) Pack {
-  act_t v[VEC];
-};
-
 // Adds a pack of VEC consecutive logits (the first at index `base`) to a thread's online softmax state. The pack's
 // maximum is found first, so the running sum is rescaled at most once a pack rather than at every new maximum, with
 // one branch a pack: per element a compare-and-branch, an exponential and a rescale had made the forward issue-bound
@@ -217,10 +214,13 @@ __global__ void cross_entropy_forward_kernel(const act_t* logits, const T* targe
 // head chunks): 206 us against 257-265 us for the two kernels; staging the row by cp.async instead took 213 us, with
 // 1024 threads 220 us, and a second read of the row from L2 instead of shared memory 280 us (the resident blocks'
 // rows do not stay in L2).
-template <typename act_t, int VEC, typename T>
+//
+// kCodes: the gradient as FP8 codes (Fp8CodesOut, [rows, vocab]) with its amax folded, in place of writing it over the
+// logits (which are left as they are): the codes of the act-dtype gradient the kernel would have stored.
+template <typename act_t, int VEC, typename T, bool kCodes>
 __global__ void cross_entropy_fused_kernel(act_t* logits, const T* targets, long long vocab, long long ignore_index,
                                            float* row_loss, float* log_sum_exp, int32_t* row_target,
-                                           int32_t* row_status) {
+                                           int32_t* row_status, Fp8CodesOut codes_out) {
   extern __shared__ __align__(16) unsigned char row_bytes[];
   auto* row = reinterpret_cast<Pack<act_t, VEC>*>(row_bytes);
   __shared__ float row_lse;
@@ -231,7 +231,13 @@ __global__ void cross_entropy_fused_kernel(act_t* logits, const T* targets, long
   const long long stride = static_cast<long long>(blockDim.x) * VEC;
   if (ignored || bad) {  // as the backward: a row that does not count gets a zero gradient
     if (threadIdx.x == 0) skip_row(r, bad, row_loss, log_sum_exp, row_target, row_status);
-    zero_row<act_t, VEC>(x, vocab);
+    if constexpr (kCodes) {
+      const Pack<uint8_t, VEC> zero{};  // code 0 is +0 in both formats
+      for (long long base = threadIdx.x * VEC; base < vocab; base += stride)
+        *reinterpret_cast<Pack<uint8_t, VEC>*>(codes_out.codes + r * vocab + base) = zero;
+    } else {
+      zero_row<act_t, VEC>(x, vocab);
+    }
     return;
   }
   SoftmaxState s{-INFINITY, 0.0f, INT_MAX};
@@ -245,13 +251,21 @@ __global__ void cross_entropy_fused_kernel(act_t* logits, const T* targets, long
                                 row_status);
   __syncthreads();
   const float lse = row_lse;
+  DeviceCodesOut out{};
+  if constexpr (kCodes) out = device_codes_out(codes_out);
+  float local_amax = 0.0f;
   for (long long base = threadIdx.x * VEC; base < vocab; base += stride) {
     const Pack<act_t, VEC> p = row[base / VEC];
-    Pack<act_t, VEC> d;
+    float g[VEC];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k)
-      d.v[k] = store_f<act_t>(softmax_gradient<act_t>(load_f(p.v[k]), lse, base + k == t, 1.0f, 0.0f));
-    *reinterpret_cast<Pack<act_t, VEC>*>(x + base) = d;
+    for (int k = 0; k < VEC; ++k) g[k] = softmax_gradient<act_t>(load_f(p.v[k]), lse, base + k == t, 1.0f, 0.0f);
+    if constexpr (kCodes)
+      store_codes<act_t, VEC>(out, r * vocab + base, g, local_amax);
+    else
+      store_pack<VEC>(x + base, 0, g);
+  }
+  if constexpr (kCodes) {
+    if (out.amax) fold_block_amax(local_amax, out.amax);  // every thread of a counted row gets here
   }
 }
 
@@ -356,7 +370,11 @@ void cross_entropy_forward_cuda(const void* logits, DType logits_dtype, const vo
 
 bool cross_entropy_forward_gradient_cuda(void* logits, DType logits_dtype, const void* targets, DType targets_dtype,
                                          int64_t rows, int64_t vocab, int64_t ignore_index, float* loss,
-                                         float* log_sum_exp, int32_t* row_target, int64_t* counts, void* scratch) {
+                                         float* log_sum_exp, int32_t* row_target, int64_t* counts, void* scratch,
+                                         const Fp8CodesOut* gradient_codes) {
+  HGRN_CHECK(!gradient_codes || (gradient_codes->codes && gradient_codes->scale &&
+                                 reinterpret_cast<uintptr_t>(gradient_codes->codes) % 16 == 0),
+             "cross_entropy: the gradient's FP8 codes need a 16-byte aligned buffer and a scale");
   // The row lives in shared memory. Where two rows do not fit on an SM (fp32 logits of a 50k vocabulary) the blocks
   // would run one to an SM, too little in flight; unaligned rows would move element by element. Both keep the two
   // kernels.
@@ -375,12 +393,14 @@ bool cross_entropy_forward_gradient_cuda(void* logits, DType logits_dtype, const
     using T = decltype(tag);
     HGRN_CUDA_DISPATCH_ACT(logits_dtype, "cross_entropy", [&] {
       constexpr int kVec = 16 / sizeof(act_t);
-      const auto kernel = cross_entropy_fused_kernel<act_t, kVec, T>;
-      CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(row_bytes)));
-      kernel<<<static_cast<unsigned>(rows), row_threads(vocab), row_bytes, cuda_stream()>>>(
-          static_cast<act_t*>(logits), static_cast<const T*>(targets), vocab, ignore_index, row_loss, log_sum_exp,
-          row_target, row_status);
+      with_flag(gradient_codes != nullptr, [&](auto to_codes) {
+        const auto kernel = cross_entropy_fused_kernel<act_t, kVec, T, decltype(to_codes)::value>;
+        CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(row_bytes)));
+        kernel<<<static_cast<unsigned>(rows), row_threads(vocab), row_bytes, cuda_stream()>>>(
+            static_cast<act_t*>(logits), static_cast<const T*>(targets), vocab, ignore_index, row_loss, log_sum_exp,
+            row_target, row_status, gradient_codes ? *gradient_codes : Fp8CodesOut{});
+      });
     });
   });
   CUDA_CHECK_LAUNCH("cross_entropy_fused");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "ops/fp8.h"
 
 namespace hgrn {
 
@@ -34,10 +35,12 @@ size_t cross_entropy_scratch_bytes(int64_t rows);
 // gradient softmax − onehot written over the logits: the bits of cross_entropy_forward_cuda followed by
 // cross_entropy_backward_cuda(logits, ..., dloss = 1, num_targets = 1, dlogits = logits, accumulate = false). Returns
 // false, having done nothing, where a row does not suit the kernel (rows not 16-byte aligned, or two rows too large
-// for an SM's shared memory); the caller then runs those two.
+// for an SM's shared memory); the caller then runs those two. gradient_codes: the gradient as FP8 codes ([rows, vocab],
+// 16-byte aligned; ops/fp8.h: Fp8CodesOut, its amax folded where set) instead, the logits left unchanged.
 bool cross_entropy_forward_gradient_cuda(void* logits, DType logits_dtype, const void* targets, DType targets_dtype,
                                          int64_t rows, int64_t vocab, int64_t ignore_index, float* loss,
-                                         float* log_sum_exp, int32_t* row_target, int64_t* counts, void* scratch);
+                                         float* log_sum_exp, int32_t* row_target, int64_t* counts, void* scratch,
+                                         const Fp8CodesOut* gradient_codes = nullptr);
 
 // Reads `chunks` consecutive count slots back to the host (synchronises the stream). targets: the device targets
 // the counts were taken of, chunk i's starting at row i·chunk_rows (to fetch a bad row's target for the message).

@@ -10,6 +10,7 @@
 #include "gpu_test.h"
 #include "gradcheck.h"
 #include "ops/cross_entropy.h"
+#include "ops/fp8.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/cross_entropy.h"
 #endif
@@ -249,6 +250,32 @@ TEST(CrossEntropyCuda, OnePassGradientHasTheTwoKernelBits) {
     EXPECT_EQ(one.counts.to(Device::CPU).item(2), 0) << "the first bad row";
     EXPECT_GT(one.counts.to(Device::CPU).item(0), c.rows / 2) << "targets counted";
     EXPECT_FALSE(same_bits(one.logits, logits)) << "the gradient was written over the logits";
+
+    // The gradient as FP8 codes instead (the LM head in FP8): the codes of the gradient stored above, cast by the
+    // reference (E5M2 at scale 2048), its amax, the logits left alone and every other output the same.
+    Outputs coded = outputs();
+    const float scale = 2048.0f;
+    const Tensor scale_t = Tensor::full({1}, scale, DType::F32, Device::CUDA),
+                 amax_t = Tensor::zeros({1}, DType::F32, Device::CUDA);
+    const int64_t n = c.rows * c.vocab;
+    const Tensor codes = Tensor::zeros({(n + 3) / 4}, DType::I32, Device::CUDA);
+    const Fp8CodesOut out{static_cast<uint8_t*>(codes.raw_data()), scale_t.data<float>(), amax_t.data<float>(),
+                          Fp8Format::E5M2};
+    ASSERT_TRUE(cross_entropy_forward_gradient_cuda(
+        coded.logits.raw_data(), c.act, targets.raw_data(), DType::I32, c.rows, c.vocab, kIgnore,
+        coded.loss.data<float>(), coded.lse.data<float>(), coded.row_target.data<int32_t>(),
+        coded.counts.data<int64_t>(), coded.scratch.raw_data(), &out));
+    EXPECT_TRUE(same_bits(coded.logits, logits)) << "the logits were left alone";
+    EXPECT_TRUE(same_bits(coded.loss, one.loss)) << "loss";
+    EXPECT_TRUE(same_bits(coded.lse, one.lse)) << "log-sum-exp";
+    EXPECT_TRUE(same_bits(coded.counts, one.counts)) << "counts";
+    const Tensor g = one.logits.to(Device::CPU).to(DType::F32);
+    std::vector<uint8_t> want(static_cast<size_t>(n));
+    fp8_quantize(g.data<float>(), n, scale, Fp8Format::E5M2, want.data());
+    const Tensor got = codes.to(Device::CPU);
+    const uint8_t* got_codes = static_cast<const uint8_t*>(got.raw_data());
+    EXPECT_EQ(std::vector<uint8_t>(got_codes, got_codes + n), want) << "codes";
+    EXPECT_EQ(amax_t.to(Device::CPU).data<float>()[0], fp8_amax(g.data<float>(), n)) << "amax";
   }
 #endif
 }

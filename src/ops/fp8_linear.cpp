@@ -384,6 +384,22 @@ Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy_in) {
   return g;
 }
 
+Fp8CodesOut fp8_output_gradient_codes(const Var& weight, int64_t rows, int64_t width, Fp8OutputGradient& g) {
+  const TensorState s = state_of(weight, Role::OutputGradient);
+  if (!s.states->scaled[static_cast<size_t>(s.index)]) return {};
+  g = Fp8OutputGradient{};
+  g.rows = rows;
+  g.width = width;
+  g.codes = fp8_codes(rows * width);
+  return {codes_of(g.codes), s.scale, s.step_amax, active_scope->recipe.gradient_format};
+}
+
+void fp8_output_gradient_transpose(Fp8OutputGradient& g) {
+  HGRN_CHECK(g.codes.defined(), "fp8 linear: no output-gradient codes to transpose");
+  g.codes_transposed = fp8_codes(g.rows * g.width);
+  transpose_codes(codes_of(g.codes), g.rows, g.width, codes_of(g.codes_transposed));
+}
+
 Tensor fp8_weight_codes_transposed(const Var& weight, const Tensor& w) {
   const int64_t in = w.size(1), out = w.size(0);
   const TensorState ws = state_of(weight, Role::Weight);

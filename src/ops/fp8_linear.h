@@ -79,6 +79,12 @@ struct Fp8OutputGradient {
   int64_t rows = 0, width = 0;
 };
 Fp8OutputGradient fp8_output_gradient(const Var& weight, const Tensor& dy);
+// The same written by the op that computes dy (the LM head's cross-entropy gradient) instead of cast from it: g gets
+// the codes buffer [rows, width] and the returned Fp8CodesOut (ops/fp8.h) the gradient's scale and step amax to
+// write it with; then fp8_output_gradient_transpose makes the transposed codes. Where dy has no scale yet (its first
+// cast takes the scale from its own values) the returned codes pointer is null and g is left empty: cast dy then.
+Fp8CodesOut fp8_output_gradient_codes(const Var& weight, int64_t rows, int64_t width, Fp8OutputGradient& g);
+void fp8_output_gradient_transpose(Fp8OutputGradient& g);
 
 // Wᵀ's codes [in, out] for w [out, in]: the transpose of those the weight's forward cast this step; without a forward
 // since the step began, w is cast again.
