@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
   // those words until the barrier). With the staged rows, shared memory (~100 KB a block for 1024-wide bf16 rows) is
   // what bounds the occupancy: two blocks an SM.
   stage_weight<P, V>(weight, w, row_packs);
-  const bool to_codes = kGated && gate.codes.codes;
+  const bool to_codes = gate.codes.codes != nullptr;  // the output (gated or not) as codes in place of y
   DeviceCodesOut codes{};
   if (to_codes) codes = device_codes_out(gate.codes);
   float4* dw = reinterpret_cast<float4*>(warp_dw[warp]);
@@ -373,12 +373,17 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
       if (pk >= row_packs) continue;
       float xv[V], g[V], wv[V];
       load_pack<V>(xr, pk, xv);
-      if (dy || y) shared_weight<V>(weight, p, lane, wv);
-      if (y && !kGated) {  // the forward's output again (the gated one was written above)
+      if (dy || y || to_codes) shared_weight<V>(weight, p, lane, wv);
+      if (!kGated && (y || to_codes)) {  // the forward's output again (the gated one was written above)
         float out[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) out[k] = normalized(xv[k], s, wv[k]);
-        store_pack<V>(y + base, pk, out);
+        if (to_codes) {
+          float unused = 0.f;
+          store_codes<T, V>(codes, base + (long long)pk * V, out, unused);
+        } else {
+          store_pack<V>(y + base, pk, out);
+        }
       }
       if (dy) {
         float dv[V];
@@ -462,8 +467,9 @@ void finalize_dweight(const float* partial, float* dweight, int64_t chunks, int6
 
 // The warp kernels' view of an RmsnormGate (null: none), its rows checked to fit (cuda_rmsnorm_gate_fits).
 template <typename T>
-GateRows<T> gate_rows(const RmsnormGate* gate, int64_t width) {
+GateRows<T> gate_rows(const RmsnormGate* gate, int64_t width, const Fp8CodesOut* y_codes = nullptr) {
   GateRows<T> g;
+  if (y_codes) g.codes = *y_codes;  // the plain norm's output as codes
   if (!gate) return g;
   g.gate = static_cast<const T*>(gate->gate);
   g.dgate = static_cast<T*>(gate->dgate);
@@ -485,6 +491,12 @@ bool cuda_rmsnorm_gate_fits(int64_t width, const void* x, const RmsnormGate& gat
   int packs = 0;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm gate", [&] { packs = warp_packs<act_t>(width, {x, gate.gate, gate.dgate}); });
   return packs > 0;
+}
+
+bool cuda_rmsnorm_codes_fit(int64_t width, DType dtype, std::initializer_list<const void*> buffers) {
+  int packs = 0;
+  HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm codes", [&] { packs = warp_packs<act_t>(width, buffers); });
+  return packs > 0 && width <= 0x7fffffffLL;
 }
 
 void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rstd, int64_t rows, int64_t width,
@@ -520,21 +532,27 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
 
 void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, void* dx, bool add,
                            float* dweight, void* y, int64_t rows, int64_t width, DType dtype,
-                           const RmsnormGate* gate) {
+                           const RmsnormGate* gate, const Fp8CodesOut* y_codes) {
   check_row_width(width, "rmsnorm backward");
   HGRN_CHECK(!gate || (dy && cuda_rmsnorm_gate_fits(width, x, *gate, dtype)),
              "rmsnorm backward: a gated norm needs the output's gradient and rows the warp kernels take");
+  HGRN_CHECK(!gate || !y_codes, "rmsnorm backward: a gated norm's codes come in its RmsnormGate");
+  HGRN_CHECK(!y_codes || (y_codes->codes && y_codes->scale && !y_codes->amax && !y &&
+                          cuda_rmsnorm_codes_fit(width, dtype, {x, weight, dy, dx})),
+             "rmsnorm backward: the output's FP8 codes need a buffer and a scale, replace y, record no amax and need "
+             "rows the warp kernels take");
   if (rows == 0) return;
   const bool want_dx = dx && dy, want_dw = dweight && dy;
   HGRN_CHECK(!gate || !gate->codes.codes || (!y && !gate->codes.amax),
              "rmsnorm backward: the gated output's FP8 codes replace y and record no amax");
-  if (!want_dx && !want_dw && !y && !(gate && (gate->dgate || gate->codes.codes))) return;
+  if (!want_dx && !want_dw && !y && !y_codes && !(gate && (gate->dgate || gate->codes.codes))) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm backward", [&] {
     const act_t* xt = static_cast<const act_t*>(x);
     const act_t* dyt = static_cast<const act_t*>(dy);
     act_t* dxt = want_dx ? static_cast<act_t*>(dx) : nullptr;
     const int packs = warp_packs<act_t>(width, {x, weight, dy, dx, y});
-    HGRN_CHECK(!gate || packs > 0, "rmsnorm backward: the gated norm's buffers are not on 16 bytes");
+    HGRN_CHECK((!gate && !y_codes) || packs > 0,
+               "rmsnorm backward: the gated norm's or the codes' buffers are not on 16 bytes");
     if (packs > 0) {
       // One pass for both gradients; the chunk partials of dweight go to a scratch summed by finalize_dweight.
       with_packs(packs, [&](auto p) {
@@ -551,7 +569,7 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
           allow_dynamic_smem<kernel>(smem);
           kernel<<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, smem, cuda_stream()>>>(
               xt, weight, rstd, dyt, dxt, add, partial_data, static_cast<act_t*>(y), rows, static_cast<int>(width),
-              gate_rows<act_t>(gate, width));
+              gate_rows<act_t>(gate, width, y_codes));
         });
         CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
         if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);

@@ -25,6 +25,8 @@
 #include "ops/fp8_linear.h"
 #include "ops/linear.h"
 #include "ops/linear_cross_entropy.h"
+#include "ops/recompute.h"
+#include "ops/rmsnorm.h"
 #include "ops/swiglu_linear.h"
 #include "scratch_dir.h"
 #include "train/trainer.h"
@@ -590,6 +592,98 @@ TEST(Fp8LinearCuda, SwigluWritingTheFp8InputKeepsTheBits) {
   HGRN_SKIP_WITHOUT_FP8();
   check_produced_input_keeps_the_bits(Device::CUDA, false);
   check_produced_input_keeps_the_bits(Device::CUDA, true);
+}
+
+// An RMSNorm output freed until the norm's backward (release_until_producer_backward, as the models free the inputs
+// of their projections) whose one consumer is an FP8 projection comes back as that projection's FP8 codes, written by
+// the norm's backward (ops/recompute.h: when_value_or_codes_ready), in place of the act-dtype value cast afterwards.
+// Those are the codes of the cast, so over three steps (the first a first cast, which takes the value path) every
+// output, gradient, amax and scale equals bit for bit the run that keeps the norms' outputs. Three norms: one read by
+// linear_columns (an MLP's gate/up), one by linear with a residual, and one read by two projections, which gets its
+// value back (two waiting consumers). 80 rows, widths 48 and 32.
+void check_norm_codes_keep_the_bits(Device device) {
+  const int64_t rows = 80, in = 48, mid = 32, steps = 3;
+  const DType act = activation(device);
+  Rng rng(41);
+  const Tensor w_columns = random_tensor(rng, {2 * mid, in}, 0.2, DType::F32),
+               w_c = random_tensor(rng, {mid, mid}, 0.2, DType::F32),
+               w_d = random_tensor(rng, {mid, mid}, 0.2, DType::F32),
+               w_e = random_tensor(rng, {mid, in}, 0.2, DType::F32),
+               w_f = random_tensor(rng, {mid, in}, 0.2, DType::F32);
+  std::vector<Tensor> norm_weights;
+  for (const int64_t width : {in, mid, in}) norm_weights.push_back(random_tensor(rng, {width}, 1.0, DType::F32));
+  std::vector<Tensor> xs, dys, residuals;
+  for (int step = 0; step < steps; ++step) {
+    xs.push_back(round_through(random_tensor(rng, {rows, in}, step == 1 ? 3.0 : 1.0, DType::F32), act));
+    dys.push_back(round_through(random_tensor(rng, {rows, mid}, 1e-2 * (step + 1), DType::F32), act));
+    residuals.push_back(round_through(random_tensor(rng, {rows, mid}, 1.0, DType::F32), act));
+  }
+  struct Run {
+    std::vector<Tensor> values;
+    std::vector<Fp8ScalingSnapshot> states;
+    std::vector<bool> codes_offered;  // per step after the first: the three norms
+  };
+  const auto run = [&](bool release) {
+    Run r;
+    Fp8LinearScope scope(Fp8Recipe{4, 0}, 5, {}, device);
+    const Tensor columns = on(w_columns, DType::F32, device);
+    const Var wa = make_var(columns.rows(0, mid), true), wb = make_var(columns.rows(mid, mid), true);
+    std::vector<Var> ws{wa, wb};
+    for (const Tensor* w : {&w_c, &w_d, &w_e, &w_f}) ws.push_back(make_var(on(*w, DType::F32, device), true));
+    std::vector<Var> norms;
+    for (const Tensor& w : norm_weights) norms.push_back(make_var(on(w, DType::F32, device), true));
+    for (int step = 0; step < steps; ++step) {
+      for (const Var& w : ws) w->grad = Tensor();
+      for (const Var& w : norms) w->grad = Tensor();
+      Tape tape;
+      const Var x = make_var(on(xs[step], act, device), true), res = make_var(on(residuals[step], act, device), true);
+      // A probe recorded between a norm and its consumers runs after their backward and before the norm's.
+      const auto probe = [&](const Var& normed) {
+        if (release && step > 0) tape.record([&r, normed] { r.codes_offered.push_back(codes_to_restore(normed)); });
+      };
+      const Var n1 = rmsnorm(tape, x, norms[0], 1e-5);
+      probe(n1);
+      const std::vector<Var> gate_up = linear_columns(tape, n1, {ws[0], ws[1]});
+      if (release) release_until_producer_backward(tape, n1);
+      const Var h = swiglu_linear(tape, gate_up[0], gate_up[1], ws[3], /*keep_hidden=*/true, res);
+      const Var n2 = rmsnorm(tape, h, norms[1], 1e-5);
+      probe(n2);
+      Var y = linear(tape, n2, ws[2], h);
+      if (release) release_until_producer_backward(tape, n2);
+      const Var n3 = rmsnorm(tape, x, norms[2], 1e-5);
+      probe(n3);
+      y = linear(tape, n3, ws[5], linear(tape, n3, ws[4], y));
+      if (release) release_until_producer_backward(tape, n3);
+      tape.backward(y, on(dys[step], act, device));
+      for (const Tensor& t : {y->value, x->grad, res->grad}) r.values.push_back(to_host_f64(t));
+      for (const Var& w : ws) r.values.push_back(to_host_f64(w->grad));
+      for (const Var& w : norms) r.values.push_back(to_host_f64(w->grad));
+      for (const Var& w : {ws[0], ws[2], ws[3], ws[4], ws[5]}) r.states.push_back(fp8_scaling_snapshot(w));
+      fp8_end_step();
+    }
+    return r;
+  };
+  const Run kept = run(false), released = run(true);
+  // Backward order: n3's probe first, then n2's, then n1's.
+  EXPECT_EQ(released.codes_offered, (std::vector<bool>{false, true, true, false, true, true}))
+      << "codes offered to the sole FP8 consumers of n1 and n2, not to n3's two";
+  ASSERT_EQ(kept.values.size(), released.values.size());
+  for (size_t i = 0; i < kept.values.size(); ++i)
+    expect_close(released.values[i], kept.values[i], 0, 0, ("value " + std::to_string(i)).c_str());
+  ASSERT_EQ(kept.states.size(), released.states.size());
+  for (size_t i = 0; i < kept.states.size(); ++i) {
+    EXPECT_EQ(released.states[i].scales, kept.states[i].scales) << "state " << i;
+    EXPECT_EQ(released.states[i].step_amax, kept.states[i].step_amax) << "state " << i;
+  }
+  EXPECT_NE(kept.states.back().scales[0], kept.states[kept.states.size() / steps - 1].scales[0])
+      << "the projections' input scale moved over the steps";
+}
+
+TEST(Fp8Linear, NormWritingTheFp8InputKeepsTheBits) { check_norm_codes_keep_the_bits(Device::CPU); }
+
+TEST(Fp8LinearCuda, NormWritingTheFp8InputKeepsTheBits) {
+  HGRN_SKIP_WITHOUT_FP8();
+  check_norm_codes_keep_the_bits(Device::CUDA);
 }
 
 void check_weight_cast_once_a_step(Device device) {

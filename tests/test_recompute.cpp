@@ -6,6 +6,10 @@
 // gradients that wait for it): the same gradients bit for bit; work waits only where a producer brings the value back.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "gradcheck.h"
 #include "ops/activations.h"
 #include "ops/elementwise.h"
@@ -189,6 +193,45 @@ TEST(ReleaseUntilProducerBackward, WorkWaitsOnlyForAValueItsProducerWritesAgain)
   restore_value(u, Tensor::zeros({3}, DType::F32));
   EXPECT_EQ(ran, 11);
   EXPECT_FALSE(u->value.defined());
+}
+
+// A consumer that can read the value as FP8 codes gets them only while it is all that waits: the producer then
+// writes the codes and no value, and the work finds the value undefined. A second waiter, of either kind, makes the
+// producer write the value for both; a value already there runs the work at once.
+TEST(ReleaseUntilProducerBackward, CodesAreOfferedOnlyToASoleWaitingConsumer) {
+  uint8_t buffer[3] = {};
+  const float scale = 1.0f;
+  const Fp8CodesOut codes{buffer, &scale, nullptr, Fp8Format::E4M3};
+  std::vector<std::string> ran;
+  const auto work = [&](const Var& v, const std::string& name) {
+    return [&ran, vp = v.get(), name] { ran.push_back(name + (vp->value.defined() ? ": value" : ": codes")); };
+  };
+  Tape tape;
+  Var alone = make_var(Tensor::zeros({3}, DType::F32), true, "alone");
+  release_until_producer_backward(tape, alone);
+  EXPECT_EQ(codes_to_restore(alone), nullptr) << "nothing waits yet";
+  when_value_or_codes_ready(alone, codes, work(alone, "alone"));
+  ASSERT_NE(codes_to_restore(alone), nullptr);
+  EXPECT_EQ(codes_to_restore(alone)->codes, buffer);
+  EXPECT_THROW(restore_value(alone, Tensor::zeros({4}, DType::F32)), Error) << "a value of another shape";
+  restore_codes(alone);
+  EXPECT_EQ(codes_to_restore(alone), nullptr) << "the request is spent";
+  EXPECT_THROW(restore_codes(alone), Error) << "nothing waits any more";
+
+  for (const bool codes_first : {true, false}) {
+    Var shared = make_var(Tensor::zeros({3}, DType::F32), true, "shared");
+    release_until_producer_backward(tape, shared);
+    if (codes_first) when_value_or_codes_ready(shared, codes, work(shared, "codes consumer"));
+    when_value_ready(shared, work(shared, "value consumer"));
+    if (!codes_first) when_value_or_codes_ready(shared, codes, work(shared, "codes consumer"));
+    EXPECT_EQ(codes_to_restore(shared), nullptr) << "two consumers wait";
+    EXPECT_THROW(restore_codes(shared), Error);
+    restore_value(shared, Tensor::zeros({3}, DType::F32));
+  }
+  Var kept = make_var(Tensor::zeros({3}, DType::F32), true, "kept");
+  when_value_or_codes_ready(kept, codes, work(kept, "kept"));
+  EXPECT_EQ(ran, (std::vector<std::string>{"alone: codes", "codes consumer: value", "value consumer: value",
+                                           "value consumer: value", "codes consumer: value", "kept: value"}));
 }
 
 TEST(ReleaseValue, ReleasingTwiceIsAnError) {

@@ -10,14 +10,19 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/rng.h"
 #include "gpu_test.h"
 #include "gradcheck.h"
 #include "ops/elementwise.h"
+#include "ops/fp8.h"
 #include "ops/linear.h"
 #include "ops/recompute.h"
 #include "ops/rmsnorm.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/rmsnorm.h"
+#endif
 
 namespace hgrn {
 namespace {
@@ -245,6 +250,61 @@ TEST(RmsNormCuda, OutputWrittenAgainByTheBackwardHasTheForwardsBits) {
     }
   }
 }
+
+#ifdef HGRN_WITH_CUDA
+// The backward writing the norm's output again as FP8 codes (an FP8 projection's input, ops/recompute.h) in place of
+// the act-dtype output: the codes are the reference cast (ops/fp8.h) of the output the same backward writes otherwise,
+// and dx and dweight keep their bits. fp32 and bf16, with and without a weight, with dy and with none (the codes
+// alone), 65 rows.
+TEST(RmsNormCuda, BackwardWritesTheCodesOfItsOutput) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(109);
+  const float scale = 24.0f;
+  const Tensor scale_t = to_gpu(Tensor::full({1}, scale, DType::F32), DType::F32);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (int64_t width : {200, 1024}) {
+      for (const bool with_weight : {true, false}) {
+        for (const bool with_dy : {true, false}) {
+          SCOPED_TRACE(case_name(dtype, 65, width, with_weight) + (with_dy ? " dy" : " no dy"));
+          const int64_t rows = 65, n = rows * width;
+          const Tensor x = to_gpu(testing::random_tensor(rng, {rows, width}, 2.0, DType::F32), dtype);
+          const Tensor g = to_gpu(testing::random_tensor(rng, {width}, 1.0, DType::F32), DType::F32);
+          const Tensor dy = to_gpu(testing::random_tensor(rng, {rows, width}, 1.0, DType::F32), dtype);
+          Tensor y = Tensor::empty({rows, width}, dtype, Device::CUDA), rstd = Tensor::empty({rows}, DType::F32, Device::CUDA);
+          rmsnorm_forward_into(x, with_weight ? &g : nullptr, kEps, y, rstd);
+          const auto backward = [&](Tensor* y_again, const Fp8CodesOut* codes) {
+            Tensor dx = Tensor::empty({rows, width}, dtype, Device::CUDA);
+            Tensor dw = Tensor::zeros({width}, DType::F32, Device::CUDA);
+            cuda_rmsnorm_backward(x.raw_data(), with_weight ? g.data<float>() : nullptr, rstd.data<float>(),
+                                  with_dy ? dy.raw_data() : nullptr, dx.raw_data(), false, dw.data<float>(),
+                                  y_again ? y_again->raw_data() : nullptr, rows, width, dtype, nullptr, codes);
+            return std::make_pair(dx.to(Device::CPU), dw.to(Device::CPU));
+          };
+          Tensor y_again = Tensor::empty({rows, width}, dtype, Device::CUDA);
+          const auto plain = backward(&y_again, nullptr);
+          const Tensor codes = Tensor::zeros({(n + 3) / 4}, DType::I32, Device::CUDA);
+          const Fp8CodesOut out{static_cast<uint8_t*>(codes.raw_data()), scale_t.data<float>(), nullptr,
+                                Fp8Format::E4M3};
+          ASSERT_TRUE(cuda_rmsnorm_codes_fit(width, dtype, {x.raw_data(), g.raw_data(), dy.raw_data()}));
+          const auto coded = backward(nullptr, &out);
+          const Tensor y_host = y_again.to(Device::CPU).to(DType::F32);
+          std::vector<uint8_t> want(static_cast<size_t>(n));
+          fp8_quantize(y_host.data<float>(), n, scale, Fp8Format::E4M3, want.data());
+          const Tensor got = codes.to(Device::CPU);
+          EXPECT_EQ(std::memcmp(got.raw_data(), want.data(), static_cast<size_t>(n)), 0) << "codes";
+          EXPECT_EQ(std::memcmp(y_again.to(Device::CPU).raw_data(), y.to(Device::CPU).raw_data(), y.nbytes()), 0)
+              << "the output written again is the forward's";
+          if (with_dy) {
+            EXPECT_EQ(std::memcmp(coded.first.raw_data(), plain.first.raw_data(), plain.first.nbytes()), 0) << "dx";
+            EXPECT_EQ(std::memcmp(coded.second.raw_data(), plain.second.raw_data(), plain.second.nbytes()), 0)
+                << "dweight";
+          }
+        }
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace hgrn

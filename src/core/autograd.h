@@ -12,6 +12,8 @@
 
 namespace hgrn {
 
+struct Fp8CodesOut;  // ops/fp8.h
+
 // The gradient of a tensor read as column blocks (column_block_outputs below), made lazily by the first block whose
 // gradient is written whole: each block's gradient is then a column view of `buffer`, so that the blocks' gradients,
 // written by their own consumers, are already the whole tensor's gradient, with no copy.
@@ -59,6 +61,9 @@ struct Variable {
   // backward needs the value queues that part here (when_value_ready) instead of running it.
   bool restored_by_producer = false;
   std::vector<std::function<void()>> waiting_for_value;
+  // Set while the only work waiting can take the value as FP8 codes instead (when_value_or_codes_ready): where and at
+  // which scale the producer may write them.
+  std::shared_ptr<const Fp8CodesOut> codes_wanted;
   // Set by column_block_outputs: this Var is columns [split_column, + width) of a larger tensor, whose gradient is
   // `split`.
   std::shared_ptr<SplitGradient> split;

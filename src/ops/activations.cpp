@@ -9,6 +9,7 @@
 #include "ops/cpu_math.h"
 #include "ops/cpu_parallel.h"
 #include "ops/fp8.h"
+#include "ops/fp8_linear.h"
 
 namespace hgrn {
 
@@ -131,16 +132,6 @@ void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y) {
   });
 }
 
-namespace {
-// The CPU's producer-side cast: y's values (as stored) cast at *codes.scale, their amax folded.
-void cast_into_codes(const Tensor& y, const Fp8CodesOut& codes) {
-  const Tensor values = y.dtype() == DType::F32 ? y : y.to(DType::F32);
-  const float* v = values.data<float>();
-  fp8_quantize(v, values.numel(), *codes.scale, codes.format, codes.codes);
-  if (codes.amax) *codes.amax = std::max(*codes.amax, fp8_amax(v, values.numel()));
-}
-}  // namespace
-
 void swiglu_forward_codes(const Tensor& gate, const Tensor& up, const Fp8CodesOut& codes) {
   HGRN_CHECK(codes.codes && codes.scale, "swiglu to FP8 codes: no buffer or scale");
   HGRN_CHECK(gate.shape() == up.shape() && gate.dtype() == up.dtype() && gate.device() == up.device(),
@@ -156,7 +147,7 @@ void swiglu_forward_codes(const Tensor& gate, const Tensor& up, const Fp8CodesOu
   }
   Tensor y = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
   swiglu_forward(gate, &up, y);
-  cast_into_codes(y, codes);
+  fp8_cast_into_codes_cpu(y, codes);
 }
 
 // silu (up and dup null) or swiglu backward on gate's device into the gradients of gate_var and up_var (each when it
@@ -217,7 +208,7 @@ void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, T
                         dgate ? dgate->data<scalar_t>() : nullptr, dup ? dup->data<scalar_t>() : nullptr,
                         y ? y->data<scalar_t>() : nullptr, add_gate, add_up, cpu_rows(gate, up, dgate, dup));
   });
-  if (recomputed_codes) cast_into_codes(recomputed, *recomputed_codes);
+  if (recomputed_codes) fp8_cast_into_codes_cpu(recomputed, *recomputed_codes);
 }
 
 Var silu(Tape& tape, const Var& x) {

@@ -461,15 +461,24 @@ Tensor fp8_linear_forward_produced(const Var& weight, const Fp8ProducedInput& x,
   return y;
 }
 
-void fp8_linear_weight_gradient_produced(const Var& weight, const Fp8OutputGradient& dy, const Fp8ProducedInput& x,
-                                         float beta, Tensor& dw) {
+void fp8_linear_weight_gradient_produced(const Var& weight, const Fp8OutputGradient& dy, int64_t first_column,
+                                         const Fp8ProducedInput& x, float beta, Tensor& dw) {
   HGRN_CHECK(x.codes.defined() && x.rows == dy.rows && x.in == dw.size(1) && dw.dtype() == DType::F32 &&
-                 dw.is_contiguous() && dw.size(0) == dy.width,
-             "fp8 linear: the weight gradient ", shape_str(dw.shape()), " does not fit the produced input of ", x.rows,
-             " rows of ", x.in);
+                 dw.is_contiguous() && first_column >= 0 && first_column + dw.size(0) <= dy.width,
+             "fp8 linear: the weight gradient ", shape_str(dw.shape()), " does not fit columns ", first_column, "..",
+             first_column + dw.size(0), " of ", dy.width, " and the produced input of ", x.rows, " rows of ", x.in);
   const Tensor xq_t = fp8_codes(x.rows * x.in);  // Xᵀ [in, rows]
   transpose_codes(codes_of(x.codes), x.rows, x.in, codes_of(xq_t));
-  weight_gradient_from_codes(weight, dy, 0, xq_t, beta, dw);
+  weight_gradient_from_codes(weight, dy, first_column, xq_t, beta, dw);
+}
+
+void fp8_cast_into_codes_cpu(const Tensor& values, const Fp8CodesOut& codes) {
+  HGRN_CHECK(values.device() == Device::CPU && codes.codes && codes.scale, "fp8 cast into codes: CPU values, a buffer "
+             "and a scale wanted");
+  const Tensor v32 = values.dtype() == DType::F32 ? values : values.to(DType::F32);
+  const float* v = v32.data<float>();
+  fp8_quantize(v, v32.numel(), *codes.scale, codes.format, codes.codes);
+  if (codes.amax) *codes.amax = std::max(*codes.amax, fp8_amax(v, v32.numel()));
 }
 
 void fp8_set_amax_reduction(const std::function<void(float*, int64_t)>& reduce_max) {

@@ -116,8 +116,11 @@ Fp8ProducedInput fp8_produced_input(const Var& weight, const Tensor& w, Device d
 Tensor fp8_linear_forward_produced(const Var& weight, const Fp8ProducedInput& x, const Tensor& w,
                                    const Tensor* residual, const Shape& shape, DType dtype);
 // fp8_linear_weight_gradient with the input's codes written by its producer in the backward (transposed here).
-void fp8_linear_weight_gradient_produced(const Var& weight, const Fp8OutputGradient& dy, const Fp8ProducedInput& x,
-                                         float beta, Tensor& dw);
+void fp8_linear_weight_gradient_produced(const Var& weight, const Fp8OutputGradient& dy, int64_t first_column,
+                                         const Fp8ProducedInput& x, float beta, Tensor& dw);
+// The CPU producers' cast, the reference the GPU producers' codes are held to: values (as stored; fp32 or fp64 on the
+// CPU) cast at *codes.scale, their amax folded where codes.amax is set.
+void fp8_cast_into_codes_cpu(const Tensor& values, const Fp8CodesOut& codes);
 
 // With several ranks: reduce_max(data, count) makes `count` amaxes (device floats) the maximum over the ranks, in
 // place. The active scope passes every amax its scales come from through it (each step's, and a tensor's first cast's),

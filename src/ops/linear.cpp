@@ -183,7 +183,30 @@ void linear_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x, const 
 
 void linear_weight_gradient(const Fp8OutputGradient& dy, const Fp8ProducedInput& x, const Var& weight) {
   weight_gradient_into(weight, [dy, x, weight](float beta, Tensor& dw) {
-    fp8_linear_weight_gradient_produced(weight, dy, x, beta, dw);
+    fp8_linear_weight_gradient_produced(weight, dy, 0, x, beta, dw);
+  });
+}
+
+// dW's wait for an FP8 projection's input x (when_value_ready): where x's value is gone until its producer's backward
+// (an RMSNorm's output), the wait offers to read x as FP8 codes at the input's scale, which that producer then writes
+// in place of the value where this is all that waits for it (ops/recompute.h): from_codes runs then, else from_value.
+// w: the projection's master block (its first weight's scaling state is the input's).
+template <typename FromValue, typename FromCodes>
+static void fp8_weight_gradient_when_ready(const Var& x, const Var& weight, const Tensor& w, FromValue from_value,
+                                           FromCodes from_codes) {
+  Fp8ProducedInput codes;
+  if (!x->value.defined() && x->restored_by_producer)
+    codes = fp8_produced_input(weight, w, x->released.device, x->released.dtype,
+                               shape_numel(x->released.shape) / w.size(1), /*forward=*/false);
+  if (!codes.codes.defined()) {
+    when_value_ready(x, [xp = x.get(), from_value] { from_value(xp->value); });
+    return;
+  }
+  when_value_or_codes_ready(x, codes.out, [xp = x.get(), codes, from_value, from_codes] {
+    if (xp->value.defined())
+      from_value(xp->value);
+    else
+      from_codes(codes);
   });
 }
 
@@ -201,7 +224,9 @@ static Var fp8_linear(Tape& tape, const Var& x, const Var& weight, const Var& re
       fp8_linear_input_gradient(weight, dy, weight->value, accumulate ? 1.0f : 0.0f, dx);
     }
     if (wants_grad(weight))
-      when_value_ready(x, [dy, xp = x.get(), weight] { linear_weight_gradient(dy, xp->value, weight); });
+      fp8_weight_gradient_when_ready(
+          x, weight, weight->value, [dy, weight](const Tensor& xv) { linear_weight_gradient(dy, xv, weight); },
+          [dy, weight](const Fp8ProducedInput& xc) { linear_weight_gradient(dy, xc, weight); });
     if (wants_grad(residual)) hand_over_gradient(out, residual);
   });
   return out;
@@ -405,6 +430,15 @@ static void columns_weight_gradient(const Fp8OutputGradient& dy, const Tensor& x
   });
 }
 
+static void columns_weight_gradient(const Fp8OutputGradient& dy, const Fp8ProducedInput& x,
+                                    const std::vector<Var>& weights, const std::vector<int64_t>& widths) {
+  if (WeightGradientQueue::defer([dy, x, weights, widths] { columns_weight_gradient(dy, x, weights, widths); }))
+    return;
+  columns_weight_gradient(weights, widths, [&](Tensor& dw, int64_t col, int64_t, float beta) {
+    fp8_linear_weight_gradient_produced(weights[0], dy, col, x, beta, dw);
+  });
+}
+
 // linear_columns' FP8 form over the weights' adjacent master values w_all [Σ out_i, in], which share one scaling
 // state (the first weight's).
 static std::vector<Var> fp8_linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights,
@@ -424,9 +458,10 @@ static std::vector<Var> fp8_linear_columns(Tape& tape, const Var& x, const std::
       fp8_linear_input_gradient(weights[0], dy, w_all, accumulate ? 1.0f : 0.0f, dx);
     }
     if (weight_grads)
-      when_value_ready(x, [dy, xp = x.get(), weights, widths] {
-        columns_weight_gradient(dy, xp->value, weights, widths);
-      });
+      fp8_weight_gradient_when_ready(
+          x, weights[0], w_all,
+          [dy, weights, widths](const Tensor& xv) { columns_weight_gradient(dy, xv, weights, widths); },
+          [dy, weights, widths](const Fp8ProducedInput& xc) { columns_weight_gradient(dy, xc, weights, widths); });
   });
   return blocks;
 }

@@ -73,15 +73,40 @@ void when_value_ready(const Var& v, std::function<void()> work) {
   v->waiting_for_value.push_back(std::move(work));
 }
 
+namespace {
+// Runs and clears v's waiting work, in the order it was queued.
+void run_waiting(const Var& v) {
+  std::vector<std::function<void()>> waiting = std::move(v->waiting_for_value);
+  v->waiting_for_value.clear();
+  v->codes_wanted.reset();
+  for (auto& work : waiting) work();
+}
+}  // namespace
+
 void restore_value(const Var& v, Tensor value) {
   HGRN_CHECK(v->restored_by_producer && !v->value.defined(), "restore_value: '", v->name,
              "' was not released until its producer's backward");
   check_like_released(v, value, "restore_value: the value");
   v->value = std::move(value);
-  std::vector<std::function<void()>> waiting = std::move(v->waiting_for_value);
-  v->waiting_for_value.clear();
-  for (auto& work : waiting) work();
+  run_waiting(v);
   v->value = Tensor();
+}
+
+void when_value_or_codes_ready(const Var& v, const Fp8CodesOut& codes, std::function<void()> work) {
+  HGRN_CHECK(codes.codes && codes.scale, "when_value_or_codes_ready: '", v->name, "': no codes buffer or scale");
+  const bool first = !v->value.defined() && v->waiting_for_value.empty();
+  when_value_ready(v, std::move(work));
+  if (first) v->codes_wanted = std::make_shared<const Fp8CodesOut>(codes);
+}
+
+const Fp8CodesOut* codes_to_restore(const Var& v) {
+  if (!v->restored_by_producer || v->value.defined() || v->waiting_for_value.size() != 1) return nullptr;
+  return v->codes_wanted.get();
+}
+
+void restore_codes(const Var& v) {
+  HGRN_CHECK(codes_to_restore(v), "restore_codes: '", v->name, "' has no consumer waiting for codes alone");
+  run_waiting(v);
 }
 
 }  // namespace hgrn

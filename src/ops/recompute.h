@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "ops/fp8.h"
 
 namespace hgrn {
 
@@ -45,5 +46,16 @@ void when_value_ready(const Var& v, std::function<void()> work);
 // In the producer's backward of a Var released by release_until_producer_backward: puts `value` back (its shape and
 // dtype checked against the forward's), runs the queued work in the order it was queued, and frees the value again.
 void restore_value(const Var& v, Tensor value);
+
+// when_value_ready for a consumer that can read v's value as FP8 codes instead (an FP8 projection's weight gradient,
+// ops/fp8_linear.h): `codes` says where and at which scale. Where this is the only work waiting once v's producer
+// runs its backward, the producer may write those codes and no value (codes_to_restore, restore_codes): work then
+// finds v's value undefined and reads the codes; otherwise it finds the value, as when_value_ready's work does.
+void when_value_or_codes_ready(const Var& v, const Fp8CodesOut& codes, std::function<void()> work);
+// In the producer's backward: the codes the only waiting consumer reads in place of the value, else null (write the
+// value: restore_value).
+const Fp8CodesOut* codes_to_restore(const Var& v);
+// In the producer's backward, once it wrote codes_to_restore's codes: runs the waiting consumer's work.
+void restore_codes(const Var& v);
 
 }  // namespace hgrn

@@ -7,8 +7,10 @@
 
 #include "ops/activations.h"
 #include "ops/cpu_parallel.h"
+#include "ops/fp8_linear.h"
 #include "ops/recompute.h"
 #ifdef HGRN_WITH_CUDA
+#include "kernels/fp8.h"
 #include "kernels/rmsnorm.h"
 #endif
 
@@ -108,9 +110,16 @@ static void norm_forward(const Tensor& x, const Tensor* w, Tensor& y, Tensor& rs
 // grad_buffer. The GPU overwrites an input gradient it sees first (grad_buffer_for_write: no zero fill to write and
 // read back) and adds into one already there (the residual stream's gradient, handed over by the GEMM that added
 // the stream: ops/linear.h) in the same pass. dw always accumulates (a parameter gradient). y non-null: the op's
-// output written again (see rmsnorm_backward_cpu).
+// output written again (see rmsnorm_backward_cpu); y_codes instead (y null): that output as FP8 codes, the bits of
+// writing it and then casting it (on the GPU in the same pass where the warp kernel takes the rows).
 static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd, const Tensor* dy, const Var& in,
-                          bool dw_wanted, Tensor* y, int64_t rows, int64_t width) {
+                          bool dw_wanted, Tensor* y, int64_t rows, int64_t width,
+                          const Fp8CodesOut* y_codes = nullptr) {
+  Tensor y_for_codes;  // where the codes are the cast of a written output
+  if (y_codes) {
+    HGRN_CHECK(!y, "rmsnorm backward: the output's codes replace it");
+    y_for_codes = Tensor::empty(x.shape(), x.dtype(), x.device());
+  }
   const auto check_grad = [&](const Tensor* g) {
     HGRN_CHECK(!g || (g->dtype() == x.dtype() && g->device() == x.device() && g->numel() == x.numel() &&
                       g->is_contiguous()),
@@ -125,9 +134,18 @@ static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd
     Tensor* dx = dx_wanted ? &grad_buffer_for_write(in, &add) : nullptr;
     Tensor* dw = dw_wanted ? &grad_buffer(weight) : nullptr;
     check_grad(dx);
+    const void* dx_data = dx ? dx->raw_data() : nullptr;
+    const bool codes_in_pass =
+        y_codes && cuda_rmsnorm_codes_fit(width, x.dtype(), {x.raw_data(), w ? w->raw_data() : nullptr,
+                                                             dy ? dy->raw_data() : nullptr, dx_data});
+    if (y_codes && !codes_in_pass) y = &y_for_codes;
     cuda_rmsnorm_backward(x.raw_data(), w ? w->data<float>() : nullptr, rstd.data<float>(),
                           dy ? dy->raw_data() : nullptr, dx ? dx->raw_data() : nullptr, add,
-                          dw ? dw->data<float>() : nullptr, y ? y->raw_data() : nullptr, rows, width, x.dtype());
+                          dw ? dw->data<float>() : nullptr, y ? y->raw_data() : nullptr, rows, width, x.dtype(),
+                          nullptr, codes_in_pass ? y_codes : nullptr);
+    if (y_codes && !codes_in_pass)
+      cuda_fp8_quantize(y_for_codes.raw_data(), x.dtype(), x.numel(), y_codes->scale, y_codes->format,
+                        y_codes->codes, nullptr);
     return;
 #else
     throw Error("rmsnorm: this hgrn was built without CUDA");
@@ -136,11 +154,13 @@ static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd
   Tensor* dx = dx_wanted ? &grad_buffer(in) : nullptr;
   Tensor* dw = dw_wanted ? &grad_buffer(weight) : nullptr;
   check_grad(dx);
+  if (y_codes) y = &y_for_codes;
   HGRN_DISPATCH_FLOAT(x.dtype(), "rmsnorm backward", [&] {
     rmsnorm_backward_cpu(x.data<scalar_t>(), w ? w->data<scalar_t>() : nullptr, rstd.data<scalar_t>(),
                          dy ? dy->data<scalar_t>() : nullptr, dx ? dx->data<scalar_t>() : nullptr,
                          dw ? dw->data<scalar_t>() : nullptr, y ? y->data<scalar_t>() : nullptr, rows, width);
   });
+  if (y_codes) fp8_cast_into_codes_cpu(y_for_codes, *y_codes);
 }
 
 static Tensor empty_rstd(const Tensor& x, int64_t rows) {
@@ -169,11 +189,17 @@ Var rmsnorm(Tape& tape, const Var& x, const Var& weight, double eps, int64_t gro
   Var out = weight ? op_output(tape, y, {x, weight}) : op_output(tape, y, {x});
   if (!out->requires_grad) return out;
   tape.record([x, weight, out, rstd, rows, width] {
-    Tensor y = output_to_restore(out);
+    // The output again for a consumer waiting for it: as FP8 codes where that is all it reads (ops/recompute.h).
+    const Fp8CodesOut* codes = codes_to_restore(out);
+    Tensor y = codes ? Tensor() : output_to_restore(out);
     const Tensor* dy = out->grad.defined() ? &out->grad : nullptr;
-    if (!dy && !y.defined()) return;
-    norm_backward(x->value, weight, rstd, dy, x, dy && wants_grad(weight), y.defined() ? &y : nullptr, rows, width);
-    if (y.defined()) restore_value(out, std::move(y));
+    if (!dy && !y.defined() && !codes) return;
+    norm_backward(x->value, weight, rstd, dy, x, dy && wants_grad(weight), y.defined() ? &y : nullptr, rows, width,
+                  codes);
+    if (codes)
+      restore_codes(out);
+    else if (y.defined())
+      restore_value(out, std::move(y));
   });
   return out;
 }
