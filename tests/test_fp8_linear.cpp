@@ -512,6 +512,38 @@ TEST(Fp8LinearCuda, SwigluWritesTheCodesOfItsStoredOutput) {
   check_swiglu_codes(Device::CUDA);
 }
 
+// The bits tests' inputs over `steps` steps: x [rows, in] (the second step's three times larger, so that the scales
+// move), the output gradient dy and a residual [rows, out], each rounded to the act dtype.
+struct StepInputs {
+  std::vector<Tensor> xs, dys, residuals;
+};
+StepInputs step_inputs(Rng& rng, int steps, int64_t rows, int64_t in, int64_t out, DType act) {
+  StepInputs s;
+  for (int step = 0; step < steps; ++step) {
+    s.xs.push_back(round_through(random_tensor(rng, {rows, in}, step == 1 ? 3.0 : 1.0, DType::F32), act));
+    s.dys.push_back(round_through(random_tensor(rng, {rows, out}, 1e-2 * (step + 1), DType::F32), act));
+    s.residuals.push_back(round_through(random_tensor(rng, {rows, out}, 1.0, DType::F32), act));
+  }
+  return s;
+}
+
+// Steps of an FP8 run as the bits tests compare them: every output and gradient (fp64 on the host) and the scaling
+// states, in the order recorded; `got` must equal `want` bit for bit. names: the values of one step, cycled.
+struct Fp8Run {
+  std::vector<Tensor> values;
+  std::vector<Fp8ScalingSnapshot> states;
+};
+void expect_same_bits(const Fp8Run& got, const Fp8Run& want, const std::vector<std::string>& names) {
+  ASSERT_EQ(got.values.size(), want.values.size());
+  for (size_t i = 0; i < want.values.size(); ++i)
+    expect_close(got.values[i], want.values[i], 0, 0, names[i % names.size()].c_str());
+  ASSERT_EQ(got.states.size(), want.states.size());
+  for (size_t i = 0; i < want.states.size(); ++i) {
+    EXPECT_EQ(got.states[i].scales, want.states[i].scales) << "state " << i;
+    EXPECT_EQ(got.states[i].step_amax, want.states[i].step_amax) << "state " << i;
+  }
+}
+
 // swiglu_linear without a kept hidden, once the projection's input has a scale, has SwiGLU (or the gated norm, normed)
 // write that input as FP8 codes (ops/fp8_linear.h: Fp8ProducedInput) in the forward and again in the backward, never
 // in the act dtype. Those are the codes of casting the stored hidden, so over three steps (the first a first cast,
@@ -525,15 +557,9 @@ void check_produced_input_keeps_the_bits(Device device, bool normed) {
   const Tensor w_gate_up = random_tensor(rng, {2 * hidden, in}, 0.2, DType::F32),
                w_down = random_tensor(rng, {out, hidden}, 0.2, DType::F32),
                w_norm = random_tensor(rng, {16}, 1.0, DType::F32);
-  std::vector<Tensor> xs, dys, residuals;
-  for (int step = 0; step < steps; ++step) {
-    xs.push_back(round_through(random_tensor(rng, {rows, in}, step == 1 ? 3.0 : 1.0, DType::F32), act));
-    dys.push_back(round_through(random_tensor(rng, {rows, out}, 1e-2 * (step + 1), DType::F32), act));
-    residuals.push_back(round_through(random_tensor(rng, {rows, out}, 1.0, DType::F32), act));
-  }
-  struct Run {
-    std::vector<Tensor> values;
-    std::vector<Fp8ScalingSnapshot> states;
+  const StepInputs inputs = step_inputs(rng, steps, rows, in, out, act);
+  const std::vector<Tensor> &xs = inputs.xs, &dys = inputs.dys, &residuals = inputs.residuals;
+  struct Run : Fp8Run {
     bool produced = false;
   };
   const auto run = [&](bool keep_hidden) {
@@ -569,16 +595,9 @@ void check_produced_input_keeps_the_bits(Device device, bool normed) {
   };
   const Run kept = run(true), produced = run(false);
   EXPECT_TRUE(produced.produced) << "the projection's input had a scale after the first step";
-  ASSERT_EQ(kept.values.size(), produced.values.size());
-  const std::vector<std::string> names = {"y", "dx", "d residual", "dW gate", "dW up", "dW down", "d norm weight"};
-  const size_t per_step = normed ? 7 : 6;
-  for (size_t i = 0; i < kept.values.size(); ++i)
-    expect_close(produced.values[i], kept.values[i], 0, 0, names[i % per_step].c_str());
-  ASSERT_EQ(kept.states.size(), produced.states.size());
-  for (size_t i = 0; i < kept.states.size(); ++i) {
-    EXPECT_EQ(produced.states[i].scales, kept.states[i].scales) << "state " << i;
-    EXPECT_EQ(produced.states[i].step_amax, kept.states[i].step_amax) << "state " << i;
-  }
+  std::vector<std::string> names = {"y", "dx", "d residual", "dW gate", "dW up", "dW down"};
+  if (normed) names.push_back("d norm weight");
+  expect_same_bits(produced, kept, names);
   EXPECT_NE(kept.states.back().scales[0], kept.states[kept.states.size() / steps - 1].scales[0])
       << "the projection input's scale moved over the steps";
 }
@@ -612,15 +631,9 @@ void check_norm_codes_keep_the_bits(Device device) {
                w_f = random_tensor(rng, {mid, in}, 0.2, DType::F32);
   std::vector<Tensor> norm_weights;
   for (const int64_t width : {in, mid, in}) norm_weights.push_back(random_tensor(rng, {width}, 1.0, DType::F32));
-  std::vector<Tensor> xs, dys, residuals;
-  for (int step = 0; step < steps; ++step) {
-    xs.push_back(round_through(random_tensor(rng, {rows, in}, step == 1 ? 3.0 : 1.0, DType::F32), act));
-    dys.push_back(round_through(random_tensor(rng, {rows, mid}, 1e-2 * (step + 1), DType::F32), act));
-    residuals.push_back(round_through(random_tensor(rng, {rows, mid}, 1.0, DType::F32), act));
-  }
-  struct Run {
-    std::vector<Tensor> values;
-    std::vector<Fp8ScalingSnapshot> states;
+  const StepInputs inputs = step_inputs(rng, steps, rows, in, mid, act);
+  const std::vector<Tensor> &xs = inputs.xs, &dys = inputs.dys, &residuals = inputs.residuals;
+  struct Run : Fp8Run {
     std::vector<bool> codes_offered;  // per step after the first: the three norms
   };
   const auto run = [&](bool release) {
@@ -667,14 +680,9 @@ void check_norm_codes_keep_the_bits(Device device) {
   // Backward order: n3's probe first, then n2's, then n1's.
   EXPECT_EQ(released.codes_offered, (std::vector<bool>{false, true, true, false, true, true}))
       << "codes offered to the sole FP8 consumers of n1 and n2, not to n3's two";
-  ASSERT_EQ(kept.values.size(), released.values.size());
-  for (size_t i = 0; i < kept.values.size(); ++i)
-    expect_close(released.values[i], kept.values[i], 0, 0, ("value " + std::to_string(i)).c_str());
-  ASSERT_EQ(kept.states.size(), released.states.size());
-  for (size_t i = 0; i < kept.states.size(); ++i) {
-    EXPECT_EQ(released.states[i].scales, kept.states[i].scales) << "state " << i;
-    EXPECT_EQ(released.states[i].step_amax, kept.states[i].step_amax) << "state " << i;
-  }
+  expect_same_bits(released, kept,
+                   {"y", "dx", "d residual", "dW gate", "dW up", "dW o", "dW down", "dW e", "dW f", "d norm 1",
+                    "d norm 2", "d norm 3"});
   EXPECT_NE(kept.states.back().scales[0], kept.states[kept.states.size() / steps - 1].scales[0])
       << "the projections' input scale moved over the steps";
 }
