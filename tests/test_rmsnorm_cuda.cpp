@@ -270,7 +270,8 @@ TEST(RmsNormCuda, BackwardWritesTheCodesOfItsOutput) {
           const Tensor x = to_gpu(testing::random_tensor(rng, {rows, width}, 2.0, DType::F32), dtype);
           const Tensor g = to_gpu(testing::random_tensor(rng, {width}, 1.0, DType::F32), DType::F32);
           const Tensor dy = to_gpu(testing::random_tensor(rng, {rows, width}, 1.0, DType::F32), dtype);
-          Tensor y = Tensor::empty({rows, width}, dtype, Device::CUDA), rstd = Tensor::empty({rows}, DType::F32, Device::CUDA);
+          Tensor y = Tensor::empty({rows, width}, dtype, Device::CUDA);
+          Tensor rstd = Tensor::empty({rows}, DType::F32, Device::CUDA);
           rmsnorm_forward_into(x, with_weight ? &g : nullptr, kEps, y, rstd);
           const auto backward = [&](Tensor* y_again, const Fp8CodesOut* codes) {
             Tensor dx = Tensor::empty({rows, width}, dtype, Device::CUDA);
