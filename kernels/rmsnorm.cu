@@ -496,7 +496,7 @@ bool cuda_rmsnorm_gate_fits(int64_t width, const void* x, const RmsnormGate& gat
 bool cuda_rmsnorm_codes_fit(int64_t width, DType dtype, std::initializer_list<const void*> buffers) {
   int packs = 0;
   HGRN_CUDA_DISPATCH_ACT(dtype, "rmsnorm codes", [&] { packs = warp_packs<act_t>(width, buffers); });
-  return packs > 0 && width <= 0x7fffffffLL;
+  return packs > 0;
 }
 
 void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rstd, int64_t rows, int64_t width,

@@ -88,9 +88,9 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
     // dlogits (unscaled) in place of the logits, in the loss's own pass over them where a row fits in shared memory
     // (else by the backward kernel), then this chunk's share of dx and of the sum over rows of dW. FP8: that pass
     // writes dlogits as E5M2 codes instead, once their scale exists (fp8_output_gradient_codes).
-    Fp8OutputGradient dlogits_fp8;
+    Fp8OutputGradient dlogits;
     const Fp8CodesOut dlogits_codes =
-        fp8 && records ? fp8_output_gradient_codes(weight, n, vocab, dlogits_fp8) : Fp8CodesOut{};
+        fp8 && records ? fp8_output_gradient_codes(weight, n, vocab, dlogits) : Fp8CodesOut{};
     const bool fused = records && cross_entropy_forward_gradient_cuda(
                                       logits.raw_data(), act, chunk_targets, targets.dtype(), n, vocab, ignore_index,
                                       chunk_loss, chunk_lse, chunk_row_target, chunk_count_slots, scratch.raw_data(),
@@ -107,10 +107,9 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
     const float dw_beta = r0 == 0 ? 0.0f : 1.0f;
     if (fp8) {
       if (fused && dlogits_codes.codes)
-        fp8_output_gradient_transpose(dlogits_fp8);
+        fp8_output_gradient_transpose(dlogits);
       else
-        dlogits_fp8 = fp8_output_gradient(weight, chunk_logits);
-      const Fp8OutputGradient& dlogits = dlogits_fp8;
+        dlogits = fp8_output_gradient(weight, chunk_logits);
       if (dx_unscaled.defined()) {
         if (!w_codes_transposed.defined()) w_codes_transposed = fp8_weight_codes_transposed(weight, w);
         Tensor dx_rows = dx_unscaled.flat_view(r0 * width, n * width).reshape({n, width});

@@ -115,11 +115,8 @@ static void norm_forward(const Tensor& x, const Tensor* w, Tensor& y, Tensor& rs
 static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd, const Tensor* dy, const Var& in,
                           bool dw_wanted, Tensor* y, int64_t rows, int64_t width,
                           const Fp8CodesOut* y_codes = nullptr) {
-  Tensor y_for_codes;  // where the codes are the cast of a written output
-  if (y_codes) {
-    HGRN_CHECK(!y, "rmsnorm backward: the output's codes replace it");
-    y_for_codes = Tensor::empty(x.shape(), x.dtype(), x.device());
-  }
+  HGRN_CHECK(!y_codes || !y, "rmsnorm backward: the output's codes replace it");
+  Tensor y_for_codes;  // the output the codes are cast from, where the pass does not write them itself
   const auto check_grad = [&](const Tensor* g) {
     HGRN_CHECK(!g || (g->dtype() == x.dtype() && g->device() == x.device() && g->numel() == x.numel() &&
                       g->is_contiguous()),
@@ -138,7 +135,10 @@ static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd
     const bool codes_in_pass =
         y_codes && cuda_rmsnorm_codes_fit(width, x.dtype(), {x.raw_data(), w ? w->raw_data() : nullptr,
                                                              dy ? dy->raw_data() : nullptr, dx_data});
-    if (y_codes && !codes_in_pass) y = &y_for_codes;
+    if (y_codes && !codes_in_pass) {
+      y_for_codes = Tensor::empty(x.shape(), x.dtype(), x.device());
+      y = &y_for_codes;
+    }
     cuda_rmsnorm_backward(x.raw_data(), w ? w->data<float>() : nullptr, rstd.data<float>(),
                           dy ? dy->raw_data() : nullptr, dx ? dx->raw_data() : nullptr, add,
                           dw ? dw->data<float>() : nullptr, y ? y->raw_data() : nullptr, rows, width, x.dtype(),
@@ -154,7 +154,10 @@ static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd
   Tensor* dx = dx_wanted ? &grad_buffer(in) : nullptr;
   Tensor* dw = dw_wanted ? &grad_buffer(weight) : nullptr;
   check_grad(dx);
-  if (y_codes) y = &y_for_codes;
+  if (y_codes) {
+    y_for_codes = Tensor::empty(x.shape(), x.dtype(), x.device());
+    y = &y_for_codes;
+  }
   HGRN_DISPATCH_FLOAT(x.dtype(), "rmsnorm backward", [&] {
     rmsnorm_backward_cpu(x.data<scalar_t>(), w ? w->data<scalar_t>() : nullptr, rstd.data<scalar_t>(),
                          dy ? dy->data<scalar_t>() : nullptr, dx ? dx->data<scalar_t>() : nullptr,
