@@ -19,12 +19,8 @@ namespace {
 struct Rows {
   long long rows, packs;  // packs per row
   long long width, gate, up, dgate, dup;  // row strides in elements: y/dy (= width), gate, up, dgate, dup
+  long long codes_width, dgate_column, dup_column;  // the gradient codes' matrix (SwigluRows)
 };
-#define HGRN_FOR_EACH_ROW_PACK(r, i, R)                                                  \
-  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;                \
-  if (i >= (R).packs) return;                                                           \
-  for (long long r = blockIdx.y * (long long)blockDim.y + threadIdx.y; r < (R).rows; \
-       r += (long long)gridDim.y * blockDim.y)
 
 // kCodes: the output as FP8 codes (Fp8CodesOut: contiguous [rows, width]) with its amax folded, in place of y. Every
 // thread reaches the block's amax fold, so the loop does not return early.
@@ -60,12 +56,19 @@ __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, Fp8Codes
 // may alias (swiglu(x, x)): dgate is stored before dup is read, by the same thread, so the second adds to the first.
 // y (may be null, may alias dy): the forward's output again, silu(gate) ⊙ up, stored after dy's pack was read; with
 // kCodes as FP8 codes instead (no amax: the backward's cast reuses the forward's scale and records nothing).
-template <typename T, int V, bool kHasUp, bool kCodes>
+// kGradCodes: dgate and dup as FP8 codes (gradient_out) in their columns of one code matrix, their amax folded; every
+// thread reaches the fold, so the loop does not return early.
+template <typename T, int V, bool kHasUp, bool kCodes, bool kGradCodes>
 __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y,
-                                       Fp8CodesOut codes_out, bool add_gate, bool add_up, Rows R) {
-  DeviceCodesOut out{};
+                                       Fp8CodesOut codes_out, Fp8CodesOut gradient_out, bool add_gate, bool add_up,
+                                       Rows R) {
+  DeviceCodesOut out{}, grad_out{};
   if constexpr (kCodes) out = device_codes_out(codes_out);
-  HGRN_FOR_EACH_ROW_PACK(r, i, R) {
+  if constexpr (kGradCodes) grad_out = device_codes_out(gradient_out);
+  float grad_amax = 0.0f;
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  for (long long r = blockIdx.y * (long long)blockDim.y + threadIdx.y; i < R.packs && r < R.rows;
+       r += (long long)gridDim.y * blockDim.y) {
     float g[V], u[V], d[V], s[V], acc[V];
     load_pack<V>(gate + r * R.gate, i, g);
     load_pack<V>(dy + r * R.width, i, d);
@@ -85,30 +88,39 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, 
         store_pack<V>(y + r * R.width, i, acc);
       }
     }
-    if (dgate) {
-      T* dg = dgate + r * R.dgate;
-      if (add_gate) load_pack<V>(dg, i, acc);
+    if (kGradCodes || dgate) {
+      T* dg = kGradCodes ? nullptr : dgate + r * R.dgate;
+      if (!kGradCodes && add_gate) load_pack<V>(dg, i, acc);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         float dyu = d[k];
         if constexpr (kHasUp) dyu *= u[k];
         const float v = silu_backward_value(g[k], s[k], dyu);
-        acc[k] = add_gate ? accumulated(acc[k], v) : v;
+        acc[k] = !kGradCodes && add_gate ? accumulated(acc[k], v) : v;
       }
-      store_pack<V>(dg, i, acc);
+      if constexpr (kGradCodes)
+        store_codes<T, V>(grad_out, r * R.codes_width + R.dgate_column + i * V, acc, grad_amax);
+      else
+        store_pack<V>(dg, i, acc);
     }
     if constexpr (kHasUp) {
-      if (dup) {
-        T* du = dup + r * R.dup;
-        if (add_up) load_pack<V>(du, i, acc);
+      if (kGradCodes || dup) {
+        T* du = kGradCodes ? nullptr : dup + r * R.dup;
+        if (!kGradCodes && add_up) load_pack<V>(du, i, acc);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float v = d[k] * g[k] * s[k];
-          acc[k] = add_up ? accumulated(acc[k], v) : v;
+          acc[k] = !kGradCodes && add_up ? accumulated(acc[k], v) : v;
         }
-        store_pack<V>(du, i, acc);
+        if constexpr (kGradCodes)
+          store_codes<T, V>(grad_out, r * R.codes_width + R.dup_column + i * V, acc, grad_amax);
+        else
+          store_pack<V>(du, i, acc);
       }
     }
+  }
+  if constexpr (kGradCodes) {
+    if (grad_out.amax) fold_block_amax(grad_amax, grad_out.amax);
   }
 }
 
@@ -122,9 +134,10 @@ void launch_rows(const SwigluRows& shape, std::initializer_list<const void*> poi
   constexpr int kPack = 16 / sizeof(T);
   const auto stride = [&](int64_t s) { return s ? s : shape.width; };
   Rows R{shape.rows, 0, shape.width, stride(shape.gate_stride), stride(shape.up_stride), stride(shape.dgate_stride),
-         stride(shape.dup_stride)};
+         stride(shape.dup_stride), shape.codes_width, shape.dgate_column, shape.dup_column};
   bool packed = shape.width % kPack == 0;
-  for (long long s : {R.gate, R.up, R.dgate, R.dup}) packed = packed && s % kPack == 0;
+  for (long long s : {R.gate, R.up, R.dgate, R.dup, R.codes_width, R.dgate_column, R.dup_column})
+    packed = packed && s % kPack == 0;
   for (const void* p : pointers) packed = packed && (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0);
   const int vec = packed ? kPack : 1;
   R.packs = shape.width / vec;
@@ -278,23 +291,36 @@ void cuda_swiglu_forward(const void* gate, const void* up, void* y, const Swiglu
 }
 
 void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void* dgate, void* dup, void* y,
-                          bool add_gate, bool add_up, const SwigluRows& shape, DType dtype, const Fp8CodesOut* codes) {
+                          bool add_gate, bool add_up, const SwigluRows& shape, DType dtype, const Fp8CodesOut* codes,
+                          const Fp8CodesOut* gradient_codes) {
   HGRN_CHECK(up || !dup, "swiglu backward: a gradient for `up` was asked without an `up` input");
   HGRN_CHECK(!codes || (up && !y && codes->codes && codes->scale && !codes->amax),
              "swiglu backward: FP8 codes of the output need up, a buffer and a scale, and replace y (no amax)");
-  if (shape.rows * shape.width == 0 || (!dgate && !dup && !y && !codes)) return;
+  HGRN_CHECK(!gradient_codes || (up && !dgate && !dup && !add_gate && !add_up && gradient_codes->codes &&
+                                 gradient_codes->scale && shape.codes_width >= 2 * shape.width),
+             "swiglu backward: FP8 codes of the gradients need up, a buffer, a scale and a code matrix that holds "
+             "both, and replace dgate and dup");
+  if (shape.rows * shape.width == 0 || (!dgate && !dup && !y && !codes && !gradient_codes)) return;
   HGRN_CUDA_DISPATCH_ACT(dtype, "swiglu backward", [&] {
     with_flag(up != nullptr, [&](auto has_up) {
       with_flag(codes != nullptr, [&](auto to_codes) {
-        launch_rows<act_t>(shape, {gate, up, dy, dgate, dup, y, codes ? codes->codes : nullptr},
-                           [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
-                             swiglu_backward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value,
-                                                    decltype(to_codes)::value><<<grid, block, 0, cuda_stream()>>>(
-                                 static_cast<const act_t*>(gate), static_cast<const act_t*>(up),
-                                 static_cast<const act_t*>(dy), static_cast<act_t*>(dgate), static_cast<act_t*>(dup),
-                                 static_cast<act_t*>(y), codes ? *codes : Fp8CodesOut{}, add_gate, add_up, R);
-                             CUDA_CHECK_LAUNCH("swiglu_backward");
-                           });
+        with_flag(gradient_codes != nullptr, [&](auto gradient_to_codes) {
+          launch_rows<act_t>(
+              shape,
+              {gate, up, dy, dgate, dup, y, codes ? codes->codes : nullptr,
+               gradient_codes ? gradient_codes->codes : nullptr},
+              [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
+                swiglu_backward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value,
+                                       decltype(to_codes)::value, decltype(gradient_to_codes)::value>
+                    <<<grid, block, 0, cuda_stream()>>>(
+                        static_cast<const act_t*>(gate), static_cast<const act_t*>(up),
+                        static_cast<const act_t*>(dy), static_cast<act_t*>(dgate), static_cast<act_t*>(dup),
+                        static_cast<act_t*>(y), codes ? *codes : Fp8CodesOut{},
+                        gradient_codes ? *gradient_codes : Fp8CodesOut{}, add_gate, add_up, R);
+                CUDA_CHECK_LAUNCH("swiglu_backward");
+              },
+              /*few_blocks=*/gradient_codes && gradient_codes->amax);
+        });
       });
     });
   });

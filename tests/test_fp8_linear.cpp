@@ -21,6 +21,7 @@
 #include "models/decoder_lm.h"
 #include "models/registry.h"
 #include "ops/activations.h"
+#include "ops/elementwise.h"
 #include "ops/fp8.h"
 #include "ops/fp8_linear.h"
 #include "ops/linear.h"
@@ -611,6 +612,126 @@ TEST(Fp8LinearCuda, SwigluWritingTheFp8InputKeepsTheBits) {
   HGRN_SKIP_WITHOUT_FP8();
   check_produced_input_keeps_the_bits(Device::CUDA, false);
   check_produced_input_keeps_the_bits(Device::CUDA, true);
+}
+
+// SwiGLU's backward writing the gradients of gate and up as E5M2 codes into their columns of one code matrix (ops/
+// activations.h: SwigluGradientCodes), against the gradients written in the act dtype and then cast by the reference:
+// the same codes bit for bit in the same places, the same amax, and no act-dtype gradient. gate and up are column
+// blocks of one buffer (row-strided) or contiguous; gate's columns first or second; width 40 takes the 16-byte packs,
+// width 20 the element-wise path; 37 rows.
+void check_swiglu_gradient_codes(Device device) {
+  const DType act = activation(device);
+  for (const int64_t width : {40, 20})
+    for (const bool strided : {true, false})
+      for (const bool gate_first : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "width " << width << (strided ? ", strided" : ", contiguous")
+                                          << (gate_first ? ", gate first" : ", up first"));
+        const int64_t rows = 37;
+        Rng rng(53 + width);
+        const Tensor both = on(random_tensor(rng, {rows, 2 * width}, 2.0, DType::F32), act, device);
+        const Tensor gate = both.columns(0, width), up = both.columns(width, width);
+        const Tensor dy = on(random_tensor(rng, {rows, width}, 1e-2, DType::F32), act, device);
+        const float scale = 3000.0f;
+        const auto device_float = [&](float v) { return on(Tensor::full({1}, v, DType::F32), DType::F32, device); };
+        const Tensor scale_t = device_float(scale), amax_t = device_float(0.0f);
+        const int64_t gate_column = gate_first ? 0 : width, up_column = width - gate_column;
+
+        // The cast path: the gradients in the act dtype, laid side by side, cast by the reference.
+        const Var g_plain = make_var(gate.clone(), true), u_plain = make_var(up.clone(), true);
+        swiglu_backward(g_plain, u_plain, dy, nullptr);
+        const Tensor dgate = to_host_f64(g_plain->grad), dup = to_host_f64(u_plain->grad);
+        std::vector<float> side_by_side(static_cast<size_t>(rows * 2 * width));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < width; ++c) {
+            side_by_side[r * 2 * width + gate_column + c] = static_cast<float>(dgate.item(r * width + c));
+            side_by_side[r * 2 * width + up_column + c] = static_cast<float>(dup.item(r * width + c));
+          }
+        std::vector<uint8_t> want(side_by_side.size());
+        fp8_quantize(side_by_side.data(), rows * 2 * width, scale, Fp8Format::E5M2, want.data());
+        const float want_amax = fp8_amax(side_by_side.data(), rows * 2 * width);
+
+        const Var g = make_var(strided ? gate : gate.clone(), true), u = make_var(strided ? up : up.clone(), true);
+        const Tensor codes = Tensor::zeros({(rows * 2 * width + 3) / 4}, DType::I32, device);
+        const SwigluGradientCodes out{{static_cast<uint8_t*>(codes.raw_data()), scale_t.data<float>(),
+                                       amax_t.data<float>(), Fp8Format::E5M2},
+                                      2 * width,
+                                      gate_column,
+                                      up_column};
+        swiglu_backward(g, u, dy, nullptr, nullptr, &out);
+        const Tensor host = codes.to(Device::CPU);
+        const uint8_t* got = static_cast<const uint8_t*>(host.raw_data());
+        EXPECT_EQ(std::vector<uint8_t>(got, got + rows * 2 * width), want) << "gradient codes";
+        EXPECT_EQ(amax_t.to(Device::CPU).data<float>()[0], want_amax);
+        EXPECT_GT(want_amax, 0.0f);
+        EXPECT_FALSE(g->grad.defined() || u->grad.defined()) << "no act-dtype gradient beside the codes";
+      }
+}
+
+TEST(Fp8Linear, SwigluWritesTheGateUpGradientAsCodes) { check_swiglu_gradient_codes(Device::CPU); }
+
+TEST(Fp8LinearCuda, SwigluWritesTheGateUpGradientAsCodes) {
+  HGRN_SKIP_WITHOUT_GPU();
+  check_swiglu_gradient_codes(Device::CUDA);
+}
+
+// swiglu_linear on the two column blocks of an FP8 linear_columns (the MLP's gate/up) has SwiGLU's backward write
+// their gradient as the projection's E5M2 codes, once that gradient has a scale; the projection reads them in place of
+// an act-dtype gradient it casts. Those are the codes of the cast, so over three steps (the first a first cast, which
+// takes the act-dtype path) every output, gradient, amax and scale equals bit for bit the run whose swiglu_linear reads
+// contiguous copies of the blocks (their gradients written in the act dtype and copied into place). Hidden kept and
+// not; 80 rows, width 48, a residual.
+void check_gate_up_gradient_codes_keep_the_bits(Device device, bool keep_hidden) {
+  const int64_t rows = 80, in = 32, hidden = 48, out = 32, steps = 3;
+  const DType act = activation(device);
+  Rng rng(59);
+  const Tensor w_gate_up = random_tensor(rng, {2 * hidden, in}, 0.2, DType::F32),
+               w_down = random_tensor(rng, {out, hidden}, 0.2, DType::F32);
+  const StepInputs inputs = step_inputs(rng, steps, rows, in, out, act);
+  struct Run : Fp8Run {
+    std::vector<bool> codes_written;  // per step
+  };
+  const auto run = [&](bool blocks) {
+    Run r;
+    Fp8LinearScope scope(Fp8Recipe{4, 0}, 2, {}, device);
+    const Tensor gate_up = on(w_gate_up, DType::F32, device);
+    const Var gate_w = make_var(gate_up.rows(0, hidden), true), up_w = make_var(gate_up.rows(hidden, hidden), true);
+    const Var down_w = make_var(on(w_down, DType::F32, device), true);
+    for (int step = 0; step < steps; ++step) {
+      for (const Var& w : {gate_w, up_w, down_w}) w->grad = Tensor();
+      Tape tape;
+      const Var x = make_var(on(inputs.xs[step], act, device), true);
+      const Var res = make_var(on(inputs.residuals[step], act, device), true);
+      const std::vector<Var> gu = linear_columns(tape, x, {gate_w, up_w});
+      // Runs after swiglu_linear's backward and before the projection's.
+      tape.record([&r, split = gu[0]->split] { r.codes_written.push_back(split->fp8_gradient != nullptr); });
+      const Var y = blocks ? swiglu_linear(tape, gu[0], gu[1], down_w, keep_hidden, res)
+                           : swiglu_linear(tape, contiguous(tape, gu[0]), contiguous(tape, gu[1]), down_w,
+                                           keep_hidden, res);
+      tape.backward(y, on(inputs.dys[step], act, device));
+      for (const Tensor& t : {y->value, x->grad, res->grad, gate_w->grad, up_w->grad, down_w->grad})
+        r.values.push_back(to_host_f64(t));
+      for (const Var& w : {gate_w, down_w}) r.states.push_back(fp8_scaling_snapshot(w));
+      fp8_end_step();
+    }
+    return r;
+  };
+  const Run copied = run(false), written = run(true);
+  EXPECT_EQ(written.codes_written, (std::vector<bool>{false, true, true})) << "codes once the gradient has a scale";
+  EXPECT_EQ(copied.codes_written, (std::vector<bool>{false, false, false})) << "none for copies of the blocks";
+  expect_same_bits(written, copied, {"y", "dx", "d residual", "dW gate", "dW up", "dW down"});
+  // states per step: gate/up's, then down's; [2] the output gradient's scale.
+  EXPECT_NE(copied.states[4].scales[2], copied.states[0].scales[2]) << "gate/up's gradient scale moved over the steps";
+}
+
+TEST(Fp8Linear, GateUpGradientWrittenAsCodesKeepsTheBits) {
+  check_gate_up_gradient_codes_keep_the_bits(Device::CPU, false);
+  check_gate_up_gradient_codes_keep_the_bits(Device::CPU, true);
+}
+
+TEST(Fp8LinearCuda, GateUpGradientWrittenAsCodesKeepsTheBits) {
+  HGRN_SKIP_WITHOUT_FP8();
+  check_gate_up_gradient_codes_keep_the_bits(Device::CUDA, false);
+  check_gate_up_gradient_codes_keep_the_bits(Device::CUDA, true);
 }
 
 // An RMSNorm output freed until the norm's backward (release_until_producer_backward, as the models free the inputs

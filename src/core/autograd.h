@@ -12,7 +12,9 @@
 
 namespace hgrn {
 
-struct Fp8CodesOut;  // ops/fp8.h
+struct Fp8CodesOut;        // ops/fp8.h
+struct Fp8OutputGradient;  // ops/fp8_linear.h
+struct Variable;
 
 // The gradient of a tensor read as column blocks (column_block_outputs below), made lazily by the first block whose
 // gradient is written whole: each block's gradient is then a column view of `buffer`, so that the blocks' gradients,
@@ -22,6 +24,11 @@ struct SplitGradient {
   DType dtype = DType::F32;
   Device device = Device::CPU;
   Tensor buffer;
+  // Set by a producer whose GEMMs read the gradient in FP8 (linear_columns): its weight. A consumer that writes every
+  // block's gradient, and is the only one, may then write it as that weight's E5M2 output-gradient codes instead
+  // (fp8_gradient; swiglu_linear), which the producer's backward takes in place of `buffer`.
+  std::shared_ptr<Variable> fp8_weight;  // a Var (declared below)
+  std::shared_ptr<Fp8OutputGradient> fp8_gradient;
 };
 
 struct Variable {

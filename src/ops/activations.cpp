@@ -155,7 +155,7 @@ void swiglu_forward_codes(const Tensor& gate, const Tensor& up, const Fp8CodesOu
 // (grad_buffer_for_write: no zero fill), asking for gate's buffer before up's, the order the kernel writes them in,
 // so that swiglu(x, x) adds the second contribution to the first.
 void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, Tensor* recomputed_output,
-                     const Fp8CodesOut* recomputed_codes) {
+                     const Fp8CodesOut* recomputed_codes, const SwigluGradientCodes* gradient_codes) {
   const Tensor& gate = gate_var->value;
   const Tensor* up = up_var ? &up_var->value : nullptr;
   HGRN_CHECK(dy.dtype() == gate.dtype() && dy.device() == gate.device() && dy.numel() == gate.numel() &&
@@ -172,8 +172,32 @@ void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, T
                   recomputed_output->numel() == gate.numel() && recomputed_output->is_contiguous()),
              "silu/swiglu backward: the buffer for the recomputed output does not match the input");
   const int64_t n = gate.numel();
+  const int64_t width = gate.dim() ? gate.size(-1) : 1;
+  // The two gradients fill the code matrix: gate's columns and up's, in either order.
+  HGRN_CHECK(!gradient_codes ||
+                 (up && gate_var != up_var && wants_grad(gate_var) && wants_grad(up_var) &&
+                  !gate_var->grad.defined() && !up_var->grad.defined() && gradient_codes->out.codes &&
+                  gradient_codes->out.scale && gradient_codes->row_width == 2 * width &&
+                  gradient_codes->gate_column + gradient_codes->up_column == width &&
+                  (gradient_codes->gate_column == 0 || gradient_codes->up_column == 0)),
+             "swiglu backward: FP8 codes of the gradients need two inputs that want a gradient and have none yet, a "
+             "buffer, a scale, and a code matrix of their two widths");
   if (gate.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
+    if (gradient_codes) {
+      SwigluRows rows = gpu_rows(gate, up, nullptr, nullptr);
+      if (rows.width != width) {  // contiguous inputs: gpu_rows made them one row
+        rows.width = width;
+        rows.rows = n / width;
+      }
+      rows.codes_width = gradient_codes->row_width;
+      rows.dgate_column = gradient_codes->gate_column;
+      rows.dup_column = gradient_codes->up_column;
+      cuda_swiglu_backward(gate.raw_data(), up->raw_data(), dy.raw_data(), nullptr, nullptr,
+                           recomputed_output ? recomputed_output->raw_data() : nullptr, false, false, rows,
+                           gate.dtype(), recomputed_codes, &gradient_codes->out);
+      return;
+    }
     // Row-strided for column blocks of a fused projection: their places in its gradient.
     bool add_gate = false, add_up = false;
     const Tensor* dgate =
@@ -196,11 +220,20 @@ void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, T
     return;
   }
   // As on the GPU: gate's buffer first, then up's (the order the kernel writes them), column blocks of a fused
-  // projection's gradient written in place.
+  // projection's gradient written in place; with gradient codes, both into the columns of one matrix then cast.
   bool add_gate = false, add_up = false;
-  Tensor* dgate =
-      wants_grad(gate_var) ? &grad_buffer_for_write(gate_var, &add_gate, GradLayout::RowStrided) : nullptr;
-  Tensor* dup = wants_grad(up_var) ? &grad_buffer_for_write(up_var, &add_up, GradLayout::RowStrided) : nullptr;
+  Tensor code_values, dgate_columns, dup_columns;
+  if (gradient_codes) {
+    code_values = Tensor::empty({n / width, gradient_codes->row_width}, gate.dtype(), gate.device());
+    dgate_columns = code_values.columns(gradient_codes->gate_column, width);
+    dup_columns = code_values.columns(gradient_codes->up_column, width);
+  }
+  Tensor* dgate = gradient_codes         ? &dgate_columns
+                  : wants_grad(gate_var) ? &grad_buffer_for_write(gate_var, &add_gate, GradLayout::RowStrided)
+                                         : nullptr;
+  Tensor* dup = gradient_codes         ? &dup_columns
+                : wants_grad(up_var) ? &grad_buffer_for_write(up_var, &add_up, GradLayout::RowStrided)
+                                     : nullptr;
   Tensor recomputed = recomputed_codes ? Tensor::empty(gate.shape(), gate.dtype(), gate.device()) : Tensor();
   Tensor* y = recomputed_codes ? &recomputed : recomputed_output;
   HGRN_DISPATCH_FLOAT(gate.dtype(), "swiglu backward", [&] {
@@ -209,6 +242,7 @@ void swiglu_backward(const Var& gate_var, const Var& up_var, const Tensor& dy, T
                         y ? y->data<scalar_t>() : nullptr, add_gate, add_up, cpu_rows(gate, up, dgate, dup));
   });
   if (recomputed_codes) fp8_cast_into_codes_cpu(recomputed, *recomputed_codes);
+  if (gradient_codes) fp8_cast_into_codes_cpu(code_values, gradient_codes->out);
 }
 
 Var silu(Tape& tape, const Var& x) {

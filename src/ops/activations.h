@@ -28,10 +28,19 @@ void swiglu_forward(const Tensor& gate, const Tensor* up, Tensor& y);
 // amax folded where codes.amax is set: a projection's FP8 input with no act-dtype copy. On the GPU one kernel; on the
 // CPU y is made and then cast (the same values).
 void swiglu_forward_codes(const Tensor& gate, const Tensor& up, const Fp8CodesOut& codes);
+// The gradients of gate and up as FP8 codes (out: the buffer, scale and amax) in columns gate_column and
+// up_column of a row-major code matrix [rows, row_width]: a fused projection's output gradient (swiglu_linear).
+struct SwigluGradientCodes {
+  Fp8CodesOut out;
+  int64_t row_width = 0, gate_column = 0, up_column = 0;
+};
 // The gradients of gate and up (each when it wants one) from dy. recomputed_output (swiglu only; may be null, may
 // be dy itself): also y again, each element written after dy's was read. recomputed_codes (swiglu only, in place of
-// recomputed_output, no amax): y again as FP8 codes.
+// recomputed_output, no amax): y again as FP8 codes. gradient_codes (swiglu only; both want a gradient and have
+// none yet): their gradients written as those codes only, gate's and up's gradient buffers left undefined; on the
+// GPU one kernel, on the CPU the gradients made and then cast (the same codes and amax).
 void swiglu_backward(const Var& gate, const Var& up, const Tensor& dy, Tensor* recomputed_output,
-                     const Fp8CodesOut* recomputed_codes = nullptr);
+                     const Fp8CodesOut* recomputed_codes = nullptr,
+                     const SwigluGradientCodes* gradient_codes = nullptr);
 
 }  // namespace hgrn

@@ -439,19 +439,37 @@ static void columns_weight_gradient(const Fp8OutputGradient& dy, const Fp8Produc
   });
 }
 
+// The blocks' gradient as the E5M2 codes their consumer wrote (SplitGradient::fp8_gradient; swiglu_linear), its
+// transpose made for dW where wanted; false where it was written in the act dtype.
+static bool take_written_fp8_gradient(const std::vector<Var>& blocks, bool transpose, Fp8OutputGradient& dy) {
+  SplitGradient* split = blocks[0]->split.get();
+  if (!split || !split->fp8_gradient) return false;
+  for (const Var& b : blocks)
+    HGRN_CHECK(!b->grad.defined(), "linear_columns: '", b->name,
+               "' got a gradient besides the FP8 codes its consumer wrote for every block");
+  dy = std::move(*split->fp8_gradient);
+  split->fp8_gradient.reset();
+  if (transpose) fp8_output_gradient_transpose(dy);
+  return true;
+}
+
 // linear_columns' FP8 form over the weights' adjacent master values w_all [Σ out_i, in], which share one scaling
-// state (the first weight's).
+// state (the first weight's). A consumer of every block may write their gradient as FP8 codes (SplitGradient).
 static std::vector<Var> fp8_linear_columns(Tape& tape, const Var& x, const std::vector<Var>& weights,
                                            const Tensor& w_all, const std::vector<int64_t>& widths, bool records) {
   const Tensor y = fp8_linear_forward(weights[0], x->value, w_all, nullptr);
   std::vector<Var> blocks = column_block_outputs(y, widths, records);
   if (!records) return blocks;
+  blocks[0]->split->fp8_weight = weights[0];
   bool weight_grads = false;
   for (const Var& w : weights) weight_grads = weight_grads || wants_grad(w);
   tape.record([x, weights, w_all, widths, blocks, weight_grads] {
-    const Tensor dy_tensor = gather_column_gradients(blocks);
-    if (!dy_tensor.defined()) return;
-    const Fp8OutputGradient dy = fp8_output_gradient(weights[0], dy_tensor);
+    Fp8OutputGradient dy;
+    if (!take_written_fp8_gradient(blocks, weight_grads, dy)) {
+      const Tensor dy_tensor = gather_column_gradients(blocks);
+      if (!dy_tensor.defined()) return;
+      dy = fp8_output_gradient(weights[0], dy_tensor);
+    }
     if (wants_grad(x)) {
       bool accumulate = false;
       Tensor& dx = grad_buffer_for_write(x, &accumulate);

@@ -9,6 +9,26 @@
 
 namespace hgrn {
 
+// Where gate and up are the two column blocks of one FP8 projection's output (the MLP's fused gate/up: linear_columns,
+// SplitGradient::fp8_weight) and nothing has written their gradient yet, SwiGLU's backward writes that gradient as the
+// projection's E5M2 output-gradient codes (`written`; ops/fp8_linear.h: fp8_output_gradient_codes), which the
+// projection then reads: a 1-byte write an element where there were a 2-byte write, a 2-byte read and a 1-byte write.
+// They are the codes of the cast, so the bits stay. False where not, or where the gradient has no scale yet (its first
+// cast takes the scale from its own values).
+static bool gate_up_gradient_codes(const Var& gate, const Var& up, Fp8OutputGradient& written,
+                                   SwigluGradientCodes& codes) {
+  const std::shared_ptr<SplitGradient>& split = gate->split;
+  if (!split || split != up->split || !split->fp8_weight || split->buffer.defined() || split->fp8_gradient ||
+      !wants_grad(gate) || !wants_grad(up) || gate->grad.defined() || up->grad.defined())
+    return false;
+  const int64_t width = gate->value.size(-1), rows = gate->value.numel() / width;
+  if (split->shape.back() != 2 * width) return false;  // other blocks share the gradient
+  const Fp8CodesOut out = fp8_output_gradient_codes(split->fp8_weight, rows, 2 * width, written);
+  if (!out.codes) return false;
+  codes = {out, 2 * width, gate->split_column, up->split_column};
+  return true;
+}
+
 Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& weight, bool keep_hidden,
                   const Var& residual, const UpNorm* up_norm) {
   HGRN_CHECK(gate_in && up_in && weight, "swiglu_linear: an input is null");
@@ -83,10 +103,16 @@ Var swiglu_linear(Tape& tape, const Var& gate_in, const Var& up_in, const Var& w
         linear_input_gradient(dy, copied ? bf16_weight_copy(weight) : weight->value, 0.0f, dhidden);
       // hidden written over dhidden once read, where it is neither kept nor made as codes
       Tensor* again = h.defined() || as_codes ? nullptr : &dhidden;
-      if (rstd.defined())
+      Fp8OutputGradient written;
+      SwigluGradientCodes gradient_codes;
+      if (rstd.defined()) {
         gated_rmsnorm_backward(up, norm.weight, gate, rstd, norm.eps, norm.group_width, dhidden, again, codes);
-      else
+      } else if (gate_up_gradient_codes(gate, up, written, gradient_codes)) {
+        swiglu_backward(gate, up, dhidden, again, codes, &gradient_codes);
+        gate->split->fp8_gradient = std::make_shared<Fp8OutputGradient>(std::move(written));
+      } else {
         swiglu_backward(gate, up, dhidden, again, codes);
+      }
       if (again) h = dhidden;
     } else if (!h.defined()) {
       if (!as_codes) h = Tensor::empty(g.shape(), g.dtype(), g.device());
