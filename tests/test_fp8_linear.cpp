@@ -30,6 +30,7 @@
 #include "ops/rmsnorm.h"
 #include "ops/swiglu_linear.h"
 #include "scratch_dir.h"
+#include "test_files.h"
 #include "train/trainer.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/cuda_context.h"
@@ -732,6 +733,30 @@ TEST(Fp8LinearCuda, GateUpGradientWrittenAsCodesKeepsTheBits) {
   HGRN_SKIP_WITHOUT_FP8();
   check_gate_up_gradient_codes_keep_the_bits(Device::CUDA, false);
   check_gate_up_gradient_codes_keep_the_bits(Device::CUDA, true);
+}
+
+// Gate/up blocks read by two swiglu_linear ops: the later one's backward, which runs first, writes the codes; the
+// earlier one's then writes bf16 into the same blocks, which the projection refuses with a message that says why,
+// once the gradient has a scale (the second step), rather than a gradient that leaves out one consumer's part.
+TEST(Fp8Linear, GateUpBlocksWithAnotherConsumerAreRefused) {
+  const int64_t rows = 32, in = 16, hidden = 16, out = 16;
+  Rng rng(61);
+  Fp8LinearScope scope(Fp8Recipe{4, 0}, 3, {}, Device::CPU);
+  const Tensor gate_up = random_tensor(rng, {2 * hidden, in}, 0.2, DType::F32);
+  const Var gate_w = make_var(gate_up.rows(0, hidden), true), up_w = make_var(gate_up.rows(hidden, hidden), true);
+  const Var down_w = make_var(random_tensor(rng, {out, hidden}, 0.2, DType::F32), true);
+  const Var side_w = make_var(random_tensor(rng, {out, hidden}, 0.2, DType::F32), true);
+  const auto step = [&] {
+    Tape tape;
+    const Var x = make_var(random_tensor(rng, {rows, in}, 1.0, DType::F32), true);
+    const std::vector<Var> gu = linear_columns(tape, x, {gate_w, up_w});
+    const Var side = swiglu_linear(tape, gu[0], gu[1], side_w, /*keep_hidden=*/false);
+    const Var y = swiglu_linear(tape, gu[0], gu[1], down_w, /*keep_hidden=*/false, side);
+    tape.backward(y, random_tensor(rng, {rows, out}, 1e-2, DType::F32));
+    fp8_end_step();
+  };
+  step();  // the gradient's first cast: no codes yet
+  testing::expect_error_containing(step, {"got a gradient besides the FP8 codes", "no other consumer"});
 }
 
 // An RMSNorm output freed until the norm's backward (release_until_producer_backward, as the models free the inputs

@@ -446,7 +446,8 @@ static bool take_written_fp8_gradient(const std::vector<Var>& blocks, bool trans
   if (!split || !split->fp8_gradient) return false;
   for (const Var& b : blocks)
     HGRN_CHECK(!b->grad.defined(), "linear_columns: '", b->name,
-               "' got a gradient besides the FP8 codes its consumer wrote for every block");
+               "' got a gradient besides the FP8 codes that swiglu_linear wrote for every block: under FP8, the "
+               "column blocks swiglu_linear reads must have no other consumer");
   dy = std::move(*split->fp8_gradient);
   split->fp8_gradient.reset();
   if (transpose) fp8_output_gradient_transpose(dy);

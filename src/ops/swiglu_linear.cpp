@@ -21,8 +21,9 @@ static bool gate_up_gradient_codes(const Var& gate, const Var& up, Fp8OutputGrad
   if (!split || split != up->split || !split->fp8_weight || split->buffer.defined() || split->fp8_gradient ||
       !wants_grad(gate) || !wants_grad(up) || gate->grad.defined() || up->grad.defined())
     return false;
-  const int64_t width = gate->value.size(-1), rows = gate->value.numel() / width;
-  if (split->shape.back() != 2 * width) return false;  // other blocks share the gradient
+  const int64_t width = gate->value.size(-1);
+  if (width == 0 || split->shape.back() != 2 * width) return false;  // empty, or other blocks share the gradient
+  const int64_t rows = gate->value.numel() / width;
   const Fp8CodesOut out = fp8_output_gradient_codes(split->fp8_weight, rows, 2 * width, written);
   if (!out.codes) return false;
   codes = {out, 2 * width, gate->split_column, up->split_column};
