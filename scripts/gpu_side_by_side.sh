@@ -12,6 +12,9 @@
 #   ROUNDS=1: with more, each model's peer and hgrn runs repeat back to back (round r's files in OUTPUT_DIR/rR), and
 #   the table adds a row per model over all rounds (each side's mean tokens/s): the machine's state moves either side
 #   by 1-2% from one run to the next, as much as a target's margin, and alternating spreads that over both.
+#   GPUS="0 1": the models spread over these GPUs (round robin), all GPUs at once, each running its models' peer and
+#   hgrn runs in turn: every ratio is still of two runs on one GPU, in a fraction of the time (OUTPUT_DIR/gpu-N.log:
+#   what each GPU printed). Default: the visible GPU, the models in turn.
 # hgrn is timed as the peer is (5 warm-up steps, then 20): under an H200's power limit the step time swings with a
 # period of about five steps, so ten steps' median and mean both depend on where the swing falls.
 # Give a fresh machine's first peer run a generous limit, or carry a Triton cache from an earlier run on that kind
@@ -22,6 +25,8 @@ cd "$(dirname "$0")/.."
 out=${1:-build-gpu/side-by-side}
 mkdir -p "$out"
 source scripts/peer_env.sh
+models=(${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b})
+for model in "${models[@]}"; do peer_shape "$model" > /dev/null; done  # a wrong name stops before the build
 scripts/gpu_build.sh
 {
   # COMMIT names the tree where its git metadata is absent or stale (a copied working tree); a tree that differs from
@@ -32,7 +37,10 @@ scripts/gpu_build.sh
 } | tee "$out/machine.txt"
 rounds=${ROUNDS:-1}
 round_dir() { if [ "$rounds" -gt 1 ]; then echo "$out/r$1"; else echo "$out"; fi; }
-for model in ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b}; do
+hgrn_set=()
+for option in ${HGRN_SET:-}; do hgrn_set+=(--set "$option"); done
+measure() {  # model: its peer and hgrn runs, each round, on the visible GPU
+  local model=$1 layers hidden batch model_type round dir mode
   read -r layers hidden batch model_type <<<"$(peer_shape "$model")"
   for round in $(seq 1 "$rounds"); do
     dir=$(round_dir "$round")
@@ -42,14 +50,31 @@ for model in ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b}; do
         --json "$dir/peer-$model-$mode.json" > "$dir/peer-$model-$mode.txt" 2>&1 ||
         { echo "peer $model $mode failed:"; tail -5 "$dir/peer-$model-$mode.txt"; }
     done
-    hgrn_set=()
-    for option in ${HGRN_SET:-}; do hgrn_set+=(--set "$option"); done
     ./build-gpu/hgrn bench --config "configs/$model.yaml" ${hgrn_set[@]+"${hgrn_set[@]}"} --warmup "${BENCH_WARMUP:-5}" --steps "${BENCH_STEPS:-20}" \
       --json "$dir/hgrn-$model.json" > "$dir/hgrn-$model.txt" 2>&1 || { echo "hgrn $model failed:"; tail -5 "$dir/hgrn-$model.txt"; }
   done
-done
+}
+gpus=(${GPUS:-})
+if [ "${#gpus[@]}" -le 1 ]; then
+  if [ "${#gpus[@]}" -eq 1 ]; then export CUDA_VISIBLE_DEVICES=${gpus[0]}; fi
+  for model in "${models[@]}"; do measure "$model"; done
+else
+  workers=()
+  for i in "${!gpus[@]}"; do
+    (
+      export CUDA_VISIBLE_DEVICES=${gpus[$i]}
+      for ((j = i; j < ${#models[@]}; j += ${#gpus[@]})); do
+        echo "${models[$j]} on GPU ${gpus[$i]}" | tee -a "$out/machine.txt"
+        measure "${models[$j]}"
+      done
+    ) > "$out/gpu-${gpus[$i]}.log" 2>&1 &
+    workers+=($!)
+  done
+  for worker in "${workers[@]}"; do wait "$worker" || echo "a GPU worker stopped early: see $out/gpu-*.log"; done
+  cat "$out"/gpu-*.log
+fi
 dirs=$(for round in $(seq 1 "$rounds"); do round_dir "$round"; done)
-python3 - "$dirs" ${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b} <<'PY'
+python3 - "$dirs" "${models[@]}" <<'PY'
 import json, math, os, sys
 dirs, models = sys.argv[1].split(), sys.argv[2:]
 def load(d, name):
