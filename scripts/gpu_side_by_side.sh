@@ -3,7 +3,9 @@
 # peer-baseline configs (hgrn2-*, hgrn1-* against fla's HGRN, gla-385m and retnet-385m against fla's GLA and RetNet): `hgrn bench` and tools/peer_bench.py (amp-bf16 and pure-bf16), then a table of tokens/s,
 # peak memory and the ratios. Needs torch (with CUDA) and transformers; fla and the peer's Triton cache come as
 # scripts/peer_env.sh describes (FLA_WHEELS, PEER_CACHE_IN, PEER_CACHE_OUT, TRITON_CACHE_DIR). Builds build-gpu/hgrn
-# when it is missing (scripts/gpu_build.sh).
+# when it is missing (scripts/gpu_build.sh), unless HGRN_BIN (absolute, or relative to the repository root) names
+# another build's binary to time, e.g. the base tree of scripts/gpu_ab.sh (build-gpu/ab-base/hgrn) with COMMIT naming
+# its revision; the configs are this tree's either way.
 # Usage: scripts/gpu_side_by_side.sh [OUTPUT_DIR]   (default build-gpu/side-by-side)
 #   MODELS="hgrn2-150m hgrn2-385m hgrn2-1b" (or hgrn1-150m, hgrn1-385m, hgrn1-1b, gla-385m, retnet-385m)  PEER_MODES="amp-bf16 pure-bf16"  BENCH_WARMUP=5 BENCH_STEPS=20 (hgrn)
 #   PEER_MODES may add float8-amp (torchao's float8 training; its wheel beside fla's), which the table sets beside
@@ -27,7 +29,13 @@ mkdir -p "$out"
 source scripts/peer_env.sh
 models=(${MODELS:-hgrn2-150m hgrn2-385m hgrn2-1b})
 for model in "${models[@]}"; do peer_shape "$model" > /dev/null; done  # a wrong name stops before the build
-scripts/gpu_build.sh
+if [ -n "${HGRN_BIN:-}" ]; then
+  [ -x "$HGRN_BIN" ] || { echo "gpu_side_by_side: HGRN_BIN=$HGRN_BIN is not an executable file" >&2; exit 1; }
+  hgrn_bin=$HGRN_BIN
+else
+  scripts/gpu_build.sh
+  hgrn_bin=./build-gpu/hgrn
+fi
 {
   # COMMIT names the tree where its git metadata is absent or stale (a copied working tree); a tree that differs from
   # its HEAD says so.
@@ -50,7 +58,7 @@ measure() {  # model: its peer and hgrn runs, each round, on the visible GPU
         --json "$dir/peer-$model-$mode.json" > "$dir/peer-$model-$mode.txt" 2>&1 ||
         { echo "peer $model $mode failed:"; tail -5 "$dir/peer-$model-$mode.txt"; }
     done
-    ./build-gpu/hgrn bench --config "configs/$model.yaml" ${hgrn_set[@]+"${hgrn_set[@]}"} --warmup "${BENCH_WARMUP:-5}" --steps "${BENCH_STEPS:-20}" \
+    "$hgrn_bin" bench --config "configs/$model.yaml" ${hgrn_set[@]+"${hgrn_set[@]}"} --warmup "${BENCH_WARMUP:-5}" --steps "${BENCH_STEPS:-20}" \
       --json "$dir/hgrn-$model.json" > "$dir/hgrn-$model.txt" 2>&1 || { echo "hgrn $model failed:"; tail -5 "$dir/hgrn-$model.txt"; }
   done
 }
