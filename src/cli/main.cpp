@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     print_error(error.what());
     return kExitRuntimeError;
   }
-  CLI::App app{"hgrn: pretrain HGRN2 language models (C++/CUDA).", "hgrn"};
+  CLI::App app{"hgrn: pretrain HGRN-family language models: HGRN2, HGRN1, GLA and RetNet (C++/CUDA).", "hgrn"};
   app.set_version_flag("--version", version_text(), "Print the version, git commit and whether CUDA is compiled in");
   app.require_subcommand(1);
   app.footer(
