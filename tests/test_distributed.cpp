@@ -235,6 +235,27 @@ TEST_P(DistributedEveryMember, TwoGpusTrainLikeOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Members, DistributedEveryMember, ::testing::Values("hgrn", "gla", "retnet"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
+// `hgrn bench` under mpirun reports the step's gradient reductions: one a gradient group (the LM head, each layer,
+// the embedding: 4 at 2 layers), with the time they took.
+TEST(Distributed, BenchReportsTheGradientReductions) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  const std::string config = write_config(dir);
+  for (const char* zero1 : {"false", "true"}) {
+    SCOPED_TRACE(std::string("zero1=") + zero1);
+    const std::string json = dir / (std::string("bench-") + zero1 + ".json");
+    auto r = run_command(mpirun(2) + " bench --config " + shell_quote(config) + " --warmup 1 --steps 2 --set training.zero1=" +
+                         zero1 + " --json " + shell_quote(json));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("gradient reductions: 4 a step"), std::string::npos) << r.out;
+    const auto report = nlohmann::json::parse(std::ifstream(json));
+    EXPECT_EQ(report["ranks"].get<int>(), 2);
+    EXPECT_EQ(report["reduce_buckets"].get<int>(), 4);
+    EXPECT_GT(report["reduce_busy_ms"].get<double>(), 0.0);
+    EXPECT_GE(report["reduce_tail_ms"].get<double>(), 0.0);
+  }
+}
+
 TEST(Distributed, GlobalBatchSizeFixesTheBatchOverAllRanks) {
   SKIP_WITHOUT_MPI();
   testing::ScratchDir dir;

@@ -164,6 +164,10 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
       out << "device memory: peak in use " << r.peak_memory_gib << " GiB, reserved from the driver "
           << r.reserved_memory_gib << " GiB, " << r.timed_driver_allocations
           << " driver allocations during the timed steps\n";
+    if (r.ranks > 1)
+      out << "gradient reductions: " << r.reduce_buckets << " a step, " << std::setprecision(2) << r.reduce_busy_ms
+          << " ms a step busy (on the communication stream on GPUs), the last ending " << r.reduce_tail_ms
+          << " ms after the backward\n";
     json = {{"kind", "training_step"}, {"config", config.source}, {"device", r.device_name}, {"params", r.params},
             {"tokens_per_step", r.tokens_per_step}, {"warmup", r.warmup}, {"steps", r.steps},
             {"median_ms", r.median_ms}, {"mean_ms", r.mean_ms}, {"min_ms", r.min_ms}, {"max_ms", r.max_ms},
@@ -174,7 +178,8 @@ int run_bench_command(const BenchArgs& args, std::ostream& root_out) {
             {"last_loss", r.last_loss}, {"precision", config.training.precision},
             {"ranks", r.ranks}, {"zero1", config.training.zero1},
             {"grad_reduce_dtype", config.training.grad_reduce_dtype}, {"stateful", config.data.stateful},
-            {"document_tokens", args.document_tokens}};
+            {"document_tokens", args.document_tokens}, {"reduce_buckets", r.reduce_buckets},
+            {"reduce_busy_ms", r.reduce_busy_ms}, {"reduce_tail_ms", r.reduce_tail_ms}};
   } else if (!args.scan.empty()) {
     const Device device = resolve_device(args.device);
     const DType dtype = args.dtype == "bf16" ? DType::BF16 : DType::F32;

@@ -34,6 +34,13 @@ class Collectives {
   // are complete (GPU: an event on the communication stream; CPU: they completed before returning, nothing waits).
   virtual void record_mark(size_t mark) = 0;
   virtual void wait_mark(size_t mark, const char* what) = 0;
+  // Timing for the reduction report: stamp(id, Stream::Compute) notes when the compute stream's work queued so far
+  // is done, stamp(id, Stream::Collectives) when the collectives queued so far are (GPU: timing events; CPU: the
+  // host clock, the calls having completed). stamp_ms(a, b): milliseconds from stamp a to stamp b, once both are
+  // complete (after wait()).
+  enum class Stream { Compute, Collectives };
+  virtual void stamp(size_t id, Stream stream) = 0;
+  virtual double stamp_ms(size_t from, size_t to) = 0;
 };
 
 // MPI collectives for CPU tensors, or NCCL ones (communicator bootstrapped through MPI) for GPU tensors.

@@ -107,6 +107,7 @@ std::vector<ParamRef> DataParallel::params_of_rank(int rank) const {
 void DataParallel::reduce_in_next_backward(bool reduce) {
   reduce_ = reduce;
   std::fill(queued_.begin(), queued_.end(), false);
+  reduced_ = 0;
 }
 
 void DataParallel::on_gradients_ready(size_t group) {
@@ -125,11 +126,14 @@ void DataParallel::on_gradients_ready(size_t group) {
     rounded.copy_from(grads);
     grads = rounded;
   }
+  collectives_->stamp(2 * reduced_, Collectives::Stream::Compute);
   collectives_->after_compute();
   if (options_.zero1)
     collectives_->reduce_scatter_sum(grads.raw_data(), b.size / world().size, grads.dtype());
   else
     collectives_->all_reduce_sum(grads.raw_data(), b.size, grads.dtype());
+  collectives_->stamp(2 * reduced_ + 1, Collectives::Stream::Collectives);
+  ++reduced_;
 }
 
 void DataParallel::finish_gradient_reduction() {
@@ -138,6 +142,15 @@ void DataParallel::finish_gradient_reduction() {
     HGRN_CHECK(queued_[g], "DataParallel: the backward never reported the gradients of group ", g,
                " complete, so they were not reduced (a model change that forgot its gradient-ready marker?)");
   collectives_->wait("gradient reduction");
+  // Stamp 2k: bucket k (in the order queued) complete on the compute stream; 2k + 1: its reduction complete. The
+  // communication stream works on bucket k from the later of its stamp 2k and stamp 2k - 1.
+  timing_ = {static_cast<int64_t>(reduced_), 0, 0};
+  for (size_t k = 0; k < reduced_; ++k) {
+    const double ready = collectives_->stamp_ms(0, 2 * k), done = collectives_->stamp_ms(0, 2 * k + 1);
+    const double start = k == 0 ? ready : std::max(ready, collectives_->stamp_ms(0, 2 * k - 1));
+    timing_.busy_ms += std::max(done - start, 0.0);
+    if (k + 1 == reduced_) timing_.tail_ms = std::max(done - ready, 0.0);
+  }
   std::fill(gathering_.begin(), gathering_.end(), false);  // queued before the reductions, so complete too
   if (reduce_buffer_.defined())  // the sums back into the fp32 gradients: this rank's shares, or whole buckets
     for (const Bucket& b : buckets_) {

@@ -1,5 +1,7 @@
 // mpi_collectives.cpp: collectives.h for CPU ranks, through MPI (blocking calls: nothing to overlap on the CPU),
 // and make_collectives, which picks MPI or NCCL (dist/nccl_collectives.cpp).
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -55,6 +57,14 @@ class MpiCollectives : public Collectives {
   void wait(const char*) override {}
   void record_mark(size_t) override {}
   void wait_mark(size_t, const char*) override {}
+  void stamp(size_t id, Stream) override {
+    if (stamps_.size() <= id) stamps_.resize(id + 1);
+    stamps_[id] = std::chrono::steady_clock::now();
+  }
+  double stamp_ms(size_t from, size_t to) override {
+    HGRN_CHECK(std::max(from, to) < stamps_.size(), "MPI collectives: stamp ", std::max(from, to), " never taken");
+    return std::chrono::duration<double, std::milli>(stamps_[to] - stamps_[from]).count();
+  }
 
  private:
   static MPI_Datatype mpi_type(DType dtype) {
@@ -65,6 +75,7 @@ class MpiCollectives : public Collectives {
 
   MPI_Op bf16_sum_ = MPI_OP_NULL;
   std::vector<char> share_;
+  std::vector<std::chrono::steady_clock::time_point> stamps_;
 };
 #endif
 

@@ -3,6 +3,7 @@
 // device's highest priority, so that they start as soon as their inputs are ready) after an event on the compute
 // stream, which lets the gradient reduction of one layer overlap the backward of the layers before it. wait()
 // polls inside a PeerWait (world.h: the watchdog bounds it) and checks NCCL's asynchronous error state.
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -57,6 +58,8 @@ class NcclCollectives : public Collectives {
   }
   ~NcclCollectives() override {
     if (comm_) ncclCommDestroy(comm_);
+    for (cudaEvent_t stamp : stamps_)
+      if (stamp) cudaEventDestroy(stamp);
     cudaEventDestroy(compute_ready_);
     cudaEventDestroy(done_);
     for (cudaEvent_t mark : marks_) cudaEventDestroy(mark);
@@ -99,6 +102,18 @@ class NcclCollectives : public Collectives {
     HGRN_CHECK(mark < marks_.size(), "NCCL: wait for mark ", mark, ", which was never recorded");
     wait_for(marks_[mark], what);
   }
+  void stamp(size_t id, Stream stream) override {
+    if (stamps_.size() <= id) stamps_.resize(id + 1, nullptr);
+    if (!stamps_[id]) CUDA_CHECK(cudaEventCreate(&stamps_[id]));
+    CUDA_CHECK(cudaEventRecord(stamps_[id], stream == Stream::Compute ? cuda_stream() : stream_));
+  }
+  double stamp_ms(size_t from, size_t to) override {
+    HGRN_CHECK(std::max(from, to) < stamps_.size() && stamps_[from] && stamps_[to], "NCCL: stamp ",
+               std::max(from, to), " never taken");
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, stamps_[from], stamps_[to]));
+    return ms;
+  }
 
  private:
   // The watchdog (world.h) bounds the wait; NCCL's asynchronous errors end it at once.
@@ -125,6 +140,7 @@ class NcclCollectives : public Collectives {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr, done_ = nullptr;
   std::vector<cudaEvent_t> marks_;  // record_mark's events, by mark
+  std::vector<cudaEvent_t> stamps_;  // stamp's timing events, by id
 };
 
 }  // namespace

@@ -126,6 +126,12 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
     if (s == 0) r.first_loss = step.loss;
     r.last_loss = step.loss;
     if (s >= warmup) times.push_back(dt);
+    if (s >= warmup && setup->data_parallel) {
+      const DataParallel::ReductionTiming& t = setup->data_parallel->last_reduction_timing();
+      r.reduce_buckets = t.buckets;
+      r.reduce_busy_ms += t.busy_ms / static_cast<double>(steps);
+      r.reduce_tail_ms += t.tail_ms / static_cast<double>(steps);
+    }
     log << "  step " << s + 1 << (s < warmup ? " (warm-up)" : "") << ": " << dt * 1e3 << " ms, loss " << step.loss
         << "\n";
   }

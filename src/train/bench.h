@@ -27,6 +27,9 @@ struct StepBench {
   double model_tflops = 0;        // HGRN2 training FLOPs (recurrence included) per second
   double mfu = 0;                 // model_tflops / gpu_peak_tflops
   double first_loss = 0, last_loss = 0;
+  // Several ranks: per timed step, the gradient reductions (DataParallel::ReductionTiming), means over the steps.
+  int64_t reduce_buckets = 0;
+  double reduce_busy_ms = 0, reduce_tail_ms = 0;
 };
 // Times `warmup` + `steps` training steps (training_step, the loop's own) of the config's model on uniformly random
 // tokens fixed for the run (as the peer's benchmark does), each step device-synchronised; reports the median.
