@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # gpu_scaling.sh: data-parallel scaling of whole training steps on one multi-GPU node: `hgrn bench` of a config
 # at 1, 2, 4, ... GPUs (mpirun, one process per GPU, the same micro-batch per GPU), plain and with ZeRO-1, and the
-# efficiency tokens/s(N) / (N x tokens/s(1)). Beside each N > 1 it runs N independent 1-GPU benches at once (one a
-# GPU, no communication): what the node itself leaves of N x one GPU, the part of the gap no reduction causes.
+# efficiency tokens/s(N) / (N x tokens/s(1)), with the time the communication stream spent on the gradient
+# reductions a step and how far the last one ran past the backward. Beside each N > 1 it runs N independent 1-GPU
+# benches at once (one a GPU, no communication): what the node itself leaves of N x one GPU, the part of the gap no
+# reduction causes.
 # Builds build-gpu/hgrn when it is missing (scripts/gpu_build.sh).
 # Usage: scripts/gpu_scaling.sh [OUTPUT_DIR] [CONFIG]   (defaults build-gpu/scaling, configs/hgrn2-385m.yaml)
 #   SCALING_GPUS="1 2 4"  BENCH_WARMUP=3  BENCH_STEPS=10  override the GPU counts and step counts;
@@ -46,15 +48,16 @@ def load(name):
     p = os.path.join(out, name + ".json")
     return json.load(open(p)) if os.path.exists(p) else None
 base = load("gpus1")
-print("| GPUs | ZeRO-1 | tokens/s | per GPU | efficiency | step ms | peak GiB/GPU |")
-print("|---|---|---|---|---|---|---|")
-def row(n, label, tokens, ms, peak):
+print("| GPUs | ZeRO-1 | tokens/s | per GPU | efficiency | step ms | peak GiB/GPU | reductions busy / tail ms |")
+print("|---|---|---|---|---|---|---|---|")
+def row(n, label, tokens, ms, peak, reductions="-"):
     eff = tokens / (n * base["tokens_per_s"]) if base else float("nan")
-    print(f"| {n} | {label} | {tokens:.0f} | {tokens/n:.0f} | {100*eff:.1f}% | {ms} | {peak:.2f} |")
+    print(f"| {n} | {label} | {tokens:.0f} | {tokens/n:.0f} | {100*eff:.1f}% | {ms} | {peak:.2f} | {reductions} |")
 for n in counts:
     for z in ([""] if n == 1 else ["", "-zero1"]):
         r = load(f"gpus{n}{z}")
-        if r: row(n, "yes" if z else "no", r["tokens_per_s"], f"{r['median_ms']:.1f}", r["peak_memory_gib"])
+        if r: row(n, "yes" if z else "no", r["tokens_per_s"], f"{r['median_ms']:.1f}", r["peak_memory_gib"],
+                  f"{r['reduce_busy_ms']:.1f} / {r['reduce_tail_ms']:.2f}" if r.get("reduce_buckets") else "-")
     apart = [load(f"gpus{n}-apart-{g}") for g in range(n)] if n > 1 else []
     if apart and all(apart):  # the sum of N independent runs: the node's own share of the gap
         ms = [a["median_ms"] for a in apart]
