@@ -15,6 +15,10 @@ span. The kernel table gives each kernel's whole duration and, where it differs,
 With --compare BASE.csv: the same summary for both timelines side by side (base, this, difference) by part and for
 the kernels whose time moved most: a same-machine A/B of GPU time per step, which moves far less from step to step
 than the steps' wall times do.
+Data parallelism: NCCL's kernels run on a stream of their own beside the model's. The summary then also gives the
+time the model's kernels ran (any of them), the time NCCL's did, the time NCCL's ran alone, and each part's summed
+kernel durations: comparing one rank of N GPUs (one CSV a rank, HGRN_TIMELINE_OUT set per rank) with a 1-GPU run
+shows how much longer the model's kernels take beside the communication.
 
   python3 tools/timeline_summary.py timeline.csv [--steps 2] [--top 25] [--compare base-timeline.csv]
 """
@@ -34,6 +38,7 @@ def short_name(name):
 
 # The parts of a step, by kernel name (first match wins; anything else is "other": memsets, copies, embedding).
 PARTS = [
+    ("communication (NCCL)", ("nccl",)),
     ("GEMMs", ("nvjet", "splitKreduce", "gemm", "cutlass", "xmma")),
     ("recurrence", ("bwd_dqk", "fwd_output", "state_pass", "bwd_dv", "hgru2", "summary_kernel", "carry_kernel",
                     "output_kernel", "grads_kernel")),
@@ -66,6 +71,19 @@ def main():
         compare(summarise(args.compare, args.steps), summarise(args.csv, args.steps), args.top)
         return
     report(summarise(args.csv, args.steps), args.top)
+
+
+def covered(intervals):
+    """Total length of the union of (start, end) intervals."""
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + (cur_e - cur_s if cur_e is not None else 0)
 
 
 def summarise(path, steps):
@@ -126,12 +144,18 @@ def summarise(path, steps):
         if start >= t0 and end <= t1 and ("Synchronize" in name or "Memcpy" in name and "Async" not in name):
             waits[name][0] += end - start
             waits[name][1] += 1
-    by_part = collections.Counter()
-    for (kind, name), (_, _, own) in by_name.items():
-        by_part[part_of(name) if kind == "kernel" else "other"] += own
+    by_part, by_part_summed = collections.Counter(), collections.Counter()
+    for (kind, name), (total, _, own) in by_name.items():
+        part = part_of(name) if kind == "kernel" else "other"
+        by_part[part] += own
+        by_part_summed[part] += total
+    is_comm = lambda name: "nccl" in name
+    model = covered([(s, e) for s, e, _, name, _ in recs if not is_comm(name)])
+    comm = covered([(s, e) for s, e, _, name, _ in recs if is_comm(name)])
     return {"steps": steps, "records": len(recs), "span": t1 - t0, "busy": busy, "by_kind": by_kind,
             "host_bound": host_bound, "latency": latency, "latency_gaps": sum(1 for g in gaps if not g[1]),
-            "gaps": gaps, "waits": waits, "by_name": by_name, "by_part": by_part}
+            "gaps": gaps, "waits": waits, "by_name": by_name, "by_part": by_part, "by_part_summed": by_part_summed,
+            "model_busy": model, "comm_busy": comm, "comm_alone": busy - model}
 
 
 def report(r, top):
@@ -145,6 +169,10 @@ def report(r, top):
     print(f"  idle {ms(span - busy):.2f} ms: host-bound {ms(r['host_bound']):.2f} ms, launch latency "
           f"{ms(r['latency']):.2f} ms ({r['latency_gaps'] / steps:.0f} gaps, mean "
           f"{r['latency'] / max(1, r['latency_gaps']) / 1e3:.2f} us)")
+
+    if r["comm_busy"]:
+        print(f"  model kernels ran {ms(r['model_busy']):.2f} ms; NCCL's {ms(r['comm_busy']):.2f} ms, "
+              f"{ms(r['comm_alone']):.2f} ms of it with no model kernel running")
 
     print(f"\nlargest gaps (per occurrence, us; H = host-bound):")
     for gap, late, before, after, call in sorted(r["gaps"], reverse=True)[:top]:
@@ -160,6 +188,9 @@ def report(r, top):
     for part, total in r["by_part"].most_common():
         print(f"  {ms(total):8.3f} ms {100 * total / span:5.1f}%  {part}")
     print(f"  {ms(span - busy):8.3f} ms {100 * (span - busy) / span:5.1f}%  GPU idle")
+    print(f"\nby part (per step, the kernels' durations summed: overlapped stretches count for each):")
+    for part, total in r["by_part_summed"].most_common():
+        print(f"  {ms(total):8.3f} ms  {part}")
 
     print(f"\nGPU operations by total time (per step):")
     for (kind, name), (total, count, own) in sorted(r["by_name"].items(), key=lambda kv: -kv[1][0])[:top]:
@@ -176,11 +207,16 @@ def compare(base, this, top):
     row("GPU busy", ms(base, base["busy"]), ms(this, this["busy"]))
     row("idle: host-bound", ms(base, base["host_bound"]), ms(this, this["host_bound"]))
     row("idle: launch latency", ms(base, base["latency"]), ms(this, this["latency"]))
+    row("model kernels running (any)", ms(base, base["model_busy"]), ms(this, this["model_busy"]))
+    row("NCCL kernels running", ms(base, base["comm_busy"]), ms(this, this["comm_busy"]))
+    row("NCCL kernels alone", ms(base, base["comm_alone"]), ms(this, this["comm_alone"]))
     row("GPU operations (count, not ms)", base["records"] / base["steps"], this["records"] / this["steps"])
-    print(f"\nby part:")
-    parts = sorted(set(base["by_part"]) | set(this["by_part"]), key=lambda p: -this["by_part"].get(p, 0))
-    for part in parts:
-        row(part, ms(base, base["by_part"].get(part, 0)), ms(this, this["by_part"].get(part, 0)))
+    for key, title in (("by_part", "by part (busy time: an overlapped stretch counts once, for the first to start):"),
+                       ("by_part_summed", "by part (the kernels' durations summed):")):
+        print(f"\n{title}")
+        parts = sorted(set(base[key]) | set(this[key]), key=lambda p: -this[key].get(p, 0))
+        for part in parts:
+            row(part, ms(base, base[key].get(part, 0)), ms(this, this[key].get(part, 0)))
     print(f"\nkernels whose time per step moved most (calls per step base -> this):")
     names = set(base["by_name"]) | set(this["by_name"])
     total = lambda r, key: ms(r, r["by_name"][key][0]) if key in r["by_name"] else 0.0
