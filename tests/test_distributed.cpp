@@ -235,6 +235,40 @@ TEST_P(DistributedEveryMember, TwoGpusTrainLikeOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Members, DistributedEveryMember, ::testing::Values("hgrn", "gla", "retnet"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
+// training.overlap_reductions: false queues the same reductions after the backward instead of during it, so the run
+// gives the same bits (plain and ZeRO-1), and says so in its log.
+void expect_reductions_after_the_backward_give_the_same_bits(const testing::ScratchDir& dir, const std::string& config,
+                                                           int ranks) {
+  for (const char* zero1 : {"false", "true"}) {
+    SCOPED_TRACE(std::string("zero1=") + zero1);
+    std::vector<TrainingState> states;
+    for (const char* overlap : {"true", "false"}) {
+      const std::string run = dir / (std::string("overlap-") + overlap + "-" + zero1);
+      auto r = run_command(mpirun(ranks) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=" +
+                           std::to_string(8 / ranks) + " --set training.zero1=" + zero1 +
+                           " --set training.overlap_reductions=" + overlap + " --set logging.run_dir=" + shell_quote(run));
+      ASSERT_EQ(r.status, 0) << r.err;
+      EXPECT_EQ(r.out.find("reduced after the backward") != std::string::npos, std::string(overlap) == "false") << r.out;
+      states.push_back(load_checkpoint(run + "/checkpoints/step_00000006.h5"));
+    }
+    ASSERT_EQ(states[0].params.size(), states[1].params.size());
+    for (size_t p = 0; p < states[0].params.size(); ++p) {
+      EXPECT_EQ(std::memcmp(states[0].params[p].second.raw_data(), states[1].params[p].second.raw_data(),
+                            states[0].params[p].second.nbytes()), 0)
+          << states[0].params[p].first;
+      EXPECT_EQ(std::memcmp(states[0].adam_v[p].raw_data(), states[1].adam_v[p].raw_data(),
+                            states[0].adam_v[p].nbytes()), 0)
+          << states[0].params[p].first;
+    }
+  }
+}
+
+TEST(Distributed, ReductionsAfterTheBackwardGiveTheSameBits) {
+  SKIP_WITHOUT_MPI();
+  testing::ScratchDir dir;
+  expect_reductions_after_the_backward_give_the_same_bits(dir, write_config(dir), 2);
+}
+
 // `hgrn bench` under mpirun reports the step's gradient reductions: one a gradient group (the LM head, each layer,
 // the embedding: 4 at 2 layers), with the time they took.
 TEST(Distributed, BenchReportsTheGradientReductions) {
@@ -490,6 +524,12 @@ TEST(DistributedCuda, TwoGpusTrainLikeOneWithAndWithoutZeroOne) {
   SKIP_WITHOUT_GPUS(2);
   testing::ScratchDir dir;
   expect_ranks_train_like_one_process(dir, write_config(dir, "cuda"), 2, 1e-4, 1e-3);
+}
+
+TEST(DistributedCuda, TwoGpusReducingAfterTheBackwardGiveTheSameBits) {
+  SKIP_WITHOUT_GPUS(2);
+  testing::ScratchDir dir;
+  expect_reductions_after_the_backward_give_the_same_bits(dir, write_config(dir, "cuda"), 2);
 }
 
 TEST(DistributedCuda, FourGpusTrainLikeOneWithAndWithoutZeroOne) {

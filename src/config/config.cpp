@@ -148,6 +148,7 @@ std::vector<Field> config_fields(Config& c) {
       {"training.decay_embeddings", &t.decay_embeddings},
       {"training.deterministic", &t.deterministic},
       {"training.zero1", &t.zero1},
+      {"training.overlap_reductions", &t.overlap_reductions},
       {"training.grad_reduce_dtype", &t.grad_reduce_dtype},
       {"training.collective_timeout_s", &t.collective_timeout_s},
       {"training.beta1", &t.beta1},

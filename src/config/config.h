@@ -118,6 +118,8 @@ struct TrainingConfig {
   bool decay_embeddings = false;   // embeddings (and a tied lm_head) in the decayed group?
   bool deterministic = true;       // GPU: bitwise-reproducible runs (no GEMM autotuning); false is faster
   bool zero1 = false;              // several ranks: shard the optimiser moments across them (ZeRO-1)
+  bool overlap_reductions = true;  // several ranks: reduce each layer's gradients during the backward (false: all
+                                   // after it, with the whole GPU, none beside the backward's kernels)
   std::string grad_reduce_dtype = "fp32";  // several ranks: fp32 | bf16, the dtype the gradients are summed in
                                            // across ranks (bf16 halves the bytes sent, rounding each addend and sum)
   double collective_timeout_s = 600;  // several ranks: seconds a wait on the other ranks (MPI, NCCL) may last before

@@ -21,6 +21,7 @@ std::string describe(const DataParallelOptions& options) {
   std::string text = options.zero1 ? "ZeRO-1" : "";
   if (options.reduce_dtype != DType::F32)
     text += std::string(text.empty() ? "" : ", ") + "gradients summed in " + dtype_name(options.reduce_dtype);
+  if (!options.overlap) text += std::string(text.empty() ? "" : ", ") + "reduced after the backward";
   return text;
 }
 
@@ -115,10 +116,14 @@ void DataParallel::on_gradients_ready(size_t group) {
   HGRN_CHECK(group < buckets_.size() && !queued_[group], "DataParallel: gradient group ", group,
              " reported complete twice or out of range");
   queued_[group] = true;
-  const Bucket& b = buckets_[group];
   // A gradient that this backward never wrote still holds last step's values (AdamW::zero_grad is lazy).
   for (size_t i = 0; i < params_.size(); ++i)
     if (placements_[i].bucket == group) settle_grad(params_[i].param);
+  if (options_.overlap) reduce_bucket(group);
+}
+
+void DataParallel::reduce_bucket(size_t bucket) {
+  const Bucket& b = buckets_[bucket];
   if (b.size == 0) return;
   Tensor grads = flat_grads_.flat_view(b.offset, b.size);
   if (reduce_buffer_.defined()) {
@@ -141,6 +146,8 @@ void DataParallel::finish_gradient_reduction() {
   for (size_t g = 0; g < queued_.size(); ++g)
     HGRN_CHECK(queued_[g], "DataParallel: the backward never reported the gradients of group ", g,
                " complete, so they were not reduced (a model change that forgot its gradient-ready marker?)");
+  if (!options_.overlap)  // the same reductions in the same order, queued only now
+    for (size_t g = 0; g < buckets_.size(); ++g) reduce_bucket(g);
   collectives_->wait("gradient reduction");
   // Stamp 2k: bucket k (in the order queued) complete on the compute stream; 2k + 1: its reduction complete. The
   // communication stream works on bucket k from the later of its stamp 2k and stamp 2k - 1.

@@ -34,9 +34,11 @@ namespace hgrn {
 struct DataParallelOptions {
   bool zero1 = false;
   DType reduce_dtype = DType::F32;  // F32 or BF16: the dtype the gradients are summed in across ranks (above)
+  bool overlap = true;  // reduce each bucket as the backward completes it; false: all of them after the backward
 };
 
-// What the options change from plain fp32 all-reduces, for logs: "ZeRO-1, gradients summed in bf16" ("" for none).
+// What the options change from plain fp32 all-reduces overlapping the backward, for logs: "ZeRO-1, gradients
+// summed in bf16" ("" for none).
 std::string describe(const DataParallelOptions& options);
 
 class DataParallel {
@@ -91,6 +93,7 @@ class DataParallel {
     size_t bucket = 0;
   };
   void on_gradients_ready(size_t group);
+  void reduce_bucket(size_t bucket);
   void on_parameters_needed(size_t group);
   // The range of each parameter (in params_ order) that `rank` updates under ZeRO-1.
   std::vector<ParamRef> params_of_rank(int rank) const;

@@ -11,8 +11,8 @@ namespace hgrn {
 bool may_change_on_resume(const std::string& key) {
   static const std::vector<std::string> free_keys = {
       "training.max_steps", "training.eval_interval", "training.eval_batches", "training.threads",
-      "training.collective_timeout_s", "training.device", "training.deterministic", "training.max_nonfinite_steps",
-      "data.valid_data"};
+      "training.collective_timeout_s", "training.overlap_reductions", "training.device", "training.deterministic",
+      "training.max_nonfinite_steps", "data.valid_data"};
   for (const std::string& k : free_keys)
     if (k == key) return true;
   // Every recompute knob computes the same bits; checkpoint and logging keys say where and how often to write.

@@ -117,7 +117,7 @@ Device resolve_device(const std::string& device) {
 }
 
 DataParallelOptions data_parallel_options(const TrainingConfig& tc) {
-  return {tc.zero1, tc.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32};
+  return {tc.zero1, tc.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32, tc.overlap_reductions};
 }
 
 // fp32, or bf16 activations with fp32 master weights (GPU only).
