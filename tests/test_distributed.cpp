@@ -246,9 +246,11 @@ void expect_reductions_after_the_backward_give_the_same_bits(const testing::Scra
       const std::string run = dir / (std::string("overlap-") + overlap + "-" + zero1);
       auto r = run_command(mpirun(ranks) + " train -c " + shell_quote(config) + " --set training.micro_batch_size=" +
                            std::to_string(8 / ranks) + " --set training.zero1=" + zero1 +
-                           " --set training.overlap_reductions=" + overlap + " --set logging.run_dir=" + shell_quote(run));
+                           " --set training.overlap_reductions=" + overlap +
+                           " --set logging.run_dir=" + shell_quote(run));
       ASSERT_EQ(r.status, 0) << r.err;
-      EXPECT_EQ(r.out.find("reduced after the backward") != std::string::npos, std::string(overlap) == "false") << r.out;
+      const bool said = r.out.find("reduced after the backward") != std::string::npos;
+      EXPECT_EQ(said, std::string(overlap) == "false") << r.out;
       states.push_back(load_checkpoint(run + "/checkpoints/step_00000006.h5"));
     }
     ASSERT_EQ(states[0].params.size(), states[1].params.size());
@@ -278,8 +280,8 @@ TEST(Distributed, BenchReportsTheGradientReductions) {
   for (const char* zero1 : {"false", "true"}) {
     SCOPED_TRACE(std::string("zero1=") + zero1);
     const std::string json = dir / (std::string("bench-") + zero1 + ".json");
-    auto r = run_command(mpirun(2) + " bench --config " + shell_quote(config) + " --warmup 1 --steps 2 --set training.zero1=" +
-                         zero1 + " --json " + shell_quote(json));
+    auto r = run_command(mpirun(2) + " bench --config " + shell_quote(config) +
+                         " --warmup 1 --steps 2 --set training.zero1=" + zero1 + " --json " + shell_quote(json));
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("gradient reductions: 4 a step"), std::string::npos) << r.out;
     const auto report = nlohmann::json::parse(std::ifstream(json));
