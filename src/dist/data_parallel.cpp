@@ -149,15 +149,7 @@ void DataParallel::finish_gradient_reduction() {
   if (!options_.overlap)  // the same reductions in the same order, queued only now
     for (size_t g = 0; g < buckets_.size(); ++g) reduce_bucket(g);
   collectives_->wait("gradient reduction");
-  // Stamp 2k: bucket k (in the order queued) complete on the compute stream; 2k + 1: its reduction complete. The
-  // communication stream works on bucket k from the later of its stamp 2k and stamp 2k - 1.
-  timing_ = {static_cast<int64_t>(reduced_), 0, 0};
-  for (size_t k = 0; k < reduced_; ++k) {
-    const double ready = collectives_->stamp_ms(0, 2 * k), done = collectives_->stamp_ms(0, 2 * k + 1);
-    const double start = k == 0 ? ready : std::max(ready, collectives_->stamp_ms(0, 2 * k - 1));
-    timing_.busy_ms += std::max(done - start, 0.0);
-    if (k + 1 == reduced_) timing_.tail_ms = std::max(done - ready, 0.0);
-  }
+  last_reduced_ = reduced_;  // their stamps stay until the next backward: last_reduction_timing reads them
   std::fill(gathering_.begin(), gathering_.end(), false);  // queued before the reductions, so complete too
   if (reduce_buffer_.defined())  // the sums back into the fp32 gradients: this rank's shares, or whole buckets
     for (const Bucket& b : buckets_) {
@@ -166,6 +158,19 @@ void DataParallel::finish_gradient_reduction() {
       if (share > 0) flat_grads_.flat_view(at, share).copy_from(reduce_buffer_.flat_view(at, share));
     }
   reduce_in_next_backward(false);
+}
+
+DataParallel::ReductionTiming DataParallel::last_reduction_timing() {
+  // Stamp 2k: bucket k (in the order queued) complete on the compute stream; 2k + 1: its reduction complete. The
+  // communication stream works on bucket k from the later of its stamp 2k and stamp 2k - 1.
+  ReductionTiming timing{static_cast<int64_t>(last_reduced_), 0, 0};
+  for (size_t k = 0; k < last_reduced_; ++k) {
+    const double ready = collectives_->stamp_ms(0, 2 * k), done = collectives_->stamp_ms(0, 2 * k + 1);
+    const double start = k == 0 ? ready : std::max(ready, collectives_->stamp_ms(0, 2 * k - 1));
+    timing.busy_ms += std::max(done - start, 0.0);
+    if (k + 1 == last_reduced_) timing.tail_ms = std::max(done - ready, 0.0);
+  }
+  return timing;
 }
 
 std::function<double(double)> DataParallel::grad_norm_total() const {

@@ -75,14 +75,14 @@ class DataParallel {
   // moments on the CPU, on rank 0, assembled from every rank's share (the other ranks receive empty vectors).
   void gather_moments(const AdamW& optimizer, std::vector<Tensor>* first, std::vector<Tensor>* second) const;
 
-  // The last backward's gradient reductions (for hgrn bench): how many, how long the communication stream worked
-  // on them (each from its bucket's completion, or the end of the one before, to its own end), and how long the
-  // last one ran past the end of the backward on the compute stream.
+  // The last finished backward's gradient reductions (for hgrn bench; read before the next backward): how many, how
+  // long the communication stream worked on them (each from its bucket's completion, or the end of the one before,
+  // to its own end), and how long the last one ran past the end of the backward on the compute stream.
   struct ReductionTiming {
     int64_t buckets = 0;
     double busy_ms = 0, tail_ms = 0;
   };
-  const ReductionTiming& last_reduction_timing() const { return timing_; }
+  ReductionTiming last_reduction_timing();
 
  private:
   struct Bucket {
@@ -109,7 +109,7 @@ class DataParallel {
   bool reduce_ = false;
   std::vector<bool> queued_;
   size_t reduced_ = 0;  // buckets queued for reduction in this backward
-  ReductionTiming timing_;
+  size_t last_reduced_ = 0;  // buckets the last finished backward reduced
   std::vector<bool> gathering_;  // per bucket: all-gather queued by finish_update, not yet waited for
 };
 

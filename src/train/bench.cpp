@@ -127,7 +127,7 @@ StepBench bench_training_steps(const Config& config, int64_t warmup, int64_t ste
     r.last_loss = step.loss;
     if (s >= warmup) times.push_back(dt);
     if (s >= warmup && setup->data_parallel) {
-      const DataParallel::ReductionTiming& t = setup->data_parallel->last_reduction_timing();
+      const DataParallel::ReductionTiming t = setup->data_parallel->last_reduction_timing();
       r.reduce_buckets = t.buckets;
       r.reduce_busy_ms += t.busy_ms / static_cast<double>(steps);
       r.reduce_tail_ms += t.tail_ms / static_cast<double>(steps);
