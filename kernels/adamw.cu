@@ -16,6 +16,7 @@
 
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "host_staging.h"
 
 namespace hgrn {
 
@@ -165,10 +166,12 @@ long long cuda_upload_slot_table(const MultiTensorSlot* slots, int64_t count, vo
     table[i].first_chunk = chunks;
     chunks += (slots[i].n + kChunk - 1) / kChunk;
   }
-  CUDA_CHECK(cudaMemcpyAsync(workspace, table.data(), table.size() * sizeof(MultiTensorSlot),
-                             cudaMemcpyHostToDevice, cuda_stream()));
-  // The table is pageable host memory freed on return: the copy must be done with it first.
-  CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+  const size_t table_size = table.size() * sizeof(MultiTensorSlot);
+  if (!cuda_staged_upload(workspace, table.data(), table_size)) {
+    CUDA_CHECK(cudaMemcpyAsync(workspace, table.data(), table_size, cudaMemcpyHostToDevice, cuda_stream()));
+    // The table is pageable host memory freed on return: the copy must be done with it first.
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+  }
   HGRN_CHECK(chunks <= 0x7fffffffLL, "multi-tensor launch: ", chunks, " chunks exceed the launch grid");
   return chunks;
 }

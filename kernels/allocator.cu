@@ -28,6 +28,7 @@
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "cuda_graph.h"
+#include "host_staging.h"
 
 namespace hgrn {
 
@@ -225,6 +226,8 @@ void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device,
   cudaMemcpyKind kind = dst_device == Device::CUDA
                             ? (src_device == Device::CUDA ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                             : cudaMemcpyDeviceToHost;
+  // An upload goes through pinned staging (no wait); a download is read by the caller at once, so it waits.
+  if (kind == cudaMemcpyHostToDevice && cuda_staged_upload(dst, src, bytes)) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cuda_stream()));
   // Host memory may be pageable and reused by the caller right after return: finish copies that touch it.
   if (kind != cudaMemcpyDeviceToDevice) CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
@@ -236,6 +239,8 @@ void cuda_copy_rows(void* dst, Device dst_device, size_t dst_pitch, const void* 
   cudaMemcpyKind kind = dst_device == Device::CUDA
                             ? (src_device == Device::CUDA ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                             : cudaMemcpyDeviceToHost;
+  if (kind == cudaMemcpyHostToDevice && cuda_staged_upload_rows(dst, dst_pitch, src, src_pitch, row_bytes, rows))
+    return;
   CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind, cuda_stream()));
   if (kind != cudaMemcpyDeviceToDevice) CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
 }

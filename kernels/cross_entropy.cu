@@ -411,11 +411,16 @@ bool cross_entropy_forward_gradient_cuda(void* logits, DType logits_dtype, const
 }
 
 std::vector<CrossEntropyCounts> cross_entropy_counts_to_host(const int64_t* counts, int64_t chunks, const void* targets,
-                                                            DType targets_dtype, int64_t chunk_rows) {
+                                                            DType targets_dtype, int64_t chunk_rows,
+                                                            const float* losses, float* host_losses) {
   std::vector<int64_t> host(static_cast<size_t>(chunks) * kCrossEntropyCountSlots);
-  if (chunks > 0)
+  if (chunks > 0) {
     CUDA_CHECK(cudaMemcpyAsync(host.data(), counts, host.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
                                cuda_stream()));
+    if (losses)
+      CUDA_CHECK(cudaMemcpyAsync(host_losses, losses, static_cast<size_t>(chunks) * sizeof(float),
+                                 cudaMemcpyDeviceToHost, cuda_stream()));
+  }
   CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
   std::vector<CrossEntropyCounts> result(static_cast<size_t>(chunks));
   for (int64_t i = 0; i < chunks; ++i) {

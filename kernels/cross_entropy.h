@@ -42,10 +42,13 @@ bool cross_entropy_forward_gradient_cuda(void* logits, DType logits_dtype, const
                                          float* log_sum_exp, int32_t* row_target, int64_t* counts, void* scratch,
                                          const Fp8CodesOut* gradient_codes = nullptr);
 
-// Reads `chunks` consecutive count slots back to the host (synchronises the stream). targets: the device targets
-// the counts were taken of, chunk i's starting at row i·chunk_rows (to fetch a bad row's target for the message).
+// Reads `chunks` consecutive count slots back to the host (synchronises the stream), and where `losses` is set the
+// chunks' `chunks` losses into host_losses in the same wait. targets: the device targets the counts were taken of,
+// chunk i's starting at row i·chunk_rows (to fetch a bad row's target for the message).
 std::vector<CrossEntropyCounts> cross_entropy_counts_to_host(const int64_t* counts, int64_t chunks, const void* targets,
-                                                            DType targets_dtype, int64_t chunk_rows);
+                                                            DType targets_dtype, int64_t chunk_rows,
+                                                            const float* losses = nullptr,
+                                                            float* host_losses = nullptr);
 
 // dlogits[r, :] += (softmax(logits[r, :]) - onehot(row_target[r])) * dloss[0] / num_targets for every row with
 // row_target[r] >= 0. dlogits in the logits' dtype; dloss: the loss's fp32 gradient, read on the device.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/rng.h"
@@ -30,6 +31,37 @@ TEST(CudaDevice, TensorsRoundTripThroughDeviceMemory) {
     EXPECT_EQ(back.device(), Device::CPU);
     EXPECT_EQ(std::memcmp(back.raw_data(), host.raw_data(), host.nbytes()), 0);
   }
+}
+
+// Uploads go through a pinned staging ring without waiting for the GPU: the caller may overwrite its buffer at once,
+// and uploads that wrap around the ring (40 MiB through 16) each arrive intact, also with odd sizes and row copies.
+TEST(CudaDevice, UploadsArriveIntactWhenTheCallerReusesItsBuffer) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(13);
+  std::vector<Tensor> devices;
+  std::vector<std::vector<int32_t>> wanted;
+  Tensor host = Tensor::empty({(int64_t{1} << 20) / 4 + 3}, DType::I32);  // just over 1 MiB: odd tails
+  for (int round = 0; round < 40; ++round) {
+    std::vector<int32_t> values(static_cast<size_t>(host.numel()));
+    for (int32_t& v : values) v = static_cast<int32_t>(rng.below(1u << 31));
+    std::memcpy(host.raw_data(), values.data(), host.nbytes());
+    devices.push_back(host.to(Device::CUDA));
+    std::memset(host.raw_data(), 0xAB, host.nbytes());  // reused at once: the upload must not read it any more
+    wanted.push_back(std::move(values));
+  }
+  // Rows of a wider host tensor into a column block of a device one (the strided upload).
+  Tensor wide = Tensor::empty({257, 9}, DType::I32);
+  for (int64_t i = 0; i < wide.numel(); ++i) wide.set_item(i, static_cast<double>(i));
+  Tensor block = Tensor::full({257, 5}, -1.0, DType::I32, Device::CUDA);
+  block.copy_from(wide.columns(2, 5));
+  std::memset(wide.raw_data(), 0, wide.nbytes());
+  for (size_t round = 0; round < devices.size(); ++round) {
+    const Tensor back = devices[round].to(Device::CPU);
+    ASSERT_EQ(std::memcmp(back.raw_data(), wanted[round].data(), back.nbytes()), 0) << "upload " << round;
+  }
+  const Tensor block_back = block.to(Device::CPU);
+  for (int64_t r = 0; r < 257; ++r)
+    for (int64_t c = 0; c < 5; ++c) ASSERT_EQ(block_back.data<int32_t>()[r * 5 + c], r * 9 + c + 2);
 }
 
 // fp32 -> bf16 on the GPU (the weights' compute copies: packs of 4 over the aligned bulk, one at a time over the

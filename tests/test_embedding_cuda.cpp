@@ -248,31 +248,66 @@ TEST(EmbeddingCuda, WithoutGradientAndWithNoIds) {
   expect_close(weight->grad, Tensor::zeros({41, 96}, DType::F64), 0.0, 0.0, "dweight of no tokens");
 }
 
+// Ids given on the GPU are checked there; ids given on the host (a training batch's) are checked on the host before
+// their upload. Both name the first bad id and its position.
 TEST(EmbeddingCuda, OutOfRangeIdIsAnErrorNamingIdAndPosition) {
   HGRN_SKIP_WITHOUT_GPU();
-  Tape tape;
-  Var weight = make_var(Tensor::zeros({41, 8}, DType::F32, Device::CUDA), true, "weight");
-  auto message = [&](const Tensor& ids) -> std::string {
-    try {
-      embedding(tape, weight, ids.to(Device::CUDA), DType::BF16);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "(no error)";
+  for (Device ids_device : {Device::CUDA, Device::CPU}) {
+    SCOPED_TRACE(device_name(ids_device));
+    Tape tape;
+    Var weight = make_var(Tensor::zeros({41, 8}, DType::F32, Device::CUDA), true, "weight");
+    auto message = [&](const Tensor& ids) -> std::string {
+      try {
+        embedding(tape, weight, ids.to(ids_device), DType::BF16);
+      } catch (const Error& e) {
+        return e.what();
+      }
+      return "(no error)";
+    };
+    // The first bad position is reported, whichever thread finds its id first.
+    std::string m = message(Tensor::from_vector<int32_t>({0, 3, 41, 2, -1, 41}, {2, 3}));
+    EXPECT_NE(m.find("id 41 at position 2"), std::string::npos) << m;
+    EXPECT_NE(m.find("vocab size 41"), std::string::npos) << m;
+    m = message(Tensor::from_vector<int64_t>({5, -1}, {2}));
+    EXPECT_NE(m.find("id -1 at position 1"), std::string::npos) << m;
+    m = message(Tensor::from_vector<int64_t>({int64_t{1} << 40}, {1}));  // would wrap to 0 as an int32
+    EXPECT_NE(m.find("id 1099511627776 at position 0"), std::string::npos) << m;
+    std::vector<int32_t> many(5000, 1);
+    many[4321] = 1000;
+    m = message(Tensor::from_vector<int32_t>(many, {5000}));
+    EXPECT_NE(m.find("id 1000 at position 4321"), std::string::npos) << m;
+    EXPECT_EQ(tape.size(), 0u);
+  }
+}
+
+// Host ids for a GPU weight give the rows and the weight gradient that the same ids on the GPU give, bit for bit,
+// and the caller may overwrite its host buffer as soon as the call returns (the upload went through staging).
+TEST(EmbeddingCuda, HostIdsGiveWhatDeviceIdsGive) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(31);
+  const int64_t vocab = 1000, width = 72, rows = 3001;
+  Tensor w_host = Tensor::empty({vocab, width}, DType::F32);
+  for (int64_t i = 0; i < w_host.numel(); ++i) w_host.set_item(i, rng.normal());
+  Tensor ids = Tensor::empty({rows}, DType::I32);
+  for (int64_t i = 0; i < rows; ++i) ids.set_item(i, static_cast<double>(rng.below(vocab)));
+  Tensor dy = Tensor::empty({rows, width}, DType::F32);
+  for (int64_t i = 0; i < dy.numel(); ++i) dy.set_item(i, rng.normal());
+  const Tensor dy_device = dy.to(Device::CUDA).to(DType::BF16);
+  auto run = [&](const Tensor& given_ids, Tensor* host_to_overwrite) {
+    Tape tape;
+    Var weight = make_var(w_host.to(Device::CUDA), true, "weight");
+    Var y = embedding(tape, weight, given_ids, DType::BF16);
+    if (host_to_overwrite)
+      for (int64_t i = 0; i < rows; ++i) host_to_overwrite->set_item(i, 0.0);
+    tape.backward(y, dy_device);
+    return std::pair<Tensor, Tensor>{y->value.to(Device::CPU), weight->grad.to(Device::CPU)};
   };
-  // The first bad position is reported, whichever thread finds its id first.
-  std::string m = message(Tensor::from_vector<int32_t>({0, 3, 41, 2, -1, 41}, {2, 3}));
-  EXPECT_NE(m.find("id 41 at position 2"), std::string::npos) << m;
-  EXPECT_NE(m.find("vocab size 41"), std::string::npos) << m;
-  m = message(Tensor::from_vector<int64_t>({5, -1}, {2}));
-  EXPECT_NE(m.find("id -1 at position 1"), std::string::npos) << m;
-  m = message(Tensor::from_vector<int64_t>({int64_t{1} << 40}, {1}));  // would wrap to 0 as an int32
-  EXPECT_NE(m.find("id 1099511627776 at position 0"), std::string::npos) << m;
-  std::vector<int32_t> many(5000, 1);
-  many[4321] = 1000;
-  m = message(Tensor::from_vector<int32_t>(many, {5000}));
-  EXPECT_NE(m.find("id 1000 at position 4321"), std::string::npos) << m;
-  EXPECT_EQ(tape.size(), 0u);
+  const auto [y_device_ids, dw_device_ids] = run(ids.to(Device::CUDA), nullptr);
+  Tensor scratch_ids = ids.clone();
+  const auto [y_host_ids, dw_host_ids] = run(scratch_ids, &scratch_ids);
+  ASSERT_EQ(y_host_ids.nbytes(), y_device_ids.nbytes());
+  EXPECT_EQ(std::memcmp(y_host_ids.raw_data(), y_device_ids.raw_data(), y_device_ids.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(dw_host_ids.raw_data(), dw_device_ids.raw_data(), dw_device_ids.nbytes()), 0);
 }
 
 TEST(EmbeddingCuda, RejectsMismatchedDevicesAndDtypes) {
@@ -280,10 +315,11 @@ TEST(EmbeddingCuda, RejectsMismatchedDevicesAndDtypes) {
   Tape tape;
   Var weight = make_var(Tensor::zeros({5, 2}, DType::F32, Device::CUDA), true, "weight");
   Tensor ids = Tensor::from_vector<int32_t>({0, 1}, {2});
-  EXPECT_THROW(embedding(tape, weight, ids, DType::F32), Error);                          // ids on the CPU
   EXPECT_THROW(embedding(tape, weight, ids.to(Device::CUDA), DType::F64), Error);         // not an activation dtype
   Var bf16_weight = make_var(Tensor::zeros({5, 2}, DType::BF16, Device::CUDA), true, "w");  // parameters are fp32
   EXPECT_THROW(embedding(tape, bf16_weight, ids.to(Device::CUDA), DType::BF16), Error);
+  Var cpu_weight = make_var(Tensor::zeros({5, 2}, DType::F32), true, "cpu weight");
+  EXPECT_THROW(embedding(tape, cpu_weight, ids.to(Device::CUDA), DType::F32), Error);    // GPU ids, CPU weight
 }
 
 TEST(EmbeddingCuda, CpuOutputDtypeMustBeTheWeightDtype) {  // runs without a GPU too

@@ -191,7 +191,8 @@ Var DecoderLM::forward_hidden(Tape& tape, const Tensor& input_ids, std::vector<V
                "reset flags must be int32 like the token ids ", shape_str(input_ids.shape()), ", got ",
                dtype_name(resets.dtype()), " ", shape_str(resets.shape()));
   if (recurrent_states) recurrent_states->resize(config_.num_hidden_layers);
-  const Tensor ids = on_device(input_ids, device_);
+  // Host ids go to embedding() as they are: it checks them on the host and uploads them without a wait.
+  const Tensor ids = input_ids.device() == Device::CPU ? input_ids : on_device(input_ids, device_);
   const Tensor layer_resets = resets.defined() ? on_device(resets, device_) : Tensor();  // every layer reads them
   const size_t num_layers = static_cast<size_t>(config_.num_hidden_layers);
   // Under data parallelism layer 0's weight gradients wait for the embedding's backward (WeightGradientQueue), so

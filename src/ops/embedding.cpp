@@ -59,11 +59,21 @@ struct EmbeddingSaved {
   Tensor sorted_ids, sorted_pos, segment_start, num_segments;
 };
 
-Var embedding(Tape& tape, const Var& weight, const Tensor& ids, DType out_dtype) {
+Var embedding(Tape& tape, const Var& weight, const Tensor& given_ids, DType out_dtype) {
   HGRN_CHECK(weight, "embedding: weight is null");
   const Tensor& wv = weight->value;
   HGRN_CHECK(wv.dim() == 2, "embedding: weight must be [Vocab, D], got ", shape_str(wv.shape()));
   HGRN_CHECK(wv.is_contiguous(), "embedding: weight must be contiguous");
+  // Host ids for a GPU weight are uploaded here, and contiguous ones are checked on the host first: the GPU's check
+  // and the wait for its answer are skipped.
+  const bool host_ids = given_ids.defined() && given_ids.device() == Device::CPU && wv.device() == Device::CUDA;
+  const bool checked_on_host = host_ids && given_ids.is_contiguous() &&
+                               (given_ids.dtype() == DType::I32 || given_ids.dtype() == DType::I64);
+  if (checked_on_host && given_ids.dtype() == DType::I32)
+    checked_ids(given_ids.data<int32_t>(), given_ids.numel(), wv.size(0));
+  else if (checked_on_host)
+    checked_ids(given_ids.data<int64_t>(), given_ids.numel(), wv.size(0));
+  const Tensor ids = host_ids ? on_device(given_ids, Device::CUDA) : given_ids;
   HGRN_CHECK(ids.defined() && (ids.dtype() == DType::I32 || ids.dtype() == DType::I64),
              "embedding: ids must be int32 or int64, got ", ids.defined() ? dtype_name(ids.dtype()) : "undefined");
   HGRN_CHECK(ids.device() == wv.device() && ids.is_contiguous(), "embedding: ids must be a contiguous ",
@@ -90,12 +100,14 @@ Var embedding(Tape& tape, const Var& weight, const Tensor& ids, DType out_dtype)
                dtype_name(wv.dtype()));
     HGRN_CHECK(out_dtype == DType::F32 || out_dtype == DType::BF16,
                "embedding: GPU activations are fp32 or bf16, asked for ", dtype_name(out_dtype));
-    Tensor scratch = Tensor::empty({1}, DType::I64, Device::CUDA);
-    int64_t bad_id = 0;
-    const int64_t bad_position = embedding_check_ids_cuda(ids.raw_data(), ids.dtype(), rows, vocab,
-                                                          scratch.raw_data(), &bad_id);
-    HGRN_CHECK(bad_position < 0, "embedding: id ", bad_id, " at position ", bad_position,
-               " is out of range for vocab size ", vocab);
+    if (!checked_on_host) {
+      Tensor scratch = Tensor::empty({1}, DType::I64, Device::CUDA);
+      int64_t bad_id = 0;
+      const int64_t bad_position = embedding_check_ids_cuda(ids.raw_data(), ids.dtype(), rows, vocab,
+                                                            scratch.raw_data(), &bad_id);
+      HGRN_CHECK(bad_position < 0, "embedding: id ", bad_id, " at position ", bad_position,
+                 " is out of range for vocab size ", vocab);
+    }
     y = Tensor::empty(out_shape, out_dtype, Device::CUDA);
     embedding_forward_cuda(wv.data<float>(), ids.raw_data(), ids.dtype(), y.raw_data(), out_dtype, rows, width);
 #else

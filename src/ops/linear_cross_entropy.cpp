@@ -125,9 +125,10 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
     if (dw_unscaled.defined())
       linear_gemm(true, false, vocab, width, n, logits, vocab, x_rows, width, dw_beta, dw_unscaled, width);
   }
+  std::vector<float> losses(static_cast<size_t>(num_chunks));
   const std::vector<CrossEntropyCounts> counts =
-      cross_entropy_counts_to_host(chunk_counts.data<int64_t>(), num_chunks, targets.raw_data(), targets.dtype(), chunk);
-  const Tensor losses = chunk_losses.to(Device::CPU);
+      cross_entropy_counts_to_host(chunk_counts.data<int64_t>(), num_chunks, targets.raw_data(), targets.dtype(), chunk,
+                                   chunk_losses.data<float>(), losses.data());
   double loss_sum = 0;  // the chunks' summed losses, added in chunk order
   int64_t num_targets = 0, num_correct = 0;
   for (int64_t i = 0; i < num_chunks; ++i) {
@@ -136,7 +137,8 @@ CrossEntropyResult linear_cross_entropy_cuda(Tape& tape, const Var& x, const Var
                " is out of range for vocab size ", vocab, " (ignore_index is ", ignore_index, ")");
     num_targets += c.num_targets;
     num_correct += c.num_correct;
-    if (c.num_targets > 0) loss_sum += losses.item(i) * static_cast<double>(c.num_targets);
+    if (c.num_targets > 0)
+      loss_sum += static_cast<double>(losses[static_cast<size_t>(i)]) * static_cast<double>(c.num_targets);
   }
   const double mean = num_targets > 0 ? loss_sum / static_cast<double>(num_targets) : 0.0;
   Var out = op_output(tape, on_device(Tensor::full({}, mean, DType::F32), Device::CUDA), {x, weight});

@@ -224,15 +224,13 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
     r.targets = static_cast<int64_t>(totals[1]);
     r.correct = static_cast<int64_t>(totals[2]);
   }
+  std::function<double()> grad_norm;
   {
     TraceRange trace("optimizer");
     // Clipping is folded into the update: the gradients are read once more, not scaled in place first.
     // A non-finite loss skips the update as a non-finite gradient does (every rank sees the same summed loss).
     const std::vector<Tensor> guards = dp ? std::vector<Tensor>{Tensor::full({}, r.loss, DType::F64)} : losses;
-    const std::function<double()> grad_norm =
-        optimizer.clip_and_step(lr, tc.grad_clip, dp ? dp->grad_norm_total() : nullptr, guards);
-    if (!dp) read_losses();
-    r.grad_norm = grad_norm();
+    grad_norm = optimizer.clip_and_step(lr, tc.grad_clip, dp ? dp->grad_norm_total() : nullptr, guards);
   }
   // The step's amaxes (the maximum over the ranks) into the histories, new scales for the next step (no-op without
   // fp8).
@@ -241,6 +239,9 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
     TraceRange trace("weight all-gather");
     dp->finish_update();  // queued: the next forward waits for each bucket where it reads it
   }
+  // The reads that wait for the device come last, once the whole step is queued.
+  if (!dp) read_losses();
+  r.grad_norm = grad_norm();
   return r;
 }
 
