@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "gradcheck.h"
 #include "ops/elementwise.h"
+#include "ops/linear.h"
 #include "ops/rotary_embedding.h"
 
 namespace hgrn {
@@ -90,6 +92,42 @@ TEST(RotaryEmbedding, GradientsMatchFiniteDifferencesAlsoForAColumnBlock) {
   Var state = make_var(testing::random_tensor(rng, {2, 2, 4, 3}), true, "state");
   testing::expect_gradients_match(
       [](Tape& t, const std::vector<Var>& in) { return rotary_state_shift(t, in[0], -70); }, {state});
+}
+
+// Rotating over the input's own columns (RetNet's q and k in the projection's output) gives the out-of-place
+// rotation's values and gradients bit for bit, and fp64 finite differences hold through it back to the projection.
+TEST(RotaryEmbedding, InPlaceGivesTheOutOfPlaceBitsAndGradients) {
+  Rng rng(85);
+  for (DType dtype : {DType::F64, DType::F32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor x = testing::random_tensor(rng, {2, 5, 6}).to(dtype);
+    const Tensor wq = testing::random_tensor(rng, {8, 6}).to(dtype), wv = testing::random_tensor(rng, {3, 6}).to(dtype);
+    const Tensor dy = testing::random_tensor(rng, {2, 5, 8}).to(dtype);
+    const auto run = [&](bool in_place) {
+      Tape t;
+      Var xs = make_var(x.clone(), true, "x"), q_w = make_var(wq.clone(), true, "wq"), v_w = make_var(wv.clone(), true, "wv");
+      const std::vector<Var> blocks = linear_columns(t, xs, {q_w, v_w});
+      Var y = in_place ? rotary_embedding_in_place(t, blocks[0], 2, 3) : rotary_embedding(t, blocks[0], 2, 3);
+      Tensor y_value = Tensor::empty(y->value.shape(), dtype);
+      y_value.copy_from(y->value);
+      if (in_place) EXPECT_EQ(y->value.raw_data(), blocks[0]->value.raw_data()) << "not a view of the input";
+      t.backward(y, dy);
+      return std::vector<Tensor>{y_value, xs->grad, q_w->grad};
+    };
+    const std::vector<Tensor> copied = run(false), in_place = run(true);
+    for (size_t i = 0; i < copied.size(); ++i) {
+      ASSERT_EQ(copied[i].nbytes(), in_place[i].nbytes());
+      EXPECT_EQ(std::memcmp(copied[i].raw_data(), in_place[i].raw_data(), copied[i].nbytes()), 0) << "result " << i;
+    }
+  }
+  Var x = make_var(testing::random_tensor(rng, {2, 3, 6}), true, "x");
+  Var wq = make_var(testing::random_tensor(rng, {8, 6}), true, "wq"), wv = make_var(testing::random_tensor(rng, {3, 6}), true, "wv");
+  testing::expect_gradients_match(
+      [](Tape& t, const std::vector<Var>& in) {
+        const std::vector<Var> blocks = linear_columns(t, in[0], {in[1], in[2]});
+        return rotary_embedding_in_place(t, blocks[0], 2, 7);
+      },
+      {x, wq, wv});
 }
 
 TEST(RotaryEmbedding, RejectsOddHeadWidthsAndBadShapes) {

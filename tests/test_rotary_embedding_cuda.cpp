@@ -96,6 +96,37 @@ TEST(RotaryEmbeddingCuda, PackedAndGeneralKernelsGiveTheSameBits) {
   }
 }
 
+// In place over a column block of the fused projection's output (RetNet's q and k) the GPU gives the out-of-place
+// rotation's bits, values and gradient, through the packed kernel (aligned block) and the general one (offset block).
+TEST(RotaryEmbeddingCuda, InPlaceGivesTheOutOfPlaceBits) {
+  HGRN_SKIP_WITHOUT_GPU();
+  Rng rng(304);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (int64_t offset : {int64_t{0}, int64_t{1}}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (offset ? " general kernel" : " packed kernel"));
+      const int64_t batch = 2, time = 67, heads = 3, head_dim = 32, width = heads * head_dim;
+      const Tensor whole = round_through(testing::random_tensor(rng, {batch, time, offset + width + 40}), dtype);
+      const Tensor dy = round_through(testing::random_tensor(rng, {batch, time, width}), dtype);
+      const auto run = [&](bool in_place) {
+        Tape tape;
+        const Var w = make_var(to_gpu(whole, dtype), true, "x");
+        const std::vector<Var> blocks =
+            offset ? split_columns(tape, w, {offset, width, 40}) : split_columns(tape, w, {width, 40});
+        const Var x = blocks[offset ? 1 : 0];
+        const Var y = in_place ? rotary_embedding_in_place(tape, x, heads, 900) : rotary_embedding(tape, x, heads, 900);
+        Tensor y_value = Tensor::empty(y->value.shape(), dtype, Device::CUDA);
+        y_value.copy_from(y->value);
+        tape.backward(y, to_gpu(dy, dtype));
+        return std::pair<Tensor, Tensor>{y_value, w->grad};
+      };
+      const auto [y_copied, dx_copied] = run(false);
+      const auto [y_in_place, dx_in_place] = run(true);
+      EXPECT_EQ(testing::compare(y_in_place, y_copied).max_abs, 0.0) << "y";
+      EXPECT_EQ(testing::compare(dx_in_place, dx_copied).max_abs, 0.0) << "dx";
+    }
+  }
+}
+
 TEST(RotaryEmbeddingCuda, StateShiftMatchesCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
   Rng rng(302);

@@ -55,16 +55,17 @@ void rotate(const Tensor& in, Tensor& out, bool add, const RotaryRows& d) {
                       [&] { rotary_cpu(in.data<scalar_t>(), out.data<scalar_t>(), add, d); });
 }
 
-// The op on x viewed as d, into a fresh contiguous tensor of x's shape; the backward rotates the output's gradient
-// back into x's. strided_rows: d's rows are x's last-axis rows, x->value.row_stride() apart (a column block of a
-// fused projection, whose gradient is then written in place); else x is contiguous.
-Var rotary_op(Tape& tape, const Var& x, RotaryRows d, bool strided_rows, const char* op) {
+// The op on x viewed as d, into a fresh contiguous tensor of x's shape (or over x itself: in_place); the backward
+// rotates the output's gradient back into x's. strided_rows: d's rows are x's last-axis rows, x->value.row_stride()
+// apart (a column block of a fused projection, whose gradient is then written in place); else x is contiguous.
+// In place is safe for both devices' loops: each pair is read whole before it is written, by the one thread.
+Var rotary_op(Tape& tape, const Var& x, RotaryRows d, bool strided_rows, bool in_place, const char* op) {
   const Tensor& xv = x->value;
   HGRN_CHECK(xv.device() == Device::CPU || xv.dtype() == DType::F32 || xv.dtype() == DType::BF16, op,
              ": a GPU tensor must be fp32 or bf16, got ", dtype_name(xv.dtype()));
-  Tensor y = Tensor::empty(xv.shape(), xv.dtype(), xv.device());
+  Tensor y = in_place ? xv : Tensor::empty(xv.shape(), xv.dtype(), xv.device());
   d.in_stride = strided_rows ? xv.row_stride() : 0;
-  d.out_stride = 0;
+  d.out_stride = in_place ? d.in_stride : 0;
   rotate(xv, y, /*add=*/false, d);
   Var out = op_output(tape, y, {x});
   if (!out->requires_grad) return out;
@@ -85,7 +86,8 @@ Var rotary_op(Tape& tape, const Var& x, RotaryRows d, bool strided_rows, const c
 
 }  // namespace
 
-Var rotary_embedding(Tape& tape, const Var& x, int64_t num_heads, int64_t first_position) {
+namespace {
+Var rotary_embedding_op(Tape& tape, const Var& x, int64_t num_heads, int64_t first_position, bool in_place) {
   HGRN_CHECK(x, "rotary_embedding: input is null");
   const Tensor& xv = x->value;
   HGRN_CHECK(xv.dim() == 3 && num_heads > 0 && xv.size(2) % num_heads == 0 && xv.size(2) / num_heads % 2 == 0,
@@ -99,7 +101,16 @@ Var rotary_embedding(Tape& tape, const Var& x, int64_t num_heads, int64_t first_
   d.head_dim = xv.size(2) / num_heads;
   d.first_position = first_position;
   if (d.rows == 0 || d.time == 0) d.time = 1;  // an empty batch: nothing to rotate
-  return rotary_op(tape, x, d, /*strided_rows=*/true, "rotary_embedding");
+  return rotary_op(tape, x, d, /*strided_rows=*/true, in_place, "rotary_embedding");
+}
+}  // namespace
+
+Var rotary_embedding(Tape& tape, const Var& x, int64_t num_heads, int64_t first_position) {
+  return rotary_embedding_op(tape, x, num_heads, first_position, /*in_place=*/false);
+}
+
+Var rotary_embedding_in_place(Tape& tape, const Var& x, int64_t num_heads, int64_t first_position) {
+  return rotary_embedding_op(tape, x, num_heads, first_position, /*in_place=*/true);
 }
 
 Var rotary_state_shift(Tape& tape, const Var& state, int64_t shift) {
@@ -115,7 +126,7 @@ Var rotary_state_shift(Tape& tape, const Var& state, int64_t shift) {
   d.head_dim = sv.size(2);
   d.inner = sv.size(3);
   d.first_position = shift;
-  return rotary_op(tape, state, d, /*strided_rows=*/false, "rotary_state_shift");
+  return rotary_op(tape, state, d, /*strided_rows=*/false, /*in_place=*/false, "rotary_state_shift");
 }
 
 }  // namespace hgrn

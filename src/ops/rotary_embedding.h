@@ -14,6 +14,11 @@ namespace hgrn {
 // first_position + t. Returns a contiguous [B, T, H·K] in x's dtype.
 Var rotary_embedding(Tape& tape, const Var& x, int64_t num_heads, int64_t first_position);
 
+// The same rotation written over x's own elements: the result is a view of x's storage (x's layout), so it costs no
+// memory of its own. x's values are gone afterwards: only for an x that nothing else reads (RetNet's q and k, columns
+// of the projection's output that only their rotation consumes). The gradient still reaches x.
+Var rotary_embedding_in_place(Tape& tape, const Var& x, int64_t num_heads, int64_t first_position);
+
 // A recurrent state over rotated keys, S = Σ_s decay · k̃_sᵀ v_s per head [B, H, K, V] (contiguous), with every
 // column (a vector in key space) rotated as rotary_embedding rotates a key at position `shift`. Since a query at t
 // meets a key at s only through the rotation by (s − t)θ, the state after T tokens shifted by −T is the state of the

@@ -6,7 +6,6 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <tuple>
 #include <utility>
 
 #include "core/trace.h"
@@ -49,14 +48,14 @@ class RetNetMixer final : public TokenMixer {
       TraceLayer trace(tape, "q/k/v/g projections");
       qkvg = linear_columns(tape, call.x, {w[0], w[1], w[2], w[3]});
     }
-    // The rotated q and k: functions of the projection's output, which is kept anyway (v and g are read from it).
-    const auto make_rotated = [heads = layout_.heads, q_hat = qkvg[0], k_hat = qkvg[1]](Tape& t) {
-      return std::pair<Var, Var>{rotary_embedding(t, q_hat, heads, 0), rotary_embedding(t, k_hat, heads, 0)};
-    };
+    // q and k rotated over their own columns of the projection's output, which is kept anyway (v and g are read
+    // from it, and nothing else reads the unrotated q̂ and k̂): the backward finds them there, for no memory of their
+    // own, and the recurrence reads them in place.
     Var q, k;
     {
       TraceLayer trace(tape, "rotary embedding");
-      std::tie(q, k) = make_rotated(tape);
+      q = rotary_embedding_in_place(tape, qkvg[0], layout_.heads, 0);
+      k = rotary_embedding_in_place(tape, qkvg[1], layout_.heads, 0);
     }
     const int64_t seq_len = call.x->value.size(1);
     const RecurrenceMode mode = uses_chunk_form(config_, seq_len) ? RecurrenceMode::Chunk : RecurrenceMode::Naive;
@@ -68,11 +67,6 @@ class RetNetMixer final : public TokenMixer {
                          /*keep_states=*/call.layer < memory.keep_recurrence_states, call.resets);
     }
     if (call.state) *call.state = rotary_state_shift(tape, r.final_state, -seq_len);
-    if (recomputes_gates(memory, call.layer, call.num_layers))
-      recompute_in_backward(tape, memory, {q, k}, [make_rotated](Tape& untaped) {
-        const auto again = make_rotated(untaped);
-        return std::vector<Tensor>{again.first->value, again.second->value};
-      });
     TraceLayer trace(tape, "g_norm_swish_gate + o_proj");
     return gated_head_norm_output(tape, r.output, qkvg[3], w[5], w[4], layout_.value_dim, config_.norm_eps, memory,
                                   call.h);
@@ -152,14 +146,15 @@ class RetNetFamily final : public ModelFamily {
     return cost;
   }
 
-  // The fused projection's output (q̂, k̂, v, ĝ: 2Fk + 2Fv); the rotated q and k and no gate kept (the [H] decays are
-  // read as they are, no gradient); the gated product made from o (the gated norm never stores RMSNorm(o)).
+  // The fused projection's output (q, k rotated in place, v, ĝ: 2Fk + 2Fv) and no gate (the [H] decays are read as
+  // they are, no gradient); the gated product made from o (the gated norm never stores RMSNorm(o)).
   MixerMemory mixer_memory(const ModelConfig& c, int64_t layer, int64_t seq_len,
                            const MemoryTarget& target) const override {
     const HeadLayout h = head_layout(c, kRetNetDefaults);
     const double Fk = static_cast<double>(h.keys()), Fv = static_cast<double>(h.values());
     GlaMixerTensors tensors{h.heads, h.key_dim, h.value_dim};
     tensors.projection_width = 2.0 * Fk + 2.0 * Fv;
+    tensors.own_query_key = false;
     tensors.key_wide_gate = false;
     tensors.gate_backward_bytes = 0.0;
     tensors.normed_outputs = 1;
