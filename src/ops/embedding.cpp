@@ -52,6 +52,12 @@ static std::vector<int64_t> checked_ids(const I* ids, int64_t n, int64_t vocab) 
   return out;
 }
 
+// The same for a contiguous int32 or int64 host tensor.
+static std::vector<int64_t> checked_ids(const Tensor& ids, int64_t vocab) {
+  return ids.dtype() == DType::I32 ? checked_ids(ids.data<int32_t>(), ids.numel(), vocab)
+                                   : checked_ids(ids.data<int64_t>(), ids.numel(), vocab);
+}
+
 // What the backward needs: on the CPU the checked ids; on the GPU the (id, position) pairs sorted by id and where
 // each distinct id's run starts (embedding.h), computed once in the forward since the ids are fixed.
 struct EmbeddingSaved {
@@ -69,10 +75,7 @@ Var embedding(Tape& tape, const Var& weight, const Tensor& given_ids, DType out_
   const bool host_ids = given_ids.defined() && given_ids.device() == Device::CPU && wv.device() == Device::CUDA;
   const bool checked_on_host = host_ids && given_ids.is_contiguous() &&
                                (given_ids.dtype() == DType::I32 || given_ids.dtype() == DType::I64);
-  if (checked_on_host && given_ids.dtype() == DType::I32)
-    checked_ids(given_ids.data<int32_t>(), given_ids.numel(), wv.size(0));
-  else if (checked_on_host)
-    checked_ids(given_ids.data<int64_t>(), given_ids.numel(), wv.size(0));
+  if (checked_on_host) checked_ids(given_ids, wv.size(0));
   const Tensor ids = host_ids ? on_device(given_ids, Device::CUDA) : given_ids;
   HGRN_CHECK(ids.defined() && (ids.dtype() == DType::I32 || ids.dtype() == DType::I64),
              "embedding: ids must be int32 or int64, got ", ids.defined() ? dtype_name(ids.dtype()) : "undefined");
@@ -88,8 +91,7 @@ Var embedding(Tape& tape, const Var& weight, const Tensor& given_ids, DType out_
   if (device == Device::CPU) {
     HGRN_CHECK(out_dtype == wv.dtype(), "embedding: on the CPU the output dtype (", dtype_name(out_dtype),
                ") must be the weight's (", dtype_name(wv.dtype()), ")");
-    saved->cpu_ids = ids.dtype() == DType::I32 ? checked_ids(ids.data<int32_t>(), rows, vocab)
-                                               : checked_ids(ids.data<int64_t>(), rows, vocab);
+    saved->cpu_ids = checked_ids(ids, vocab);
     y = Tensor::empty(out_shape, wv.dtype());
     HGRN_DISPATCH_FLOAT(wv.dtype(), "embedding", [&] {
       embedding_forward_cpu(wv.data<scalar_t>(), saved->cpu_ids.data(), y.data<scalar_t>(), rows, width);
@@ -173,8 +175,7 @@ void embedding_lookup_into(const Tensor& weight, const Tensor& ids, Tensor& y) {
   if (weight.device() == Device::CPU) {
     HGRN_CHECK(y.dtype() == weight.dtype(), "embedding: on the CPU the output dtype (", dtype_name(y.dtype()),
                ") must be the weight's (", dtype_name(weight.dtype()), ")");
-    const std::vector<int64_t> checked = ids.dtype() == DType::I32 ? checked_ids(ids.data<int32_t>(), rows, vocab)
-                                                                   : checked_ids(ids.data<int64_t>(), rows, vocab);
+    const std::vector<int64_t> checked = checked_ids(ids, vocab);
     HGRN_DISPATCH_FLOAT(weight.dtype(), "embedding", [&] {
       embedding_forward_cpu(weight.data<scalar_t>(), checked.data(), y.data<scalar_t>(), rows, width);
     });

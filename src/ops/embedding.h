@@ -8,8 +8,8 @@ namespace hgrn {
 // An id outside [0, Vocab) is an Error naming it and its position. On the CPU out_dtype must be the weight's dtype;
 // on the GPU the weight is fp32 (a parameter) and out_dtype is an activation dtype (fp32 or bf16), and the check
 // reads one number back from the device, unless the ids are given on the host: then they are checked there and
-// uploaded without waiting for the GPU (a training batch's ids). The ids are copied (the GPU keeps them sorted by token for the backward),
-// so the caller may reuse their buffer before backward runs.
+// uploaded without waiting for the GPU (a training batch's ids). The ids are copied (the GPU keeps them sorted by
+// token for the backward), so the caller may reuse their buffer before backward runs.
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids, DType out_dtype);
 // Output in the weight's dtype.
 Var embedding(Tape& tape, const Var& weight, const Tensor& ids);
