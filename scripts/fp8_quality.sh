@@ -2,7 +2,8 @@
 # fp8_quality.sh: does FP8 training keep bf16's quality? hgrn2-150m (or CONFIG's model) on WikiText-2 (GPT-2
 # tokenizer) trained twice from the same initial weights on the same batches (one seed), in bf16 and with
 # training.precision fp8, then evaluated on the test split; prints the largest relative gap between the two
-# training-loss curves, the held-out losses and the test perplexities, and draws both runs (tools/plot_runs.py).
+# training-loss curves and how many logged steps lie more than 1% apart, the held-out losses and the test
+# perplexities, and draws both runs (tools/plot_runs.py).
 #
 #   scripts/fp8_quality.sh [OUT_DIR]          (default runs/fp8-quality)
 #
@@ -58,6 +59,9 @@ steps = sorted(s for s in train["bf16"] if s in train["fp8"] and s >= 100)
 worst = max(steps, key=lambda s: abs(train["fp8"][s] / train["bf16"][s] - 1))
 print(f"largest training-loss gap from step 100 on: {100 * (train['fp8'][worst] / train['bf16'][worst] - 1):+.2f}% "
       f"at step {worst} (bf16 {train['bf16'][worst]:.4f}, fp8 {train['fp8'][worst]:.4f}; {len(steps)} logged steps)")
+apart = [s for s in steps if abs(train["fp8"][s] / train["bf16"][s] - 1) > 0.01]
+print(f"logged steps more than 1% apart: {len(apart)} of {len(steps)}" +
+      (f" (steps {apart[0]} to {apart[-1]})" if apart else ""))
 held = {p: records(p, "eval") for p in ("bf16", "fp8")}
 last = max(held["bf16"])
 print(f"held-out loss at step {last}: bf16 {held['bf16'][last]:.4f}, fp8 {held['fp8'][last]:.4f} "
