@@ -14,9 +14,9 @@
 
 #include <vector>
 
+#include "core/allocator.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
-#include "host_staging.h"
 
 namespace hgrn {
 
@@ -166,12 +166,8 @@ long long cuda_upload_slot_table(const MultiTensorSlot* slots, int64_t count, vo
     table[i].first_chunk = chunks;
     chunks += (slots[i].n + kChunk - 1) / kChunk;
   }
-  const size_t table_size = table.size() * sizeof(MultiTensorSlot);
-  if (!cuda_staged_upload(workspace, table.data(), table_size)) {
-    CUDA_CHECK(cudaMemcpyAsync(workspace, table.data(), table_size, cudaMemcpyHostToDevice, cuda_stream()));
-    // The table is pageable host memory freed on return: the copy must be done with it first.
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-  }
+  // An upload like any other (staged, no wait): the table may be freed on return.
+  device_copy(workspace, Device::CUDA, table.data(), Device::CPU, table.size() * sizeof(MultiTensorSlot));
   HGRN_CHECK(chunks <= 0x7fffffffLL, "multi-tensor launch: ", chunks, " chunks exceed the launch grid");
   return chunks;
 }
