@@ -84,9 +84,6 @@ Var rotary_op(Tape& tape, const Var& x, RotaryRows d, bool strided_rows, bool in
   return out;
 }
 
-}  // namespace
-
-namespace {
 Var rotary_embedding_op(Tape& tape, const Var& x, int64_t num_heads, int64_t first_position, bool in_place) {
   HGRN_CHECK(x, "rotary_embedding: input is null");
   const Tensor& xv = x->value;
@@ -103,6 +100,7 @@ Var rotary_embedding_op(Tape& tape, const Var& x, int64_t num_heads, int64_t fir
   if (d.rows == 0 || d.time == 0) d.time = 1;  // an empty batch: nothing to rotate
   return rotary_op(tape, x, d, /*strided_rows=*/true, in_place, "rotary_embedding");
 }
+
 }  // namespace
 
 Var rotary_embedding(Tape& tape, const Var& x, int64_t num_heads, int64_t first_position) {
