@@ -29,8 +29,7 @@ __device__ __forceinline__ void load_pack(const T* p, long long i, float (&out)[
 template <int V, typename T>
 __device__ __forceinline__ void store_pack(T* p, long long i, const float (&in)[V]) {
   Pack<T, V> pk;
-#pragma unroll
-  for (int k = 0; k < V; ++k) pk.v[k] = store_f<T>(in[k]);
+  store_f_pairs<T, V>(in, pk.v);
   reinterpret_cast<Pack<T, V>*>(p)[i] = pk;
 }
 

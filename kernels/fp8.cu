@@ -32,11 +32,7 @@ __global__ void fp8_quantize_kernel(const T* x, long long packs, const float* sc
     float v[V];
     load_pack<V>(x, i, v);
     Pack<uint8_t, V> codes;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      local = fmaxf(local, fabsf(v[k]));
-      codes.v[k] = fp8_code(v[k] * s, format);
-    }
+    fp8_codes_of<V>(v, s, format, codes.v, local);
     reinterpret_cast<Pack<uint8_t, V>*>(out)[i] = codes;
   }
   if (amax) fold_block_amax(local, amax);
@@ -72,11 +68,7 @@ struct CastCodes {
 #pragma unroll
       for (int k = 0; k < kWidth; ++k) v[k] = r < rows && c + k < cols ? load_f(x[r * cols + c + k]) : 0.0f;
     }
-#pragma unroll
-    for (int k = 0; k < kWidth; ++k) {
-      amax = fmaxf(amax, fabsf(v[k]));
-      codes[k] = fp8_code(v[k] * s, format);
-    }
+    fp8_codes_of<kWidth>(v, s, format, codes, amax);
   }
 };
 

@@ -20,6 +20,24 @@ __device__ __forceinline__ uint8_t fp8_code(float x, __nv_fp8_interpretation_t f
   return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, format);
 }
 
+// codes[k] = fp8_code(v[k] · scale) for k < V, two values per conversion instruction where V allows (fp8_code's
+// bits: the paired cvt rounds each value alone), each |v[k]| folded into amax with fmaxf.
+template <int V>
+__device__ __forceinline__ void fp8_codes_of(const float (&v)[V], float scale, __nv_fp8_interpretation_t format,
+                                             uint8_t (&codes)[V], float& amax) {
+#pragma unroll
+  for (int k = 0; k + 1 < V; k += 2) {
+    amax = fmaxf(fmaxf(amax, fabsf(v[k])), fabsf(v[k + 1]));
+    const __nv_fp8x2_storage_t pair =
+        __nv_cvt_float2_to_fp8x2(make_float2(v[k] * scale, v[k + 1] * scale), __NV_SATFINITE, format);
+    codes[k] = static_cast<uint8_t>(pair & 0xffu), codes[k + 1] = static_cast<uint8_t>(pair >> 8);
+  }
+  if constexpr (V % 2 == 1) {
+    amax = fmaxf(amax, fabsf(v[V - 1]));
+    codes[V - 1] = fp8_code(v[V - 1] * scale, format);
+  }
+}
+
 // Folds the block's largest |x| (each thread's `local`, built with fmaxf so that NaNs are skipped) into *amax with
 // one atomic per block. Non-negative floats order as their int bits, so an integer atomicMax is the float max.
 // Every thread of the block must call it.
@@ -54,13 +72,12 @@ __device__ __forceinline__ DeviceCodesOut device_codes_out(const Fp8CodesOut& ou
 template <typename T, int V>
 __device__ __forceinline__ void store_codes(const DeviceCodesOut& out, long long offset, const float (&v)[V],
                                             float& local) {
-  Pack<uint8_t, V> codes;
+  float stored[V];
 #pragma unroll
-  for (int k = 0; k < V; ++k) {
-    const float stored = load_f(store_f<T>(v[k]));
-    local = fmaxf(local, fabsf(stored));
-    codes.v[k] = fp8_code(stored * out.scale, out.format);
-  }
+  for (int k = 0; k < V; ++k) stored[k] = v[k];
+  round_to_stored<T, V>(stored);
+  Pack<uint8_t, V> codes;
+  fp8_codes_of<V>(stored, out.scale, out.format, codes.v, local);
   *reinterpret_cast<Pack<uint8_t, V>*>(out.codes + offset) = codes;
 }
 

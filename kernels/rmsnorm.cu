@@ -44,9 +44,6 @@ struct GateRows {
   }
 };
 
-// A value as it reads back once stored as T: the norm's output n as swiglu reads it from memory.
-template <typename T>
-__device__ __forceinline__ float as_stored(float v) { return load_f(store_f<T>(v)); }
 // The gated output silu(g) · n (sigmoid_g = σ(g)), in swiglu's order of products.
 __device__ __forceinline__ float gated_output(float g, float sigmoid_g, float n) { return g * sigmoid_g * n; }
 
@@ -240,8 +237,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       if constexpr (kGated) {
         float g[V];
         load_pack<V>(gate.gate + gate.offset(row, gate.stride), pk, g);
+        round_to_stored<T, V>(v);  // the norm's output as swiglu reads it back from memory
 #pragma unroll
-        for (int k = 0; k < V; ++k) v[k] = gated_output(g[k], stable_sigmoid<T>(g[k]), as_stored<T>(v[k]));
+        for (int k = 0; k < V; ++k) v[k] = gated_output(g[k], stable_sigmoid<T>(g[k]), v[k]);
       }
       if (to_codes)
         store_codes<T, V>(codes, base + (long long)pk * V, v, local_amax);
@@ -258,6 +256,13 @@ template <typename T, int P>
 __host__ __device__ constexpr int backward_row_warps() {
   return 32 * P * (16 / static_cast<int>(sizeof(T))) * kRowWarps * 4 <= 32768 ? kRowWarps : kRowWarps / 2;
 }
+// Resident blocks per SM the backward's registers are held to: 3 for rows of one pack a lane (e.g. the gated per-head
+// norms of GLA and RetNet: a warp's short rows keep few bytes in flight, so more warps are needed to keep memory
+// busy), else 2 (shared memory allows no more for wide rows).
+template <typename T, int P>
+__host__ __device__ constexpr int backward_min_blocks() {
+  return P == 1 ? 3 : 2;
+}
 // Rows per backward block (the weight gradient's chunk): kRowsPerWarp per warp, so that blocks of half the warps take
 // half the rows and the grid keeps its size. At a fixed 64 rows the 2048-wide bf16 rows of hgrn2-1b (16384 of them)
 // made 256 blocks of 4 warps, about 8 warps per SM, and ran at half the 1024-wide rows' bandwidth (220 against 102 us
@@ -272,7 +277,7 @@ __host__ __device__ constexpr int backward_chunk_rows() {
 // partial[b, :], warps added in warp order. dx (needs dy) is accumulated into (add) or overwritten. y non-null: the
 // forward's output x̂ · w written again from the x it reads anyway.
 template <typename T, int P, bool kGated>
-__global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
+__global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, backward_min_blocks<T, P>())
     rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx, bool add,
                                  float* partial, T* y, long long rows, int width, GateRows<T> gate) {
   constexpr int V = 16 / sizeof(T);
@@ -333,12 +338,15 @@ __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, 2)
         shared_weight<V>(weight, p, lane, wv);
         T* dgate_row = gate.dgate ? gate.dgate + gate.offset(row, gate.dgate_stride) : nullptr;
         if (dgate_row && gate.add) load_pack<V>(dgate_row, pk, dg);
+        float n[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) n[k] = normalized(xv[k], s, wv[k]);
+        round_to_stored<T, V>(n);  // as in the forward
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float sg = stable_sigmoid<T>(g[k]);
-          const float n = as_stored<T>(normalized(xv[k], s, wv[k]));
-          out[k] = gated_output(g[k], sg, n);
-          const float v = silu_backward_value(g[k], sg, dv[k] * n);
+          out[k] = gated_output(g[k], sg, n[k]);
+          const float v = silu_backward_value(g[k], sg, dv[k] * n[k]);
           dg[k] = dgate_row && gate.add ? accumulated(dg[k], v) : v;
           dv[k] = dv[k] * g[k] * sg;
         }
