@@ -18,7 +18,7 @@ template <> __device__ __forceinline__ float store_f<float>(float x) { return x;
 template <> __device__ __forceinline__ __nv_bfloat16 store_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // in[0..V) rounded to T as store_f rounds each, two at a time: bf16's paired conversion is one instruction for two
-// values (conversions issue at a quarter of the fp32 rate), with the same bits.
+// values, with the same bits.
 template <typename T, int V>
 __device__ __forceinline__ void store_f_pairs(const float (&in)[V], T (&out)[V]) {
   if constexpr (std::is_same_v<T, __nv_bfloat16> && V % 2 == 0) {
