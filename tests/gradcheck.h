@@ -10,14 +10,16 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/random_fill.h"
 #include "core/rng.h"
 
 namespace hgrn::testing {
 
-// A fp64 tensor of standard normal values (scaled), drawn from rng.
+// A fp64 tensor of standard normal values (scaled), drawn from rng: in parallel, with the sequential draws' values
+// (fill_normal), since the GPU tests draw inputs of tens of millions of elements.
 inline Tensor random_tensor(Rng& rng, const Shape& shape, double scale = 1.0, DType dtype = DType::F64) {
   Tensor t = Tensor::empty(shape, DType::F64);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_item(i, scale * rng.normal());
+  fill_normal(t, scale, rng);
   return dtype == DType::F64 ? t : t.to(dtype);
 }
 
