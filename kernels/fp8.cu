@@ -161,21 +161,27 @@ void launch_transpose_tiles(const char* what, const Source& source, const void* 
   CUDA_CHECK_LAUNCH(what);
 }
 
-// fp8_record_amax then fp8_update_scale (ops/fp8.cpp), rule for rule, one tensor a thread. scaled_max is
-// fp8_max · 2^-margin, computed on the host as the CPU reference computes it.
+// fp8_record_amax then fp8_update_scale (ops/fp8.cpp), rule for rule, one tensor a warp: lane 0 folds the step's amax
+// into the history, the lanes take the history's maximum together (fmaxf in any order gives the same maximum), lane 0
+// moves the position on and sets the scale. scaled_max is fp8_max · 2^-margin, computed on the host as the CPU
+// reference computes it.
 __global__ void fp8_update_scales_kernel(float* amax_history, long long history_length, long long* positions,
                                          float* scales, float* step_amax, long long tensors, float scaled_max) {
-  const long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
-  if (t >= tensors) return;
+  const long long t = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (t >= tensors) return;  // whole warps: the block is a multiple of 32 threads
   float* history = amax_history + t * history_length;
   long long position = positions[t];
-  if (step_amax) {
+  if (step_amax && lane == 0) {
     history[position] = fmaxf(history[position], step_amax[t]);
     step_amax[t] = 0.0f;
   }
+  __syncwarp();  // the other lanes read the folded slot
   if (history[position] == 0.0f) return;
   float amax = 0.0f;
-  for (long long i = 0; i < history_length; ++i) amax = fmaxf(amax, history[i]);
+  for (long long i = lane; i < history_length; i += 32) amax = fmaxf(amax, history[i]);
+  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  if (lane != 0) return;  // every lane's reads are done: the shuffles needed their values
   position = (position + 1) % history_length;
   positions[t] = position;
   history[position] = 0.0f;
@@ -241,8 +247,8 @@ void cuda_fp8_update_scales(float* amax_history, int64_t history_length, int64_t
   if (tensors == 0) return;
   HGRN_CHECK(amax_history && positions && scales, "cuda_fp8_update_scales: null history, positions or scales");
   const float scaled_max = fp8_max_finite(format) * std::ldexp(1.0f, -margin);
-  constexpr int threads = 128;
-  fp8_update_scales_kernel<<<grid_for(tensors, threads), threads, 0, cuda_stream()>>>(
+  constexpr int threads = 128;  // 4 tensors a block, one a warp
+  fp8_update_scales_kernel<<<grid_for(tensors * 32, threads), threads, 0, cuda_stream()>>>(
       amax_history, history_length, reinterpret_cast<long long*>(positions), scales, step_amax, tensors, scaled_max);
   CUDA_CHECK_LAUNCH("fp8_update_scales");
 }
