@@ -63,12 +63,13 @@ void column_chunk_sums(const Term& term, float* partial, int64_t rows, int64_t w
   CUDA_CHECK_LAUNCH(name);
 }
 
-// Both passes: dst[c] += Σ_rows term(r, c), through an fp32 scratch `partial` of column_sum_chunks(rows)·width floats
-// (the caller's, so that memory goes through hgrn's allocator).
+// Both passes: dst[c] += Σ_rows term(r, c) (accumulate false: dst[c] = that sum), through an fp32 scratch `partial` of
+// column_sum_chunks(rows)·width floats (the caller's, so that memory goes through hgrn's allocator).
 template <typename Term>
-void add_column_sums(const Term& term, float* partial, float* dst, int64_t rows, int64_t width, const char* name) {
+void add_column_sums(const Term& term, float* partial, float* dst, int64_t rows, int64_t width, const char* name,
+                     bool accumulate = true) {
   column_chunk_sums(term, partial, rows, width, name);
-  add_chunk_sums<kColumnSumFinalLanes>(partial, dst, column_sum_chunks(rows), width, name);
+  add_chunk_sums<kColumnSumFinalLanes>(partial, dst, column_sum_chunks(rows), width, name, accumulate);
 }
 
 }  // namespace hgrn

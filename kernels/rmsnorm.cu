@@ -468,9 +468,9 @@ unsigned rmsnorm_forward_blocks(int64_t rows, size_t dynamic_smem) {
       std::min((rows + kRowWarps - 1) / kRowWarps, resident_blocks<kernel>(kRowWarps * 32, dynamic_smem)));
 }
 
-// Queues the weight gradient's second pass: dweight += Σ over chunks of partial [chunks, width].
-void finalize_dweight(const float* partial, float* dweight, int64_t chunks, int64_t width) {
-  add_chunk_sums<kFinalLanes>(partial, dweight, chunks, width, "rmsnorm_dw_finalize");
+// Queues the weight gradient's second pass: dweight (+)= Σ over chunks of partial [chunks, width].
+void finalize_dweight(const float* partial, float* dweight, bool accumulate, int64_t chunks, int64_t width) {
+  add_chunk_sums<kFinalLanes>(partial, dweight, chunks, width, "rmsnorm_dw_finalize", accumulate);
 }
 
 // The warp kernels' view of an RmsnormGate (null: none), its rows checked to fit (cuda_rmsnorm_gate_fits).
@@ -539,7 +539,7 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
 }
 
 void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, void* dx, bool add,
-                           float* dweight, void* y, int64_t rows, int64_t width, DType dtype,
+                           float* dweight, bool dweight_add, void* y, int64_t rows, int64_t width, DType dtype,
                            const RmsnormGate* gate, const Fp8CodesOut* y_codes) {
   check_row_width(width, "rmsnorm backward");
   HGRN_CHECK(!gate || (dy && cuda_rmsnorm_gate_fits(width, x, *gate, dtype)),
@@ -549,6 +549,9 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
                           cuda_rmsnorm_codes_fit(width, dtype, {x, weight, dy, dx})),
              "rmsnorm backward: the output's FP8 codes need a buffer and a scale, replace y, record no amax and need "
              "rows the warp kernels take");
+  // A fresh weight gradient with nothing to sum holds zeros.
+  if (dweight && !dweight_add && (rows == 0 || !dy))
+    CUDA_CHECK(cudaMemsetAsync(dweight, 0, static_cast<size_t>(width) * sizeof(float), cuda_stream()));
   if (rows == 0) return;
   const bool want_dx = dx && dy, want_dw = dweight && dy;
   HGRN_CHECK(!gate || !gate->codes.codes || (!y && !gate->codes.amax),
@@ -580,7 +583,7 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
               gate_rows<act_t>(gate, width, y_codes));
         });
         CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
-        if (want_dw) finalize_dweight(partial_data, dweight, chunks, width);
+        if (want_dw) finalize_dweight(partial_data, dweight, dweight_add, chunks, width);
       });
       return;
     }
@@ -592,7 +595,7 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
     if (want_dw) {
       Tensor partial = Tensor::empty({column_sum_chunks(rows), width}, DType::F32, Device::CUDA);
       add_column_sums(DweightTerm<act_t>{xt, rstd, dyt, static_cast<int>(width)},
-                      static_cast<float*>(partial.raw_data()), dweight, rows, width, "rmsnorm_dw");
+                      static_cast<float*>(partial.raw_data()), dweight, rows, width, "rmsnorm_dw", dweight_add);
     }
   });
 }

@@ -35,15 +35,16 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
                           double eps, DType dtype, const RmsnormGate* gate = nullptr);
 
 // The backward: with g = ∂y/∂x · dy, writes dx (+)= g (null: not wanted): add true accumulates, false overwrites
-// every element (a fresh buffer). dweight += Σ_rows dy ⊙ x̂ (fp32; null for none; always accumulated). dy null: no
-// gradient reached y (nothing but y below is written). dweight is reduced in a fixed order (no atomics): bits repeat
+// every element (a fresh buffer). dweight += Σ_rows dy ⊙ x̂ (fp32; null for none); dweight_add false: dweight = that
+// sum (a fresh buffer, written without being read; zeros where there are no rows or no dy). dy null: no gradient
+// reached y (nothing but y below is written). dweight is reduced in a fixed order (no atomics): bits repeat
 // run to run. y non-null: also writes the forward's output x̂ · w again, with the forward's arithmetic (the same
 // bits), for a caller that freed it (ops/recompute.h). gate non-null (only where cuda_rmsnorm_gate_fits): dy is the
 // gated output's gradient (required); also writes the gate's gradient, and y (may alias dy) gets the gated output.
 // y_codes (the plain norm only; no amax; only where cuda_rmsnorm_codes_fit): the output written again as FP8 codes in
 // place of y (y null), for a consumer that reads it as an FP8 projection's input.
 void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd, const void* dy, void* dx, bool add,
-                           float* dweight, void* y, int64_t rows, int64_t width, DType dtype,
+                           float* dweight, bool dweight_add, void* y, int64_t rows, int64_t width, DType dtype,
                            const RmsnormGate* gate = nullptr, const Fp8CodesOut* y_codes = nullptr);
 // Whether the backward can write the plain norm's output as codes: rows the warp kernels take, every buffer it reads
 // or writes (x, the weight, dy, dx; null ones skipped) on 16 bytes.

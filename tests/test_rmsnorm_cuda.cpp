@@ -7,7 +7,9 @@
 // Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -275,9 +277,10 @@ TEST(RmsNormCuda, BackwardWritesTheCodesOfItsOutput) {
           rmsnorm_forward_into(x, with_weight ? &g : nullptr, kEps, y, rstd);
           const auto backward = [&](Tensor* y_again, const Fp8CodesOut* codes) {
             Tensor dx = Tensor::empty({rows, width}, dtype, Device::CUDA);
-            Tensor dw = Tensor::zeros({width}, DType::F32, Device::CUDA);
+            // A fresh weight gradient (dweight_add false) is written, never read: NaN before must not show.
+            Tensor dw = to_gpu(Tensor::full({width}, std::numeric_limits<double>::quiet_NaN(), DType::F32), DType::F32);
             cuda_rmsnorm_backward(x.raw_data(), with_weight ? g.data<float>() : nullptr, rstd.data<float>(),
-                                  with_dy ? dy.raw_data() : nullptr, dx.raw_data(), false, dw.data<float>(),
+                                  with_dy ? dy.raw_data() : nullptr, dx.raw_data(), false, dw.data<float>(), false,
                                   y_again ? y_again->raw_data() : nullptr, rows, width, dtype, nullptr, codes);
             return std::make_pair(dx.to(Device::CPU), dw.to(Device::CPU));
           };
@@ -295,6 +298,11 @@ TEST(RmsNormCuda, BackwardWritesTheCodesOfItsOutput) {
           EXPECT_EQ(std::memcmp(got.raw_data(), want.data(), static_cast<size_t>(n)), 0) << "codes";
           EXPECT_EQ(std::memcmp(y_again.to(Device::CPU).raw_data(), y.to(Device::CPU).raw_data(), y.nbytes()), 0)
               << "the output written again is the forward's";
+          const Tensor dw_host = coded.second;
+          for (int64_t c = 0; c < width; ++c)
+            ASSERT_TRUE(std::isfinite(dw_host.data<float>()[c]) && (with_dy || dw_host.data<float>()[c] == 0.0f))
+                << "dweight[" << c << "] = " << dw_host.data<float>()[c] << ": the fresh buffer is written (zeros "
+                << "without dy)";
           if (with_dy) {
             EXPECT_EQ(std::memcmp(coded.first.raw_data(), plain.first.raw_data(), plain.first.nbytes()), 0) << "dx";
             EXPECT_EQ(std::memcmp(coded.second.raw_data(), plain.second.raw_data(), plain.second.nbytes()), 0)

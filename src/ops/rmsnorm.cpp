@@ -109,7 +109,7 @@ static void norm_forward(const Tensor& x, const Tensor* w, Tensor& y, Tensor& rs
 // dw_wanted (see rmsnorm_backward_cpu for the maths; dx has x's dtype, dw the weight's). The CPU accumulates into
 // grad_buffer. The GPU overwrites an input gradient it sees first (grad_buffer_for_write: no zero fill to write and
 // read back) and adds into one already there (the residual stream's gradient, handed over by the GEMM that added
-// the stream: ops/linear.h) in the same pass. dw always accumulates (a parameter gradient). y non-null: the op's
+// the stream: ops/linear.h) in the same pass; the weight's gradient likewise. y non-null: the op's
 // output written again (see rmsnorm_backward_cpu); y_codes instead (y null): that output as FP8 codes, the bits of
 // writing it and then casting it (on the GPU in the same pass where the warp kernel takes the rows).
 static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd, const Tensor* dy, const Var& in,
@@ -127,9 +127,9 @@ static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd
   const bool dx_wanted = dy && wants_grad(in);
   if (x.device() == Device::CUDA) {
 #ifdef HGRN_WITH_CUDA
-    bool add = false;
+    bool add = false, add_dw = false;
     Tensor* dx = dx_wanted ? &grad_buffer_for_write(in, &add) : nullptr;
-    Tensor* dw = dw_wanted ? &grad_buffer(weight) : nullptr;
+    Tensor* dw = dw_wanted ? &grad_buffer_for_write(weight, &add_dw) : nullptr;
     check_grad(dx);
     const void* dx_data = dx ? dx->raw_data() : nullptr;
     const bool codes_in_pass =
@@ -141,7 +141,7 @@ static void norm_backward(const Tensor& x, const Var& weight, const Tensor& rstd
     }
     cuda_rmsnorm_backward(x.raw_data(), w ? w->data<float>() : nullptr, rstd.data<float>(),
                           dy ? dy->raw_data() : nullptr, dx ? dx->raw_data() : nullptr, add,
-                          dw ? dw->data<float>() : nullptr, y ? y->raw_data() : nullptr, rows, width, x.dtype(),
+                          dw ? dw->data<float>() : nullptr, add_dw, y ? y->raw_data() : nullptr, rows, width, x.dtype(),
                           nullptr, codes_in_pass ? y_codes : nullptr);
     if (y_codes && !codes_in_pass)
       cuda_fp8_quantize(y_for_codes.raw_data(), x.dtype(), x.numel(), y_codes->scale, y_codes->format,
@@ -300,11 +300,12 @@ void gated_rmsnorm_backward(const Var& x, const Var& weight, const Var& gate, co
     bool add_dx = false, add_dgate = false;
     Tensor* dx = wants_grad(x) ? &grad_buffer_for_write(x, &add_dx) : nullptr;
     Tensor* dgate = wants_grad(gate) ? &grad_buffer_for_write(gate, &add_dgate, GradLayout::RowStrided) : nullptr;
-    Tensor* dw = wants_grad(weight) ? &grad_buffer(weight) : nullptr;
+    bool add_dw = false;
+    Tensor* dw = wants_grad(weight) ? &grad_buffer_for_write(weight, &add_dw) : nullptr;
     RmsnormGate g = gpu_gate(xv, gate->value, shape, dgate, add_dgate);
     if (y_codes) g.codes = *y_codes;
     cuda_rmsnorm_backward(xv.raw_data(), wv ? wv->data<float>() : nullptr, rstd.data<float>(), dy.raw_data(),
-                          dx ? dx->raw_data() : nullptr, add_dx, dw ? dw->data<float>() : nullptr,
+                          dx ? dx->raw_data() : nullptr, add_dx, dw ? dw->data<float>() : nullptr, add_dw,
                           y ? y->raw_data() : nullptr, shape.rows, shape.width, xv.dtype(), &g);
     return;
   }
