@@ -1,5 +1,5 @@
 // embedding.h: the CUDA embedding lookup (gather of fp32 weight rows into fp32/bf16 activations) and its
-// deterministic backward: positions are sorted by token once in the forward, and the backward sums each token's
+// deterministic backward: positions are sorted by token (embedding_sort_cuda), then the backward sums each token's
 // dy rows in position order into the fp32 weight gradient without atomics (frequent tokens in chunks: see below).
 #pragma once
 #include <cstddef>

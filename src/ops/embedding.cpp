@@ -39,30 +39,43 @@ static void embedding_backward_cpu(const T* dy, const int64_t* ids, T* dweight, 
   }
 }
 
-// Copies the ids to int64 and checks each lies in [0, vocab).
+// Checks each id lies in [0, vocab): one branch-free pass over them (it vectorises), then, only where one is out of
+// range, a second that names the first.
 template <typename I>
-static std::vector<int64_t> checked_ids(const I* ids, int64_t n, int64_t vocab) {
-  std::vector<int64_t> out(static_cast<size_t>(n));
+static void check_ids(const I* ids, int64_t n, int64_t vocab) {
+  const uint64_t limit = static_cast<uint64_t>(vocab);
+  bool bad = false;  // a negative id cast to unsigned exceeds any vocabulary
+  for (int64_t i = 0; i < n; ++i) bad |= static_cast<uint64_t>(static_cast<int64_t>(ids[i])) >= limit;
+  if (!bad) return;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = static_cast<int64_t>(ids[i]);
     HGRN_CHECK(id >= 0 && id < vocab, "embedding: id ", id, " at position ", i, " is out of range for vocab size ",
                vocab);
-    out[static_cast<size_t>(i)] = id;
   }
-  return out;
 }
 
 // The same for a contiguous int32 or int64 host tensor.
-static std::vector<int64_t> checked_ids(const Tensor& ids, int64_t vocab) {
-  return ids.dtype() == DType::I32 ? checked_ids(ids.data<int32_t>(), ids.numel(), vocab)
-                                   : checked_ids(ids.data<int64_t>(), ids.numel(), vocab);
+static void check_ids(const Tensor& ids, int64_t vocab) {
+  if (ids.dtype() == DType::I32)
+    check_ids(ids.data<int32_t>(), ids.numel(), vocab);
+  else
+    check_ids(ids.data<int64_t>(), ids.numel(), vocab);
 }
 
-// What the backward needs: on the CPU the checked ids; on the GPU the (id, position) pairs sorted by id and where
-// each distinct id's run starts (embedding.h), computed once in the forward since the ids are fixed.
+// The ids of a contiguous int32 or int64 host tensor as int64, checked.
+static std::vector<int64_t> checked_ids(const Tensor& ids, int64_t vocab) {
+  check_ids(ids, vocab);
+  const int64_t n = ids.numel();
+  return ids.dtype() == DType::I32 ? std::vector<int64_t>(ids.data<int32_t>(), ids.data<int32_t>() + n)
+                                   : std::vector<int64_t>(ids.data<int64_t>(), ids.data<int64_t>() + n);
+}
+
+// What the backward needs: on the CPU the checked ids; on the GPU the ids, which it sorts into (id, position) pairs
+// and each distinct id's run (embedding.h) there rather than in the forward: the sort's host work (cub's dispatch)
+// would hold up the step's first kernels, while by the backward the host is well ahead of the GPU.
 struct EmbeddingSaved {
   std::vector<int64_t> cpu_ids;
-  Tensor sorted_ids, sorted_pos, segment_start, num_segments;
+  Tensor gpu_ids;
 };
 
 Var embedding(Tape& tape, const Var& weight, const Tensor& given_ids, DType out_dtype) {
@@ -75,7 +88,7 @@ Var embedding(Tape& tape, const Var& weight, const Tensor& given_ids, DType out_
   const bool host_ids = given_ids.defined() && given_ids.device() == Device::CPU && wv.device() == Device::CUDA;
   const bool checked_on_host = host_ids && given_ids.is_contiguous() &&
                                (given_ids.dtype() == DType::I32 || given_ids.dtype() == DType::I64);
-  if (checked_on_host) checked_ids(given_ids, wv.size(0));
+  if (checked_on_host) check_ids(given_ids, wv.size(0));
   const Tensor ids = host_ids ? on_device(given_ids, Device::CUDA) : given_ids;
   HGRN_CHECK(ids.defined() && (ids.dtype() == DType::I32 || ids.dtype() == DType::I64),
              "embedding: ids must be int32 or int64, got ", ids.defined() ? dtype_name(ids.dtype()) : "undefined");
@@ -119,19 +132,8 @@ Var embedding(Tape& tape, const Var& weight, const Tensor& given_ids, DType out_
 
   Var out = op_output(tape, y, {weight});
   if (!out->requires_grad) return out;
-#ifdef HGRN_WITH_CUDA
-  if (device == Device::CUDA) {
-    saved->sorted_ids = Tensor::empty({rows}, DType::I32, Device::CUDA);
-    saved->sorted_pos = Tensor::empty({rows}, DType::I32, Device::CUDA);
-    saved->segment_start = Tensor::empty({rows}, DType::I32, Device::CUDA);
-    saved->num_segments = Tensor::empty({1}, DType::I32, Device::CUDA);
-    const size_t workspace_bytes = embedding_sort_workspace_bytes(rows, vocab);
-    Tensor workspace = Tensor::empty({static_cast<int64_t>((workspace_bytes + 3) / 4)}, DType::I32, Device::CUDA);
-    embedding_sort_cuda(ids.raw_data(), ids.dtype(), rows, vocab, saved->sorted_ids.data<int32_t>(),
-                        saved->sorted_pos.data<int32_t>(), saved->segment_start.data<int32_t>(),
-                        saved->num_segments.data<int32_t>(), workspace.raw_data(), workspace_bytes);
-  }
-#endif
+  // The caller's own device ids are copied: it may write them again before the backward.
+  if (device == Device::CUDA) saved->gpu_ids = host_ids ? ids : ids.clone();
   tape.record([weight, out, saved, rows, vocab, width] {
     if (!out->grad.defined()) return;
     const Tensor& dy = out->grad;
@@ -143,12 +145,24 @@ Var embedding(Tape& tape, const Var& weight, const Tensor& given_ids, DType out_
       return;
     }
 #ifdef HGRN_WITH_CUDA
+    const Tensor sorted_ids = Tensor::empty({rows}, DType::I32, Device::CUDA),
+                 sorted_pos = Tensor::empty({rows}, DType::I32, Device::CUDA),
+                 segment_start = Tensor::empty({rows}, DType::I32, Device::CUDA),
+                 num_segments = Tensor::empty({1}, DType::I32, Device::CUDA);
+    {
+      const size_t sort_bytes = embedding_sort_workspace_bytes(rows, vocab);
+      const Tensor sort_workspace =
+          Tensor::empty({static_cast<int64_t>((sort_bytes + 3) / 4)}, DType::I32, Device::CUDA);
+      embedding_sort_cuda(saved->gpu_ids.raw_data(), saved->gpu_ids.dtype(), rows, vocab, sorted_ids.data<int32_t>(),
+                          sorted_pos.data<int32_t>(), segment_start.data<int32_t>(), num_segments.data<int32_t>(),
+                          sort_workspace.raw_data(), sort_bytes);
+    }
     const size_t workspace_bytes = embedding_backward_workspace_bytes(rows, width);
     Tensor workspace = Tensor::empty({static_cast<int64_t>(workspace_bytes / 4)}, DType::F32, Device::CUDA);
-    embedding_backward_cuda(dy.raw_data(), dy.dtype(), saved->sorted_ids.data<int32_t>(),
-                            saved->sorted_pos.data<int32_t>(), saved->segment_start.data<int32_t>(),
-                            saved->num_segments.data<int32_t>(), grad_buffer(weight).data<float>(), rows, vocab,
-                            width, workspace.raw_data(), workspace_bytes);
+    embedding_backward_cuda(dy.raw_data(), dy.dtype(), sorted_ids.data<int32_t>(), sorted_pos.data<int32_t>(),
+                            segment_start.data<int32_t>(), num_segments.data<int32_t>(),
+                            grad_buffer(weight).data<float>(), rows, vocab, width, workspace.raw_data(),
+                            workspace_bytes);
 #else
     throw Error("embedding: this hgrn was built without CUDA");
 #endif
