@@ -239,6 +239,10 @@ StepResult training_step(TrainingModel& setup, BatchSource& data, const Training
     TraceRange trace("weight all-gather");
     dp->finish_update();  // queued: the next forward waits for each bucket where it reads it
   }
+  // The next step's gradients marked zero now, while the GPU runs this step's update (queued before them, it reads
+  // the buffers first: one stream): giving the buffers back is host work the GPU would otherwise wait for at the
+  // next step's start. The call at the start then finds nothing to do.
+  optimizer.zero_grad();
   // The reads that wait for the device come last, once the whole step is queued.
   if (!dp) read_losses();
   r.grad_norm = grad_norm();

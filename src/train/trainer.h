@@ -52,6 +52,8 @@ struct TrainingModel {
   std::unique_ptr<Fp8LinearScope> fp8;            // training.precision fp8 (ops/fp8_linear.h); null otherwise
 };
 
+// One optimiser step over tc.grad_accum_steps micro-batches. On return the gradients are already marked zero for the
+// next step (AdamW::zero_grad).
 StepResult training_step(TrainingModel& setup, BatchSource& data, const TrainingConfig& tc, double lr);
 
 // The compute device a training.device setting resolves to (auto: the GPU when one is visible) and the activation
