@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "cuda_check.h"
+#include "dependent_launch.cuh"
 #include "elementwise.cuh"
 #include "fp8_codes.cuh"
 #include "sigmoid.cuh"
@@ -26,6 +27,8 @@ struct Rows {
 // thread reaches the block's amax fold, so the loop does not return early.
 template <typename T, int V, bool kHasUp, bool kCodes>
 __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, Fp8CodesOut codes_out, Rows R) {
+  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
+  allow_dependent_launch();
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   DeviceCodesOut out{};
   if constexpr (kCodes) out = device_codes_out(codes_out);
@@ -62,6 +65,8 @@ template <typename T, int V, bool kHasUp, bool kCodes, bool kGradCodes>
 __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y,
                                        Fp8CodesOut codes_out, Fp8CodesOut gradient_out, bool add_gate, bool add_up,
                                        Rows R) {
+  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
+  allow_dependent_launch();
   DeviceCodesOut out{}, grad_out{};
   if constexpr (kCodes) out = device_codes_out(codes_out);
   if constexpr (kGradCodes) grad_out = device_codes_out(gradient_out);
@@ -279,9 +284,10 @@ void cuda_swiglu_forward(const void* gate, const void* up, void* y, const Swiglu
         launch_rows<act_t>(
             shape, {gate, up, y, codes ? codes->codes : nullptr},
             [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
-              swiglu_forward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value, decltype(to_codes)::value>
-                  <<<grid, block, 0, cuda_stream()>>>(static_cast<const act_t*>(gate), static_cast<const act_t*>(up),
-                                                      static_cast<act_t*>(y), codes ? *codes : Fp8CodesOut{}, R);
+              launch_as_dependent(
+                  swiglu_forward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value, decltype(to_codes)::value>,
+                  grid, block, 0, static_cast<const act_t*>(gate), static_cast<const act_t*>(up),
+                  static_cast<act_t*>(y), codes ? *codes : Fp8CodesOut{}, R);
               CUDA_CHECK_LAUNCH("swiglu_forward");
             },
             /*few_blocks=*/codes && codes->amax);
@@ -310,13 +316,12 @@ void cuda_swiglu_backward(const void* gate, const void* up, const void* dy, void
               {gate, up, dy, dgate, dup, y, codes ? codes->codes : nullptr,
                gradient_codes ? gradient_codes->codes : nullptr},
               [&](auto vec, dim3 grid, dim3 block, const Rows& R) {
-                swiglu_backward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value,
-                                       decltype(to_codes)::value, decltype(gradient_to_codes)::value>
-                    <<<grid, block, 0, cuda_stream()>>>(
-                        static_cast<const act_t*>(gate), static_cast<const act_t*>(up),
-                        static_cast<const act_t*>(dy), static_cast<act_t*>(dgate), static_cast<act_t*>(dup),
-                        static_cast<act_t*>(y), codes ? *codes : Fp8CodesOut{},
-                        gradient_codes ? *gradient_codes : Fp8CodesOut{}, add_gate, add_up, R);
+                launch_as_dependent(swiglu_backward_kernel<act_t, decltype(vec)::value, decltype(has_up)::value,
+                                                           decltype(to_codes)::value, decltype(gradient_to_codes)::value>,
+                                    grid, block, 0, static_cast<const act_t*>(gate), static_cast<const act_t*>(up),
+                                    static_cast<const act_t*>(dy), static_cast<act_t*>(dgate),
+                                    static_cast<act_t*>(dup), static_cast<act_t*>(y), codes ? *codes : Fp8CodesOut{},
+                                    gradient_codes ? *gradient_codes : Fp8CodesOut{}, add_gate, add_up, R);
                 CUDA_CHECK_LAUNCH("swiglu_backward");
               },
               /*few_blocks=*/gradient_codes && gradient_codes->amax);

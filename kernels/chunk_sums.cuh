@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "dependent_launch.cuh"
 
 namespace hgrn {
 
@@ -15,6 +16,8 @@ constexpr int kChunkSumColumns = 32;
 template <int Lanes>
 __global__ void add_chunk_sums_kernel(const float* partials, float* dst, long long chunks, long long width,
                                       bool accumulate) {
+  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
+  allow_dependent_launch();
   __shared__ float lane_sums[Lanes][kChunkSumColumns + 1];
   const long long c = blockIdx.x * (long long)kChunkSumColumns + threadIdx.x;
   float s = 0.f;
@@ -37,8 +40,8 @@ void add_chunk_sums(const float* partials, float* dst, long long chunks, long lo
                     bool accumulate = true) {
   const long long blocks = (width + kChunkSumColumns - 1) / kChunkSumColumns;
   HGRN_CHECK(blocks <= 0x7fffffffLL, name, ": width ", width, " exceeds the launch grid");
-  add_chunk_sums_kernel<Lanes><<<static_cast<unsigned>(blocks), dim3(kChunkSumColumns, Lanes), 0, cuda_stream()>>>(
-      partials, dst, chunks, width, accumulate);
+  launch_as_dependent(add_chunk_sums_kernel<Lanes>, dim3(static_cast<unsigned>(blocks)), dim3(kChunkSumColumns, Lanes),
+                      0, partials, dst, chunks, width, accumulate);
   CUDA_CHECK_LAUNCH(name);
 }
 

@@ -9,6 +9,7 @@
 
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "dependent_launch.cuh"
 #include "dtype_cuda.cuh"
 #include "elementwise.cuh"
 #include "fp8.h"
@@ -26,6 +27,8 @@ unsigned amax_grid(long long work_items, int threads) {
 template <int V, typename T>
 __global__ void fp8_quantize_kernel(const T* x, long long packs, const float* scale, __nv_fp8_interpretation_t format,
                                     uint8_t* out, float* amax) {
+  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
+  allow_dependent_launch();
   const float s = *scale;
   float local = 0.0f;
   HGRN_FOR_EACH_PACK(i, packs) {
@@ -96,6 +99,8 @@ template <bool kPacked, typename Source>
 __global__ void __launch_bounds__(kTileThreads)
     fp8_transpose_tiles_kernel(Source source, long long rows, long long cols, uint8_t* out, uint8_t* out_t,
                                float* amax) {
+  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
+  allow_dependent_launch();
   constexpr int kReadWidth = Source::kWidth;
   __shared__ __align__(16) uint8_t tile_t[kTile][kTilePitch];  // tile_t[column][row]
   source.prepare();
@@ -157,7 +162,7 @@ void launch_transpose_tiles(const char* what, const Source& source, const void* 
   const bool packed = cols % kReadWidth == 0 && rows % kWriteWidth == 0 && aligned(input, element_bytes * kReadWidth) &&
                       aligned(out, kReadWidth) && aligned(out_t, kWriteWidth);
   const auto kernel = packed ? fp8_transpose_tiles_kernel<true, Source> : fp8_transpose_tiles_kernel<false, Source>;
-  kernel<<<grid, kTileThreads, 0, cuda_stream()>>>(source, rows, cols, out, out_t, amax);
+  launch_as_dependent(kernel, grid, dim3(kTileThreads), 0, source, rows, cols, out, out_t, amax);
   CUDA_CHECK_LAUNCH(what);
 }
 
@@ -213,8 +218,9 @@ void cuda_fp8_quantize(const void* x, DType x_dtype, int64_t n, const float* sca
     const act_t* input = static_cast<const act_t*>(x);
     launch_packed<act_t>(n, {x, out}, [&](auto vec, int64_t first, int64_t packs) {
       constexpr int V = decltype(vec)::value;
-      fp8_quantize_kernel<V, act_t><<<amax_grid(packs, kElementwiseThreads), kElementwiseThreads, 0, cuda_stream()>>>(
-          input + first, packs, scale, cuda_format(format), out + first, amax);
+      launch_as_dependent(fp8_quantize_kernel<V, act_t>, dim3(amax_grid(packs, kElementwiseThreads)),
+                          dim3(kElementwiseThreads), 0, input + first, packs, scale, cuda_format(format), out + first,
+                          amax);
       CUDA_CHECK_LAUNCH("fp8_quantize");
     });
   });

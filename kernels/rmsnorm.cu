@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "dependent_launch.cuh"
 #include "dtype_cuda.cuh"
 #include "chunk_sums.cuh"
 #include "column_sums.cuh"
@@ -192,6 +193,8 @@ template <typename T, int P, bool kGated>
 __global__ void __launch_bounds__(kRowWarps * 32)
     rmsnorm_forward_warp_kernel(const T* x, const float* w, T* y, float* rstd, long long rows, int width, float eps,
                                 GateRows<T> gate) {
+  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
+  allow_dependent_launch();
   constexpr int V = 16 / sizeof(T);
   const int lane = threadIdx.x % 32;
   const int row_packs = width / V;
@@ -280,6 +283,8 @@ template <typename T, int P, bool kGated>
 __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, backward_min_blocks<T, P>())
     rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx, bool add,
                                  float* partial, T* y, long long rows, int width, GateRows<T> gate) {
+  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
+  allow_dependent_launch();
   constexpr int V = 16 / sizeof(T);
   constexpr int W = backward_row_warps<T, P>();
   __shared__ __align__(16) float warp_dw[W][32 * P * V];  // at most 32 KB
@@ -524,9 +529,9 @@ void cuda_rmsnorm_forward(const void* x, const float* weight, void* y, float* rs
           constexpr int P = decltype(p)::value;
           constexpr auto kernel = rmsnorm_forward_warp_kernel<act_t, P, decltype(gated)::value>;
           constexpr size_t smem = kRowWarps * RowStage<act_t, P, 1>::kBytesPerWarp;
-          kernel<<<rmsnorm_forward_blocks<kernel>(rows, smem), kRowWarps * 32, smem, cuda_stream()>>>(
-              static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows, static_cast<int>(width),
-              static_cast<float>(eps), gate_rows<act_t>(gate, width));
+          launch_as_dependent(kernel, dim3(rmsnorm_forward_blocks<kernel>(rows, smem)), dim3(kRowWarps * 32), smem,
+                              static_cast<const act_t*>(x), weight, static_cast<act_t*>(y), rstd, rows,
+                              static_cast<int>(width), static_cast<float>(eps), gate_rows<act_t>(gate, width));
         });
       });
     } else {
@@ -578,9 +583,9 @@ void cuda_rmsnorm_backward(const void* x, const float* weight, const float* rstd
           constexpr auto kernel = rmsnorm_backward_warp_kernel<act_t, P, decltype(gated)::value>;
           constexpr size_t smem = backward_row_warps<act_t, P>() * RowStage<act_t, P, 2>::kBytesPerWarp;
           allow_dynamic_smem<kernel>(smem);
-          kernel<<<static_cast<unsigned>(chunks), backward_row_warps<act_t, P>() * 32, smem, cuda_stream()>>>(
-              xt, weight, rstd, dyt, dxt, add, partial_data, static_cast<act_t*>(y), rows, static_cast<int>(width),
-              gate_rows<act_t>(gate, width, y_codes));
+          launch_as_dependent(kernel, dim3(static_cast<unsigned>(chunks)), dim3(backward_row_warps<act_t, P>() * 32),
+                              smem, xt, weight, rstd, dyt, dxt, add, partial_data, static_cast<act_t*>(y), rows,
+                              static_cast<int>(width), gate_rows<act_t>(gate, width, y_codes));
         });
         CUDA_CHECK_LAUNCH("rmsnorm_backward_warp");
         if (want_dw) finalize_dweight(partial_data, dweight, dweight_add, chunks, width);

@@ -10,6 +10,7 @@
 
 #include "cuda_check.h"
 #include "cuda_context.h"
+#include "dependent_launch.cuh"
 #include "dtype_cuda.cuh"
 #include "elementwise.cuh"
 
@@ -36,6 +37,8 @@ __device__ __forceinline__ void fill_tables(float position, const RotaryFrequenc
 template <typename T>
 __global__ void rotary_kernel(const T* in, T* out, bool add, RotaryRows d, RotaryFrequencies f, int pairs_per_row,
                               long long in_stride, long long out_stride) {
+  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
+  allow_dependent_launch();
   __shared__ float cosines[kMaxRotaryPairs], sines[kMaxRotaryPairs];
   const int half = static_cast<int>(d.head_dim / 2), inner = static_cast<int>(d.inner);
   for (long long r = blockIdx.x; r < d.rows; r += gridDim.x) {
@@ -67,6 +70,8 @@ __global__ void rotary_kernel(const T* in, T* out, bool add, RotaryRows d, Rotar
 template <typename T, int V>
 __global__ void rotary_packed_kernel(const T* in, T* out, bool add, RotaryRows d, RotaryFrequencies f,
                                      long long in_stride, long long out_stride) {
+  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
+  allow_dependent_launch();
   __shared__ float cosines[kMaxRotaryPairs], sines[kMaxRotaryPairs];
   const int half = static_cast<int>(d.head_dim / 2);
   const long long t = blockIdx.x;
@@ -130,12 +135,13 @@ void cuda_rotary_embedding(const void* in, void* out, bool add, const RotaryRows
       const long long blocks_needed = (d.rows / d.time * (pairs_per_row / kPack) + kThreads - 1) / kThreads;
       const long long per_position = std::clamp<long long>(blocks_needed, 1, std::max<long long>(1, 1024 / d.time));
       const dim3 grid(static_cast<unsigned>(d.time), static_cast<unsigned>(std::min<long long>(per_position, 65535)));
-      rotary_packed_kernel<act_t, kPack><<<grid, kThreads, 0, cuda_stream()>>>(x, y, add, d, f, in_stride, out_stride);
+      launch_as_dependent(rotary_packed_kernel<act_t, kPack>, grid, dim3(kThreads), 0, x, y, add, d, f, in_stride,
+                          out_stride);
     } else {
       const dim3 grid(static_cast<unsigned>(std::min<long long>(d.rows, 1LL << 30)),
                       static_cast<unsigned>(std::min<long long>((pairs_per_row + kThreads - 1) / kThreads, 65535)));
-      rotary_kernel<act_t><<<grid, kThreads, 0, cuda_stream()>>>(x, y, add, d, f, static_cast<int>(pairs_per_row),
-                                                                in_stride, out_stride);
+      launch_as_dependent(rotary_kernel<act_t>, grid, dim3(kThreads), 0, x, y, add, d, f,
+                          static_cast<int>(pairs_per_row), in_stride, out_stride);
     }
     CUDA_CHECK_LAUNCH("rotary_embedding");
   });
