@@ -31,7 +31,7 @@ void cuda_fp8_quantize_transpose(const void* x, DType x_dtype, int64_t rows, int
 // of its fp32 values.
 void cuda_fp8_transpose_codes(const uint8_t* codes, int64_t rows, int64_t cols, uint8_t* codes_t);
 
-// The end-of-step delayed-scaling update of `tensors` tensors of one format, one thread each: tensor t's state is
+// The end-of-step delayed-scaling update of `tensors` tensors of one format, one warp each: tensor t's state is
 // amax_history[t·history_length, (t + 1)·history_length), positions[t] (within the history) and scales[t], all on
 // the device, laid out as Fp8ScalingState's fields. Where step_amax (a device array of `tensors`, or null) is given,
 // step_amax[t] is first folded into the current slot (fp8_record_amax) and reset to 0 for the next step; then
