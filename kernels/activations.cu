@@ -27,8 +27,7 @@ struct Rows {
 // thread reaches the block's amax fold, so the loop does not return early.
 template <typename T, int V, bool kHasUp, bool kCodes>
 __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, Fp8CodesOut codes_out, Rows R) {
-  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
-  allow_dependent_launch();
+  begin_dependent_kernel();  // launched as a dependent (dependent_launch.cuh)
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   DeviceCodesOut out{};
   if constexpr (kCodes) out = device_codes_out(codes_out);
@@ -65,8 +64,7 @@ template <typename T, int V, bool kHasUp, bool kCodes, bool kGradCodes>
 __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup, T* y,
                                        Fp8CodesOut codes_out, Fp8CodesOut gradient_out, bool add_gate, bool add_up,
                                        Rows R) {
-  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
-  allow_dependent_launch();
+  begin_dependent_kernel();  // launched as a dependent (dependent_launch.cuh)
   DeviceCodesOut out{}, grad_out{};
   if constexpr (kCodes) out = device_codes_out(codes_out);
   if constexpr (kGradCodes) grad_out = device_codes_out(gradient_out);

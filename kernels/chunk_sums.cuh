@@ -16,8 +16,7 @@ constexpr int kChunkSumColumns = 32;
 template <int Lanes>
 __global__ void add_chunk_sums_kernel(const float* partials, float* dst, long long chunks, long long width,
                                       bool accumulate) {
-  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
-  allow_dependent_launch();
+  begin_dependent_kernel();  // launched as a dependent (dependent_launch.cuh)
   __shared__ float lane_sums[Lanes][kChunkSumColumns + 1];
   const long long c = blockIdx.x * (long long)kChunkSumColumns + threadIdx.x;
   float s = 0.f;

@@ -30,6 +30,13 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 #endif
 }
 
+// The start of a dependent kernel that touches memory from its first instruction: it waits for the kernel before,
+// then lets the next one launch (which, waiting in turn, stays one kernel behind).
+__device__ __forceinline__ void begin_dependent_kernel() {
+  wait_for_previous_kernel();
+  allow_dependent_launch();
+}
+
 // Asks L2 to fetch the 128-byte line holding p (no register written, nothing waited for).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

@@ -27,8 +27,7 @@ unsigned amax_grid(long long work_items, int threads) {
 template <int V, typename T>
 __global__ void fp8_quantize_kernel(const T* x, long long packs, const float* scale, __nv_fp8_interpretation_t format,
                                     uint8_t* out, float* amax) {
-  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
-  allow_dependent_launch();
+  begin_dependent_kernel();  // launched as a dependent (dependent_launch.cuh)
   const float s = *scale;
   float local = 0.0f;
   HGRN_FOR_EACH_PACK(i, packs) {
@@ -99,8 +98,7 @@ template <bool kPacked, typename Source>
 __global__ void __launch_bounds__(kTileThreads)
     fp8_transpose_tiles_kernel(Source source, long long rows, long long cols, uint8_t* out, uint8_t* out_t,
                                float* amax) {
-  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
-  allow_dependent_launch();
+  begin_dependent_kernel();  // launched as a dependent (dependent_launch.cuh)
   constexpr int kReadWidth = Source::kWidth;
   __shared__ __align__(16) uint8_t tile_t[kTile][kTilePitch];  // tile_t[column][row]
   source.prepare();

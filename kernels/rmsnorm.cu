@@ -193,8 +193,7 @@ template <typename T, int P, bool kGated>
 __global__ void __launch_bounds__(kRowWarps * 32)
     rmsnorm_forward_warp_kernel(const T* x, const float* w, T* y, float* rstd, long long rows, int width, float eps,
                                 GateRows<T> gate) {
-  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
-  allow_dependent_launch();
+  begin_dependent_kernel();  // launched as a dependent (dependent_launch.cuh)
   constexpr int V = 16 / sizeof(T);
   const int lane = threadIdx.x % 32;
   const int row_packs = width / V;
@@ -283,8 +282,7 @@ template <typename T, int P, bool kGated>
 __global__ void __launch_bounds__(backward_row_warps<T, P>() * 32, backward_min_blocks<T, P>())
     rmsnorm_backward_warp_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx, bool add,
                                  float* partial, T* y, long long rows, int width, GateRows<T> gate) {
-  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
-  allow_dependent_launch();
+  begin_dependent_kernel();  // launched as a dependent (dependent_launch.cuh)
   constexpr int V = 16 / sizeof(T);
   constexpr int W = backward_row_warps<T, P>();
   __shared__ __align__(16) float warp_dw[W][32 * P * V];  // at most 32 KB

@@ -37,8 +37,7 @@ __device__ __forceinline__ void fill_tables(float position, const RotaryFrequenc
 template <typename T>
 __global__ void rotary_kernel(const T* in, T* out, bool add, RotaryRows d, RotaryFrequencies f, int pairs_per_row,
                               long long in_stride, long long out_stride) {
-  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
-  allow_dependent_launch();
+  begin_dependent_kernel();  // launched as a dependent (dependent_launch.cuh)
   __shared__ float cosines[kMaxRotaryPairs], sines[kMaxRotaryPairs];
   const int half = static_cast<int>(d.head_dim / 2), inner = static_cast<int>(d.inner);
   for (long long r = blockIdx.x; r < d.rows; r += gridDim.x) {
@@ -70,8 +69,7 @@ __global__ void rotary_kernel(const T* in, T* out, bool add, RotaryRows d, Rotar
 template <typename T, int V>
 __global__ void rotary_packed_kernel(const T* in, T* out, bool add, RotaryRows d, RotaryFrequencies f,
                                      long long in_stride, long long out_stride) {
-  wait_for_previous_kernel();  // launched as a dependent (dependent_launch.cuh): nothing read or written before
-  allow_dependent_launch();
+  begin_dependent_kernel();  // launched as a dependent (dependent_launch.cuh)
   __shared__ float cosines[kMaxRotaryPairs], sines[kMaxRotaryPairs];
   const int half = static_cast<int>(d.head_dim / 2);
   const long long t = blockIdx.x;
