@@ -53,9 +53,11 @@
 // products (dq's dO·S_pᵀ, which round S_p to bf16 in fla too), S_p enters one more term, dg's rowsum(S_p ⊙ dS_e), and
 // there it is the bf16 value times the fp32 dS_e (summed in fp32). That halves the recomputed states' bytes (written
 // by the pass, read by bwd_dqk) and lets a caller keep the forward's states instead of recomputing them.
-// The backward's scratch: the recomputed states (unless kept), the state gradients (B·H·NT·K·V fp32) and dA
-// (B·H·NT·64·64 fp32); the forward keeps A (B·H·NT·64·64, in the activation dtype: exact, see
-// GlaCudaForwardArgs::scores) for the backward.
+// The state gradients dS_e [B·H, NT, K, V] are fp32 where a gradient of g is formed (as fla's, whose dg also takes
+// them in fp32); else (a per-head g: RetNet) every read rounds them to the activation dtype, so the reverse pass stores
+// them rounded (the same dq, dk, dv bits from half the bytes; gla_cuda_state_gradients_dtype).
+// The backward's scratch: the recomputed states (unless kept), the state gradients and dA (B·H·NT·64·64 fp32); the
+// forward keeps A (B·H·NT·64·64, in the activation dtype: exact, see GlaCudaForwardArgs::scores) for the backward.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -1269,7 +1271,7 @@ struct BwdDvParams {
   const void* v;
   const float* g;
   const void* d_output;  // null: zero
-  const float* d_states;
+  const void* d_states;  // fp32, or with d_states_in_act in the activation dtype
   const void* scores;  // in the activation dtype
   void* dv;            // null: not wanted
   float* d_scores;
@@ -1281,6 +1283,7 @@ struct BwdDvParams {
   // kScalar: g is [B·T, H] (row stride H), else [H] (row stride 0). A flag, not the stride as in the other kernels'
   // parameters: the int would take the struct past 128 bytes, the flag sits in accumulate_dv's padding.
   bool decay_per_step;
+  bool d_states_in_act;  // in the same padding
 };
 // Within 128 bytes (hence bwd_dv's field order): past that, nvcc compiled the state pass and bwd_dv to other code.
 static_assert(sizeof(StatePassParams) <= 128 && sizeof(BwdDvParams) <= 128, "kernel parameters past 128 bytes");
@@ -1293,7 +1296,9 @@ struct BwdDvSmem {
   float *G, *seg;  // prologue: G [64][key_pad + kGatePad] (every K-tile), cumsum scratch
   In *Y, *dO, *Vt;
   float* O;
-  __host__ __device__ static size_t carve(void* base, int key_pad, BwdDvSmem* s) {
+  // state_tiles: Y's tiles, 2 where the state gradients come in the activation dtype (accumulate_state_product
+  // stages them by cp.async, two K-tiles in flight), else 1.
+  __host__ __device__ static size_t carve(void* base, int key_pad, int state_tiles, BwdDvSmem* s) {
     Carver c(base);
     s->X = c.take<In>(kChunk * (key_pad + TileLd<In>::pad));
     s->Ain = c.take<In>(kChunk * TileLd<In>::in);
@@ -1302,7 +1307,7 @@ struct BwdDvSmem {
     s->seg = c.take<float>(4 * 64);
     const size_t prologue_end = c.off;
     c.off = region;
-    s->Y = c.take<In>(kChunk * TileLd<In>::in);
+    s->Y = c.take<In>(state_tiles * kChunk * TileLd<In>::in);
     s->dO = c.take<In>(kChunk * TileLd<In>::in);
     s->Vt = c.take<In>(kChunk * TileLd<In>::in);
     s->O = c.take<float>(kChunk * TileLd<In>::acc);
@@ -1310,11 +1315,13 @@ struct BwdDvSmem {
   }
 };
 
+__host__ __device__ inline int bwd_dv_state_tiles(const BwdDvParams& p) { return p.d_states_in_act ? 2 : 1; }
+
 template <typename In, bool kResets, bool kScalar>
 __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   extern __shared__ __align__(128) char smem[];
   BwdDvSmem<In> s;
-  BwdDvSmem<In>::carve(smem, p.d.key_pad, &s);
+  BwdDvSmem<In>::carve(smem, p.d.key_pad, bwd_dv_state_tiles(p), &s);
   allow_dependent_launch();
   constexpr int ldi = TileLd<In>::in, ldc = TileLd<In>::acc;
   const Dims& d = p.d;
@@ -1387,7 +1394,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
   WarpTile dA;  // s·dO vᵀ summed over the V-tiles
   dA.zero();
 
-  const float* d_state = p.d_states + chunk_index * d.K * d.V;
+  const int64_t state_at = chunk_index * d.K * d.V;
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
   const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
   In* dv = p.dv ? static_cast<In*>(p.dv) + strided_row_offset(d, b, t0, h, d.V, p.dv_stride) : nullptr;
@@ -1403,7 +1410,10 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dv_kernel(BwdDvParams p) {
     stage_tile(s.dO, ldi, d_out ? d_out + v0 : d_out, value_stride, n, vcols, do_async);
     stage_tile(s.Vt, ldi, v + v0, d.v_stride, n, vcols, v_async);
     cp_async_commit();
-    accumulate_state_product(O, s.X, ldx, d_state, d, v0, s.Y);
+    if (p.d_states_in_act)
+      accumulate_state_product(O, s.X, ldx, static_cast<const In*>(p.d_states) + state_at, d, v0, s.Y);
+    else
+      accumulate_state_product(O, s.X, ldx, static_cast<const float*>(p.d_states) + state_at, d, v0, s.Y);
     cp_async_wait<0>();
     __syncthreads();
     tile_mma<true, false>(O, s.Ain, ldi, s.dO, ldi);   // Aᵀ dO
@@ -1449,7 +1459,7 @@ struct BwdDqkParams {
   const float* g;
   const void* d_output;  // null: zero
   const void* states;    // in the activation dtype
-  const float* d_states;
+  const void* d_states;  // fp32, or with d_states_in_act in the activation dtype (then no dg is formed)
   const float* d_scores;
   float scale;
   int decay_stride;  // kScalar: g's row stride (stage_scalar_gates)
@@ -1462,6 +1472,7 @@ struct BwdDqkParams {
   GlaGatesEpilogue gates;  // q_hat set: the gates' gradients instead of dq, dk, dg (strides resolved: never 0)
   const uint64_t* reset_masks;  // null: no resets
   float* dg_partials;           // kScalar with several K-tiles: [nk][B·T·H], one K-tile's dg each (written)
+  bool d_states_in_act;
 };
 
 // bwd_dqk's tile strides: q, k and G rows of kLdB (≡ 8 banks mod 32) and dA rows of kLdD (≡ 4): the tensor-core
@@ -1713,23 +1724,29 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
 
   // Inter-chunk products over the V-tiles: Pq = dO S_pᵀ, Pk = v dS_eᵀ, and rowsum(S_p ⊙ dS_e) (S_p as stored, in the
   // activation dtype; dS_e fp32). dO, v and S_p (copied as they are) go to shared memory by cp.async, saving the
-  // registers of three tiles; the state gradients pass through registers, whose fp32 values also feed the row sums.
-  // The first V-tile's dO, v and S_p travel with q, k and g, so that its wait overlaps the state gradients' loads
-  // instead of following them.
+  // registers of three tiles; fp32 state gradients pass through registers, whose values also feed the row sums (dg's
+  // only). The first V-tile's dO, v and S_p travel with q, k and g, so that its wait overlaps the state gradients'
+  // loads instead of following them. State gradients in the activation dtype (d_states_in_act: no dg is formed) go
+  // by cp.async with the others, and the row sums are not formed.
   const In* d_out = p.d_output ? static_cast<const In*>(p.d_output) + row_offset(d, b, t0, h, d.V) : nullptr;
   const In* v = static_cast<const In*>(p.v) + strided_row_offset(d, b, t0, h, d.V, d.v_stride);
   const In* state = static_cast<const In*>(p.states) + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   const bool do_async = async_copyable<In>(d_out, d.V, value_stride, ldi);
   const bool v_async = async_copyable<In>(v, d.V, d.v_stride, ldi);
   const bool state_async = async_copyable<In>(state, d.V, d.V, ldi);
+  // One of the two is set: the state gradients in fp32 or in the activation dtype.
+  const int64_t d_state_at = chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
+  const float* d_state = p.d_states_in_act ? nullptr : static_cast<const float*>(p.d_states) + d_state_at;
+  const In* d_state_act = p.d_states_in_act ? static_cast<const In*>(p.d_states) + d_state_at : nullptr;
+  const bool d_state_async = d_state_act && async_copyable<In>(d_state_act, d.V, d.V, ldi);
   auto stage_values = [&](int v0, int vcols) {
     stage_tile(s.dO, ldi, d_out ? d_out + v0 : d_out, value_stride, n, vcols, do_async);
     stage_tile(s.Vt, ldi, v + v0, d.v_stride, n, vcols, v_async);
     stage_tile(s.Sp, ldi, state + v0, d.V, kcols, vcols, state_async);
+    if (d_state_act) stage_tile(s.dS, ldi, d_state_act + v0, d.V, kcols, vcols, d_state_async);
     cp_async_commit();
   };
   stage_values(0, min(kTile, d.V));
-  const float* d_state = p.d_states + chunk_index * d.K * d.V + static_cast<int64_t>(k0) * d.V;
   float prod[4][4];  // this thread's share of S_p ⊙ dS_e summed over the V-tiles (TileVec layout)
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -1738,20 +1755,22 @@ __global__ void __launch_bounds__(kThreads, kDqkBlocksPerSm<In>) bwd_dqk_kernel(
   for (int vt = 0; vt < d.nv; ++vt) {
     const int v0 = vt * kTile, vcols = min(kTile, d.V - v0);
     TileVec dsr;
-    dsr.fetch(d_state + v0, d.V, kcols, vcols);
+    if (d_state) dsr.fetch(d_state + v0, d.V, kcols, vcols);
     if (vt > 0) {
       __syncthreads();  // the previous tile's products are done
       stage_values(v0, vcols);
     }
-    dsr.commit(s.dS, ldi);
+    if (d_state) dsr.commit(s.dS, ldi);
     cp_async_wait<0>();
     __syncthreads();
+    if (d_state) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // S_p as staged (the activation dtype) times the fp32 dS_e
-      float sp[4];
-      load4(s.Sp + TileVec::row(i) * ldi + TileVec::col(), sp);
+      for (int i = 0; i < 4; ++i) {  // S_p as staged (the activation dtype) times the fp32 dS_e
+        float sp[4];
+        load4(s.Sp + TileVec::row(i) * ldi + TileVec::col(), sp);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) prod[i][u] = fmaf(sp[u], dsr.x[i][u], prod[i][u]);
+        for (int u = 0; u < 4; ++u) prod[i][u] = fmaf(sp[u], dsr.x[i][u], prod[i][u]);
+      }
     }
     // Pq and Pk accumulate in shared memory between V-tiles (each thread rereads only its own elements): held in
     // registers across the loop they would push the kernel past its 128-register cap.
@@ -2187,8 +2206,8 @@ struct Launcher {
   }
   void bwd_dv(const BwdDvParams& p) const {
     BwdDvSmem<In> s;
-    launch(bwd_dv_kernel<In, kResets, kScalar>, dim3(d.NT, pairs), BwdDvSmem<In>::carve(nullptr, d.key_pad, &s),
-           "gla_bwd_dv", p);
+    launch(bwd_dv_kernel<In, kResets, kScalar>, dim3(d.NT, pairs),
+           BwdDvSmem<In>::carve(nullptr, d.key_pad, bwd_dv_state_tiles(p), &s), "gla_bwd_dv", p);
   }
   void bwd_dqk(const BwdDqkParams& p) const {
     BwdDqkSmem<In> s;
@@ -2232,14 +2251,15 @@ void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) 
                              ds,  nullptr, nullptr,    1.0f, d,               a.reset_masks};
     launcher.template state_pass<false>(sp);
   }
-  const StatePassParams dsp{a.q,       a.d_output, static_cast<int64_t>(d.H) * d.V, a.g,     a.d_final_state,
-                            a.d_states, false,      ds,                              nullptr, a.d_initial_state,
-                            a.scale,    d,          a.reset_masks};
+  const bool d_states_in_act = gla_cuda_state_gradients_dtype(a) != DType::F32;
+  const StatePassParams dsp{a.q,       a.d_output,      static_cast<int64_t>(d.H) * d.V, a.g,     a.d_final_state,
+                            a.d_states, d_states_in_act, ds,                              nullptr, a.d_initial_state,
+                            a.scale,    d,               a.reset_masks};
   launcher.template state_pass<true>(dsp);
   if (need_dqk || a.dv)
     launcher.bwd_dv(BwdDvParams{a.k, a.v, a.g, a.d_output, a.d_states, a.scores, a.dv, a.d_scores, a.reset_masks, d,
                                 a.scale, row_stride(a.strides.dv, value_width, "dv"), a.accumulate_dv,
-                                a.decay == GlaDecay::PerStep});
+                                a.decay == GlaDecay::PerStep, d_states_in_act});
   if (!need_dqk) return;
   GlaGatesEpilogue gates = a.gates;
   for (int64_t* stride : {&gates.q_hat_stride, &gates.f_hat_stride, &gates.dq_hat_stride, &gates.df_hat_stride})
@@ -2250,7 +2270,8 @@ void backward_impl(const Dims& d, unsigned pairs, const GlaCudaBackwardArgs& a) 
   launcher.bwd_dqk(BwdDqkParams{a.q, a.k, a.v, a.g, a.d_output, a.states, a.d_states, a.d_scores, a.scale, ds, a.dq,
                                 a.dk, a.dg, row_stride(a.strides.dq, key_width, "dq"),
                                 row_stride(a.strides.dk, key_width, "dk"), a.accumulate_dq, a.accumulate_dk,
-                                a.accumulate_dg, d, gates, a.reset_masks, dg_split ? a.dg_partials : nullptr});
+                                a.accumulate_dg, d, gates, a.reset_masks, dg_split ? a.dg_partials : nullptr,
+                                d_states_in_act});
   if (dg_split) {
     const long long outputs = static_cast<long long>(pairs) * d.T;
     constexpr int kSumThreads = 256;
@@ -2294,6 +2315,10 @@ void gla_cuda_forward(const GlaCudaShape& shape, const GlaCudaForwardArgs& args)
     else
       scalar ? forward_impl<act_t, false, true>(d, pairs, args) : forward_impl<act_t, false, false>(d, pairs, args);
   });
+}
+
+DType gla_cuda_state_gradients_dtype(const GlaCudaBackwardArgs& args) {
+  return args.dg || args.gates.q_hat ? DType::F32 : args.act;
 }
 
 void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& args) {

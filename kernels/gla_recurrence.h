@@ -114,12 +114,19 @@ struct GlaCudaBackwardArgs {
   void* states = nullptr;
   bool states_given = false;
   const uint64_t* reset_masks = nullptr;  // the forward's
-  // Scratch: the state gradients (fp32) and one scores buffer (dA).
-  float* d_states = nullptr;
+  // Scratch: the state gradients (gla_cuda_states_elements, in the dtype gla_cuda_state_gradients_dtype gives) and
+  // one scores buffer (dA).
+  void* d_states = nullptr;
   float* d_scores = nullptr;
   // Scratch for a PerStep g's gradient where K > 64 (gla_cuda_dg_partials_elements floats); else unused.
   float* dg_partials = nullptr;
 };
 void gla_cuda_backward(const GlaCudaShape& shape, const GlaCudaBackwardArgs& args);
+
+// The dtype of the backward's state gradients dS_e (GlaCudaBackwardArgs::d_states) for these arguments: the
+// activation dtype where no gradient of g is formed (neither dg nor the gates' epilogue: a per-head g, RetNet's), else
+// fp32. Every product reads dS_e rounded to the activation dtype; only dg's row sums rowsum(S_p ⊙ dS_e) take its fp32
+// values, so storing it rounded gives the same dq, dk and dv bits in half the bytes.
+DType gla_cuda_state_gradients_dtype(const GlaCudaBackwardArgs& args);
 
 }  // namespace hgrn

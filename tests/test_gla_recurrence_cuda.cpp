@@ -5,7 +5,7 @@
 // gradient, fla's gate regimes and an extreme decay, in fp32 and bf16, scalar decays ([H], [B, T, H]: the kernels'
 // scalar-decay mode) against the CPU reference's; q, k and v read row-strided (column blocks of wider tensors, as
 // GLA's fused projection holds them), in both decay modes; plus accumulation into existing gradients, partial gradient
-// requests, bitwise determinism, and the dependent launches' wait for the state pass.
+// requests, bitwise determinism, the state gradients' dtype, and the dependent launches' wait for the state pass.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +20,9 @@
 #include "gradcheck.h"
 #include "hgru2_test_support.h"
 #include "ops/gla_recurrence.h"
+#ifdef HGRN_WITH_CUDA
+#include "kernels/gla_recurrence.h"
+#endif
 
 namespace hgrn {
 namespace {
@@ -620,6 +623,40 @@ TEST(GlaRecurrenceCuda, KeptStatesGiveTheRecomputedBits) {
         EXPECT_TRUE(kept.dv.defined());
         EXPECT_EQ(kept.dq.defined(), !only_v);
       }
+}
+
+// Where no gradient of g is formed, the state gradients dS_e are stored in the activation dtype
+// (gla_cuda_state_gradients_dtype): every product reads them rounded to it, so dq, dk, dv and dS0 keep the bits of
+// the fp32 dS_e that a run forming dg uses. Per-channel and per-step scalar gates, odd shapes (a partial last chunk,
+// K and V not multiples of 64), bf16 (fp32 activations keep fp32 state gradients: nothing to compare).
+TEST(GlaRecurrenceCuda, StateGradientsInTheActivationDtypeKeepTheBits) {
+  HGRN_SKIP_WITHOUT_GPU();
+#ifdef HGRN_WITH_CUDA
+  GlaCudaBackwardArgs args;
+  args.act = DType::BF16;
+  EXPECT_EQ(gla_cuda_state_gradients_dtype(args), DType::BF16);
+  float dg = 0.0f;
+  args.dg = &dg;
+  EXPECT_EQ(gla_cuda_state_gradients_dtype(args), DType::F32);
+  args.dg = nullptr;
+  args.act = DType::F32;
+  EXPECT_EQ(gla_cuda_state_gradients_dtype(args), DType::F32);
+#endif
+  const Sizes shapes[] = {{2, 300, 2, 128, 128}, {3, 130, 1, 72, 136}, {2, 65, 2, 7, 9}};
+  for (bool scalar : {false, true})
+    for (const Sizes& s : shapes) {
+      SCOPED_TRACE(std::string(scalar ? "g [B, T, H]" : "g per channel") + " T=" + std::to_string(s.time));
+      Rng rng(5300 + s.time);
+      Problem p = make_problem(rng, s, true, true, true);
+      if (scalar) p.g = make_gate(rng, {s.batch, s.time, s.heads}, 1.0);
+      const Result with_dg = run(p, s.heads, Device::CUDA, DType::BF16, 0.3);
+      const Result without = run(p, s.heads, Device::CUDA, DType::BF16, 0.3, Wants{true, true, true, false, true});
+      ASSERT_TRUE(with_dg.dg.defined());
+      ASSERT_FALSE(without.dg.defined());
+      Result same = with_dg;
+      same.dg = Tensor();
+      expect_same_bits(same, without);
+    }
 }
 
 TEST(GlaRecurrenceCuda, RejectsWrongDtypes) {

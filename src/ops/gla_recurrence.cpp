@@ -1068,7 +1068,6 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, D
                         : states_given
                             ? kept_states
                             : Tensor::empty({gla_cuda_states_elements(shape)}, q->value.dtype(), device);
-  const Tensor d_states = Tensor::empty({gla_cuda_states_elements(shape)}, DType::F32, device);
   const Tensor d_scores = Tensor::empty({gla_cuda_scores_elements(shape)}, DType::F32, device);
   GlaCudaBackwardArgs a;
   a.q = q->value.raw_data();
@@ -1155,7 +1154,8 @@ void gla_backward_cuda(const Var& q, const Var& k, const Var& v, const Var& g, D
   a.states = need_states ? states.raw_data() : nullptr;
   a.states_given = states_given;
   a.reset_masks = masks_or_null(reset_masks);
-  a.d_states = d_states.data<float>();
+  const Tensor d_states = Tensor::empty({gla_cuda_states_elements(shape)}, gla_cuda_state_gradients_dtype(a), device);
+  a.d_states = d_states.raw_data();
   a.d_scores = d_scores.data<float>();
   gla_cuda_backward(shape, a);
   if (dk_repeat.defined()) add_into_rows(k->grad, dk_repeat);
