@@ -739,8 +739,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) state_pass_kernel(Stat
   extern __shared__ __align__(128) char smem[];
   StatePassSmem<In, kVTiles, kScalar> s;
   StatePassSmem<In, kVTiles, kScalar>::carve(smem, &s);
-  wait_for_previous_kernel();
-  allow_dependent_launch();
+  begin_dependent_kernel();
   constexpr int ldi = TileLd<In>::in;
   const Dims& d = p.d;
   const int k0 = blockIdx.x * kTile, v0 = blockIdx.y * kVTiles * kTile, pair = blockIdx.z;
