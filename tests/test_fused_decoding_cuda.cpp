@@ -109,35 +109,39 @@ TEST(LowerBoundedGatedScanStepCuda, MatchesTheCpuReference) {
   }
 }
 
-// Exactly the CPU's choice, on rows the width of a GPT-2 vocabulary with ties planted at lower indices and NaNs
-// scattered, read below a limit through a row-strided view; in bf16 many values tie by rounding.
+// Exactly the CPU's choice, on rows the width of a GPT-2 vocabulary with ties planted at lower indices, NaNs
+// scattered and one row all NaN (0), read below a limit through a row-strided view: rows 16-byte aligned (read as
+// packs, the limit not a whole pack) and not; in bf16 many values tie by rounding.
 TEST(RowArgmaxCuda, MatchesTheCpuReference) {
   HGRN_SKIP_WITHOUT_GPU();
   constexpr int64_t kRows = 7, kWidth = 50304, kLimit = 50257;
   Rng rng(93);
-  for (DType dtype : {DType::F32, DType::BF16}) {
-    Tensor x = random_tensor(rng, {kRows, kWidth + 2});
-    for (int64_t r = 0; r < kRows; ++r) {
-      x.set_item(r * (kWidth + 2) + kLimit + 1, 100.0);  // the largest value lies past the limit
-      if (r % 2) x.set_item(r * (kWidth + 2) + static_cast<int64_t>(rng.below(kLimit)), std::nan(""));
+  for (const int64_t stride : {kWidth + 2, kWidth + 8})
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + ", rows " + std::to_string(stride) + " apart");
+      Tensor x = random_tensor(rng, {kRows, stride});
+      for (int64_t r = 0; r < kRows; ++r) {
+        x.set_item(r * stride + kLimit + 1, 100.0);  // the largest value lies past the limit
+        if (r % 2) x.set_item(r * stride + static_cast<int64_t>(rng.below(kLimit)), std::nan(""));
+      }
+      for (int64_t c = 0; c < kLimit; ++c) x.set_item((kRows - 1) * stride + c, std::nan(""));
+      x = round_through(x, dtype);
+      // A tie with each row's maximum at a random lower index.
+      Tensor want = Tensor::empty({kRows}, DType::I32);
+      row_argmax(x.columns(0, kWidth), kLimit, want);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const int32_t at = want.data<int32_t>()[r];
+        if (at > 0)
+          x.set_item(r * stride + static_cast<int64_t>(rng.below(static_cast<uint64_t>(at))), x.item(r * stride + at));
+      }
+      row_argmax(x.columns(0, kWidth), kLimit, want);
+      EXPECT_EQ(want.data<int32_t>()[kRows - 1], 0);
+      const Tensor x_gpu = to_gpu(x, dtype);
+      Tensor got = Tensor::empty({kRows}, DType::I32, Device::CUDA);
+      row_argmax(x_gpu.columns(0, kWidth), kLimit, got);
+      const Tensor host = got.to(Device::CPU);
+      for (int64_t r = 0; r < kRows; ++r) EXPECT_EQ(host.data<int32_t>()[r], want.data<int32_t>()[r]) << "row " << r;
     }
-    x = round_through(x, dtype);
-    // A tie with each row's maximum at a random lower index.
-    Tensor want = Tensor::empty({kRows}, DType::I32);
-    row_argmax(x.columns(0, kWidth), kLimit, want);
-    for (int64_t r = 0; r < kRows; ++r) {
-      const int32_t at = want.data<int32_t>()[r];
-      if (at > 0) x.set_item(r * (kWidth + 2) + static_cast<int64_t>(rng.below(static_cast<uint64_t>(at))),
-                             x.item(r * (kWidth + 2) + at));
-    }
-    row_argmax(x.columns(0, kWidth), kLimit, want);
-    const Tensor x_gpu = to_gpu(x, dtype);
-    Tensor got = Tensor::empty({kRows}, DType::I32, Device::CUDA);
-    row_argmax(x_gpu.columns(0, kWidth), kLimit, got);
-    const Tensor host = got.to(Device::CPU);
-    for (int64_t r = 0; r < kRows; ++r)
-      EXPECT_EQ(host.data<int32_t>()[r], want.data<int32_t>()[r]) << dtype_name(dtype) << " row " << r;
-  }
 }
 
 #ifdef HGRN_WITH_CUDA

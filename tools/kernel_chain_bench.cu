@@ -1,17 +1,14 @@
-// kernel_chain_bench.cu: what a boundary costs in a CUDA graph of 130 small
-// dependent kernels (a batch-1 decoding step's count at hgrn2-385m): each
-// kernel stages the previous one's 1024-wide output in every block, each warp
-// makes its columns and writes them; optionally each warp first reads its own
-// slice of weights. Four ways to chain them: plain launches; programmatic
-// dependents that wait, then allow the next (the small-batch GEMV's order);
-// allow, then wait; allow and never wait, the outputs written as (value, tag)
-// words that the readers poll. Standalone:
-//   nvcc -O3 -arch=sm_90 -o kernel_chain_bench tools/kernel_chain_bench.cu &&
-//   ./kernel_chain_bench
+// kernel_chain_bench.cu: what a boundary costs in a CUDA graph of 130 small dependent kernels (a batch-1 decoding
+// step's count at hgrn2-385m): each kernel stages the previous one's 1024-wide output in every block, each warp makes
+// its columns and writes them; optionally each warp first reads its own slice of weights. Four ways to chain them:
+// plain launches; programmatic dependents that wait, then allow the next (the small-batch GEMV's order); allow, then
+// wait; allow and never wait, the outputs written as (value, tag) words that the readers poll. Standalone:
+//   nvcc -O3 -arch=sm_90 -o kernel_chain_bench tools/kernel_chain_bench.cu && ./kernel_chain_bench
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cuda_runtime.h>
 #include <vector>
 #define CK(x)                                                                  \
   do {                                                                         \
@@ -22,48 +19,36 @@
     }                                                                          \
   } while (0)
 
-__device__ __forceinline__ unsigned long long
-ld_acquire(const unsigned long long *p) {
+__device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long* p) {
   unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];"
-               : "=l"(v)
-               : "l"(p)
-               : "memory");
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void st_relaxed(unsigned long long *p,
-                                           unsigned long long v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v)
-               : "memory");
+__device__ __forceinline__ void st_relaxed(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-__device__ __forceinline__ void gdc_wait() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-__device__ __forceinline__ void gdc_allow() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
+__device__ __forceinline__ void gdc_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void gdc_allow() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 struct Args {
-  const float *in;
-  float *out; // A-C
-  const unsigned long long *fin;
-  unsigned long long *fout; // D
-  const unsigned *epoch;
-  int tag; // D: words carry epoch * 256 + tag
+  const float* in;
+  float* out;  // plain and dependents
+  const unsigned long long* fin;
+  unsigned long long* fout;  // flagged
+  const unsigned* epoch;
+  int tag;  // flagged: words carry epoch * 256 + tag
   int n, k, mode;
-  const int4 *w;
-  long long w_int4_per_warp; // optional weights: each warp reads its slice
-                             // before staging
+  const int4* w;
+  long long w_int4_per_warp;  // optional weights: each warp reads its slice before staging
 };
 
 __global__ void __launch_bounds__(1024) chain_kernel(Args a) {
   __shared__ float x[4096];
   const int lane = threadIdx.x & 31;
-  const int gw = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32,
-            total = gridDim.x * (blockDim.x / 32);
+  const int gw = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, total = gridDim.x * (blockDim.x / 32);
   int wsum = 0;
   if (a.w) {
-    const int4 *wp = a.w + (long long)gw * a.w_int4_per_warp;
+    const int4* wp = a.w + (long long)gw * a.w_int4_per_warp;
     for (long long i = lane; i < a.w_int4_per_warp; i += 32) {
       int4 v = __ldg(wp + i);
       wsum += v.x ^ v.w;
@@ -78,17 +63,15 @@ __global__ void __launch_bounds__(1024) chain_kernel(Args a) {
   } else if (a.mode == 3)
     gdc_allow();
   if (a.mode == 4) {
-    for (int i = threadIdx.x; i < a.k; i += blockDim.x)
-      x[i] = 0.f;
+    for (int i = threadIdx.x; i < a.k; i += blockDim.x) x[i] = 0.f;
   } else if (a.mode <= 2) {
-    for (int i = threadIdx.x; i < a.k; i += blockDim.x)
-      x[i] = __ldcg(a.in + i);
+    for (int i = threadIdx.x; i < a.k; i += blockDim.x) x[i] = __ldcg(a.in + i);
   } else {
     const unsigned want = *a.epoch * 256u + (unsigned)(a.tag - 1);
     for (int i = threadIdx.x; i < a.k; i += blockDim.x) {
       unsigned long long v;
       do {
-        v = ld_acquire(a.fin + i);
+        v = ld_relaxed(a.fin + i);
       } while ((unsigned)(v >> 32) != want);
       x[i] = __uint_as_float((unsigned)v);
     }
@@ -96,19 +79,15 @@ __global__ void __launch_bounds__(1024) chain_kernel(Args a) {
   __syncthreads();
   for (int j = gw; j < a.n; j += total) {
     float s = 0.f;
-    for (int i = lane; i < a.k; i += 32)
-      s += x[i] * 1e-3f;
-    for (int off = 16; off; off >>= 1)
-      s += __shfl_xor_sync(~0u, s, off);
+    for (int i = lane; i < a.k; i += 32) s += x[i] * 1e-3f;
+    for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(~0u, s, off);
     s += (float)(wsum & 1) * 1e-9f;
     if (lane == 0) {
       if (a.mode <= 2)
         __stcg(a.out + j, s * 0.5f + 1.f);
       else
-        st_relaxed(
-            a.fout + j,
-            ((unsigned long long)(*a.epoch * 256u + (unsigned)a.tag) << 32) |
-                __float_as_uint(s * 0.5f + 1.f));
+        st_relaxed(a.fout + j,
+                   ((unsigned long long)(*a.epoch * 256u + (unsigned)a.tag) << 32) | __float_as_uint(s * 0.5f + 1.f));
     }
   }
 }
@@ -119,10 +98,10 @@ int main() {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int kernels = 130, n = 1024;
-  float *bufs;
-  unsigned long long *fbufs;
-  unsigned *epoch;
-  int4 *w;
+  float* bufs;
+  unsigned long long* fbufs;
+  unsigned* epoch;
+  int4* w;
   CK(cudaMalloc(&bufs, 2 * 4096 * 4));
   CK(cudaMemset(bufs, 0, 2 * 4096 * 4));
   CK(cudaMalloc(&fbufs, 2 * 4096 * 8));
@@ -136,20 +115,16 @@ int main() {
   cudaEventCreate(&e1);
   unsigned host_epoch = 1;
   for (int shape : {0, 1, 2, 3, 4, 5})
-    for (int wkb : {0, 48}) // weights a block and kernel (KB): 48 KB x 528
-                            // blocks ~ 25 MB, a 385m layer
+    for (int wkb : {0, 48})  // weights a block and kernel (KB): 48 KB x 528 blocks ~ 25 MB, a 385m layer
       for (int mode = 0; mode < 4; ++mode) {
-        if (wkb && shape != 0 && shape != 5)
-          continue;
-        const int shapes[6][2] = {{1, 256}, {1, 512}, {1, 1024},
-                                  {2, 256}, {2, 512}, {4, 256}};
+        if (wkb && shape != 0 && shape != 5) continue;
+        const int shapes[6][2] = {{1, 256}, {1, 512}, {1, 1024}, {2, 256}, {2, 512}, {4, 256}};
         const int blocks_per_sm = shapes[shape][0], threads = shapes[shape][1];
         const int grid = sms * blocks_per_sm;
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        // the first kernel of a step writes tag 0 (the others read tag - 1): a
-        // plain launch
+        // the first kernel of a step writes tag 0 (the others read tag - 1): a plain launch
         for (int t = 0; t < kernels; ++t) {
           Args a{};
           a.in = bufs + (t & 1) * 4096;
@@ -161,13 +136,10 @@ int main() {
           a.n = n;
           a.k = n;
           a.mode = mode;
-          if (t == 0 && mode == 3)
-            a.mode = 4; // writes flags, reads nothing
+          if (t == 0 && mode == 3) a.mode = 4;  // writes flags, reads nothing
           a.w = wkb ? w + (size_t)(t % 8) * (wbytes / 16 / 8) : nullptr;
           a.w_int4_per_warp = (long long)wkb * 1024 / 16 / (threads / 32);
-          if ((long long)grid * (threads / 32) * a.w_int4_per_warp * 16 >
-              (long long)(wbytes / 8))
-            a.w = nullptr;
+          if ((long long)grid * (threads / 32) * a.w_int4_per_warp * 16 > (long long)(wbytes / 8)) a.w = nullptr;
           cudaLaunchAttribute attr{};
           attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
           attr.val.programmaticStreamSerializationAllowed = 1;
@@ -184,24 +156,22 @@ int main() {
         std::vector<float> times;
         for (int rep = 0; rep < 30; ++rep) {
           ++host_epoch;
-          CK(cudaMemcpyAsync(epoch, &host_epoch, 4, cudaMemcpyHostToDevice,
-                             st));
+          CK(cudaMemcpyAsync(epoch, &host_epoch, 4, cudaMemcpyHostToDevice, st));
           CK(cudaEventRecord(e0, st));
           CK(cudaGraphLaunch(exec, st));
           CK(cudaEventRecord(e1, st));
           CK(cudaStreamSynchronize(st));
           float ms;
           cudaEventElapsedTime(&ms, e0, e1);
-          if (rep >= 5)
-            times.push_back(ms);
+          if (rep >= 5) times.push_back(ms);
         }
         std::sort(times.begin(), times.end());
-        const char *names[] = {"plain", "wait-allow", "allow-wait", "flags"};
-        printf("threads %4d grid %4d (%d/SM) weights %2d KB/block: %-10s %7.3f "
-               "us a kernel (median step %.1f us)\n",
-               threads, grid, blocks_per_sm, wkb, names[mode],
-               times[times.size() / 2] * 1e3 / kernels,
-               times[times.size() / 2] * 1e3);
+        const char* names[] = {"plain", "wait-allow", "allow-wait", "flags"};
+        printf(
+            "threads %4d grid %4d (%d/SM) weights %2d KB/block: %-10s %7.3f "
+            "us a kernel (median step %.1f us)\n",
+            threads, grid, blocks_per_sm, wkb, names[mode], times[times.size() / 2] * 1e3 / kernels,
+            times[times.size() / 2] * 1e3);
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
       }
