@@ -16,7 +16,7 @@ namespace hgrn {
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr int kBatch = 16;     // columns a thread loads before comparing them (unaligned rows)
+constexpr int kBatch = 16;  // columns a thread loads before comparing them (unaligned rows)
 constexpr int kPackedBatch = 32;  // values a thread loads as packs before comparing them (aligned rows)
 
 // a is better than b: a larger value, or an equal one at a lower index. An index of `none` is no candidate (its

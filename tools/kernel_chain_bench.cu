@@ -30,6 +30,10 @@ __device__ __forceinline__ void st_relaxed(unsigned long long* p, unsigned long 
 __device__ __forceinline__ void gdc_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void gdc_allow() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
+// How a kernel joins the chain. kFlagsFirst: the chain's first kernel in kFlags, which writes tagged words and reads
+// nothing.
+enum Chain { kPlain, kWaitAllow, kAllowWait, kFlags, kFlagsFirst };
+
 struct Args {
   const float* in;
   float* out;  // plain and dependents
@@ -54,17 +58,18 @@ __global__ void __launch_bounds__(1024) chain_kernel(Args a) {
       wsum += v.x ^ v.w;
     }
   }
-  if (a.mode == 1) {
+  if (a.mode == kWaitAllow) {
     gdc_wait();
     gdc_allow();
-  } else if (a.mode == 2) {
+  } else if (a.mode == kAllowWait) {
     gdc_allow();
     gdc_wait();
-  } else if (a.mode == 3)
+  } else if (a.mode == kFlags) {
     gdc_allow();
-  if (a.mode == 4) {
+  }
+  if (a.mode == kFlagsFirst) {
     for (int i = threadIdx.x; i < a.k; i += blockDim.x) x[i] = 0.f;
-  } else if (a.mode <= 2) {
+  } else if (a.mode < kFlags) {
     for (int i = threadIdx.x; i < a.k; i += blockDim.x) x[i] = __ldcg(a.in + i);
   } else {
     const unsigned want = *a.epoch * 256u + (unsigned)(a.tag - 1);
@@ -83,7 +88,7 @@ __global__ void __launch_bounds__(1024) chain_kernel(Args a) {
     for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(~0u, s, off);
     s += (float)(wsum & 1) * 1e-9f;
     if (lane == 0) {
-      if (a.mode <= 2)
+      if (a.mode < kFlags)
         __stcg(a.out + j, s * 0.5f + 1.f);
       else
         st_relaxed(a.fout + j,
@@ -115,8 +120,8 @@ int main() {
   cudaEventCreate(&e1);
   unsigned host_epoch = 1;
   for (int shape : {0, 1, 2, 3, 4, 5})
-    for (int wkb : {0, 48})  // weights a block and kernel (KB): 48 KB x 528 blocks ~ 25 MB, a 385m layer
-      for (int mode = 0; mode < 4; ++mode) {
+    for (int wkb : {0, 48})  // KB of weights a block: 6.3 MB a kernel at 132 blocks, 130 kernels ~ hgrn2-385m's
+      for (int mode = kPlain; mode <= kFlags; ++mode) {
         if (wkb && shape != 0 && shape != 5) continue;
         const int shapes[6][2] = {{1, 256}, {1, 512}, {1, 1024}, {2, 256}, {2, 512}, {4, 256}};
         const int blocks_per_sm = shapes[shape][0], threads = shapes[shape][1];
@@ -124,7 +129,7 @@ int main() {
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        // the first kernel of a step writes tag 0 (the others read tag - 1): a plain launch
+        // the first kernel of a step is a plain launch; with flags it writes tag 0 (the others read tag - 1)
         for (int t = 0; t < kernels; ++t) {
           Args a{};
           a.in = bufs + (t & 1) * 4096;
@@ -136,7 +141,7 @@ int main() {
           a.n = n;
           a.k = n;
           a.mode = mode;
-          if (t == 0 && mode == 3) a.mode = 4;  // writes flags, reads nothing
+          if (t == 0 && mode == kFlags) a.mode = kFlagsFirst;
           a.w = wkb ? w + (size_t)(t % 8) * (wbytes / 16 / 8) : nullptr;
           a.w_int4_per_warp = (long long)wkb * 1024 / 16 / (threads / 32);
           if ((long long)grid * (threads / 32) * a.w_int4_per_warp * 16 > (long long)(wbytes / 8)) a.w = nullptr;
@@ -148,7 +153,7 @@ int main() {
           cfg.blockDim = threads;
           cfg.stream = st;
           cfg.attrs = &attr;
-          cfg.numAttrs = (mode >= 1 && t > 0) ? 1 : 0;
+          cfg.numAttrs = (mode != kPlain && t > 0) ? 1 : 0;
           CK(cudaLaunchKernelEx(&cfg, chain_kernel, a));
         }
         CK(cudaStreamEndCapture(st, &graph));
