@@ -6,13 +6,15 @@
 // once, so that every block is resident while the kernel before it ends, and asks L2 for the next column's row as it
 // starts each one.
 // Each launch is a programmatic dependent of the kernel before it (dependent_launch.cuh): a warp loads its first W
-// packs into registers and asks L2 for the rest of its first two rows and for the norm's weights before it waits for
-// that kernel, so that decoding's chain of small kernels overlaps each one's weight reads with the one before. W is
-// read before the wait because no kernel that may still run then writes weights: the optimizer's and the casts'
-// kernels never allow dependents early.
+// packs into registers and asks L2 for the rest of its first two rows, and the block copies the norm's weights into
+// shared memory (cp.async), before it waits for that kernel, so that decoding's chain of small kernels overlaps each
+// one's weight reads with the one before and the norm's staging makes one trip to memory, not two. Weights are read
+// before the wait because no kernel that may still run then writes them: the optimizer's and the casts' kernels never
+// allow dependents early.
 #include <algorithm>
 #include <cstdint>
 
+#include "cp_async.cuh"
 #include "cuda_check.h"
 #include "cuda_context.h"
 #include "dependent_launch.cuh"
@@ -52,12 +54,15 @@ struct StagedInput {
   long long x_stride, up_stride;
 };
 
+// norm_in_shared: the norm's weights go to shared memory after x's staged rows (launch_for_rows sizes it for them);
+// otherwise (unaligned, or no room) the staging reads them through L2.
 template <typename T, typename TOut, int Rows, Prologue kPrologue>
 __global__ void __launch_bounds__(kThreads)
     small_batch_gemv_kernel(const T* x, const T* w, TOut* y, long long ldy, int n, int k, bool accumulate,
-                            StagedInput<T> in) {
+                            StagedInput<T> in, bool norm_in_shared) {
   constexpr int V = 16 / sizeof(T);  // values of a pack
-  extern __shared__ float4 staged[];  // row r's pack p at staged[r·row_float4s + lane_slot<V>(p / 32, q, p % 32)]
+  // row r's pack p at staged[r·row_float4s + lane_slot<V>(p / 32, q, p % 32)]; then, norm_in_shared, k norm weights
+  extern __shared__ float4 staged[];
   const int packs = k / V;
   const int row_float4s = static_cast<int>(staged_row_floats(k, V) / 4);
   const int lane = threadIdx.x % 32;
@@ -76,8 +81,17 @@ __global__ void __launch_bounds__(kThreads)
   }
   prefetch_row(first, kPacksInFlight);
   prefetch_row(first + grid_warps, 0);
-  if constexpr (kPrologue == Prologue::RmsNorm)
-    for (int c = threadIdx.x * 32; c < k; c += kThreads * 32) prefetch_l2(in.norm_weight + c);  // 128-byte lines
+  const float* norm_weight = in.norm_weight;
+  if constexpr (kPrologue == Prologue::RmsNorm) {
+    if (norm_in_shared) {
+      float* copy = reinterpret_cast<float*>(staged + Rows * row_float4s);
+      for (int i = threadIdx.x; i < k / 4; i += kThreads) cp_async_16(shared_address(copy + 4 * i), norm_weight + 4 * i);
+      cp_async_commit();
+      norm_weight = copy;
+    } else {
+      for (int c = threadIdx.x * 32; c < k; c += kThreads * 32) prefetch_l2(norm_weight + c);  // 128-byte lines
+    }
+  }
   wait_for_previous_kernel();
   allow_dependent_launch();
 
@@ -105,12 +119,13 @@ __global__ void __launch_bounds__(kThreads)
             make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
     }
     if constexpr (kPrologue == Prologue::RmsNorm) {
+      if (norm_in_shared && r == 0) cp_async_wait<0>();  // this thread's copies; block_sum's barrier shows all
       const float rstd = 1.f / sqrtf(block_sum(sum_sq, warp_sums) / (float)k + in.eps);
       for (int p = threadIdx.x; p < packs; p += kThreads)
 #pragma unroll
         for (int q = 0; q < V / 4; ++q) {
           float4& v = staged[r * row_float4s + lane_slot<V>(p / 32, q, p % 32)];
-          const float* nw = in.norm_weight + p * V + 4 * q;
+          const float* nw = norm_weight + p * V + 4 * q;
           // rmsnorm's output element (x · rstd) · w, as stored.
           v = make_float4(load_f(store_f<T>(v.x * rstd * nw[0])), load_f(store_f<T>(v.y * rstd * nw[1])),
                           load_f(store_f<T>(v.z * rstd * nw[2])), load_f(store_f<T>(v.w * rstd * nw[3])));
@@ -160,14 +175,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The kernel for `rows` rows (Rows is a template argument: each warp's sums stay in registers).
+// smem: x's staged rows; norm_in_shared adds k floats for the norm's weights.
 template <typename T, typename TOut, Prologue kPrologue, int Rows = 1>
 void launch_for_rows(int rows, const T* x, const T* w, TOut* y, long long ldy, int n, int k, bool accumulate,
-                     const StagedInput<T>& in, size_t smem) {
+                     const StagedInput<T>& in, size_t smem, bool norm_in_shared) {
   if constexpr (Rows < kSmallBatchGemvMaxRows) {
     if (rows != Rows)
-      return launch_for_rows<T, TOut, kPrologue, Rows + 1>(rows, x, w, y, ldy, n, k, accumulate, in, smem);
+      return launch_for_rows<T, TOut, kPrologue, Rows + 1>(rows, x, w, y, ldy, n, k, accumulate, in, smem,
+                                                           norm_in_shared);
   }
   constexpr auto kernel = small_batch_gemv_kernel<T, TOut, Rows, kPrologue>;
+  if (norm_in_shared) smem += static_cast<size_t>(k) * sizeof(float);
   if (smem > 48 * 1024) allow_dynamic_smem<kernel>(static_cast<size_t>(staged_bytes_limit()));  // default: 48 KB
   // Half the blocks the GPU holds at once (the other half: the kernel before, still ending), at most one per
   // kWarps columns.
@@ -177,7 +195,8 @@ void launch_for_rows(int rows, const T* x, const T* w, TOut* y, long long ldy, i
       std::max<int64_t>(1, per_sm / 2) * static_cast<int64_t>(cuda_device_properties().multiProcessorCount);
   const unsigned blocks =
       static_cast<unsigned>(std::min<int64_t>((static_cast<int64_t>(n) + kWarps - 1) / kWarps, half_resident));
-  launch_as_dependent(kernel, dim3(blocks), dim3(kThreads), smem, x, w, y, ldy, n, k, accumulate, in);
+  launch_as_dependent(kernel, dim3(blocks), dim3(kThreads), smem, x, w, y, ldy, n, k, accumulate, in,
+                      norm_in_shared);
 }
 
 size_t staged_bytes(int64_t rows, int64_t k, DType dtype) {
@@ -211,14 +230,19 @@ void cuda_small_batch_gemv(const void* x, const void* w, void* y, DType y_dtype,
                  up_stride % pack == 0 && (!in.up || aligned16(in.up)),
              "small_batch_gemv: an input that is both normalised and gated, or rows ", x_stride, " / ", up_stride,
              " apart that are not whole 16-byte packs");
+  // The norm's weights (fp32, k a multiple of 4) go to shared memory where they are aligned and fit beside x's rows.
+  const size_t staged = staged_bytes(rows, k, dtype);
+  const bool norm_in_shared = in.norm_weight && aligned16(in.norm_weight) &&
+                              static_cast<int64_t>(staged + k * sizeof(float)) <= staged_bytes_limit();
   HGRN_CUDA_DISPATCH_ACT(dtype, "small_batch_gemv", [&] {
-    const StagedInput<act_t> staged{in.norm_weight, in.eps, static_cast<const act_t*>(in.up), x_stride, up_stride};
+    const StagedInput<act_t> staged_input{in.norm_weight, in.eps, static_cast<const act_t*>(in.up), x_stride,
+                                          up_stride};
     const auto launch = [&](auto prologue) {
       const auto into = [&](auto* out) {
         launch_for_rows<act_t, std::remove_pointer_t<decltype(out)>, decltype(prologue)::value>(
             static_cast<int>(rows), static_cast<const act_t*>(x), static_cast<const act_t*>(w), out,
-            static_cast<long long>(ldy), static_cast<int>(n), static_cast<int>(k), accumulate, staged,
-            staged_bytes(rows, k, dtype));
+            static_cast<long long>(ldy), static_cast<int>(n), static_cast<int>(k), accumulate, staged_input, staged,
+            norm_in_shared);
       };
       if (y_dtype == dtype)
         into(static_cast<act_t*>(y));

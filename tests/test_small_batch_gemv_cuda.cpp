@@ -3,7 +3,8 @@
 // with and without accumulation, written into a column block of a wider buffer whose other columns must stay
 // untouched; its bits repeating launch to launch; and linear_product_into with a few rows (which takes it) against the
 // same call on the CPU, also with its input normalised or gated as the GEMV stages it (normed_ and
-// swiglu_linear_product_into). Skipped (never passed) without a GPU.
+// swiglu_linear_product_into); and a norm's weights read from shared memory or through L2 giving the same bits.
+// Skipped (never passed) without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,13 +42,13 @@ GemvOperands random_operands(int64_t B, int64_t K, int64_t N, DType dtype) {
 }
 
 // The kernel's result: y0 on the GPU with columns [kFirstColumn, kFirstColumn + N) of each row (+)= x·wᵀ.
-Tensor run_gemv(const GemvOperands& o, DType dtype, bool accumulate) {
+Tensor run_gemv(const GemvOperands& o, DType dtype, bool accumulate, const GemvInput* input = nullptr) {
   const int64_t B = o.x.size(0), K = o.x.size(1), N = o.w.size(0), width = o.y0.size(1);
   const Tensor x = to_gpu(o.x, dtype), w = to_gpu(o.w, dtype);
   Tensor y = to_gpu(o.y0, dtype);
   EXPECT_TRUE(small_batch_gemv_applies(B, N, K, x.raw_data(), w.raw_data(), dtype));
   cuda_small_batch_gemv(x.raw_data(), w.raw_data(), y.columns(kFirstColumn, N).raw_data(), dtype, width, B, N, K,
-                        dtype, accumulate);
+                        dtype, accumulate, input);
   return y;
 }
 
@@ -108,6 +109,34 @@ TEST(SmallBatchGemvCuda, RepeatsItsBits) {
     const Tensor a = run_gemv(o, dtype, true).to(Device::CPU), b = run_gemv(o, dtype, true).to(Device::CPU);
     EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << dtype_name(dtype);
   }
+#endif
+}
+
+// The norm's weights are copied into shared memory before the kernel waits where they are 16-byte aligned, and read
+// through L2 where they are not: both give the same bits (the same values in the same order), at 1 to 8 rows, fp32
+// and bf16, k from one warp's packs to more than a block's threads'.
+TEST(SmallBatchGemvCuda, NormWeightsInSharedMemoryGiveTheBitsOfTheGlobalRead) {
+  HGRN_SKIP_WITHOUT_GPU();
+#ifdef HGRN_WITH_CUDA
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int64_t B : {1, 3, 8})
+      for (int64_t K : {64, 1024, 2816})
+        for (int64_t N : {37, 1000}) {
+          SCOPED_TRACE(::testing::Message() << "B " << B << " K " << K << " N " << N << " " << dtype_name(dtype));
+          const GemvOperands o = random_operands(B, K, N, dtype);
+          Rng rng(K * 3 + N);
+          Tensor weights = random_tensor(rng, {K + 1}, 0.3);  // [1, K + 1) unaligned, copied to [0, K) aligned
+          for (int64_t i = 0; i <= K; ++i) weights.data<double>()[i] += 1.0;
+          for (int64_t i = 0; i < K; ++i) weights.data<double>()[i] = weights.data<double>()[i + 1];
+          const Tensor gpu_weights = to_gpu(weights, DType::F32);
+          GemvInput aligned, unaligned;
+          aligned.norm_weight = static_cast<const float*>(gpu_weights.raw_data());
+          unaligned.norm_weight = aligned.norm_weight + 1;
+          aligned.eps = unaligned.eps = 1e-6f;
+          const Tensor a = run_gemv(o, dtype, true, &aligned).to(Device::CPU);
+          const Tensor b = run_gemv(o, dtype, true, &unaligned).to(Device::CPU);
+          EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0);
+        }
 #endif
 }
 
