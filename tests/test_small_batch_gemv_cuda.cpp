@@ -125,13 +125,13 @@ TEST(SmallBatchGemvCuda, NormWeightsInSharedMemoryGiveTheBitsOfTheGlobalRead) {
           SCOPED_TRACE(::testing::Message() << "B " << B << " K " << K << " N " << N << " " << dtype_name(dtype));
           const GemvOperands o = random_operands(B, K, N, dtype);
           Rng rng(K * 3 + N);
-          Tensor weights = random_tensor(rng, {K + 1}, 0.3);  // [1, K + 1) unaligned, copied to [0, K) aligned
-          for (int64_t i = 0; i <= K; ++i) weights.data<double>()[i] += 1.0;
-          for (int64_t i = 0; i < K; ++i) weights.data<double>()[i] = weights.data<double>()[i + 1];
-          const Tensor gpu_weights = to_gpu(weights, DType::F32);
+          // The same K weights at the start of one buffer (aligned) and one float into another (unaligned).
+          Tensor weights = random_tensor(rng, {K}, 0.3), shifted = Tensor::zeros({K + 1}, DType::F64);
+          for (int64_t i = 0; i < K; ++i) shifted.data<double>()[i + 1] = weights.data<double>()[i] += 1.0;
+          const Tensor gpu_weights = to_gpu(weights, DType::F32), gpu_shifted = to_gpu(shifted, DType::F32);
           GemvInput aligned, unaligned;
           aligned.norm_weight = static_cast<const float*>(gpu_weights.raw_data());
-          unaligned.norm_weight = aligned.norm_weight + 1;
+          unaligned.norm_weight = static_cast<const float*>(gpu_shifted.raw_data()) + 1;
           aligned.eps = unaligned.eps = 1e-6f;
           const Tensor a = run_gemv(o, dtype, true, &aligned).to(Device::CPU);
           const Tensor b = run_gemv(o, dtype, true, &unaligned).to(Device::CPU);
