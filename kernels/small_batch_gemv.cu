@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kPrologue == Prologue::RmsNorm) {
     if (norm_in_shared) {
       float* copy = reinterpret_cast<float*>(staged + Rows * row_float4s);
-      for (int i = threadIdx.x; i < k / 4; i += kThreads) cp_async_16(shared_address(copy + 4 * i), norm_weight + 4 * i);
+      for (int i = threadIdx.x; i < k / 4; i += kThreads)
+        cp_async_16(shared_address(copy + 4 * i), norm_weight + 4 * i);
       cp_async_commit();
       norm_weight = copy;
     } else {
