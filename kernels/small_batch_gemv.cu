@@ -81,12 +81,14 @@ __global__ void __launch_bounds__(kThreads)
   }
   prefetch_row(first, kPacksInFlight);
   prefetch_row(first + grid_warps, 0);
+  // The norm's weights: each thread copies those of the packs it stages, so that its own wait shows them to it.
   const float* norm_weight = in.norm_weight;
   if constexpr (kPrologue == Prologue::RmsNorm) {
     if (norm_in_shared) {
       float* copy = reinterpret_cast<float*>(staged + Rows * row_float4s);
-      for (int i = threadIdx.x; i < k / 4; i += kThreads)
-        cp_async_16(shared_address(copy + 4 * i), norm_weight + 4 * i);
+      for (int p = threadIdx.x; p < packs; p += kThreads)
+#pragma unroll
+        for (int q = 0; q < V / 4; ++q) cp_async_16(shared_address(copy + p * V + 4 * q), norm_weight + p * V + 4 * q);
       cp_async_commit();
       norm_weight = copy;
     } else {
@@ -96,9 +98,13 @@ __global__ void __launch_bounds__(kThreads)
   wait_for_previous_kernel();
   allow_dependent_launch();
 
-  // x's rows into shared memory: as they are, gated (silu(x)·up), or, for the norm, as they are with each row's sum
-  // of squares, then normalised in place by the thread that staged them.
-  __shared__ float warp_sums[32];
+  // x's rows into shared memory: as they are, gated (silu(x)·up), or, for the norm, x·w with each warp's share of the
+  // row's sum of squares; the norm's rstd then scales each column's sum (RmsNorm(x)·W = rstd·(x·w)·W), so that the
+  // staging's one barrier is the block's only one.
+  __shared__ float warp_sums[kSmallBatchGemvMaxRows][kWarps];
+  if constexpr (kPrologue == Prologue::RmsNorm) {
+    if (norm_in_shared) cp_async_wait<0>();
+  }
   for (int r = 0; r < Rows; ++r) {
     float sum_sq = 0.f;
     for (int p = threadIdx.x; p < packs; p += kThreads) {
@@ -106,7 +112,10 @@ __global__ void __launch_bounds__(kThreads)
       load_pack<V>(x + r * in.x_stride, p, v);
       if constexpr (kPrologue == Prologue::RmsNorm) {
 #pragma unroll
-        for (int q = 0; q < V; ++q) sum_sq += v[q] * v[q];
+        for (int q = 0; q < V; ++q) {
+          sum_sq += v[q] * v[q];
+          v[q] *= norm_weight[p * V + q];
+        }
       } else if constexpr (kPrologue == Prologue::Swiglu) {
         // swiglu's output element silu(gate) · up, as stored.
         float u[V];
@@ -120,20 +129,21 @@ __global__ void __launch_bounds__(kThreads)
             make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
     }
     if constexpr (kPrologue == Prologue::RmsNorm) {
-      if (norm_in_shared && r == 0) cp_async_wait<0>();  // this thread's copies; block_sum's barrier shows all
-      const float rstd = 1.f / sqrtf(block_sum(sum_sq, warp_sums) / (float)k + in.eps);
-      for (int p = threadIdx.x; p < packs; p += kThreads)
-#pragma unroll
-        for (int q = 0; q < V / 4; ++q) {
-          float4& v = staged[r * row_float4s + lane_slot<V>(p / 32, q, p % 32)];
-          const float* nw = norm_weight + p * V + 4 * q;
-          // rmsnorm's output element (x · rstd) · w, as stored.
-          v = make_float4(load_f(store_f<T>(v.x * rstd * nw[0])), load_f(store_f<T>(v.y * rstd * nw[1])),
-                          load_f(store_f<T>(v.z * rstd * nw[2])), load_f(store_f<T>(v.w * rstd * nw[3])));
-        }
+      sum_sq = warp_sum(sum_sq);
+      if (lane == 0) warp_sums[r][threadIdx.x / 32] = sum_sq;
     }
   }
   __syncthreads();
+  // Lane r's row's rstd: the warps' sums of squares added in warp order (the same bits in every warp).
+  float rstd = 1.f;
+  if constexpr (kPrologue == Prologue::RmsNorm) {
+    if (lane < Rows) {
+      float total = 0.f;
+#pragma unroll
+      for (int i = 0; i < kWarps; ++i) total += warp_sums[lane][i];
+      rstd = 1.f / sqrtf(total / (float)k + in.eps);
+    }
+  }
 
   for (long long j = first; j < n; j += grid_warps) {
     if (j != first) prefetch_row(j + grid_warps, 0);
@@ -170,7 +180,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (lane < Rows) {
       TOut* out = y + lane * ldy + j;
-      *out = store_f<TOut>(accumulate ? load_f(*out) + mine : mine);
+      const float product = kPrologue == Prologue::RmsNorm ? mine * rstd : mine;
+      *out = store_f<TOut>(accumulate ? load_f(*out) + product : product);
     }
   }
 }
