@@ -1,16 +1,17 @@
 // small_batch_gemv.cu: y (+)= x·Wᵀ for at most 8 rows of x (small_batch_gemv.h), bound by reading W once.
-// Each block first stages x's rows in shared memory as fp32 (normalised or gated on the way: GemvInput); then each
-// warp computes output columns j, j + (the grid's warps), … for every row of x: its lanes stream W's row j in 16-byte
-// packs (lane l takes packs l, l + 32, …, several loads in flight), multiply them into one fp32 sum per row of x, and
-// a warp shuffle tree adds the lanes' sums. Lane r writes row r's. The grid is about half the blocks the GPU holds at
-// once, so that every block is resident while the kernel before it ends, and asks L2 for the next column's row as it
-// starts each one.
+// Each block first stages x's rows in shared memory as fp32 (gated, or times the norm's weights, on the way:
+// GemvInput; the norm's rstd scales each column's sum, so that one barrier ends the staging); then each warp computes
+// output columns j, j + (the grid's warps), … for every row of x: its lanes stream W's row j in 16-byte packs (lane l
+// takes packs l, l + 32, …, several loads in flight), multiply them into one fp32 sum per row of x, and a warp
+// shuffle tree adds the lanes' sums. Lane r writes row r's. The grid is about half the blocks the GPU holds at once,
+// so that every block is resident while the kernel before it ends, and asks L2 for the next column's row as it starts
+// each one.
 // Each launch is a programmatic dependent of the kernel before it (dependent_launch.cuh): a warp loads its first W
-// packs into registers and asks L2 for the rest of its first two rows, and the block copies the norm's weights into
-// shared memory (cp.async), before it waits for that kernel, so that decoding's chain of small kernels overlaps each
-// one's weight reads with the one before and the norm's staging makes one trip to memory, not two. Weights are read
-// before the wait because no kernel that may still run then writes them: the optimizer's and the casts' kernels never
-// allow dependents early.
+// packs into registers and asks L2 for the rest of its first two rows, and each thread copies the norm's weights of
+// its packs into shared memory (cp.async), before it waits for that kernel, so that decoding's chain of small kernels
+// overlaps each one's weight reads with the one before and the norm's staging makes one trip to memory, not two.
+// Weights are read before the wait because no kernel that may still run then writes them: the optimizer's and the
+// casts' kernels never allow dependents early.
 #include <algorithm>
 #include <cstdint>
 

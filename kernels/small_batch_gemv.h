@@ -11,11 +11,12 @@ namespace hgrn {
 // The most rows of x one launch takes (each warp keeps one fp32 sum per row).
 constexpr int64_t kSmallBatchGemvMaxRows = 8;
 
-// How the kernel makes the rows it multiplies from x (each block stages them once, rounded to x's dtype as a stored
-// intermediate would be, so that no launch and no buffer of their own are needed): x as it is; RMSNorm'd, x·rstd·w
-// with rstd = (mean(x²) + eps)^−½ per row (norm_weight: fp32 [k]; decoding's pre-norms); or SwiGLU, silu(x)·up with
-// x the gate (the MLP's activation; activations.h's arithmetic). x's and up's rows are x_stride and up_stride elements
-// apart (0: k; column blocks of the MLP's fused gate/up output).
+// How the kernel makes the rows it multiplies from x (each block stages them once, so that no launch and no buffer of
+// their own are needed): x as it is; RMSNorm'd, x·rstd·w with rstd = (mean(x²) + eps)^−½ per row (norm_weight: fp32
+// [k]; decoding's pre-norms), as rstd·Σ (x·w)·W in fp32, the normed row never rounded to x's dtype; or SwiGLU,
+// silu(x)·up with x the gate (the MLP's activation; activations.h's arithmetic), rounded to x's dtype as swiglu
+// stores it. x's and up's rows are x_stride and up_stride elements apart (0: k; column blocks of the MLP's fused
+// gate/up output).
 struct GemvInput {
   const float* norm_weight = nullptr;
   float eps = 0.f;

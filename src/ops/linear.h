@@ -40,8 +40,9 @@ Tensor linear_product(const Tensor& x, const Tensor& w, const Tensor* residual =
 // (decoding's tokens) take matrix-vector products that read each weight once (kernels/small_batch_gemv.h) instead.
 void linear_product_into(const Tensor& x, const std::vector<Tensor>& weights, Tensor& y, bool accumulate);
 // linear_product_into of an input made from x first, for decoding: where the small-batch GEMV takes every weight it
-// makes the input as it stages x (no launch and no buffer of its own; the input rounded to x's dtype as stored),
-// else the input's op writes `scratch` (like the input) and linear_product_into reads it.
+// makes the input as it stages x (no launch and no buffer of its own; SwiGLU's input rounded to x's dtype as stored,
+// the norm's never: GemvInput), else the input's op writes `scratch` (like the input) and linear_product_into reads
+// it.
 //   RMSNorm(x)·norm_weight (rmsnorm_forward_into's; rstd_scratch [rows] as it takes) for the pre-norms;
 void normed_linear_product_into(const Tensor& x, const Tensor& norm_weight, double eps, Tensor& scratch,
                                 Tensor& rstd_scratch, const std::vector<Tensor>& weights, Tensor& y, bool accumulate);
