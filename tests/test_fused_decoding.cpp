@@ -1,11 +1,13 @@
 // test_fused_decoding.cpp: the fused decoding path on the CPU (models/fused_decoder.h; on the GPU:
 // test_fused_decoding_cuda.cpp): its steps give decode_step's logits and states for every member that has a fused
-// step, generate() gives the op-by-op path's tokens (greedy and sampled), the complex HGRU falls back to op by op,
+// step, generate() gives the op-by-op path's tokens (greedy and sampled), greedy steps queued ahead of the host give
+// the host-fed steps' tokens, the complex HGRU falls back to op by op,
 // bad options are refused; and the ops it adds: two in-place steps of lower_bounded_gla_step and
 // lower_bounded_gated_scan_step equal the sequence ops over two positions (which take another path: the chunkwise
 // form), and row_argmax on hand-made rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -143,6 +145,53 @@ TEST_P(FusedDecodingOfEveryModelType, GenerationGivesTheOpByOpTokens) {
       for (int32_t id : fused.sequences[b].ids) EXPECT_LT(id, c.vocab_size - 1);
     }
   }
+}
+
+// Greedy steps queued ahead of the host feed each other their choices: the tokens of steps the host feeds one at a
+// time (step(greedy_tokens())), read in order with kQueuedGreedySteps queued; a ticket no longer (or not yet) in
+// flight is refused. generate() on this path stops at EOS with the tokens before it (the steps queued past it are
+// collected, not read).
+TEST(FusedDecoding, QueuedGreedyStepsGiveTheHostFedSteps) {
+  const ModelConfig c = tiny_config("hgrn2");
+  DecoderLM model = random_model("hgrn2", 86);
+  Rng rng_ids(87);
+  constexpr int64_t kBatch = 2, kSteps = 7, kQueued = FusedDecoder::kQueuedGreedySteps;
+  const Tensor prompt = token_ids(rng_ids, kBatch, 5, c.vocab_size);
+  FusedDecoderOptions options;
+  options.batch = kBatch;
+  options.dtype = DType::F64;
+  const std::unique_ptr<FusedDecoder> fed = model.make_fused_decoder(options);
+  const std::unique_ptr<FusedDecoder> queued = model.make_fused_decoder(options);
+  prefill(*fed, model, prompt);
+  prefill(*queued, model, prompt);
+  std::vector<std::vector<int32_t>> want;
+  for (int64_t t = 0; t < kSteps; ++t) {
+    const std::vector<int32_t> ids = fed->greedy_tokens();
+    Tensor next = Tensor::empty({kBatch}, DType::I32);
+    std::copy(ids.begin(), ids.end(), next.data<int32_t>());
+    fed->step(next);
+    want.push_back(fed->greedy_tokens());
+  }
+  std::vector<int64_t> tickets;
+  for (int64_t t = 0; t < kQueued; ++t) tickets.push_back(queued->queue_greedy_step());
+  for (int64_t t = 0; t < kSteps; ++t) {
+    EXPECT_EQ(queued->queued_greedy_tokens(tickets[t]), want[t]) << "step " << t;
+    if (t + kQueued < kSteps) tickets.push_back(queued->queue_greedy_step());
+  }
+  EXPECT_THROW(queued->queued_greedy_tokens(tickets[kSteps - kQueued - 1]), Error);
+  EXPECT_THROW(queued->queued_greedy_tokens(kSteps), Error);
+
+  GenerationOptions generation;
+  generation.max_new_tokens = 12;
+  generation.sampling.temperature = 0;
+  generation.decode = DecodePath::Fused;
+  const GenerationResult all = generate(model, {2, 7, 1}, generation);
+  ASSERT_TRUE(all.fused);
+  generation.eos_id = all.sequences[0].ids[4];
+  const GenerationResult stopped = generate(model, {2, 7, 1}, generation);
+  EXPECT_TRUE(stopped.sequences[0].stopped_at_eos);
+  const auto first = std::find(all.sequences[0].ids.begin(), all.sequences[0].ids.end(), *generation.eos_id);
+  EXPECT_EQ(stopped.sequences[0].ids, std::vector<int32_t>(all.sequences[0].ids.begin(), first));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, FusedDecodingOfEveryModelType, ::testing::ValuesIn(testing::model_variants()),

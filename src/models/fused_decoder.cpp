@@ -3,6 +3,8 @@
 // the LM head and the greedy choice) and, on the GPU, its CUDA graph.
 #include "models/fused_decoder.h"
 
+#include <algorithm>
+
 #include "core/allocator.h"
 #include "ops/embedding.h"
 #include "ops/hgrn2_gates.h"
@@ -10,9 +12,11 @@
 #include "ops/row_argmax.h"
 #ifdef HGRN_WITH_CUDA
 #include "kernels/cuda_graph.h"
+#include "kernels/host_readback.h"
 #else
 namespace hgrn {
-class CudaGraph {};  // never made without CUDA
+class CudaGraph {};     // never made without CUDA
+class HostReadback {};  // never made without CUDA
 }  // namespace hgrn
 #endif
 
@@ -48,7 +52,7 @@ FusedDecoder::FusedDecoder(const ModelConfig& config, const FusedDecoderWeights&
   gate_up_ = Tensor::empty({batch_, 2 * mlp_width_}, dtype_, device_);
   hidden_ = Tensor::empty({batch_, mlp_width_}, dtype_, device_);
   logits_ = Tensor::empty({batch_, vocab_}, fp, device_);
-  greedy_ = Tensor::empty({batch_}, DType::I32, device_);
+  greedy_ = ids_;
 
   embeddings_ = weights.embeddings->value;
   final_norm_ = weights.final_norm->value;
@@ -71,6 +75,10 @@ FusedDecoder::FusedDecoder(const ModelConfig& config, const FusedDecoderWeights&
     layers_.push_back(std::move(layer));
   }
 
+#ifdef HGRN_WITH_CUDA
+  if (device_ == Device::CUDA)  // made here, with the buffers: no allocation while decoding
+    readback_ = std::make_unique<HostReadback>(static_cast<size_t>(batch_) * sizeof(int32_t), kQueuedGreedySteps);
+#endif
   if (device_ == Device::CUDA && options.graph) {
 #ifdef HGRN_WITH_CUDA
     // One eager step first: whatever the step's calls set up on first use (cuBLASLt's plans, a GEMM's autotuning)
@@ -136,6 +144,40 @@ void FusedDecoder::step(const Tensor& token_ids) {
 std::vector<int32_t> FusedDecoder::greedy_tokens() const {
   const Tensor host = greedy_.to(Device::CPU);
   return std::vector<int32_t>(host.data<int32_t>(), host.data<int32_t>() + batch_);
+}
+
+int64_t FusedDecoder::queue_greedy_step() {
+  const int64_t ticket = queued_tickets_++;
+#ifdef HGRN_WITH_CUDA
+  if (device_ == Device::CUDA) {
+    if (graph_)
+      graph_->replay();
+    else
+      enqueue_step();
+    const int64_t copy = readback_->queue(greedy_.raw_data(), static_cast<size_t>(batch_) * sizeof(int32_t));
+    HGRN_CHECK(copy == ticket, "fused decoding: greedy step ", ticket, " read back as ", copy);
+    return ticket;
+  }
+#endif
+  enqueue_step();
+  queued_choices_.resize(static_cast<size_t>(kQueuedGreedySteps * batch_));
+  std::copy(greedy_.data<int32_t>(), greedy_.data<int32_t>() + batch_,
+            queued_choices_.begin() + (ticket % kQueuedGreedySteps) * batch_);
+  return ticket;
+}
+
+std::vector<int32_t> FusedDecoder::queued_greedy_tokens(int64_t ticket) {
+  HGRN_CHECK(ticket >= 0 && ticket < queued_tickets_ && ticket >= queued_tickets_ - kQueuedGreedySteps,
+             "fused decoding: greedy step ", ticket, " is not among the last ", kQueuedGreedySteps, " queued (",
+             queued_tickets_, " so far)");
+#ifdef HGRN_WITH_CUDA
+  if (device_ == Device::CUDA) {
+    const int32_t* ids = static_cast<const int32_t*>(readback_->collect(ticket));
+    return std::vector<int32_t>(ids, ids + batch_);
+  }
+#endif
+  const auto row = queued_choices_.begin() + (ticket % kQueuedGreedySteps) * batch_;
+  return std::vector<int32_t>(row, row + batch_);
 }
 
 void FusedDecoder::enqueue_step() {

@@ -18,6 +18,7 @@
 namespace hgrn {
 
 class CudaGraph;
+class HostReadback;
 
 struct FusedDecoderOptions {
   int64_t batch = 1;  // sequences decoded side by side
@@ -71,6 +72,14 @@ class FusedDecoder {
   // Per sequence, the lowest id below vocab_limit of the largest logit (row_argmax, on the device), on the host.
   std::vector<int32_t> greedy_tokens() const;
 
+  // Greedy decoding ahead of the host: queues a step fed with the decoder's own choices (those greedy_tokens() would
+  // return now: the last step's, on the device) and then a copy of its choices to the host, and returns a ticket for
+  // queued_greedy_tokens. The GPU runs queued steps back to back while the host reads the earlier ones' choices.
+  int64_t queue_greedy_step();
+  // The choices of a queued greedy step, once it is done; readable until kQueuedGreedySteps more steps are queued.
+  std::vector<int32_t> queued_greedy_tokens(int64_t ticket);
+  static constexpr int kQueuedGreedySteps = 3;
+
  private:
   struct Layer {
     Tensor attn_norm, mlp_norm, down;
@@ -86,8 +95,12 @@ class FusedDecoder {
   DType dtype_;
   Tensor embeddings_, gamma_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
+  // greedy_ is ids_: the step's choice (row_argmax's output) is the next step's input where the host feeds none.
   Tensor ids_, h_, x_, rstd_, gate_up_, hidden_, logits_, greedy_;
   std::unique_ptr<CudaGraph> graph_;
+  std::unique_ptr<HostReadback> readback_;  // the GPU's queued choices
+  std::vector<int32_t> queued_choices_;     // the CPU's: kQueuedGreedySteps rows of batch ids
+  int64_t queued_tickets_ = 0;
 };
 
 }  // namespace hgrn

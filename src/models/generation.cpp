@@ -1,9 +1,10 @@
 // generation.cpp: prefill, then the decode loop with per-sequence sampling on the host (greedy choices on the device
-// on the fused path), op by op or on the fused path.
+// on the fused path, the steps queued ahead of the host), op by op or on the fused path.
 #include "models/generation.h"
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <span>
 
 #include "core/allocator.h"
@@ -122,18 +123,30 @@ GenerationResult generate(const CausalLM& model, const std::vector<int32_t>& pro
   device_synchronize();
   result.prefill_seconds = seconds_since(start);
 
-  // Greedy choices without a penalty are made on the device (row_argmax): only the ids come back to the host.
+  // Greedy choices without a penalty are made on the device (row_argmax), and each step is fed the one before's there:
+  // the host queues kAhead steps ahead and reads their ids back as they finish, so the GPU never waits for it.
+  // (A sequence stopped at EOS keeps decoding its own choices; they are not read.)
   const bool greedy_on_device =
       fused && options.sampling.temperature == 0 && options.sampling.repetition_penalty == 1.0;
+  constexpr int64_t kAhead = FusedDecoder::kQueuedGreedySteps - 1;
+  std::deque<int64_t> queued;  // tickets of greedy steps queued and not yet read, oldest first
+  int64_t steps_queued = 0;
+  const auto queue_ahead = [&] {
+    while (static_cast<int64_t>(queued.size()) < kAhead && steps_queued + 1 < options.max_new_tokens) {
+      queued.push_back(fused->queue_greedy_step());
+      ++steps_queued;
+    }
+  };
   start = Clock::now();
   Tensor next = Tensor::empty({batch}, DType::I32);
+  std::vector<int32_t> greedy;
+  if (greedy_on_device) {
+    greedy = fused->greedy_tokens();  // the prompt's last token's choice, before a queued step overwrites it
+    queue_ahead();
+  }
   for (int64_t step = 0;; ++step) {
     std::vector<double> rows;
-    std::vector<int32_t> greedy;
-    if (greedy_on_device)
-      greedy = fused->greedy_tokens();
-    else
-      rows = on_device(fused ? fused->logits() : logits, Device::CPU).to_double_vector();
+    if (!greedy_on_device) rows = on_device(fused ? fused->logits() : logits, Device::CPU).to_double_vector();
     std::vector<int32_t> taken(static_cast<size_t>(batch), -1);
     bool any_running = false;
     for (int64_t b = 0; b < batch; ++b) {
@@ -156,13 +169,19 @@ GenerationResult generate(const CausalLM& model, const std::vector<int32_t>& pro
     }
     if (on_tokens) on_tokens(taken);
     if (!any_running || step + 1 == options.max_new_tokens) break;
-    if (fused)
+    if (greedy_on_device) {
+      greedy = fused->queued_greedy_tokens(queued.front());
+      queued.pop_front();
+      queue_ahead();
+    } else if (fused) {
       fused->step(next);
-    else
+    } else {
       logits = model.decode_step(next, states);
+    }
     ++result.decode_steps;
   }
   result.decode_seconds = seconds_since(start);
+  for (int64_t ticket : queued) fused->queued_greedy_tokens(ticket);  // steps queued past EOS: done before returning
   return result;
 }
 
