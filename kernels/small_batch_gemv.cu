@@ -5,7 +5,8 @@
 // takes packs l, l + 32, …, several loads in flight), multiply them into one fp32 sum per row of x, and a warp
 // shuffle tree adds the lanes' sums. Lane r writes row r's. The grid is about half the blocks the GPU holds at once,
 // so that every block is resident while the kernel before it ends, and asks L2 for the next column's row as it starts
-// each one.
+// each one; one row of large weights (kSmallBatchGemvWideBytes) takes blocks of 32 warps, one an SM, whose loads in
+// flight matter more than that overlap.
 // Each launch is a programmatic dependent of the kernel before it (dependent_launch.cuh): a warp loads its first W
 // packs into registers and asks L2 for the rest of its first two rows, and each thread copies the norm's weights of
 // its packs into shared memory (cp.async), before it waits for that kernel, so that decoding's chain of small kernels
@@ -29,8 +30,10 @@ namespace hgrn {
 
 namespace {
 
-constexpr int kWarps = 8;  // output columns per block, one per warp
-constexpr int kThreads = kWarps * 32;
+// Warps a block (output columns at once, one a warp): kWarps, or kWideWarps for one row of large weights
+// (kSmallBatchGemvWideBytes).
+constexpr int kWarps = 8;
+constexpr int kWideWarps = 32;
 constexpr int kPacksInFlight = 4;  // W packs a lane loads before it uses them
 // x's staged rows at most (fp32): 8 rows of 4096, or 1 row of 32768; more falls back to the GEMM.
 constexpr int64_t kMaxStagedBytes = 128 * 1024;
@@ -57,11 +60,12 @@ struct StagedInput {
 
 // norm_in_shared: the norm's weights go to shared memory after x's staged rows (launch_for_rows sizes it for them);
 // otherwise (unaligned, or no room) the staging reads them through L2.
-template <typename T, typename TOut, int Rows, Prologue kPrologue>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, typename TOut, int Rows, Prologue kPrologue, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
     small_batch_gemv_kernel(const T* x, const T* w, TOut* y, long long ldy, int n, int k, bool accumulate,
                             StagedInput<T> in, bool norm_in_shared) {
   constexpr int V = 16 / sizeof(T);  // values of a pack
+  constexpr int kThreads = kWarps * 32;
   // row r's pack p at staged[r·row_float4s + lane_slot<V>(p / 32, q, p % 32)]; then, norm_in_shared, k norm weights
   extern __shared__ float4 staged[];
   const int packs = k / V;
@@ -187,6 +191,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One launch of the kernel: half the blocks the GPU holds at once (the other half: the kernel before, still ending),
+// at most one per kWarps columns. At kWideWarps a block fills an SM's registers, so the grid is one block an SM.
+template <typename T, typename TOut, Prologue kPrologue, int Rows, int kWarps>
+void launch_kernel(const T* x, const T* w, TOut* y, long long ldy, int n, int k, bool accumulate,
+                   const StagedInput<T>& in, size_t smem, bool norm_in_shared) {
+  constexpr auto kernel = small_batch_gemv_kernel<T, TOut, Rows, kPrologue, kWarps>;
+  if (smem > 48 * 1024) allow_dynamic_smem<kernel>(static_cast<size_t>(staged_bytes_limit()));  // default: 48 KB
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem));
+  const int64_t half_resident =
+      std::max<int64_t>(1, per_sm / 2) * static_cast<int64_t>(cuda_device_properties().multiProcessorCount);
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>((static_cast<int64_t>(n) + kWarps - 1) / kWarps, half_resident));
+  launch_as_dependent(kernel, dim3(blocks), dim3(kWarps * 32), smem, x, w, y, ldy, n, k, accumulate, in,
+                      norm_in_shared);
+}
+
 // The kernel for `rows` rows (Rows is a template argument: each warp's sums stay in registers).
 // smem: x's staged rows; norm_in_shared adds k floats for the norm's weights.
 template <typename T, typename TOut, Prologue kPrologue, int Rows = 1>
@@ -197,19 +218,13 @@ void launch_for_rows(int rows, const T* x, const T* w, TOut* y, long long ldy, i
       return launch_for_rows<T, TOut, kPrologue, Rows + 1>(rows, x, w, y, ldy, n, k, accumulate, in, smem,
                                                            norm_in_shared);
   }
-  constexpr auto kernel = small_batch_gemv_kernel<T, TOut, Rows, kPrologue>;
   if (norm_in_shared) smem += static_cast<size_t>(k) * sizeof(float);
-  if (smem > 48 * 1024) allow_dynamic_smem<kernel>(static_cast<size_t>(staged_bytes_limit()));  // default: 48 KB
-  // Half the blocks the GPU holds at once (the other half: the kernel before, still ending), at most one per
-  // kWarps columns.
-  int per_sm = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  const int64_t half_resident =
-      std::max<int64_t>(1, per_sm / 2) * static_cast<int64_t>(cuda_device_properties().multiProcessorCount);
-  const unsigned blocks =
-      static_cast<unsigned>(std::min<int64_t>((static_cast<int64_t>(n) + kWarps - 1) / kWarps, half_resident));
-  launch_as_dependent(kernel, dim3(blocks), dim3(kThreads), smem, x, w, y, ldy, n, k, accumulate, in,
-                      norm_in_shared);
+  if constexpr (Rows == 1) {
+    if (static_cast<int64_t>(n) * k * static_cast<int64_t>(sizeof(T)) >= kSmallBatchGemvWideBytes)
+      return launch_kernel<T, TOut, kPrologue, Rows, kWideWarps>(x, w, y, ldy, n, k, accumulate, in, smem,
+                                                                 norm_in_shared);
+  }
+  launch_kernel<T, TOut, kPrologue, Rows, kWarps>(x, w, y, ldy, n, k, accumulate, in, smem, norm_in_shared);
 }
 
 size_t staged_bytes(int64_t rows, int64_t k, DType dtype) {

@@ -11,6 +11,10 @@ namespace hgrn {
 // The most rows of x one launch takes (each warp keeps one fp32 sum per row).
 constexpr int64_t kSmallBatchGemvMaxRows = 8;
 
+// One row whose weights take at least this many bytes runs at 32 warps a block, one block an SM (more loads in flight);
+// fewer bytes, or more rows, at 8 warps a block on half the GPU, so that the next kernel's blocks start beside it.
+constexpr int64_t kSmallBatchGemvWideBytes = int64_t{16} << 20;
+
 // How the kernel makes the rows it multiplies from x (each block stages them once, so that no launch and no buffer of
 // their own are needed): x as it is; RMSNorm'd, x·rstd·w with rstd = (mean(x²) + eps)^−½ per row (norm_weight: fp32
 // [k]; decoding's pre-norms), as rstd·Σ (x·w)·W in fp32, the normed row never rounded to x's dtype; or SwiGLU,

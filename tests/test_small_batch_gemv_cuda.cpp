@@ -1,10 +1,10 @@
 // test_small_batch_gemv_cuda.cpp: the small-batch matrix-vector product (kernels/small_batch_gemv.h) against fp64
 // sums of the very values the GPU sees, every element within its own error bound, for 1 to 8 rows, fp32 and bf16,
-// with and without accumulation, written into a column block of a wider buffer whose other columns must stay
-// untouched; its bits repeating launch to launch; and linear_product_into with a few rows (which takes it) against the
-// same call on the CPU, also with its input normalised or gated as the GEMV stages it (normed_ and
-// swiglu_linear_product_into); and a norm's weights read from shared memory or through L2 giving the same bits.
-// Skipped (never passed) without a GPU.
+// with and without accumulation (and one row of weights large enough for the wide blocks), written into a column
+// block of a wider buffer whose other columns must stay untouched; its bits repeating launch to launch; and
+// linear_product_into with a few rows (which takes it) against the same call on the CPU, also with its input
+// normalised or gated as the GEMV stages it (normed_ and swiglu_linear_product_into); and a norm's weights read from
+// shared memory or through L2 giving the same bits. Skipped (never passed) without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -97,6 +97,18 @@ TEST(SmallBatchGemvCuda, MatchesFp64SumsWithinTheirBounds) {
       for (int64_t K : {8, 1024, 2816})
         for (int64_t N : {1, 37, 1024, 3072})
           for (bool accumulate : {false, true}) check_gemv(B, K, N, dtype, accumulate);
+#endif
+}
+
+// One row of weights past kSmallBatchGemvWideBytes takes the wide blocks: the same bounds, an odd column count.
+TEST(SmallBatchGemvCuda, OneRowOfLargeWeightsMatchesFp64Sums) {
+  HGRN_SKIP_WITHOUT_GPU();
+#ifdef HGRN_WITH_CUDA
+  constexpr int64_t K = 2048;
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const int64_t N = kSmallBatchGemvWideBytes / (K * static_cast<int64_t>(dtype_size(dtype))) + 3;
+    for (bool accumulate : {false, true}) check_gemv(1, K, N, dtype, accumulate);
+  }
 #endif
 }
 
