@@ -52,7 +52,6 @@ FusedDecoder::FusedDecoder(const ModelConfig& config, const FusedDecoderWeights&
   gate_up_ = Tensor::empty({batch_, 2 * mlp_width_}, dtype_, device_);
   hidden_ = Tensor::empty({batch_, mlp_width_}, dtype_, device_);
   logits_ = Tensor::empty({batch_, vocab_}, fp, device_);
-  greedy_ = ids_;
 
   embeddings_ = weights.embeddings->value;
   final_norm_ = weights.final_norm->value;
@@ -142,7 +141,7 @@ void FusedDecoder::step(const Tensor& token_ids) {
 }
 
 std::vector<int32_t> FusedDecoder::greedy_tokens() const {
-  const Tensor host = greedy_.to(Device::CPU);
+  const Tensor host = ids_.to(Device::CPU);
   return std::vector<int32_t>(host.data<int32_t>(), host.data<int32_t>() + batch_);
 }
 
@@ -154,14 +153,14 @@ int64_t FusedDecoder::queue_greedy_step() {
       graph_->replay();
     else
       enqueue_step();
-    const int64_t copy = readback_->queue(greedy_.raw_data(), static_cast<size_t>(batch_) * sizeof(int32_t));
+    const int64_t copy = readback_->queue(ids_.raw_data(), static_cast<size_t>(batch_) * sizeof(int32_t));
     HGRN_CHECK(copy == ticket, "fused decoding: greedy step ", ticket, " read back as ", copy);
     return ticket;
   }
 #endif
   enqueue_step();
   queued_choices_.resize(static_cast<size_t>(kQueuedGreedySteps * batch_));
-  std::copy(greedy_.data<int32_t>(), greedy_.data<int32_t>() + batch_,
+  std::copy(ids_.data<int32_t>(), ids_.data<int32_t>() + batch_,
             queued_choices_.begin() + (ticket % kQueuedGreedySteps) * batch_);
   return ticket;
 }
@@ -192,7 +191,7 @@ void FusedDecoder::enqueue_step() {
     swiglu_linear_product_into(gate, up, hidden_, {layer.down}, h_, /*accumulate=*/true);
   }
   normed_linear_product_into(h_, final_norm_, norm_eps_, x_, rstd_, {lm_head_}, logits_, /*accumulate=*/false);
-  row_argmax(logits_, vocab_limit_, greedy_);
+  row_argmax(logits_, vocab_limit_, ids_);  // the choice is the next step's input where the host feeds none
 }
 
 }  // namespace hgrn

@@ -95,8 +95,8 @@ class FusedDecoder {
   DType dtype_;
   Tensor embeddings_, gamma_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
-  // greedy_ is ids_: the step's choice (row_argmax's output) is the next step's input where the host feeds none.
-  Tensor ids_, h_, x_, rstd_, gate_up_, hidden_, logits_, greedy_;
+  // ids_: the step's input tokens, then its greedy choices (row_argmax writes them over the input).
+  Tensor ids_, h_, x_, rstd_, gate_up_, hidden_, logits_;
   std::unique_ptr<CudaGraph> graph_;
   std::unique_ptr<HostReadback> readback_;  // the GPU's queued choices
   std::vector<int32_t> queued_choices_;     // the CPU's: kQueuedGreedySteps rows of batch ids
