@@ -12,7 +12,8 @@
 //   handoff  the counters alone: each op waits for the op before and signals, nothing else
 //   check    3 tokens against plain reference kernels (logits, chosen tokens, states); exit 1 on a mismatch
 // DMB_PROBE=1 adds a run that stamps SM 0's phases of each op (%globaltimer) at the middle token; DMB_ONCE=N runs one
-// launch of N tokens and exits (for a profiler). Standalone:
+// launch of N tokens and exits (for a profiler); DMB_SKIP=mask leaves out, for timing only, each row's arithmetic (1),
+// the staging's reads (2) or the fence before a signal (4). Standalone:
 //   nvcc -O3 -arch=sm_90 -I src -I . -o decode_megakernel_bench tools/decode_megakernel_bench.cu
 //   ./decode_megakernel_bench [mode] [layers=26] [pages=6]
 #include <cuda_bf16.h>
@@ -51,6 +52,7 @@ struct Op {
 
 struct Model {
   int d, mlp, vocab, layers, ops, sms, pages, mode, tokens;
+  int skip;  // timing only, wrong results: 1 each row's arithmetic, 2 the staging's reads, 4 the fence
   const Op* op;
   const __nv_bfloat16* w;
   const __nv_bfloat16* emb;
@@ -245,7 +247,10 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(Model m) {
             if (lane == 0) __stcg(m.o + v, out);
           }
         } else {  // a product: stage x, then each page's rows, a warp a row
-          stage_input(m, op, begin, end, xs, partials, old);
+          if (!(m.skip & 2))
+            stage_input(m, op, begin, end, xs, partials, old);
+          else if (threadIdx.x < kConsumerWarps)
+            partials[threadIdx.x] = 1.f;
           consumers_sync();
           if (probe) m.stamps[o * 5 + 2] = now_ns();
           float rstd = 1.f;
@@ -276,11 +281,14 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(Model m) {
             for (int r = warp; r < rows; r += kConsumerWarps) {
               const uint4* row = page + (size_t)r * (op.k / 8);
               float acc = 0.f;
+              if (!(m.skip & 1)) {
 #pragma unroll
-              for (int j = 0; j < kRegPacks; ++j)
-                if (lane + 32 * j < op.k / 8) acc += dot8(row[lane + 32 * j], xr[2 * j], xr[2 * j + 1]);
-              for (int p = lane + 32 * kRegPacks; p < op.k / 8; p += 32) acc += dot8(row[p], x4[2 * p], x4[2 * p + 1]);
-              acc = warp_sum(acc) * rstd;
+                for (int j = 0; j < kRegPacks; ++j)
+                  if (lane + 32 * j < op.k / 8) acc += dot8(row[lane + 32 * j], xr[2 * j], xr[2 * j + 1]);
+                for (int p = lane + 32 * kRegPacks; p < op.k / 8; p += 32)
+                  acc += dot8(row[p], x4[2 * p], x4[2 * p + 1]);
+                acc = warp_sum(acc) * rstd;
+              }
               if (lane == 0) {
                 if (accumulate) acc += old[r0 + r - begin];
                 __stcg(out + r0 + r, acc);
@@ -309,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(Model m) {
         }
       }
       if (signal && threadIdx.x == 0) {
-        __threadfence();
+        if (!(m.skip & 4)) __threadfence();
         atomicAdd(m.done + o, 1u);
         if (probe) m.stamps[o * 5 + 4] = now_ns();
       }
@@ -388,6 +396,7 @@ int main(int argc, char** argv) {
   m.d = 1024, m.mlp = 2816, m.vocab = 50304, m.layers = argc > 2 ? atoi(argv[2]) : 26;
   m.pages = argc > 3 ? atoi(argv[3]) : 6;
   m.mode = mode == kCheck ? kFull : mode;
+  m.skip = mode == kCheck || !getenv("DMB_SKIP") ? 0 : atoi(getenv("DMB_SKIP"));
   CK(cudaDeviceGetAttribute(&m.sms, cudaDevAttrMultiProcessorCount, 0));
   std::vector<Op> ops{{kEmbed, m.d, 0, 0, -1}};
   long long w_total = 0;
