@@ -27,18 +27,11 @@
 #include <vector>
 
 #include "kernels/cp_async.cuh"
+#include "kernels/cuda_check.h"
 #include "kernels/row_sums.cuh"
 
 using hgrn::shared_address;
 using hgrn::warp_sum;
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      return 1;                                                                \
-    }                                                                          \
-  } while (0)
 
 constexpr int kConsumerWarps = 16, kThreads = (kConsumerWarps + 1) * 32, kConsumers = kConsumerWarps * 32;
 constexpr int kRegPacks = 4, kPageBytes = 32 * 1024, kHeadDim = 128, kMaxK = 4096, kMaxOwnRows = 256;
@@ -380,7 +373,8 @@ __global__ void fill_bf16(__nv_bfloat16* p, long long n, unsigned seed, float sc
   }
 }
 
-int main(int argc, char** argv) {
+// Throws hgrn::Error where a CUDA call fails; returns the exit status otherwise.
+int bench(int argc, char** argv) {
   const char* names[] = {"full", "chain", "stream", "handoff", "check"};
   int mode = kFull;
   if (argc > 1) {
@@ -397,7 +391,7 @@ int main(int argc, char** argv) {
   m.pages = argc > 3 ? atoi(argv[3]) : 6;
   m.mode = mode == kCheck ? kFull : mode;
   m.skip = mode == kCheck || !getenv("DMB_SKIP") ? 0 : atoi(getenv("DMB_SKIP"));
-  CK(cudaDeviceGetAttribute(&m.sms, cudaDevAttrMultiProcessorCount, 0));
+  CUDA_CHECK(cudaDeviceGetAttribute(&m.sms, cudaDevAttrMultiProcessorCount, 0));
   std::vector<Op> ops{{kEmbed, m.d, 0, 0, -1}};
   long long w_total = 0;
   const auto product = [&](int kind, int n, int k, int layer) {
@@ -422,22 +416,22 @@ int main(int argc, char** argv) {
   const size_t state_floats = (size_t)m.layers * m.d * kHeadDim;
   __nv_bfloat16 *w, *emb;
   Op* dops;
-  CK(cudaMalloc(&w, w_total * 2));
-  CK(cudaMalloc(&emb, (size_t)m.vocab * m.d * 2));
-  CK(cudaMalloc(&dops, ops.size() * sizeof(Op)));
-  CK(cudaMemcpy(dops, ops.data(), ops.size() * sizeof(Op), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMalloc(&w, w_total * 2));
+  CUDA_CHECK(cudaMalloc(&emb, (size_t)m.vocab * m.d * 2));
+  CUDA_CHECK(cudaMalloc(&dops, ops.size() * sizeof(Op)));
+  CUDA_CHECK(cudaMemcpy(dops, ops.data(), ops.size() * sizeof(Op), cudaMemcpyHostToDevice));
   fill_bf16<<<1024, 256>>>(w, w_total, 1u, 0.05f);
   fill_bf16<<<1024, 256>>>(emb, (long long)m.vocab * m.d, 2u, 1.f);
   float* f;  // h, qfi, o, gu, state, logits
   const size_t nf = m.d + (size_t)m.layers * 3 * m.d + m.d + 2 * m.mlp + state_floats + m.vocab;
-  CK(cudaMalloc(&f, nf * 4));
+  CUDA_CHECK(cudaMalloc(&f, nf * 4));
   m.op = dops, m.w = w, m.emb = emb, m.h = f, m.qfi = m.h + m.d, m.o = m.qfi + (size_t)m.layers * 3 * m.d;
   m.gu = m.o + m.d, m.state = m.gu + 2 * m.mlp, m.logits = m.state + state_floats;
-  CK(cudaMalloc(&m.cand, m.sms * 8));
-  CK(cudaMalloc(&m.done, m.ops * 4));
+  CUDA_CHECK(cudaMalloc(&m.cand, m.sms * 8));
+  CUDA_CHECK(cudaMalloc(&m.done, m.ops * 4));
   const int max_tokens = 400;
-  CK(cudaMalloc(&m.chosen, max_tokens * 4));
-  CK(cudaFuncSetAttribute(megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  CUDA_CHECK(cudaMalloc(&m.chosen, max_tokens * 4));
+  CUDA_CHECK(cudaFuncSetAttribute(megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   const double gb = (w_total + (double)m.d) * 2 / 1e9;  // weights read a token (the embedding's row aside)
   printf("%s: %d layers, %d ops a token, %d SMs, %d pages of %d KB, %.3f GB of weights a token\n", names[mode],
          m.layers, m.ops, m.sms, m.pages, kPageBytes / 1024, gb);
@@ -468,16 +462,16 @@ int main(int argc, char** argv) {
     if (run(tokens) < 0) return 1;
     std::vector<float> mk_logits(m.vocab), mk_state(state_floats), ref_logits(m.vocab), ref_state(state_floats);
     std::vector<int> mk_tok(tokens), ref_tok(tokens);
-    CK(cudaMemcpy(mk_logits.data(), m.logits, m.vocab * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(mk_state.data(), m.state, state_floats * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(mk_tok.data(), m.chosen, tokens * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(mk_logits.data(), m.logits, m.vocab * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(mk_state.data(), m.state, state_floats * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(mk_tok.data(), m.chosen, tokens * 4, cudaMemcpyDeviceToHost));
     float *x, *rf;
     int* tok;
-    CK(cudaMalloc(&x, kMaxK * 4));
-    CK(cudaMalloc(&rf, nf * 4));
-    CK(cudaMalloc(&tok, (tokens + 1) * 4));
-    CK(cudaMemset(rf, 0, nf * 4));
-    CK(cudaMemset(tok, 0, 4));
+    CUDA_CHECK(cudaMalloc(&x, kMaxK * 4));
+    CUDA_CHECK(cudaMalloc(&rf, nf * 4));
+    CUDA_CHECK(cudaMalloc(&tok, (tokens + 1) * 4));
+    CUDA_CHECK(cudaMemset(rf, 0, nf * 4));
+    CUDA_CHECK(cudaMemset(tok, 0, 4));
     float *h = rf, *qfi = h + m.d, *o = qfi + (size_t)m.layers * 3 * m.d, *gu = o + m.d, *st = gu + 2 * m.mlp;
     float* logits = st + state_floats;
     for (int t = 0; t < tokens; ++t) {
@@ -510,10 +504,10 @@ int main(int argc, char** argv) {
       }
       ref_argmax<<<1, 32>>>(logits, m.vocab, tok + t + 1);
     }
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(ref_logits.data(), logits, m.vocab * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(ref_state.data(), st, state_floats * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(ref_tok.data(), tok, tokens * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(ref_logits.data(), logits, m.vocab * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(ref_state.data(), st, state_floats * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(ref_tok.data(), tok, tokens * 4, cudaMemcpyDeviceToHost));
     // Tolerances: fp32 sums of up to 2,816 products in another order, through 26 layers; the logits' scale is ~1.
     double logit_err = 0, logit_max = 0, state_err = 0, state_max = 0;
     for (int i = 0; i < m.vocab; ++i)
@@ -541,11 +535,11 @@ int main(int argc, char** argv) {
   }
   std::sort(per_token.begin(), per_token.end());
   if (getenv("DMB_PROBE")) {  // one more run, SM 0's stamps at the middle token: median us per kind of op
-    CK(cudaMalloc(&m.stamps, m.ops * 5 * 8));
-    CK(cudaMemset(m.stamps, 0, m.ops * 5 * 8));
+    CUDA_CHECK(cudaMalloc(&m.stamps, m.ops * 5 * 8));
+    CUDA_CHECK(cudaMemset(m.stamps, 0, m.ops * 5 * 8));
     run(many);
     std::vector<unsigned long long> st(m.ops * 5);
-    CK(cudaMemcpy(st.data(), m.stamps, st.size() * 8, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(st.data(), m.stamps, st.size() * 8, cudaMemcpyDeviceToHost));
     const char* kinds[] = {"embed", "qfi", "step", "o_proj", "gate/up", "down", "head"};
     printf("SM 0, token %d, us: wait | stage | work | signal | to the next op's start (median over layers)\n",
            many / 2);
@@ -571,4 +565,13 @@ int main(int argc, char** argv) {
   printf("%s: %.4f ms a token (median of 3: %.4f %.4f %.4f), %.2f TB/s of weights, %.2f us an op\n", names[mode], ms,
          per_token[0], per_token[1], per_token[2], gb / ms, ms * 1e3 / m.ops);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return bench(argc, argv);
+  } catch (const std::exception& e) {
+    printf("%s\n", e.what());
+    return 1;
+  }
 }
