@@ -156,8 +156,8 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(Model m) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* pages = smem;
   float* xs = reinterpret_cast<float*>(smem + (size_t)m.pages * kPageBytes);
-  float* partials = xs + kMaxK;                // kConsumerWarps, then kConsumerWarps spare
-  float* old = partials + 2 * kConsumerWarps;  // kMaxOwnRows
+  float* partials = xs + kMaxK;                                                         // a warp's Σx²
+  float* old = partials + kConsumerWarps;                                               // kMaxOwnRows
   unsigned long long* best = reinterpret_cast<unsigned long long*>(old + kMaxOwnRows);  // a warp's
   uint64_t* full = reinterpret_cast<uint64_t*>(best + kConsumerWarps);
   uint64_t* empty = full + m.pages;
@@ -411,8 +411,8 @@ int bench(int argc, char** argv) {
     printf("shapes past the kernel's staging: d %d, mlp %d\n", m.d, m.mlp);
     return 2;
   }
-  const size_t smem = (size_t)m.pages * kPageBytes + (kMaxK + 2 * kConsumerWarps + kMaxOwnRows) * 4 +
-                      kConsumerWarps * 8 + 2 * m.pages * 8 + ops.size() * sizeof(Op);
+  const size_t smem = (size_t)m.pages * kPageBytes + (kMaxK + kConsumerWarps + kMaxOwnRows) * 4 + kConsumerWarps * 8 +
+                      2 * m.pages * 8 + ops.size() * sizeof(Op);
   const size_t state_floats = (size_t)m.layers * m.d * kHeadDim;
   __nv_bfloat16 *w, *emb;
   Op* dops;
