@@ -29,8 +29,10 @@
 #include "kernels/cp_async.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/row_sums.cuh"
+#include "kernels/sigmoid.cuh"
 
 using hgrn::shared_address;
+using hgrn::stable_sigmoid;
 using hgrn::warp_sum;
 
 constexpr int kConsumerWarps = 16, kThreads = (kConsumerWarps + 1) * 32, kConsumers = kConsumerWarps * 32;
@@ -119,7 +121,6 @@ __device__ __forceinline__ unsigned long long logit_key(float v, int row) {
   const unsigned bits = __float_as_uint(v), ordered = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
   return ((unsigned long long)ordered << 32) | (unsigned)~row;
 }
-__device__ __forceinline__ float sigmoid(float x) { return __frcp_rn(1.f + __expf(-x)); }
 
 // Stages an op's input in shared memory (fp32); returns through `partials` each warp's Σx² where the op normalises.
 __device__ void stage_input(const Model& m, const Op& op, int begin, int end, float* xs, float* partials, float* old) {
@@ -142,8 +143,8 @@ __device__ void stage_input(const Model& m, const Op& op, int begin, int end, fl
     if (j >= op.k) continue;
     float4 v = a[i];
     if (op.kind == kDown) {
-      v.x = v.x * sigmoid(v.x) * b[i].x, v.y = v.y * sigmoid(v.y) * b[i].y;
-      v.z = v.z * sigmoid(v.z) * b[i].z, v.w = v.w * sigmoid(v.w) * b[i].w;
+      v.x = v.x * stable_sigmoid<float>(v.x) * b[i].x, v.y = v.y * stable_sigmoid<float>(v.y) * b[i].y;
+      v.z = v.z * stable_sigmoid<float>(v.z) * b[i].z, v.w = v.w * stable_sigmoid<float>(v.w) * b[i].w;
     }
     *reinterpret_cast<float4*>(xs + j) = v;
     ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
@@ -230,7 +231,8 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(Model m) {
             const float4 fv = __ldcg(reinterpret_cast<const float4*>(q + m.d + head * kHeadDim) + lane);
             const float iv = __ldcg(q + 2 * m.d + v);
             float4 sv = __ldcg(st);
-            const float f0 = sigmoid(fv.x), f1 = sigmoid(fv.y), f2 = sigmoid(fv.z), f3 = sigmoid(fv.w);
+            const float f0 = stable_sigmoid<float>(fv.x), f1 = stable_sigmoid<float>(fv.y),
+                        f2 = stable_sigmoid<float>(fv.z), f3 = stable_sigmoid<float>(fv.w);
             sv.x = f0 * sv.x + (1.f - f0) * iv;
             sv.y = f1 * sv.y + (1.f - f1) * iv;
             sv.z = f2 * sv.z + (1.f - f2) * iv;
